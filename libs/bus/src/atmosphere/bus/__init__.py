@@ -1,0 +1,58 @@
+"""The Atmosphere message bus: protobuf messages on NATS subjects, JetStream, typed errors.
+
+This package is the only code in the system that imports `nats`. Services talk to it through
+the `Bus` interface; unit tests use `atmosphere.bus.testing.FakeBus`.
+"""
+
+from atmosphere.bus import runs, subjects
+from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._codec import Headers
+from atmosphere.bus._connect import connect, reconnect_delay
+from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
+from atmosphere.bus._nats import NatsBus
+from atmosphere.bus._router import Handler, MessageContext, Route, Router
+from atmosphere.bus.errors import (
+    BusError,
+    ConnectError,
+    DecodeError,
+    Nak,
+    NoRespondersError,
+    RemoteError,
+    RequestTimeoutError,
+    ServiceError,
+    Term,
+)
+
+__all__ = [
+    "BucketSpec",
+    "Bus",
+    "BusError",
+    "ConnectError",
+    "Consumer",
+    "ConsumerSpec",
+    "DecodeError",
+    "Envelope",
+    "Handler",
+    "Headers",
+    "JetStreamLayout",
+    "MessageContext",
+    "Nak",
+    "NatsBus",
+    "NoRespondersError",
+    "PublishAck",
+    "RemoteError",
+    "RequestTimeoutError",
+    "Retention",
+    "Route",
+    "Router",
+    "ServiceError",
+    "StreamSpec",
+    "Subscription",
+    "Term",
+    "WorkHandler",
+    "WorkItem",
+    "connect",
+    "reconnect_delay",
+    "runs",
+    "subjects",
+]

@@ -1,0 +1,162 @@
+"""The bus interface shared by the NATS backend and the in-memory `FakeBus`."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from atmosphere.bus._codec import Headers
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout
+from atmosphere.bus._router import Router
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope(Generic[M]):
+    """A received message: its logical subject, decoded payload and headers."""
+
+    subject: str
+    message: M
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAck:
+    """JetStream's acknowledgement of a stored message."""
+
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem(Generic[M]):
+    """A JetStream message handed to a work handler."""
+
+    envelope: Envelope[M]
+    stream_seq: int
+    delivered: int
+    """How many times this message has been delivered (1 on the first delivery)."""
+
+
+WorkHandler = Callable[[WorkItem[M]], Awaitable[None]]
+
+
+class Subscription(abc.ABC, Generic[M]):
+    """Messages on a subject, in arrival order; iterate with `async for`."""
+
+    @abc.abstractmethod
+    def __aiter__(self) -> AsyncIterator[Envelope[M]]:
+        """Iterate the decoded messages; undecodable ones are logged and skipped."""
+
+
+class Consumer(abc.ABC):
+    """A running JetStream pull consumer."""
+
+    @property
+    @abc.abstractmethod
+    def active(self) -> bool:
+        """Whether the consumer is pulling messages."""
+
+
+class Bus(abc.ABC):
+    """Publish, request, subscribe and serve protobuf messages on logical subjects.
+
+    The NATS backend comes from `atmosphere.bus.connect`; `atmosphere.bus.testing.FakeBus` is
+    the in-memory twin with the same wildcard, queue-group and JetStream semantics.
+    """
+
+    @property
+    @abc.abstractmethod
+    def is_connected(self) -> bool:
+        """Whether the bus currently has a live connection."""
+
+    @abc.abstractmethod
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        """Publish without waiting for anything (at most once)."""
+
+    @abc.abstractmethod
+    async def request(
+        self,
+        subject: str,
+        message: Message,
+        reply_type: type[M],
+        *,
+        timeout: float = 5.0,
+        headers: Headers | None = None,
+    ) -> M:
+        """Send a request and wait for its typed reply.
+
+        Raises:
+            RequestTimeoutError: no reply in time.
+            NoRespondersError: nobody serves the subject.
+            RemoteError: the responder answered with an `Error`.
+            DecodeError: the reply is not a `reply_type`.
+        """
+
+    @abc.abstractmethod
+    def subscribe(
+        self, subject: str, message_type: type[M], *, queue: str | None = None
+    ) -> AbstractAsyncContextManager[Subscription[M]]:
+        """Receive the messages on `subject` (wildcards allowed) while the context is open."""
+
+    @abc.abstractmethod
+    def serve(
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
+    ) -> AbstractAsyncContextManager[None]:
+        """Serve every route of `router` while the context is open.
+
+        With `queue`, each message goes to one member of the queue group. On exit the
+        subscriptions stop and in-flight handlers finish before the context returns.
+        """
+
+    @abc.abstractmethod
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        """Publish to a JetStream stream and wait until it is stored.
+
+        `headers.msg_id` de-duplicates: a second publish with the same id is acknowledged
+        with `duplicate=True` and not stored again.
+        """
+
+    @abc.abstractmethod
+    def consume(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: WorkHandler[M],
+        *,
+        max_inflight: int = 16,
+        drain_timeout: float = 10.0,
+    ) -> AbstractAsyncContextManager[Consumer]:
+        """Pull work from a durable consumer while the context is open.
+
+        At most `max_inflight` handlers run at once. While a handler runs, the message is kept
+        alive (in-progress acks); when it returns the message is acked. `Nak` redelivers it
+        later, `Term` drops it, any other exception is logged and redelivered after a delay.
+        On exit, in-flight handlers get `drain_timeout` seconds to finish; the rest are
+        cancelled and their messages nak'ed for another worker.
+        """
+
+    @abc.abstractmethod
+    async def provision(self, layout: JetStreamLayout) -> None:
+        """Create or update the streams and key-value buckets of `layout` (idempotent)."""
+
+    @abc.abstractmethod
+    async def kv_put(self, bucket: str, key: str, message: Message) -> None:
+        """Store `message` under `key` in a provisioned bucket."""
+
+    @abc.abstractmethod
+    async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
+        """The value under `key`, or None."""
+
+    @abc.abstractmethod
+    async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
+        """Every key and value of a bucket."""

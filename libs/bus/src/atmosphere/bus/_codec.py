@@ -1,0 +1,118 @@
+"""Protobuf payloads and the headers that travel with them."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError as _ProtobufDecodeError
+from google.protobuf.message import Message
+
+from atmosphere.bus.errors import DecodeError, RemoteError
+from atmosphere.contracts.common.v1.common_pb2 import Error, Principal
+
+M = TypeVar("M", bound=Message)
+
+TYPE_HEADER = "atmo-type"
+RUN_ID_HEADER = "atmo-run-id"
+PRINCIPAL_HEADER = "atmo-principal"
+TRACEPARENT_HEADER = "traceparent"
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+_ERROR_TYPE = Error.DESCRIPTOR.full_name
+
+
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """The headers the system understands. Unknown headers are ignored."""
+
+    run_id: str = ""
+    """`atmo-run-id`: the run a message belongs to."""
+    principal: Principal | None = None
+    """`atmo-principal`: who the message acts for (a base64 `Principal` on the wire)."""
+    traceparent: str = ""
+    """W3C trace context, passed through untouched."""
+    msg_id: str = ""
+    """`Nats-Msg-Id`: JetStream de-duplicates messages with the same id."""
+
+    def with_msg_id(self, msg_id: str) -> Headers:
+        """A copy with another `Nats-Msg-Id`."""
+        return replace(self, msg_id=msg_id)
+
+    def to_wire(self, message_type: str | None) -> dict[str, str]:
+        """The NATS header map; `message_type` (the payload's full name) is sent if given.
+
+        Requests and replies name their type, so an `Error` reply is recognized. Plain
+        publishes leave it out: their subject already says what they carry, and a header
+        costs throughput on every event.
+        """
+        wire: dict[str, str] = {}
+        if message_type:
+            wire[TYPE_HEADER] = message_type
+        if self.run_id:
+            wire[RUN_ID_HEADER] = self.run_id
+        if self.principal is not None:
+            raw = self.principal.SerializeToString()
+            wire[PRINCIPAL_HEADER] = base64.b64encode(raw).decode("ascii")
+        if self.traceparent:
+            wire[TRACEPARENT_HEADER] = self.traceparent
+        if self.msg_id:
+            wire[MSG_ID_HEADER] = self.msg_id
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, str] | None) -> Headers:
+        """Parse a NATS header map; a malformed principal is dropped, never trusted."""
+        if not wire:
+            return cls()
+        principal = None
+        encoded = wire.get(PRINCIPAL_HEADER)
+        if encoded:
+            try:
+                principal = Principal.FromString(base64.b64decode(encoded, validate=True))
+            except (binascii.Error, _ProtobufDecodeError):
+                principal = None
+        return cls(
+            run_id=wire.get(RUN_ID_HEADER, ""),
+            principal=principal,
+            traceparent=wire.get(TRACEPARENT_HEADER, ""),
+            msg_id=wire.get(MSG_ID_HEADER, ""),
+        )
+
+
+def encode(message: Message, headers: Headers | None = None) -> tuple[bytes, dict[str, str]]:
+    """Serialize `message` and build its header map."""
+    return message.SerializeToString(), (headers or Headers()).to_wire(
+        message.DESCRIPTOR.full_name
+    )
+
+
+def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M]) -> M:
+    """Parse `data` as `expected`.
+
+    Raises:
+        RemoteError: the payload is an `Error` reply.
+        DecodeError: the payload is another type, or not valid protobuf.
+    """
+    full_name = expected.DESCRIPTOR.full_name
+    sent_type = (wire_headers or {}).get(TYPE_HEADER, "")
+    if sent_type == _ERROR_TYPE and full_name != _ERROR_TYPE:
+        raise error_from_payload(data)
+    if sent_type and sent_type != full_name:
+        raise DecodeError(full_name, f"payload is a {sent_type}")
+    try:
+        return expected.FromString(data)
+    except _ProtobufDecodeError as exc:
+        raise DecodeError(full_name, str(exc)) from exc
+
+
+def error_from_payload(data: bytes) -> RemoteError:
+    """Turn an `Error` payload into the `RemoteError` a caller sees."""
+    try:
+        err = Error.FromString(data)
+    except _ProtobufDecodeError:
+        return RemoteError("bus.decode", "malformed error reply")
+    return RemoteError(err.code, err.message, retryable=err.retryable, details=dict(err.details))

@@ -1,0 +1,112 @@
+"""Connecting to NATS: a bounded first connect, then reconnecting forever with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client, Server
+
+from atmosphere.bus._nats import NatsBus
+from atmosphere.bus.errors import ConnectError
+from atmosphere.bus.subjects import validate_namespace
+
+log = logging.getLogger("atmosphere.bus")
+
+
+def reconnect_delay(attempt: int, *, base: float = 0.1, cap: float = 5.0) -> float:
+    """Exponential backoff with jitter: about `base * 2**attempt`, capped, never below half."""
+    ceiling = min(cap, base * 2 ** min(attempt, 16))
+    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
+
+
+def _pick_server(servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
+    # Try the server that failed least recently-often first; wait according to its failures.
+    server = min(servers, key=lambda s: s.reconnects)
+    return server, reconnect_delay(server.reconnects)
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    servers: str | Sequence[str],
+    *,
+    name: str,
+    namespace: str = "",
+    connect_timeout: float = 10.0,
+    drain_timeout: float = 5.0,
+) -> AsyncIterator[NatsBus]:
+    """Connect to NATS and yield a `Bus`; drain and close it on exit.
+
+    The first connection is retried until `connect_timeout` seconds have passed, then
+    `ConnectError` is raised. Once connected, a lost connection is retried forever with
+    exponential backoff; disconnects, reconnects and errors are logged.
+    """
+    validate_namespace(namespace)
+    urls = [servers] if isinstance(servers, str) else list(servers)
+    connected = asyncio.Event()
+    closing = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        # Before the first connection, failures are expected retries: keep the log quiet.
+        level = logging.WARNING if connected.is_set() else logging.DEBUG
+        log.log(level, "nats error (%s): %s", name, exc)
+
+    async def on_disconnect() -> None:
+        if connected.is_set() and not closing.is_set():
+            log.warning("disconnected from nats (%s); reconnecting", name)
+
+    async def on_reconnect() -> None:
+        log.info("reconnected to nats (%s)", name)
+
+    async def on_closed() -> None:
+        log.debug("nats connection closed (%s)", name)
+
+    client = Client()
+    try:
+        await asyncio.wait_for(
+            client.connect(
+                servers=urls,
+                name=name,
+                connect_timeout=2,
+                # Only the first connect uses this fixed wait; reconnects use `_pick_server`.
+                reconnect_time_wait=0.2,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                reconnect_to_server_handler=_pick_server,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
+                drain_timeout=int(max(1, drain_timeout)),
+            ),
+            timeout=connect_timeout,
+        )
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        await _close(client)
+        msg = f"could not connect to nats at {', '.join(urls)} within {connect_timeout:g}s"
+        raise ConnectError(msg) from exc
+    connected.set()
+    log.info("connected to nats (%s)", name)
+    try:
+        yield NatsBus(client, namespace=namespace)
+    finally:
+        closing.set()
+        await _close(client)
+
+
+async def _close(client: Client) -> None:
+    if client.is_closed:
+        return
+    try:
+        if client.is_connected:
+            await client.drain()
+        else:
+            await client.close()
+    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        log.debug("closing nats: %s", exc)
+        with contextlib.suppress(nats.errors.Error):
+            await client.close()

@@ -1,0 +1,85 @@
+"""What JetStream must hold: stream, consumer and bucket specifications (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from atmosphere.bus import subjects
+
+
+class Retention(Enum):
+    """How long a stream keeps a message."""
+
+    LIMITS = "limits"
+    """Until an age or size limit evicts it."""
+    WORK_QUEUE = "workqueue"
+    """Until a consumer acknowledges it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A stream to provision."""
+
+    name: str
+    subjects: tuple[str, ...]
+    retention: Retention = Retention.LIMITS
+    max_age_seconds: float = 0
+    """0 keeps messages forever (within the size limit)."""
+    max_bytes: int = -1
+    """-1 means no size limit."""
+    duplicate_window_seconds: float = 120
+    """How long a `Nats-Msg-Id` is remembered for de-duplication."""
+    memory: bool = False
+    """Keep the stream in memory instead of on disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """A durable pull consumer."""
+
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_seconds: float = 30
+    """Unacked (and not kept alive) messages are redelivered after this long."""
+    max_deliver: int = -1
+    """-1 redelivers forever."""
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """A key-value bucket to provision."""
+
+    name: str
+    history: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JetStreamLayout:
+    """The system's JetStream layout: `ATMO_RUNS`, `ATMO_EVENTS` and the descriptor buckets."""
+
+    events_max_age_seconds: float = 24 * 3600
+    events_max_bytes: int = 1 << 30
+    runs_max_age_seconds: float = 24 * 3600
+    extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
+
+    def streams(self) -> tuple[StreamSpec, ...]:
+        """Every stream of the layout."""
+        runs = StreamSpec(
+            name=subjects.RUNS_STREAM,
+            subjects=(subjects.run_submit_all(),),
+            retention=Retention.WORK_QUEUE,
+            max_age_seconds=self.runs_max_age_seconds,
+        )
+        events = StreamSpec(
+            name=subjects.EVENTS_STREAM,
+            subjects=(subjects.run_events_all(),),
+            max_age_seconds=self.events_max_age_seconds,
+            max_bytes=self.events_max_bytes,
+        )
+        return (runs, events, *self.extra_streams)
+
+    def buckets(self) -> tuple[BucketSpec, ...]:
+        """Every key-value bucket of the layout."""
+        return (BucketSpec(subjects.AGENTS_BUCKET), BucketSpec(subjects.TOOLS_BUCKET))

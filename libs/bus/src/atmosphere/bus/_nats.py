@@ -1,0 +1,438 @@
+"""The NATS backend of `Bus`: the only module (with `_connect.py`) that imports `nats`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import nats.errors
+import nats.js.errors
+from google.protobuf.message import Message
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js import api as js_api
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._codec import Headers, decode, encode
+from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
+from atmosphere.bus._router import Route, Router, run_route
+from atmosphere.bus._subscription import QueueSubscription
+from atmosphere.bus.errors import BusError, DecodeError, Nak, NoRespondersError, RequestTimeoutError, Term
+
+M = TypeVar("M", bound=Message)
+
+log = logging.getLogger("atmosphere.bus")
+
+# JetStream's error code for "stream name already in use with a different configuration".
+_STREAM_EXISTS_DIFFERENT = 10058
+# Subscriptions buffer at most this many messages before NATS reports a slow consumer.
+_SUBSCRIPTION_PENDING_LIMIT = 65536
+# A handler that fails unexpectedly is redelivered after this long, not in a tight loop.
+_FAILED_HANDLER_REDELIVERY_DELAY = 2.0
+
+
+class NatsBus(Bus):
+    """A `Bus` over a connected nats-py client. Create it with `atmosphere.bus.connect`."""
+
+    def __init__(self, client: Client, *, namespace: str = "") -> None:
+        """Wrap `client`; every subject is prefixed with `namespace.` on the wire."""
+        self._nc = client
+        self._js: JetStreamContext = client.jetstream()
+        self._prefix = f"{namespace}." if namespace else ""
+        self._stream_prefix = _stream_prefix(namespace)
+        self._kv: dict[str, KeyValue] = {}
+
+    @property
+    def client(self) -> Client:
+        """The underlying nats-py client (for benchmarks and diagnostics)."""
+        return self._nc
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the client is connected right now."""
+        return bool(self._nc.is_connected)
+
+    def wire_subject(self, subject: str) -> str:
+        """The subject as sent to NATS (with the namespace prefix)."""
+        return self._prefix + subject
+
+    def stream_name(self, name: str) -> str:
+        """The stream or bucket name as known to JetStream (with the namespace prefix)."""
+        return self._stream_prefix + name
+
+    def _logical(self, wire_subject: str) -> str:
+        return wire_subject.removeprefix(self._prefix)
+
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        """Publish without waiting (at most once)."""
+        data = message.SerializeToString()
+        wire = headers.to_wire(None) if headers else None
+        try:
+            await self._nc.publish(self.wire_subject(subject), data, headers=wire)
+        except nats.errors.Error as exc:
+            msg = f"publish to {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+
+    async def request(
+        self,
+        subject: str,
+        message: Message,
+        reply_type: type[M],
+        *,
+        timeout: float = 5.0,
+        headers: Headers | None = None,
+    ) -> M:
+        """Send a request and wait for its typed reply."""
+        data, wire = encode(message, headers)
+        try:
+            reply = await self._nc.request(self.wire_subject(subject), data, timeout=timeout, headers=wire)
+        except nats.errors.NoRespondersError as exc:
+            raise NoRespondersError(subject) from exc
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeoutError(subject, timeout) from exc
+        except nats.errors.Error as exc:
+            msg = f"request to {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return decode(reply.data, reply.headers, reply_type)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, subject: str, message_type: type[M], *, queue: str | None = None
+    ) -> AsyncIterator[Subscription[M]]:
+        """Receive the messages on `subject` while the context is open."""
+        subscription = QueueSubscription(message_type)
+
+        async def on_message(msg: Msg) -> None:
+            subscription.offer(self._logical(msg.subject), msg.data, msg.headers)
+
+        sub = await self._nc.subscribe(
+            self.wire_subject(subject),
+            queue=queue or "",
+            cb=on_message,
+            pending_msgs_limit=_SUBSCRIPTION_PENDING_LIMIT,
+        )
+        try:
+            yield subscription
+        finally:
+            subscription.close()
+            await _unsubscribe(sub)
+
+    @contextlib.asynccontextmanager
+    async def serve(
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
+    ) -> AsyncIterator[None]:
+        """Serve every route of `router`; on exit stop receiving and finish in-flight work."""
+        slots = asyncio.Semaphore(max_inflight)
+        subs: list[NatsSubscription] = []
+        async with asyncio.TaskGroup() as tasks:
+            try:
+                for route in router.routes:
+                    callback = self._route_callback(route, slots, tasks)
+                    subs.append(
+                        await self._nc.subscribe(
+                            self.wire_subject(route.subject),
+                            queue=queue or "",
+                            cb=callback,
+                            pending_msgs_limit=_SUBSCRIPTION_PENDING_LIMIT,
+                        )
+                    )
+                await self._nc.flush()
+                yield
+            finally:
+                for sub in subs:
+                    await _unsubscribe(sub)
+
+    def _route_callback(
+        self, route: Route[Any], slots: asyncio.Semaphore, tasks: asyncio.TaskGroup
+    ) -> Callable[[Msg], Any]:
+        async def on_message(msg: Msg) -> None:
+            # Waiting for a slot here applies backpressure: NATS buffers, then drops as a
+            # slow consumer, instead of this process growing without bound.
+            await slots.acquire()
+            tasks.create_task(self._answer(route, msg, slots))
+
+        return on_message
+
+    async def _answer(self, route: Route[Any], msg: Msg, slots: asyncio.Semaphore) -> None:
+        try:
+            reply = await run_route(route, self._logical(msg.subject), msg.data, msg.headers)
+            if reply is not None and msg.reply:
+                data, wire = reply
+                await self._nc.publish(msg.reply, data, headers=wire)
+        except Exception:
+            log.exception("answering on %s failed", msg.subject)
+        finally:
+            slots.release()
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        """Publish to JetStream and wait until stored."""
+        data = message.SerializeToString()
+        wire = headers.to_wire(None) if headers else None
+        try:
+            ack = await self._js.publish(self.wire_subject(subject), data, timeout=timeout, headers=wire)
+        except nats.js.errors.NoStreamResponseError as exc:
+            msg = f"no stream captures {subject!r}"
+            raise BusError(msg) from exc
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeoutError(subject, timeout) from exc
+        except nats.errors.Error as exc:
+            msg = f"jetstream publish to {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        stream = ack.stream.removeprefix(self._stream_prefix)
+        return PublishAck(stream=stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    @contextlib.asynccontextmanager
+    async def consume(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: WorkHandler[M],
+        *,
+        max_inflight: int = 16,
+        drain_timeout: float = 10.0,
+    ) -> AsyncIterator[Consumer]:
+        """Pull work from a durable consumer while the context is open."""
+        config = js_api.ConsumerConfig(
+            durable_name=consumer.durable,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=consumer.ack_wait_seconds,
+            max_deliver=consumer.max_deliver,
+            filter_subject=self.wire_subject(consumer.filter_subject),
+            max_ack_pending=max(1000, max_inflight * 4),
+        )
+        psub = await self._js.pull_subscribe(
+            self.wire_subject(consumer.filter_subject),
+            durable=consumer.durable,
+            stream=self.stream_name(consumer.stream),
+            config=config,
+        )
+        puller = _Puller(self, consumer, message_type, handler, max_inflight)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                pull = tasks.create_task(puller.run(psub, tasks))
+                try:
+                    yield puller
+                finally:
+                    puller.stop()
+                    await pull
+                    await puller.drain(drain_timeout)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await psub.unsubscribe()
+
+    async def provision(self, layout: JetStreamLayout) -> None:
+        """Create or update every stream and bucket of `layout`."""
+        for stream in layout.streams():
+            await self._ensure_stream(stream)
+        for bucket in layout.buckets():
+            await self._ensure_bucket(bucket)
+
+    async def _ensure_stream(self, spec: StreamSpec) -> None:
+        config = js_api.StreamConfig(
+            name=self.stream_name(spec.name),
+            subjects=[self.wire_subject(s) for s in spec.subjects],
+            retention=(
+                js_api.RetentionPolicy.WORK_QUEUE
+                if spec.retention is Retention.WORK_QUEUE
+                else js_api.RetentionPolicy.LIMITS
+            ),
+            max_age=spec.max_age_seconds,
+            max_bytes=spec.max_bytes,
+            duplicate_window=spec.duplicate_window_seconds,
+            storage=js_api.StorageType.MEMORY if spec.memory else js_api.StorageType.FILE,
+            discard=js_api.DiscardPolicy.OLD,
+        )
+        try:
+            await self._js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _STREAM_EXISTS_DIFFERENT:
+                raise
+            await self._js.update_stream(config)
+
+    async def _ensure_bucket(self, spec: BucketSpec) -> None:
+        name = self.stream_name(spec.name)
+        try:
+            self._kv[spec.name] = await self._js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            self._kv[spec.name] = await self._js.create_key_value(
+                js_api.KeyValueConfig(bucket=name, history=spec.history)
+            )
+
+    async def _bucket(self, bucket: str) -> KeyValue:
+        kv = self._kv.get(bucket)
+        if kv is None:
+            try:
+                kv = await self._js.key_value(self.stream_name(bucket))
+            except nats.js.errors.BucketNotFoundError as exc:
+                msg = f"bucket {bucket!r} is not provisioned"
+                raise BusError(msg) from exc
+            self._kv[bucket] = kv
+        return kv
+
+    async def kv_put(self, bucket: str, key: str, message: Message) -> None:
+        """Store `message` under `key`."""
+        kv = await self._bucket(bucket)
+        await kv.put(key, message.SerializeToString())
+
+    async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
+        """The value under `key`, or None."""
+        kv = await self._bucket(bucket)
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return decode(entry.value or b"", None, message_type)
+
+    async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
+        """Every key and value of a bucket."""
+        kv = await self._bucket(bucket)
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return {}
+        items: dict[str, M] = {}
+        for key in keys:
+            value = await self.kv_get(bucket, key, message_type)
+            if value is not None:
+                items[key] = value
+        return items
+
+
+class _Puller(Consumer):
+    """The fetch loop of one durable pull consumer and the lifecycle of each work item."""
+
+    def __init__(
+        self,
+        bus: NatsBus,
+        spec: ConsumerSpec,
+        message_type: type[M],
+        handler: WorkHandler[M],
+        max_inflight: int,
+    ) -> None:
+        self._bus = bus
+        self._spec = spec
+        self._type: type[Message] = message_type
+        self._handler: WorkHandler[Any] = handler
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._max_inflight = max_inflight
+        self._inflight = 0
+        self._stopping = asyncio.Event()
+        self._active = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def active(self) -> bool:
+        return self._active and not self._stopping.is_set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self, psub: JetStreamContext.PullSubscription, tasks: asyncio.TaskGroup) -> None:
+        self._active = True
+        failures = 0
+        while not self._stopping.is_set():
+            await self._slots.acquire()
+            self._slots.release()
+            free = self._max_inflight - self._inflight
+            try:
+                msgs = await psub.fetch(batch=free, timeout=1.0)
+                failures = 0
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            except nats.errors.Error as exc:
+                # Disconnected or the broker is restarting: keep trying with a capped backoff.
+                failures += 1
+                log.warning("fetch from %s failed: %s", self._spec.durable, exc)
+                await _sleep_or_stop(self._stopping, min(5.0, 0.1 * 2**failures))
+                continue
+            for msg in msgs:
+                await self._slots.acquire()
+                self._inflight += 1
+                work = tasks.create_task(self._work(msg))
+                self._tasks.add(work)
+                work.add_done_callback(self._tasks.discard)
+        self._active = False
+
+    async def drain(self, timeout: float) -> None:
+        """Let in-flight handlers finish for `timeout` seconds, then cancel them.
+
+        A cancelled handler's message is nak'ed, so another worker takes it over at once.
+        """
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+
+    async def _work(self, msg: Msg) -> None:
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            await self._run_handler(msg)
+        finally:
+            keepalive.cancel()
+            self._inflight -= 1
+            self._slots.release()
+
+    async def _run_handler(self, msg: Msg) -> None:
+        meta = msg.metadata
+        try:
+            message = decode(msg.data, msg.headers, self._type)
+        except (DecodeError, BusError) as exc:
+            log.error("terminating undecodable work item on %s: %s", msg.subject, exc)
+            await _settle(msg.term())
+            return
+        envelope = Envelope(self._bus._logical(msg.subject), message, Headers.from_wire(msg.headers))
+        item = WorkItem(envelope, stream_seq=meta.sequence.stream, delivered=meta.num_delivered)
+        try:
+            await self._handler(item)
+        except Nak as nak:
+            await _settle(msg.nak(delay=nak.delay))
+        except Term as term:
+            log.warning("terminating work item on %s: %s", msg.subject, term.reason)
+            await _settle(msg.term())
+        except asyncio.CancelledError:
+            await _settle(msg.nak())
+            raise
+        except Exception:
+            log.exception("work handler for %s failed; redelivering", msg.subject)
+            await _settle(msg.nak(delay=_FAILED_HANDLER_REDELIVERY_DELAY))
+        else:
+            await _settle(msg.ack_sync(timeout=5.0))
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        interval = max(0.5, self._spec.ack_wait_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(nats.errors.Error):
+                await msg.in_progress()
+
+
+async def _settle(operation: Any) -> None:
+    """Ack/nak/term, tolerating a lost connection (the broker redelivers on its own)."""
+    try:
+        await operation
+    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        log.warning("could not settle a work item: %s", exc)
+
+
+async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)
+
+
+async def _unsubscribe(sub: NatsSubscription) -> None:
+    with contextlib.suppress(nats.errors.Error):
+        await sub.unsubscribe()
+
+
+def _stream_prefix(namespace: str) -> str:
+    if not namespace:
+        return ""
+    return namespace.upper().replace(".", "_").replace("-", "_") + "_"

@@ -1,0 +1,147 @@
+"""Every NATS subject, stream and bucket name of the system, built in one place.
+
+Code elsewhere never spells a subject as a string literal: it calls these functions, so a
+layout change is one edit here and the tests below it.
+
+Layout (logical names; a bus with a namespace prefixes every subject with `<namespace>.`):
+
+| subject                      | kind                                   |
+|------------------------------|----------------------------------------|
+| `atmo.submit.<agent>`        | a `RunRequest`, captured by `ATMO_RUNS` |
+| `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
+| `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
+| `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
+| `atmo.gov.<op>`              | request/reply to governance |
+| `atmo.mem.<op>`              | request/reply to memory |
+| `atmo.tape.<op>`             | request/reply to tape |
+| `atmo.svc.<service>.health`  | request/reply health |
+| `atmo.svc.<service>.info`    | request/reply runtime-truth fragment |
+
+Submissions live under `atmo.submit.*` rather than `atmo.run.submit.*`: JetStream refuses two
+streams whose subject filters overlap, and `atmo.run.submit.>` overlaps `atmo.run.*.evt`.
+"""
+
+from __future__ import annotations
+
+import re
+
+ROOT = "atmo"
+
+RUNS_STREAM = "ATMO_RUNS"
+EVENTS_STREAM = "ATMO_EVENTS"
+AGENTS_BUCKET = "ATMO_AGENTS"
+TOOLS_BUCKET = "ATMO_TOOLS"
+
+# A token is what sits between two dots: no dot, no wildcard, no whitespace, bounded length.
+_TOKEN = re.compile(r"[A-Za-z0-9_\-:@]{1,128}")
+# A namespace may hold several tokens (`tenant.dev`); it is validated token by token.
+_NAMESPACE_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+
+
+def token(value: str, *, what: str = "subject token") -> str:
+    """Return `value` if it is safe as one subject token, else raise `ValueError`.
+
+    Agent names, run ids and tool names end up inside subjects; a dot, a space or a wildcard
+    there would change which subscribers receive the message.
+    """
+    if not _TOKEN.fullmatch(value):
+        msg = f"invalid {what} {value!r}: use 1-128 letters, digits, '_', '-', ':' or '@'"
+        raise ValueError(msg)
+    return value
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return `namespace` ("" for none) if every dotted part of it is a safe token."""
+    if namespace and not all(_NAMESPACE_TOKEN.fullmatch(t) for t in namespace.split(".")):
+        msg = f"invalid bus namespace {namespace!r}"
+        raise ValueError(msg)
+    return namespace
+
+
+def run_submit(agent: str) -> str:
+    """Where a `RunRequest` for `agent` is published (stream `ATMO_RUNS`)."""
+    return f"{ROOT}.submit.{token(agent, what='agent name')}"
+
+
+def run_submit_all() -> str:
+    """The filter of every submission, whatever the agent."""
+    return f"{ROOT}.submit.>"
+
+
+def run_events(run_id: str) -> str:
+    """Where every `RunEvent` of `run_id` is published (stream `ATMO_EVENTS`)."""
+    return f"{ROOT}.run.{token(run_id, what='run id')}.evt"
+
+
+def run_events_all() -> str:
+    """The filter of every run's events."""
+    return f"{ROOT}.run.*.evt"
+
+
+def run_control(run_id: str) -> str:
+    """Where `Control` requests (cancel, approvals) for `run_id` are sent."""
+    return f"{ROOT}.run.{token(run_id, what='run id')}.ctl"
+
+
+def tool(name: str) -> str:
+    """Where a `ToolCall` for the tool `name` is sent."""
+    return f"{ROOT}.tool.{token(name, what='tool name')}"
+
+
+def governance(op: str) -> str:
+    """A governance operation, e.g. `governance("admit")`."""
+    return f"{ROOT}.gov.{token(op, what='operation')}"
+
+
+def memory(op: str) -> str:
+    """A memory operation; dotted ops (`history.load`) are validated token by token."""
+    return f"{ROOT}.mem.{_dotted(op)}"
+
+
+def tape(op: str) -> str:
+    """A tape operation, e.g. `tape("steps")`."""
+    return f"{ROOT}.tape.{_dotted(op)}"
+
+
+def service_health(service: str) -> str:
+    """The health responder of `service`."""
+    return f"{ROOT}.svc.{token(service, what='service name')}.health"
+
+
+def service_info(service: str) -> str:
+    """The runtime-truth responder of `service`."""
+    return f"{ROOT}.svc.{token(service, what='service name')}.info"
+
+
+def _dotted(op: str) -> str:
+    return ".".join(token(part, what="operation") for part in op.split("."))
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether `subject` matches `pattern` with NATS wildcard rules.
+
+    `*` matches exactly one token, `>` matches one or more trailing tokens.
+    """
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, p in enumerate(p_tokens):
+        if p == ">":
+            return len(s_tokens) > i
+        if i >= len(s_tokens) or (p != "*" and p != s_tokens[i]):
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether some subject could match both filters `a` and `b` (as JetStream checks)."""
+    a_tokens, b_tokens = a.split("."), b.split(".")
+    for i in range(max(len(a_tokens), len(b_tokens))):
+        ta = a_tokens[i] if i < len(a_tokens) else None
+        tb = b_tokens[i] if i < len(b_tokens) else None
+        if ta == ">" or tb == ">":
+            return ta is not None and tb is not None
+        if ta is None or tb is None:
+            return False
+        if ta != tb and "*" not in (ta, tb):
+            return False
+    return True

@@ -1,0 +1,412 @@
+"""`FakeBus`: the in-memory twin of the NATS bus, for unit tests.
+
+It encodes every message with the real codec and follows NATS semantics: `*` and `>`
+wildcards, one delivery per queue group, no-responders and timeouts on requests, JetStream
+streams that capture matching subjects and de-duplicate by `Nats-Msg-Id`, work-queue streams
+that delete acked messages, durable consumers shared by competing workers, and key-value
+buckets. The contract suite in `tests/contract` runs against it and a real nats-server.
+
+What it does not model: network failures, ack-wait expiry (a handler always settles its
+message here, so nothing needs a timer), and stream size or age limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._codec import Headers, decode, encode
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, Retention, StreamSpec
+from atmosphere.bus._router import Route, Router, run_route
+from atmosphere.bus._subscription import QueueSubscription
+from atmosphere.bus.errors import BusError, DecodeError, Nak, NoRespondersError, RequestTimeoutError, Term
+from atmosphere.bus.subjects import matches, overlaps
+
+__all__ = ["FakeBus"]
+
+M = TypeVar("M", bound=Message)
+
+log = logging.getLogger("atmosphere.bus")
+
+_Deliver = Callable[[str, bytes, Mapping[str, str] | None, str | None], None]
+
+
+@dataclass(eq=False)
+class _Sub:
+    pattern: str
+    queue: str | None
+    deliver: _Deliver
+
+
+@dataclass
+class _Stored:
+    seq: int
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None
+
+
+@dataclass
+class _Stream:
+    spec: StreamSpec
+    messages: dict[int, _Stored] = field(default_factory=dict)
+    msg_ids: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        """Wake every worker waiting for a message."""
+        self.changed.set()
+
+
+@dataclass
+class _Durable:
+    """Server-side state of a durable consumer, shared by every worker pulling from it."""
+
+    spec: ConsumerSpec
+    cursor: int = 0
+    """The last stream sequence handed out for the first time."""
+    redeliver: list[int] = field(default_factory=list)
+    delivered: dict[int, int] = field(default_factory=dict)
+    """Delivery counts of messages not yet acked or terminated."""
+
+
+class FakeBus(Bus):
+    """An in-memory `Bus` with real NATS subject, queue-group and JetStream semantics."""
+
+    def __init__(self) -> None:
+        """Start empty and connected."""
+        self._subs: list[_Sub] = []
+        self._rr = itertools.count()
+        self._inbox = itertools.count(1)
+        self._streams: dict[str, _Stream] = {}
+        self._durables: dict[tuple[str, str], _Durable] = {}
+        self._buckets: dict[str, dict[str, bytes]] = {}
+        self.connected = True
+        """Set to False to make readiness checks see a disconnected bus."""
+        self.published: list[tuple[str, Message]] = []
+        """Every message published or requested, decoded as sent (for assertions)."""
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the fake is marked connected."""
+        return self.connected
+
+    # -- core NATS -------------------------------------------------------------------------
+
+    def _route(self, subject: str, data: bytes, headers: Mapping[str, str] | None, reply: str | None) -> int:
+        """Capture into a matching stream, then deliver as core NATS does; return deliveries."""
+        stream = self._capturing(subject)
+        if stream is not None:
+            self._store(stream, subject, data, headers)
+        return self._deliver(subject, data, headers, reply)
+
+    def _deliver(self, subject: str, data: bytes, headers: Mapping[str, str] | None, reply: str | None) -> int:
+        delivered = 0
+        groups: dict[str, list[_Sub]] = {}
+        for sub in [s for s in self._subs if matches(s.pattern, subject)]:
+            if sub.queue is None:
+                sub.deliver(subject, data, headers, reply)
+                delivered += 1
+            else:
+                groups.setdefault(sub.queue, []).append(sub)
+        for members in groups.values():
+            members[next(self._rr) % len(members)].deliver(subject, data, headers, reply)
+            delivered += 1
+        return delivered
+
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        """Deliver to every matching subscriber (and capture into matching streams)."""
+        self.published.append((subject, message))
+        wire = headers.to_wire(None) if headers else None
+        self._route(subject, message.SerializeToString(), wire, None)
+        await asyncio.sleep(0)
+
+    async def request(
+        self,
+        subject: str,
+        message: Message,
+        reply_type: type[M],
+        *,
+        timeout: float = 5.0,
+        headers: Headers | None = None,
+    ) -> M:
+        """Send a request to one responder and wait for its typed reply."""
+        self.published.append((subject, message))
+        data, wire = encode(message, headers)
+        inbox = f"_INBOX.fake.{next(self._inbox)}"
+        answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def on_reply(_s: str, payload: bytes, reply_headers: Mapping[str, str] | None, _r: str | None) -> None:
+            if not answer.done():
+                answer.set_result((payload, reply_headers))
+
+        reply_sub = _Sub(inbox, None, on_reply)
+        self._subs.append(reply_sub)
+        try:
+            if self._route(subject, data, wire, inbox) == 0:
+                raise NoRespondersError(subject)
+            try:
+                payload, reply_headers = await asyncio.wait_for(answer, timeout)
+            except TimeoutError as exc:
+                raise RequestTimeoutError(subject, timeout) from exc
+        finally:
+            self._subs.remove(reply_sub)
+        return decode(payload, reply_headers, reply_type)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, subject: str, message_type: type[M], *, queue: str | None = None
+    ) -> AsyncIterator[Subscription[M]]:
+        """Receive the messages on `subject` while the context is open."""
+        subscription = QueueSubscription(message_type)
+        sub = _Sub(subject, queue, lambda s, d, h, _r: subscription.offer(s, d, h))
+        self._subs.append(sub)
+        try:
+            yield subscription
+        finally:
+            self._subs.remove(sub)
+            subscription.close()
+
+    @contextlib.asynccontextmanager
+    async def serve(
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
+    ) -> AsyncIterator[None]:
+        """Serve every route while the context is open; finish in-flight work on exit."""
+        slots = asyncio.Semaphore(max_inflight)
+        subs: list[_Sub] = []
+        async with asyncio.TaskGroup() as tasks:
+            try:
+                for route in router.routes:
+                    sub = _Sub(route.subject, queue, self._responder(route, slots, tasks))
+                    subs.append(sub)
+                    self._subs.append(sub)
+                yield
+            finally:
+                for sub in subs:
+                    self._subs.remove(sub)
+
+    def _responder(self, route: Route[Any], slots: asyncio.Semaphore, tasks: asyncio.TaskGroup) -> _Deliver:
+        async def answer(subject: str, data: bytes, headers: Mapping[str, str] | None, reply: str | None) -> None:
+            async with slots:
+                result = await run_route(route, subject, data, headers)
+            if result is not None and reply is not None:
+                self._route(reply, result[0], result[1], None)
+
+        def deliver(subject: str, data: bytes, headers: Mapping[str, str] | None, reply: str | None) -> None:
+            tasks.create_task(answer(subject, data, headers, reply))
+
+        return deliver
+
+    # -- JetStream -------------------------------------------------------------------------
+
+    def _capturing(self, subject: str) -> _Stream | None:
+        for stream in self._streams.values():
+            if any(matches(p, subject) for p in stream.spec.subjects):
+                return stream
+        return None
+
+    def _store(self, stream: _Stream, subject: str, data: bytes, headers: Mapping[str, str] | None) -> PublishAck:
+        msg_id = (headers or {}).get("Nats-Msg-Id", "")
+        if msg_id in stream.msg_ids:
+            return PublishAck(stream.spec.name, stream.msg_ids[msg_id], duplicate=True)
+        stream.last_seq += 1
+        if msg_id:
+            stream.msg_ids[msg_id] = stream.last_seq
+        stream.messages[stream.last_seq] = _Stored(stream.last_seq, subject, data, headers)
+        stream.wake()
+        return PublishAck(stream.spec.name, stream.last_seq, duplicate=False)
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        """Store in the capturing stream; a repeated `msg_id` is a duplicate."""
+        stream = self._capturing(subject)
+        if stream is None:
+            msg = f"no stream captures {subject!r}"
+            raise BusError(msg)
+        self.published.append((subject, message))
+        data = message.SerializeToString()
+        wire = headers.to_wire(None) if headers else None
+        ack = self._store(stream, subject, data, wire)
+        if not ack.duplicate:
+            # Core subscribers see a JetStream publish too, exactly as on NATS.
+            self._deliver(subject, data, wire, None)
+        await asyncio.sleep(0)
+        return ack
+
+    async def provision(self, layout: JetStreamLayout) -> None:
+        """Create the streams and buckets of `layout` (idempotent; overlaps are refused)."""
+        for spec in layout.streams():
+            for other in self._streams.values():
+                if other.spec.name != spec.name and any(
+                    overlaps(a, b) for a in spec.subjects for b in other.spec.subjects
+                ):
+                    msg = f"stream {spec.name} overlaps {other.spec.name}"
+                    raise BusError(msg)
+            existing = self._streams.get(spec.name)
+            if existing is None:
+                self._streams[spec.name] = _Stream(spec)
+            else:
+                existing.spec = spec
+        for bucket in layout.buckets():
+            self._buckets.setdefault(bucket.name, {})
+
+    def stream_messages(self, stream: str) -> list[tuple[str, bytes]]:
+        """The subjects and payloads a stream holds now, in order (for assertions)."""
+        return [(m.subject, m.data) for _, m in sorted(self._streams[stream].messages.items())]
+
+    @contextlib.asynccontextmanager
+    async def consume(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: WorkHandler[M],
+        *,
+        max_inflight: int = 16,
+        drain_timeout: float = 10.0,
+    ) -> AsyncIterator[Consumer]:
+        """Pull work from a durable consumer while the context is open."""
+        stream = self._streams.get(consumer.stream)
+        if stream is None:
+            msg = f"stream {consumer.stream!r} is not provisioned"
+            raise BusError(msg)
+        durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        worker = _FakeWorker(stream, durable, message_type, handler, max_inflight)
+        async with asyncio.TaskGroup() as tasks:
+            loop = tasks.create_task(worker.run(tasks))
+            try:
+                yield worker
+            finally:
+                worker.stopping = True
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+                await worker.drain(drain_timeout)
+
+    # -- key-value -------------------------------------------------------------------------
+
+    def _bucket(self, bucket: str) -> dict[str, bytes]:
+        try:
+            return self._buckets[bucket]
+        except KeyError:
+            msg = f"bucket {bucket!r} is not provisioned"
+            raise BusError(msg) from None
+
+    async def kv_put(self, bucket: str, key: str, message: Message) -> None:
+        """Store `message` under `key`."""
+        self._bucket(bucket)[key] = message.SerializeToString()
+
+    async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
+        """The value under `key`, or None."""
+        data = self._bucket(bucket).get(key)
+        return None if data is None else decode(data, None, message_type)
+
+    async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
+        """Every key and value of a bucket."""
+        return {k: decode(v, None, message_type) for k, v in self._bucket(bucket).items()}
+
+
+class _FakeWorker(Consumer):
+    def __init__(
+        self,
+        stream: _Stream,
+        durable: _Durable,
+        message_type: type[M],
+        handler: WorkHandler[M],
+        max_inflight: int,
+    ) -> None:
+        self._stream = stream
+        self._durable = durable
+        self._type: type[Message] = message_type
+        self._handler: Callable[[WorkItem[Any]], Awaitable[None]] = handler
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+
+    @property
+    def active(self) -> bool:
+        return not self.stopping
+
+    def _next(self) -> _Stored | None:
+        durable, stream = self._durable, self._stream
+        while durable.redeliver:
+            seq = durable.redeliver.pop(0)
+            if seq in stream.messages:
+                return stream.messages[seq]
+        for seq in sorted(s for s in stream.messages if s > durable.cursor):
+            durable.cursor = seq
+            stored = stream.messages[seq]
+            if matches(durable.spec.filter_subject, stored.subject):
+                return stored
+        return None
+
+    async def run(self, tasks: asyncio.TaskGroup) -> None:
+        while True:
+            await self._slots.acquire()
+            stored = self._next()
+            while stored is None:
+                # Clear before waiting: a message stored after `_next` sets it again.
+                self._stream.changed.clear()
+                await self._stream.changed.wait()
+                stored = self._next()
+            self._durable.delivered[stored.seq] = self._durable.delivered.get(stored.seq, 0) + 1
+            task = tasks.create_task(self._work(stored))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float) -> None:
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+
+    async def _work(self, stored: _Stored) -> None:
+        try:
+            self._settle(stored, await self._outcome(stored))
+        finally:
+            self._slots.release()
+
+    async def _outcome(self, stored: _Stored) -> tuple[str, float]:
+        try:
+            message = decode(stored.data, stored.headers, self._type)
+        except (DecodeError, BusError):
+            return ("term", 0.0)
+        envelope = Envelope(stored.subject, message, Headers.from_wire(stored.headers))
+        item = WorkItem(envelope, stream_seq=stored.seq, delivered=self._durable.delivered[stored.seq])
+        try:
+            await self._handler(item)
+        except Nak as nak:
+            return ("nak", nak.delay)
+        except Term:
+            return ("term", 0.0)
+        except asyncio.CancelledError:
+            self._settle(stored, ("nak", 0.0))
+            raise
+        except Exception:
+            log.exception("work handler for %s failed; redelivering", stored.subject)
+            return ("nak", 0.0)
+        return ("ack", 0.0)
+
+    def _settle(self, stored: _Stored, outcome: tuple[str, float]) -> None:
+        verb, delay = outcome
+        if verb == "nak":
+            asyncio.get_running_loop().call_later(delay, self._redeliver, stored.seq)
+            return
+        self._durable.delivered.pop(stored.seq, None)
+        if self._stream.spec.retention is Retention.WORK_QUEUE:
+            self._stream.messages.pop(stored.seq, None)
+
+    def _redeliver(self, seq: int) -> None:
+        self._durable.redeliver.append(seq)
+        self._stream.wake()

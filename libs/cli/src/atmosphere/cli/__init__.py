@@ -1,0 +1,1 @@
+"""The `atmosphere` command: the local dev stack."""

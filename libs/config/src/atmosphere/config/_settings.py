@@ -1,0 +1,84 @@
+"""The settings every service shares; each service subclasses `ServiceSettings`.
+
+Environment variables use the `ATMOSPHERE_` prefix and `__` for nesting, e.g.
+`ATMOSPHERE_NATS__URL`, `ATMOSPHERE_LOG__LEVEL`, `ATMOSPHERE_DISPATCH__HEALTH_PORT`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class NatsSettings(BaseModel):
+    """How a service reaches NATS."""
+
+    model_config = {"frozen": True}
+
+    url: str = "nats://127.0.0.1:4222"
+    """One URL, or several separated by commas (a cluster)."""
+    namespace: str = ""
+    """Prefix of every subject and stream; lets several systems (or tests) share one NATS."""
+    connect_timeout: float = Field(default=30.0, gt=0)
+    """Seconds to keep retrying the first connection before the service gives up."""
+
+    @property
+    def servers(self) -> list[str]:
+        """The URLs as a list."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+
+class JetStreamSettings(BaseModel):
+    """Limits of the streams the system provisions."""
+
+    model_config = {"frozen": True}
+
+    events_max_age: float = Field(default=24 * 3600, ge=0)
+    """Seconds a run's events stay replayable in `ATMO_EVENTS` (0 = no age limit)."""
+    events_max_bytes: int = Field(default=1 << 30, ge=-1)
+    """Size limit of `ATMO_EVENTS` in bytes (-1 = none); the oldest events go first."""
+    runs_max_age: float = Field(default=24 * 3600, ge=0)
+    """Seconds an unclaimed run waits in `ATMO_RUNS` before it expires."""
+
+
+class LogSettings(BaseModel):
+    """Logging."""
+
+    model_config = {"frozen": True}
+
+    level: str = "INFO"
+    json_format: bool = Field(default=False, alias="json")
+    """One JSON object per line instead of text (for log collectors)."""
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            msg = f"unknown log level {value!r}"
+            raise ValueError(msg)
+        return level
+
+
+class ServiceSettings(BaseSettings):
+    """What every service reads: NATS, JetStream limits, logging, data directory."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATMOSPHERE_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    nats: NatsSettings = NatsSettings()
+    jetstream: JetStreamSettings = JetStreamSettings()
+    log: LogSettings = LogSettings()
+    data_dir: Path = Path(".atmosphere/data")
+    """Where services keep their SQLite files (`ATMOSPHERE_DATA_DIR`)."""
+    probe_host: str = "0.0.0.0"  # noqa: S104 - probes must be reachable by the kubelet
+    """Interface of the `/healthz` + `/readyz` HTTP listener (`ATMOSPHERE_PROBE_HOST`)."""
+    probe_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the probe listener (`ATMOSPHERE_PROBE_PORT`); 0 picks a free port."""

@@ -1,0 +1,60 @@
+"""`App`: the explicit list of agents a deployment serves, and loading it by reference."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from atmosphere.sdk._agent import AgentSpec, spec_of
+from atmosphere.sdk.errors import UserError
+
+
+class App:
+    """The agents of one application, registered explicitly (no import-time globals)."""
+
+    def __init__(self, agents: Iterable[type[Any]] = ()) -> None:
+        """Register `agents` (each an `@agent` class); names must be unique."""
+        self._agents: dict[str, AgentSpec] = {}
+        for cls in agents:
+            spec = spec_of(cls)
+            if spec.name in self._agents:
+                msg = f"two agents are named {spec.name!r}"
+                raise UserError(msg)
+            self._agents[spec.name] = spec
+
+    @property
+    def agents(self) -> Mapping[str, AgentSpec]:
+        """The agents by name, in registration order."""
+        return dict(self._agents)
+
+    def agent(self, name: str) -> AgentSpec | None:
+        """The agent called `name`, or None."""
+        return self._agents.get(name)
+
+
+def load_app(reference: str, *, app_dir: str | Path | None = None) -> App:
+    """Import `module:attribute` and return the `App` it names.
+
+    `app_dir` (default: the current directory) is put first on `sys.path`, as uvicorn does,
+    so `examples.echo:app` works from the project root.
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        msg = f"ATMOSPHERE_APP must look like 'package.module:app', got {reference!r}"
+        raise UserError(msg)
+    directory = str(Path(app_dir or ".").resolve())
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        msg = f"cannot import {module_name!r} for ATMOSPHERE_APP={reference!r}: {exc}"
+        raise UserError(msg) from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        msg = f"{reference!r} is {type(app).__name__}, not an atmosphere.sdk.App"
+        raise UserError(msg)
+    return app

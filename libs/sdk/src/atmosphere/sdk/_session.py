@@ -1,0 +1,77 @@
+"""`StreamingSession`: how an agent talks back to its client during one run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, Progress, RunEvent, TextDelta
+
+log = logging.getLogger("atmosphere.sdk")
+
+EventSink = Callable[[RunEvent], Awaitable[None]]
+"""Receives each event in order; the host stamps ids, seq and time and publishes it."""
+
+
+class StreamingSession:
+    """The stream of one run, as the agent sees it.
+
+    The first terminal call (`complete` or `error`) wins; anything sent after it is dropped
+    and logged, exactly once per kind of mistake.
+    """
+
+    def __init__(self, sink: EventSink, *, run_id: str, session_id: str, conversation_id: str) -> None:
+        """Send events of run `run_id` to `sink`."""
+        self._sink = sink
+        self.run_id = run_id
+        """The id of the run this session streams."""
+        self.session_id = session_id
+        """The per-prompt stream id (`sessionId` on every client frame)."""
+        self.conversation_id = conversation_id
+        """The conversation this turn belongs to."""
+        self._closed = False
+        self._dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        """Whether a terminal event was sent."""
+        return self._closed
+
+    @property
+    def dropped(self) -> int:
+        """How many sends arrived after the terminal event and were dropped."""
+        return self._dropped
+
+    async def emit(self, event: RunEvent) -> None:
+        """Send a typed event (any `RunEvent` kind); terminal kinds close the session."""
+        if self._closed:
+            self._dropped += 1
+            if self._dropped == 1:
+                log.warning("run %s: dropped %s sent after the terminal event", self.run_id, event.WhichOneof("kind"))
+            return
+        if event.WhichOneof("kind") in {"complete", "error"}:
+            self._closed = True
+        await self._sink(event)
+
+    async def send(self, text: str) -> None:
+        """Stream a chunk of the answer (`streaming-text`)."""
+        await self.emit(RunEvent(text_delta=TextDelta(text=text)))
+
+    async def progress(self, message: str, percentage: float | None = None) -> None:
+        """Show a status line (`progress`)."""
+        await self.emit(RunEvent(progress=Progress(message=message, percentage=percentage)))
+
+    async def metadata(self, key: str, value: Any) -> None:
+        """Send a key and any JSON-serializable value (`metadata`)."""
+        await self.emit(RunEvent(metadata=Metadata(key=key, value_json=json.dumps(value))))
+
+    async def complete(self, summary: str | None = None) -> None:
+        """End the run successfully (`complete`)."""
+        await self.emit(RunEvent(complete=Complete(summary=summary or "")))
+
+    async def error(self, message: str, *, code: str = "agent.error", recoverable: bool = False) -> None:
+        """End the run with an error (`error`)."""
+        await self.emit(RunEvent(error=Error(code=code, message=message, retryable=recoverable)))

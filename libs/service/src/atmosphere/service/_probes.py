@@ -1,0 +1,79 @@
+"""`/healthz` and `/readyz` over plain HTTP for Kubernetes probes.
+
+A dozen lines of asyncio instead of a web framework: the probes must answer even when the
+service is busy, cost nothing when idle, and accept nothing but a bounded GET.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+from atmosphere.service._health import Health
+
+_MAX_HEADER_LINES = 64
+_READ_TIMEOUT = 5.0
+
+
+def _response(status: HTTPStatus, body: dict[str, object], *, head: bool = False) -> bytes:
+    payload = json.dumps(body).encode()
+    lines = [
+        f"HTTP/1.1 {status.value} {status.phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        "Connection: close",
+        "",
+        "",
+    ]
+    return "\r\n".join(lines).encode() + (b"" if head else payload)
+
+
+def probe_response(health: Health, method: str, path: str) -> bytes:
+    """The HTTP response to one probe request."""
+    if method not in {"GET", "HEAD"}:
+        return _response(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "only GET and HEAD are allowed"})
+    head = method == "HEAD"
+    route = path.split("?", 1)[0]
+    if route == "/healthz":
+        return _response(HTTPStatus.OK, {"status": "ok", "service": health.service}, head=head)
+    if route == "/readyz":
+        ready = health.ready
+        status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+        return _response(status, {"ready": ready, "service": health.service}, head=head)
+    return _response(HTTPStatus.NOT_FOUND, {"error": f"no route {route}"}, head=head)
+
+
+async def _handle(health: Health, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        request_line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
+        for _ in range(_MAX_HEADER_LINES):
+            line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
+            if line in {b"\r\n", b"\n", b""}:
+                break
+        parts = request_line.decode("latin-1").split()
+        if len(parts) != 3:
+            writer.write(_response(HTTPStatus.BAD_REQUEST, {"error": "malformed request line"}))
+        else:
+            writer.write(probe_response(health, parts[0], parts[1]))
+        await writer.drain()
+    except (TimeoutError, ConnectionError, asyncio.LimitOverrunError, ValueError):
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def serve_probes(health: Health, *, host: str, port: int) -> AsyncIterator[int]:
+    """Answer probes on `host:port` while the context is open; yields the bound port."""
+    server = await asyncio.start_server(lambda r, w: _handle(health, r, w), host, port, limit=16384)
+    try:
+        bound = server.sockets[0].getsockname()[1]
+        yield int(bound)
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -1,0 +1,59 @@
+"""Running a service as a process: logging, signals, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from atmosphere.bus import ConnectError
+from atmosphere.config import ServiceSettings, configure_logging
+
+S = TypeVar("S", bound=ServiceSettings)
+
+log = logging.getLogger("atmosphere.service")
+
+
+def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *, service: str) -> int:
+    """Read the settings once, then run `serve(settings, stop=...)` until SIGTERM or SIGINT.
+
+    The first signal sets `stop`, so the service drains and exits cleanly; a second signal
+    cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when the
+    settings are invalid or NATS cannot be reached, 130 when cancelled.
+    """
+    try:
+        settings = load_settings()
+    except ValidationError as exc:
+        print(f"{service}: invalid settings:\n{exc}", file=sys.stderr)  # noqa: T201 - before logging exists
+        return 2
+    configure_logging(settings.log, service=service)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set() and task is not None:
+                log.warning("second signal: cancelling %s", service)
+                task.cancel()
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await serve(settings, stop=stop)
+
+    try:
+        asyncio.run(main())
+    except ConnectError as exc:
+        log.error("%s", exc)  # noqa: TRY400 - the message is the whole story, no traceback
+        return 2
+    except asyncio.CancelledError:
+        return 130
+    log.info("%s stopped", service)
+    return 0

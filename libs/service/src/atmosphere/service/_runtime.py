@@ -1,0 +1,72 @@
+"""The part of `serve()` every service repeats: connect, answer health and info, probes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from atmosphere.bus import Bus, JetStreamLayout, connect
+from atmosphere.config import ServiceSettings
+from atmosphere.service._health import Health, InfoFragment, health_router
+from atmosphere.service._probes import serve_probes
+
+log = logging.getLogger("atmosphere.service")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRuntime:
+    """What a service's wiring gets from `open_service`."""
+
+    bus: Bus
+    health: Health
+    probe_port: int
+    """The bound probe port (0 when the service serves probes itself, like ingress)."""
+
+
+def layout_from(settings: ServiceSettings) -> JetStreamLayout:
+    """The JetStream layout with the configured limits."""
+    js = settings.jetstream
+    return JetStreamLayout(
+        events_max_age_seconds=js.events_max_age,
+        events_max_bytes=js.events_max_bytes,
+        runs_max_age_seconds=js.runs_max_age,
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_service(
+    name: str,
+    settings: ServiceSettings,
+    *,
+    info: InfoFragment | None = None,
+    probes: bool = True,
+) -> AsyncIterator[ServiceRuntime]:
+    """Connect to NATS, provision JetStream, answer health/info, serve HTTP probes.
+
+    Every service provisions the layout (idempotently) so that any of them may start first.
+    The caller marks `health` ready once its own subscriptions are active.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await stack.enter_async_context(
+            connect(
+                settings.nats.servers,
+                name=f"atmosphere-{name}",
+                namespace=settings.nats.namespace,
+                connect_timeout=settings.nats.connect_timeout,
+            )
+        )
+        await bus.provision(layout_from(settings))
+        health = Health(name, bus)
+        probe_port = 0
+        if probes:
+            probe_port = await stack.enter_async_context(
+                serve_probes(health, host=settings.probe_host, port=settings.probe_port)
+            )
+            log.info("%s probes on http://%s:%d/readyz", name, settings.probe_host, probe_port)
+        await stack.enter_async_context(bus.serve(health_router(health, info), queue=f"{name}-health"))
+        try:
+            yield ServiceRuntime(bus=bus, health=health, probe_port=probe_port)
+        finally:
+            health.mark_not_ready()

@@ -1,0 +1,210 @@
+"""The one translation from `RunEvent` to the client's JSON frame (Atmosphere's wire format).
+
+Two families share the channel, as in Atmosphere: legacy `type` frames (`streaming-text`,
+`progress`, `metadata`, `content`, `complete`, `error`) and typed `event` frames
+(`tool-start`, `plan-update`, ...). Every frame carries `sessionId` and `seq`; one event is
+exactly one frame, so `seq` is the event's own and a resumed stream lines up with it.
+
+Deliberate differences from the Java original: error frames keep `code` and `recoverable`
+beside `data` (Java dropped them), and usage / confidence travel as typed `usage` /
+`confidence` events instead of several `ai.tokens.*` metadata frames, so that one event
+stays one frame.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+
+Frame = dict[str, Any]
+
+
+def _json(text: str) -> Any:
+    """Parse a `*_json` field; text that is not JSON is passed on as a string."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _typed(name: str, data: dict[str, Any]) -> Frame:
+    return {"event": name, "data": data}
+
+
+def _text_delta(e: RunEvent) -> Frame:
+    return {"type": "streaming-text", "data": e.text_delta.text}
+
+
+def _progress(e: RunEvent) -> Frame:
+    p = e.progress
+    if p.HasField("percentage"):
+        return _typed("progress", {"message": p.message, "percentage": p.percentage})
+    return {"type": "progress", "data": p.message}
+
+
+def _metadata(e: RunEvent) -> Frame:
+    return {"type": "metadata", "key": e.metadata.key, "value": _json(e.metadata.value_json)}
+
+
+def _content(e: RunEvent) -> Frame:
+    c = e.content
+    frame: Frame = {
+        "type": "content",
+        "contentType": c.content_type,
+        "mimeType": c.mime_type,
+        "data": base64.b64encode(c.data).decode("ascii"),
+    }
+    if c.content_type == "file":
+        frame["fileName"] = c.file_name
+    return frame
+
+
+def _complete(e: RunEvent) -> Frame:
+    frame: Frame = {"type": "complete"}
+    if e.complete.summary:
+        frame["data"] = e.complete.summary
+    return frame
+
+
+def _error(e: RunEvent) -> Frame:
+    err = e.error
+    return {"type": "error", "data": err.message, "code": err.code, "recoverable": err.retryable}
+
+
+def _tool_call_delta(e: RunEvent) -> Frame:
+    d = e.tool_call_delta
+    return {"type": "metadata", "key": f"ai.toolCall.delta.{d.call_id}", "value": d.arguments_fragment}
+
+
+def _usage(e: RunEvent) -> Frame:
+    u = e.usage
+    return _typed(
+        "usage",
+        {
+            "input": u.input_tokens,
+            "output": u.output_tokens,
+            "cachedInput": u.cached_input_tokens,
+            "total": u.total_tokens,
+            "model": u.model or None,
+        },
+    )
+
+
+def _confidence(e: RunEvent) -> Frame:
+    c = e.confidence
+    aggregate = c.aggregate if c.HasField("aggregate") else None
+    return _typed("confidence", {"aggregate": aggregate, "source": c.source, "tokens": c.token_count})
+
+
+def _plan_update(e: RunEvent) -> Frame:
+    p = e.plan_update
+    steps = [{"content": s.content, "status": s.status} for s in p.steps]
+    return _typed(
+        "plan-update",
+        {"steps": steps, "goal": p.goal or None, "conversationId": p.conversation_id, "agentId": p.agent_id},
+    )
+
+
+def _approval(e: RunEvent) -> Frame:
+    a = e.approval_required
+    return _typed(
+        "approval-required",
+        {
+            "approvalId": a.approval_id,
+            "toolName": a.tool_name,
+            "arguments": _json(a.arguments_json),
+            "message": a.message,
+            "expiresIn": a.expires_in_seconds,
+        },
+    )
+
+
+_TRANSLATORS: dict[str, Callable[[RunEvent], Frame]] = {
+    "text_delta": _text_delta,
+    "progress": _progress,
+    "metadata": _metadata,
+    "content": _content,
+    "complete": _complete,
+    "error": _error,
+    "tool_call_delta": _tool_call_delta,
+    "usage": _usage,
+    "confidence": _confidence,
+    "plan_update": _plan_update,
+    "approval_required": _approval,
+    "text_complete": lambda e: _typed("text-complete", {"fullText": e.text_complete.full_text}),
+    "tool_start": lambda e: _typed(
+        "tool-start", {"toolName": e.tool_start.tool_name, "arguments": _json(e.tool_start.arguments_json)}
+    ),
+    "tool_result": lambda e: _typed(
+        "tool-result", {"toolName": e.tool_result.tool_name, "result": e.tool_result.result}
+    ),
+    "tool_error": lambda e: _typed("tool-error", {"toolName": e.tool_error.tool_name, "error": e.tool_error.error}),
+    "agent_step": lambda e: _typed(
+        "agent-step",
+        {
+            "stepName": e.agent_step.step_name,
+            "description": e.agent_step.description,
+            "data": _json(e.agent_step.data_json),
+        },
+    ),
+    "reasoning_delta": lambda e: _typed(
+        "reasoning-delta", {"text": e.reasoning_delta.text, "redacted": e.reasoning_delta.redacted}
+    ),
+    "reasoning_complete": lambda e: _typed("reasoning-complete", {"signature": e.reasoning_complete.signature}),
+    "handoff": lambda e: _typed(
+        "handoff", {"fromAgent": e.handoff.from_agent, "toAgent": e.handoff.to_agent, "reason": e.handoff.reason}
+    ),
+    "structured_field": lambda e: _typed(
+        "structured-field",
+        {
+            "fieldName": e.structured_field.field_name,
+            "value": _json(e.structured_field.value_json),
+            "schemaType": e.structured_field.schema_type,
+        },
+    ),
+    "entity_start": lambda e: _typed(
+        "entity-start", {"typeName": e.entity_start.type_name, "jsonSchema": _json(e.entity_start.json_schema)}
+    ),
+    "entity_complete": lambda e: _typed(
+        "entity-complete", {"typeName": e.entity_complete.type_name, "entity": _json(e.entity_complete.entity_json)}
+    ),
+    "routing_decision": lambda e: _typed(
+        "routing-decision",
+        {
+            "fromBackend": e.routing_decision.from_backend,
+            "toBackend": e.routing_decision.to_backend,
+            "reason": e.routing_decision.reason,
+        },
+    ),
+    "citation": lambda e: _typed(
+        "citation",
+        {
+            "text": e.citation.text,
+            "start": e.citation.start,
+            "end": e.citation.end,
+            "sources": list(e.citation.sources),
+        },
+    ),
+}
+
+
+def to_frame(event: RunEvent) -> Frame | None:
+    """The client frame of `event`, or None for an event without a kind."""
+    kind = event.WhichOneof("kind")
+    if kind is None:
+        return None
+    frame = _TRANSLATORS[kind](event)
+    frame["sessionId"] = event.session_id
+    frame["seq"] = event.seq
+    return frame
+
+
+def error_frame(message: str, *, session_id: str = "", code: str = "ingress.bad_request") -> Frame:
+    """A frame for an error ingress itself detects (e.g. a malformed inbound frame)."""
+    return {"type": "error", "data": message, "code": code, "recoverable": True, "sessionId": session_id, "seq": 0}

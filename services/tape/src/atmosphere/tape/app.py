@@ -1,0 +1,37 @@
+"""Tape's wiring: record every run's events from `ATMO_EVENTS`, answer queries."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from atmosphere.bus import ConsumerSpec, subjects
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.service import open_service
+from atmosphere.tape.handlers import TapeHandlers
+from atmosphere.tape.settings import TapeSettings
+from atmosphere.tape.store import TapeStore
+
+RECORDER = "tape"
+"""The durable consumer the tape records from."""
+
+
+async def serve(settings: TapeSettings, *, stop: asyncio.Event) -> None:
+    """Run the tape until `stop` is set."""
+
+    def info() -> dict[str, Any]:
+        return {"tape": {"enabled": True, "store": "sqlite"}}
+
+    async with TapeStore.open(settings.db_path) as store, open_service("tape", settings, info=info) as runtime:
+        handlers = TapeHandlers(store)
+        recorder = ConsumerSpec(
+            stream=subjects.EVENTS_STREAM, durable=RECORDER, filter_subject=subjects.run_events_all()
+        )
+        async with (
+            runtime.bus.serve(handlers.router(), queue="tape"),
+            runtime.bus.consume(
+                recorder, RunEvent, handlers.record, max_inflight=settings.tape.max_concurrent_writes
+            ),
+        ):
+            runtime.health.mark_ready()
+            await stop.wait()

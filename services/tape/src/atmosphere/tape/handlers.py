@@ -1,0 +1,139 @@
+"""Turning run events into tape steps, and answering tape queries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from atmosphere.bus import MessageContext, Router, WorkItem, subjects
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.contracts.tape.v1.tape_pb2 import (
+    GetStepsRequest,
+    GetStepsResponse,
+    ListRunsRequest,
+    ListRunsResponse,
+    TapeRun,
+    TapeStep,
+)
+from atmosphere.tape.store import RunRow, Step, StepRecord, TapeStore
+
+DEFAULT_MAX_STEPS = 500
+MAX_STEPS = 5000
+DEFAULT_MAX_RUNS = 100
+MAX_RUNS = 1000
+STATUSES = frozenset({"OPEN", "COMPLETED", "ERROR", "CANCELLED", "ABANDONED"})
+
+# Step kinds use the wire's event names; text deltas are recorded as "text" steps.
+_KIND_NAMES = {"text_delta": "text"}
+_TERMINAL_STATUS = {"complete": "COMPLETED", "error": "ERROR"}
+
+
+def step_kind(event: RunEvent) -> str:
+    """The step kind of `event`, e.g. "text", "tool-start", "complete"."""
+    kind = event.WhichOneof("kind") or "unknown"
+    return _KIND_NAMES.get(kind, kind.replace("_", "-"))
+
+
+def step_payload(event: RunEvent) -> dict[str, Any]:
+    """The JSON payload of `event`'s step; binary content is recorded as a descriptor only."""
+    kind = event.WhichOneof("kind")
+    if kind is None:
+        return {}
+    if kind == "content":
+        content = event.content
+        return {
+            "contentType": content.content_type,
+            "mimeType": content.mime_type,
+            "fileName": content.file_name,
+            "byteLength": len(content.data),
+            "sha256": hashlib.sha256(content.data).hexdigest(),
+        }
+    if kind == "metadata":
+        try:
+            value = json.loads(event.metadata.value_json or "null")
+        except json.JSONDecodeError:
+            value = event.metadata.value_json
+        return {"key": event.metadata.key, "value": value}
+    return MessageToDict(getattr(event, kind), always_print_fields_with_no_presence=True)
+
+
+def step_record(event: RunEvent) -> StepRecord:
+    """What the store writes for `event`."""
+    ts = event.timestamp.ToMilliseconds() if event.HasField("timestamp") else 0
+    step = Step(
+        run_id=event.run_id,
+        seq=event.seq,
+        kind=step_kind(event),
+        payload=json.dumps(step_payload(event), sort_keys=True),
+        ts=ts,
+    )
+    return StepRecord(
+        step=step,
+        tape_id=event.conversation_id,
+        session_id=event.session_id,
+        agent=event.agent,
+        parent_run_id=event.parent_run_id,
+        terminal_status=_TERMINAL_STATUS.get(event.WhichOneof("kind") or ""),
+    )
+
+
+def _run_message(row: RunRow) -> TapeRun:
+    return TapeRun(
+        run_id=row.run_id,
+        tape_id=row.tape_id or "",
+        session_id=row.session_id or "",
+        agent=row.agent or "",
+        parent_run_id=row.parent_run_id or "",
+        status=row.status,
+        started_at=row.started_at,
+        ended_at=row.ended_at or 0,
+        step_count=row.step_count,
+    )
+
+
+class TapeHandlers:
+    """The recorder (fed by `ATMO_EVENTS`) and the query responders."""
+
+    def __init__(self, store: TapeStore) -> None:
+        """Record into and answer from `store`."""
+        self._store = store
+
+    async def record(self, item: WorkItem[RunEvent]) -> None:
+        """Record one event; a redelivered event is stored once."""
+        event = item.envelope.message
+        if not event.run_id or event.seq < 1:
+            return
+        await self._store.record(step_record(event))
+
+    async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
+        """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped)."""
+        limit = min(request.max or DEFAULT_MAX_STEPS, MAX_STEPS)
+        if limit < 0:
+            limit = DEFAULT_MAX_STEPS
+        steps = await self._store.steps(request.run_id, from_seq=request.from_seq, limit=limit)
+        response = GetStepsResponse(
+            run_id=request.run_id,
+            steps=[TapeStep(seq=s.seq, kind=s.kind, payload_json=s.payload, ts=s.ts) for s in steps],
+            count=len(steps),
+        )
+        run = await self._store.run(request.run_id)
+        if run is not None:
+            response.run.CopyFrom(_run_message(run))
+        return response
+
+    async def list_runs(self, request: ListRunsRequest, _ctx: MessageContext) -> ListRunsResponse:
+        """`atmo.tape.runs`: newest first; an unknown status filter means no filter."""
+        limit = request.limit if 0 < request.limit <= MAX_RUNS else DEFAULT_MAX_RUNS
+        status = request.status.upper() if request.status.upper() in STATUSES else ""
+        rows = await self._store.runs(tape_id=request.tape_id, status=status, limit=limit)
+        return ListRunsResponse(runs=[_run_message(r) for r in rows])
+
+    def router(self) -> Router:
+        """The tape's request/reply subjects."""
+        router = Router()
+        router.add(subjects.tape("steps"), GetStepsRequest, self.get_steps)
+        router.add(subjects.tape("runs"), ListRunsRequest, self.list_runs)
+        return router

@@ -1,0 +1,32 @@
+"""Tape's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from atmosphere.config import ServiceSettings
+
+
+class TapeOptions(BaseModel):
+    """`ATMOSPHERE_TAPE__*`."""
+
+    model_config = {"frozen": True}
+
+    db_path: Path | None = None
+    """The SQLite file; default `<ATMOSPHERE_DATA_DIR>/tape.db`."""
+    max_concurrent_writes: int = Field(default=64, ge=1)
+    """Events recorded at once (each a small transaction)."""
+
+
+class TapeSettings(ServiceSettings):
+    """Everything tape reads from the environment."""
+
+    probe_port: int = Field(default=8185, ge=0, le=65535)
+    tape: TapeOptions = TapeOptions()
+
+    @property
+    def db_path(self) -> Path:
+        """Where the tape's SQLite database lives."""
+        return self.tape.db_path or self.data_dir / "tape.db"
