@@ -85,9 +85,7 @@ class Headers:
 
 def encode(message: Message, headers: Headers | None = None) -> tuple[bytes, dict[str, str]]:
     """Serialize `message` and build its header map."""
-    return message.SerializeToString(), (headers or Headers()).to_wire(
-        message.DESCRIPTOR.full_name
-    )
+    return message.SerializeToString(), (headers or Headers()).to_wire(message.DESCRIPTOR.full_name)
 
 
 def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M]) -> M:

@@ -106,7 +106,7 @@ async def _close(client: Client) -> None:
             await client.drain()
         else:
             await client.close()
-    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.Error) as exc:
         log.debug("closing nats: %s", exc)
         with contextlib.suppress(nats.errors.Error):
             await client.close()

@@ -124,9 +124,7 @@ class NatsBus(Bus):
             await _unsubscribe(sub)
 
     @contextlib.asynccontextmanager
-    async def serve(
-        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
-    ) -> AsyncIterator[None]:
+    async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
         """Serve every route of `router`; on exit stop receiving and finish in-flight work."""
         slots = asyncio.Semaphore(max_inflight)
         subs: list[NatsSubscription] = []
@@ -230,12 +228,20 @@ class NatsBus(Bus):
 
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update every stream and bucket of `layout`."""
-        for stream in layout.streams():
-            await self._ensure_stream(stream)
-        for bucket in layout.buckets():
-            await self._ensure_bucket(bucket)
+        try:
+            for stream in layout.streams():
+                await self._ensure_stream(stream)
+            for bucket in layout.buckets():
+                await self._ensure_bucket(bucket)
+        except nats.js.errors.APIError as exc:
+            msg = f"provisioning jetstream failed: {exc.description}"
+            raise BusError(msg) from exc
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
+        # JetStream refuses a de-duplication window longer than the stream's max age.
+        window = spec.duplicate_window_seconds
+        if spec.max_age_seconds:
+            window = min(window, spec.max_age_seconds)
         config = js_api.StreamConfig(
             name=self.stream_name(spec.name),
             subjects=[self.wire_subject(s) for s in spec.subjects],
@@ -246,7 +252,7 @@ class NatsBus(Bus):
             ),
             max_age=spec.max_age_seconds,
             max_bytes=spec.max_bytes,
-            duplicate_window=spec.duplicate_window_seconds,
+            duplicate_window=window,
             storage=js_api.StorageType.MEMORY if spec.memory else js_api.StorageType.FILE,
             discard=js_api.DiscardPolicy.OLD,
         )
@@ -345,7 +351,7 @@ class _Puller(Consumer):
             try:
                 msgs = await psub.fetch(batch=free, timeout=1.0)
                 failures = 0
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except nats.errors.Error as exc:
                 # Disconnected or the broker is restarting: keep trying with a capped backoff.
@@ -418,7 +424,7 @@ async def _settle(operation: Any) -> None:
     """Ack/nak/term, tolerating a lost connection (the broker redelivers on its own)."""
     try:
         await operation
-    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.Error) as exc:
         log.warning("could not settle a work item: %s", exc)
 
 

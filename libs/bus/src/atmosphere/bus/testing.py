@@ -143,9 +143,7 @@ class FakeBus(Bus):
         self.published.append((subject, message))
         data, wire = encode(message, headers)
         inbox = f"_INBOX.fake.{next(self._inbox)}"
-        answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = asyncio.get_running_loop().create_future()
 
         def on_reply(_s: str, payload: bytes, reply_headers: Mapping[str, str] | None, _r: str | None) -> None:
             if not answer.done():
@@ -179,9 +177,7 @@ class FakeBus(Bus):
             subscription.close()
 
     @contextlib.asynccontextmanager
-    async def serve(
-        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
-    ) -> AsyncIterator[None]:
+    async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
         """Serve every route while the context is open; finish in-flight work on exit."""
         slots = asyncio.Semaphore(max_inflight)
         subs: list[_Sub] = []

@@ -78,7 +78,7 @@ class ServiceSettings(BaseSettings):
     log: LogSettings = LogSettings()
     data_dir: Path = Path(".atmosphere/data")
     """Where services keep their SQLite files (`ATMOSPHERE_DATA_DIR`)."""
-    probe_host: str = "0.0.0.0"  # noqa: S104 - probes must be reachable by the kubelet
+    probe_host: str = "0.0.0.0"
     """Interface of the `/healthz` + `/readyz` HTTP listener (`ATMOSPHERE_PROBE_HOST`)."""
     probe_port: int = Field(default=0, ge=0, le=65535)
     """Port of the probe listener (`ATMOSPHERE_PROBE_PORT`); 0 picks a free port."""

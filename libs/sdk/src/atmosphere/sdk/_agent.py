@@ -49,9 +49,7 @@ def prompt(func: F) -> F:
     return func
 
 
-def agent(
-    *, name: str | None = None, system_prompt: str = "", description: str = ""
-) -> Callable[[T], T]:
+def agent(*, name: str | None = None, system_prompt: str = "", description: str = "") -> Callable[[T], T]:
     """Declare a class as an agent served at `/atmosphere/agent/<name>`.
 
     The class needs exactly one `@prompt` method and a constructor without arguments. The name

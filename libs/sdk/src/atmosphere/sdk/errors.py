@@ -1,7 +1,7 @@
 """Errors of the SDK.
 
-    SdkError
-     └── UserError     the SDK was used wrongly; raised at import/registration, not mid-run
+SdkError
+└── UserError     the SDK was used wrongly; raised at import/registration, not mid-run
 """
 
 from __future__ import annotations

@@ -70,10 +70,25 @@ async def _handle(health: Health, reader: asyncio.StreamReader, writer: asyncio.
 @contextlib.asynccontextmanager
 async def serve_probes(health: Health, *, host: str, port: int) -> AsyncIterator[int]:
     """Answer probes on `host:port` while the context is open; yields the bound port."""
-    server = await asyncio.start_server(lambda r, w: _handle(health, r, w), host, port, limit=16384)
+    open_connections: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        open_connections[writer] = task
+        try:
+            await _handle(health, reader, writer)
+        finally:
+            open_connections.pop(writer, None)
+
+    server = await asyncio.start_server(on_connect, host, port, limit=16384)
     try:
         bound = server.sockets[0].getsockname()[1]
         yield int(bound)
     finally:
         server.close()
+        # Abort lingering clients so their handlers end on their own (EOF), not by cancellation.
+        for writer in list(open_connections):
+            writer.transport.abort()
+        await asyncio.gather(*open_connections.values(), return_exceptions=True)
         await server.wait_closed()

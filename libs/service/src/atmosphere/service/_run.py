@@ -51,7 +51,7 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     try:
         asyncio.run(main())
     except ConnectError as exc:
-        log.error("%s", exc)  # noqa: TRY400 - the message is the whole story, no traceback
+        log.error("%s", exc)
         return 2
     except asyncio.CancelledError:
         return 130

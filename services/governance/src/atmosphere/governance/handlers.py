@@ -6,5 +6,5 @@ from typing import Any
 
 
 def runtime_info() -> dict[str, Any]:
-    """governance's runtime-truth fragment: only what is attached and running now."""
+    """Governance's runtime-truth fragment: only what is attached and running now."""
     return {}

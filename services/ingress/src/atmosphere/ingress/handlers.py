@@ -56,7 +56,9 @@ def parse_inbound(raw: str) -> Prompt:
     prompt = envelope.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InboundError('A JSON frame needs a non-empty "prompt" string')
-    hints = envelope.get("hints") or {}
+    hints = envelope.get("hints")
+    if hints is None:
+        hints = {}
     if not isinstance(hints, dict):
         raise InboundError('"hints" must be an object')
     metadata = {f"hints.{k}": json.dumps(v) for k, v in hints.items() if isinstance(k, str)}
@@ -120,8 +122,13 @@ async def stream_run(bus: Bus, request: RunRequest, send: SendFrame) -> None:
             await submit_run(bus, request)
         except BusError as exc:
             log.warning("could not submit run %s: %s", request.run_id, exc)
-            await send(error_frame("The run could not be submitted; try again", session_id=request.session_id,
-                                   code="ingress.unavailable"))
+            await send(
+                error_frame(
+                    "The run could not be submitted; try again",
+                    session_id=request.session_id,
+                    code="ingress.unavailable",
+                )
+            )
             return
         last_seq = 0
         async for envelope in events:
@@ -194,8 +201,10 @@ class Connection:
             await stream_run(self.bus, request, outbound.put)
         except Exception:
             log.exception("streaming run %s failed", request.run_id)
-            _offer(outbound, error_frame("Internal error while streaming the run", session_id=request.session_id,
-                                         code="internal"))
+            _offer(
+                outbound,
+                error_frame("Internal error while streaming the run", session_id=request.session_id, code="internal"),
+            )
 
     @staticmethod
     async def _write(outbound: asyncio.Queue[Frame], send: SendFrame) -> None:

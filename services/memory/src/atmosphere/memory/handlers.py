@@ -6,5 +6,5 @@ from typing import Any
 
 
 def runtime_info() -> dict[str, Any]:
-    """memory's runtime-truth fragment: only what is attached and running now."""
+    """Memory's runtime-truth fragment: only what is attached and running now."""
     return {}

@@ -6,5 +6,5 @@ from typing import Any
 
 
 def runtime_info() -> dict[str, Any]:
-    """sandbox's runtime-truth fragment: only what is attached and running now."""
+    """Sandbox's runtime-truth fragment: only what is attached and running now."""
     return {}

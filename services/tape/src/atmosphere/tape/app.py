@@ -29,9 +29,7 @@ async def serve(settings: TapeSettings, *, stop: asyncio.Event) -> None:
         )
         async with (
             runtime.bus.serve(handlers.router(), queue="tape"),
-            runtime.bus.consume(
-                recorder, RunEvent, handlers.record, max_inflight=settings.tape.max_concurrent_writes
-            ),
+            runtime.bus.consume(recorder, RunEvent, handlers.record, max_inflight=settings.tape.max_concurrent_writes),
         ):
             runtime.health.mark_ready()
             await stop.wait()

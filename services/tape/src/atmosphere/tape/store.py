@@ -118,8 +118,7 @@ class TapeStore:
         inserted = cursor.rowcount == 1
         if inserted:
             await self._db.execute(
-                "UPDATE tape_run SET step_count = step_count + 1, started_at = MIN(started_at, ?)"
-                " WHERE run_id = ?",
+                "UPDATE tape_run SET step_count = step_count + 1, started_at = MIN(started_at, ?) WHERE run_id = ?",
                 (step.ts, step.run_id),
             )
             if record.terminal_status is not None:
@@ -144,8 +143,7 @@ class TapeStore:
     async def steps(self, run_id: str, *, from_seq: int, limit: int) -> list[Step]:
         """Up to `limit` steps of `run_id` with seq >= `from_seq`, in order."""
         async with self._db.execute(
-            "SELECT run_id, seq, kind, payload, ts FROM tape_step WHERE run_id = ? AND seq >= ?"
-            " ORDER BY seq LIMIT ?",
+            "SELECT run_id, seq, kind, payload, ts FROM tape_step WHERE run_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
             (run_id, from_seq, limit),
         ) as cursor:
             rows = await cursor.fetchall()

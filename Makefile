@@ -1,0 +1,67 @@
+# The only entry point people and CI use. Every target runs inside the uv workspace.
+# `make run` and `make test` work on a fresh machine with Python 3.11: uv is bootstrapped
+# into .atmosphere/tools when it is not on PATH.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+TOOLS := .atmosphere/tools
+UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
+VENV := .venv
+RUN := $(UV) run --frozen --no-sync
+SOURCES := libs/*/src services/*/src examples
+PYTEST_ARGS ?=
+RUN_ARGS ?=
+
+.PHONY: help install run test lint fmt typecheck proto proto-check pytest bench clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(TOOLS)/bin/uv:
+	@echo "uv not found on PATH: installing uv $(UV_VERSION) into $(TOOLS)"
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+install: $(UV) ## Install the workspace (every library and service) into .venv
+	$(UV) sync --all-packages --frozen --python 3.11
+
+run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
+	$(VENV)/bin/atmosphere dev $(RUN_ARGS)
+
+test: install lint typecheck proto-check pytest ## Every gate: lint, types, contracts, the whole test suite
+
+lint: install ## ruff, buf lint/format, lock freshness, the namespace rule
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) buf lint
+	$(RUN) buf format --diff --exit-code
+	$(UV) lock --check
+	@if ls */*/src/atmosphere/__init__.py >/dev/null 2>&1; then \
+		echo "a src/atmosphere/__init__.py breaks the atmosphere.* namespace"; exit 1; fi
+
+fmt: install ## Format Python and protos
+	$(RUN) ruff format .
+	$(RUN) ruff check --fix .
+	$(RUN) buf format -w
+
+typecheck: install ## mypy --strict on every library, service and example
+	$(RUN) mypy $(SOURCES)
+
+proto: install ## Regenerate libs/contracts from proto/
+	$(RUN) python scripts/gen_protos.py
+
+proto-check: install ## Fail when libs/contracts is stale
+	$(RUN) python scripts/gen_protos.py --check
+
+pytest: install ## The test suite (unit, contract, integration, end-to-end)
+	$(RUN) pytest $(PYTEST_ARGS)
+
+bench: install ## Benchmarks with ratios against baselines measured in the same run
+	$(RUN) python bench/bus_roundtrip.py
+
+clean: ## Remove local state (.atmosphere/data, .atmosphere/nats) and caches
+	rm -rf .atmosphere/data .atmosphere/nats .mypy_cache .ruff_cache

@@ -1,0 +1,75 @@
+import pytest
+
+from atmosphere.bus import subjects
+
+
+def test_builders_produce_the_documented_layout() -> None:
+    assert subjects.run_submit("echo") == "atmo.submit.echo"
+    assert subjects.run_submit_all() == "atmo.submit.>"
+    assert subjects.run_events("r1") == "atmo.run.r1.evt"
+    assert subjects.run_events_all() == "atmo.run.*.evt"
+    assert subjects.run_control("r1") == "atmo.run.r1.ctl"
+    assert subjects.tool("get_weather") == "atmo.tool.get_weather"
+    assert subjects.governance("admit") == "atmo.gov.admit"
+    assert subjects.memory("history.load") == "atmo.mem.history.load"
+    assert subjects.tape("steps") == "atmo.tape.steps"
+    assert subjects.service_health("tape") == "atmo.svc.tape.health"
+    assert subjects.service_info("tape") == "atmo.svc.tape.info"
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "a b", "*", ">", "x*", "a\nb", "é", "x" * 129])
+def test_unsafe_tokens_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        subjects.run_submit(bad)
+    with pytest.raises(ValueError, match="invalid"):
+        subjects.run_events(bad)
+
+
+@pytest.mark.parametrize("bad", ["history..load", "history.*", ".load"])
+def test_dotted_operations_are_checked_token_by_token(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        subjects.memory(bad)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("a.b", "a.b", True),
+        ("a.b", "a.c", False),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),
+        ("*.b", "a.b", True),
+        (">", "a", True),
+        ("atmo.run.*.evt", "atmo.run.r1.evt", True),
+        ("atmo.run.*.evt", "atmo.run.r1.ctl", False),
+        ("a.b.c", "a.b", False),
+    ],
+)
+def test_matches_follows_nats_wildcards(pattern: str, subject: str, expected: bool) -> None:
+    assert subjects.matches(pattern, subject) is expected
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("atmo.run.submit.>", "atmo.run.*.evt", True),
+        (subjects.run_submit_all(), subjects.run_events_all(), False),
+        ("a.*", "a.b", True),
+        ("a.>", "a", False),
+        ("a.b", "a.c", False),
+        ("a.*.c", "a.b.*", True),
+    ],
+)
+def test_overlaps_detects_what_jetstream_refuses(a: str, b: str, expected: bool) -> None:
+    assert subjects.overlaps(a, b) is expected
+    assert subjects.overlaps(b, a) is expected
+
+
+def test_namespace_validation() -> None:
+    assert subjects.validate_namespace("") == ""
+    assert subjects.validate_namespace("tenant.dev") == "tenant.dev"
+    for bad in ("a..b", "a.*", "a b", ".a"):
+        with pytest.raises(ValueError, match="namespace"):
+            subjects.validate_namespace(bad)

@@ -1,0 +1,123 @@
+"""`atmosphere dev`: nats-server and the six services on one machine, for development."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from atmosphere.cli.nats_server import find_binary, server_args
+from atmosphere.cli.supervisor import ChildSpec, Supervisor
+
+SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
+"""Start order: dependencies of a run first, the public door (ingress) last."""
+
+
+@dataclass(frozen=True, slots=True)
+class DevOptions:
+    """What `atmosphere dev` was asked for."""
+
+    app: str
+    home: Path
+    nats_port: int = 4222
+    http_port: int = 8080
+    probe_base_port: int = 8181
+    host: str = "127.0.0.1"
+
+
+def _probe_ports(options: DevOptions) -> dict[str, int]:
+    workers = [s for s in SERVICES if s != "ingress"]
+    return {name: options.probe_base_port + i for i, name in enumerate(sorted(workers))}
+
+
+def child_specs(options: DevOptions) -> list[ChildSpec]:
+    """The nats-server and service children, in start order."""
+    nats_dir = options.home / "nats"
+    nats_dir.mkdir(parents=True, exist_ok=True)
+    nats = ChildSpec(
+        name="nats",
+        argv=[str(find_binary()), *server_args(port=options.nats_port, store_dir=nats_dir, host=options.host)],
+    )
+    common = {
+        "ATMOSPHERE_NATS__URL": f"nats://{options.host}:{options.nats_port}",
+        "ATMOSPHERE_APP": options.app,
+        "ATMOSPHERE_APP_DIR": str(Path.cwd()),
+        "ATMOSPHERE_DATA_DIR": str(options.home / "data"),
+        "ATMOSPHERE_PROBE_HOST": options.host,
+    }
+    probes = _probe_ports(options)
+    specs = [nats]
+    for name in SERVICES:
+        env = dict(common)
+        if name == "ingress":
+            env["ATMOSPHERE_INGRESS__HOST"] = options.host
+            env["ATMOSPHERE_INGRESS__PORT"] = str(options.http_port)
+        else:
+            env["ATMOSPHERE_PROBE_PORT"] = str(probes[name])
+        specs.append(ChildSpec(name=name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env))
+    return specs
+
+
+def banner(options: DevOptions) -> str:
+    """The addresses a developer needs, printed once everything started."""
+    http = f"http://{options.host}:{options.http_port}"
+    lines = [
+        "",
+        "Atmosphere dev stack",
+        f"  app        {options.app}",
+        f"  http       {http}   (GET /readyz)",
+        f"  websocket  ws://{options.host}:{options.http_port}/atmosphere/agent/<agent>",
+        f"  nats       nats://{options.host}:{options.nats_port}",
+        f"  data       {options.home}",
+        "  probes     " + ", ".join(f"{n} :{p}" for n, p in _probe_ports(options).items()),
+        "Ctrl-C stops everything.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+async def _wait_for_port(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _port_open(host, port):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def run_dev(options: DevOptions) -> int:
+    """Run the stack until SIGINT or SIGTERM; return the exit code."""
+    for port in (options.nats_port, options.http_port):
+        if _port_open(options.host, port):
+            print(f"port {options.host}:{port} is already in use; is another stack running?", file=sys.stderr)
+            return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    supervisor = Supervisor()
+    specs = child_specs(options)
+    try:
+        await supervisor.start(specs[0])
+        if not await _wait_for_port(options.host, options.nats_port, 10):
+            print("nats-server did not start; see its log lines above", file=sys.stderr)
+            return 1
+        for spec in specs[1:]:
+            await supervisor.start(spec)
+        if await _wait_for_port(options.host, options.http_port, 30):
+            print(banner(options), flush=True)
+        await stop.wait()
+        print("\nstopping...", flush=True)
+    finally:
+        await supervisor.stop()
+    return 0

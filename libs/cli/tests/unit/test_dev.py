@@ -1,0 +1,55 @@
+import asyncio
+import io
+import sys
+from pathlib import Path
+
+from atmosphere.cli.dev import SERVICES, DevOptions, banner, child_specs
+from atmosphere.cli.supervisor import ChildSpec, Supervisor, restart_delay
+
+
+def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> None:
+    options = DevOptions(app="examples.echo:app", home=tmp_path, nats_port=5000, http_port=5001, probe_base_port=5100)
+    specs = child_specs(options)
+    assert [s.name for s in specs] == ["nats", *SERVICES]
+    assert specs[-1].name == "ingress"
+    assert specs[-1].env["ATMOSPHERE_INGRESS__PORT"] == "5001"
+    probes = {s.name: s.env.get("ATMOSPHERE_PROBE_PORT") for s in specs[1:-1]}
+    assert sorted(probes.values()) == ["5100", "5101", "5102", "5103", "5104"]
+    assert all(s.env["ATMOSPHERE_NATS__URL"] == "nats://127.0.0.1:5000" for s in specs[1:])
+    assert "-js" in specs[0].argv
+    assert "ws://127.0.0.1:5001/atmosphere/agent/<agent>" in banner(options)
+
+
+def test_restart_delay_doubles_up_to_a_cap() -> None:
+    assert [restart_delay(n) for n in range(1, 9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+async def test_supervisor_prefixes_output_and_restarts_a_crashed_child() -> None:
+    out = io.StringIO()
+    events: list[str] = []
+    supervisor = Supervisor(out=out, on_event=events.append)
+    await supervisor.start(ChildSpec(name="flaky", argv=[sys.executable, "-c", "print('hi'); raise SystemExit(3)"]))
+    for _ in range(100):
+        if sum(e.startswith("started flaky") for e in events) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await supervisor.stop()
+    assert "flaky     | hi" in out.getvalue()
+    assert "exited with 3; restarting in 0.5s" in out.getvalue()
+    assert sum(e.startswith("started flaky") for e in events) >= 2
+
+
+async def test_stop_kills_a_child_that_ignores_sigterm() -> None:
+    out = io.StringIO()
+    supervisor = Supervisor(out=out)
+    script = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
+    await supervisor.start(ChildSpec(name="stubborn", argv=[sys.executable, "-c", script], stop_timeout=0.5))
+    for _ in range(100):
+        if "up" in out.getvalue():
+            break
+        await asyncio.sleep(0.05)
+    await supervisor.stop()
+    assert "did not stop in 0.5s; killing" in out.getvalue()
+    assert supervisor.pids == []

@@ -1,0 +1,101 @@
+"""Pytest fixtures: real NATS for every test that needs one, isolated per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from atmosphere.bus import NatsBus, connect
+from atmosphere.testing.nats_server import NatsServer
+
+NATS_URL_ENV = "ATMOSPHERE_TEST_NATS_URL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--nats-url`: use a running server instead of starting one."""
+    group = parser.getgroup("atmosphere")
+    group.addoption(
+        "--nats-url",
+        default=None,
+        help=f"use this NATS server (JetStream on) instead of starting one; also ${NATS_URL_ENV}",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers this plugin understands."""
+    config.addinivalue_line("markers", "docker: needs a Docker engine (skipped when none answers)")
+
+
+@pytest.fixture(scope="session")
+def nats_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a JetStream-enabled nats-server shared by the whole session.
+
+    Tests isolate themselves with `bus_namespace`, so sharing one server is safe and cheap.
+    """
+    override = request.config.getoption("--nats-url") or os.environ.get(NATS_URL_ENV)
+    if override:
+        yield str(override)
+        return
+    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server of this test's own, for tests that kill, stop or restart the broker."""
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bus_namespace() -> str:
+    """A subject and stream prefix no other test uses."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def nats_bus(nats_url: str, bus_namespace: str) -> AsyncIterator[NatsBus]:
+    """A connected bus in this test's namespace; its streams are deleted afterwards."""
+    async with connect(nats_url, name="pytest", namespace=bus_namespace) as bus:
+        try:
+            yield bus
+        finally:
+            await delete_namespace_streams(bus, bus_namespace)
+
+
+async def delete_namespace_streams(bus: NatsBus, namespace: str) -> None:
+    """Delete every stream (and bucket) created under `namespace`."""
+    js = bus.client.jetstream()
+    prefix = bus.stream_name("")
+    for info in await js.streams_info():
+        name = info.config.name or ""
+        if name.startswith(prefix) or name.startswith(f"KV_{prefix}"):
+            await js.delete_stream(name)
+
+
+@pytest.fixture
+def docker_nats_url() -> Iterator[str]:
+    """A NATS container from testcontainers; skips when no Docker engine answers."""
+    try:
+        import docker  # noqa: PLC0415 - only docker-marked tests need it
+
+        docker.from_env(timeout=3).ping()
+    except Exception as exc:
+        pytest.skip(f"no Docker engine answers ({type(exc).__name__}); this machine has only the client")
+    from testcontainers.core.container import DockerContainer  # noqa: PLC0415
+    from testcontainers.core.waiting_utils import wait_for_logs  # noqa: PLC0415
+
+    container = DockerContainer("nats:2.11-alpine").with_command("-js").with_exposed_ports(4222)
+    with container:
+        wait_for_logs(container, "Server is ready", timeout=30)
+        yield f"nats://{container.get_container_host_ip()}:{container.get_exposed_port(4222)}"

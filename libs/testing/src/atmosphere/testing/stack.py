@@ -1,0 +1,59 @@
+"""The whole system in one test process: every service's real `serve()` on one nats-server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atmosphere.bus import Bus, subjects
+from atmosphere.config import NatsSettings, ServiceSettings
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.testing.services import running_service
+
+Serve = Callable[..., Coroutine[Any, Any, None]]
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for processes that cannot report theirs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_for(cls: type[ServiceSettings], *, nats_url: str, namespace: str, data_dir: Path, **overrides: Any) -> Any:
+    """Settings of a service for a test: its own namespace and data, ephemeral ports."""
+    return cls(
+        nats=NatsSettings(url=nats_url, namespace=namespace, connect_timeout=10),
+        data_dir=data_dir,
+        probe_host="127.0.0.1",
+        probe_port=0,
+        **overrides,
+    )
+
+
+@dataclass
+class Stack:
+    """Running services by name, and how to reach ingress."""
+
+    bus: Bus
+    running: dict[str, Any] = field(default_factory=dict)
+
+    async def ingress_url(self) -> str:
+        """The HTTP base URL ingress reports in its info."""
+        reply = await self.bus.request(subjects.service_info("ingress"), ServiceInfoRequest(), ServiceInfoResponse)
+        return str(json.loads(reply.info_json)["ingress"]["http"])
+
+
+@contextlib.asynccontextmanager
+async def run_stack(services: Mapping[str, tuple[Serve, Any]], *, bus: Bus) -> AsyncIterator[Stack]:
+    """Start `services` (name → (serve, settings)) in order; stop them in reverse."""
+    async with contextlib.AsyncExitStack() as stack:
+        result = Stack(bus=bus)
+        for name, (serve, settings) in services.items():
+            result.running[name] = await stack.enter_async_context(running_service(name, serve, settings, bus=bus))
+        yield result

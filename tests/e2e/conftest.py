@@ -1,0 +1,57 @@
+"""The six services, each through its real `serve()`, on a real nats-server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere.dispatch.app import serve as serve_dispatch
+from atmosphere.dispatch.settings import DispatchSettings
+from atmosphere.governance.app import serve as serve_governance
+from atmosphere.governance.settings import GovernanceSettings
+from atmosphere.ingress.app import serve as serve_ingress
+from atmosphere.ingress.settings import IngressOptions, IngressSettings
+from atmosphere.memory.app import serve as serve_memory
+from atmosphere.memory.settings import MemorySettings
+from atmosphere.sandbox.app import serve as serve_sandbox
+from atmosphere.sandbox.settings import SandboxSettings
+from atmosphere.tape.app import serve as serve_tape
+from atmosphere.tape.settings import TapeSettings
+from atmosphere.testing import settings_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SERVICES: dict[str, tuple[Any, type[Any]]] = {
+    "governance": (serve_governance, GovernanceSettings),
+    "memory": (serve_memory, MemorySettings),
+    "tape": (serve_tape, TapeSettings),
+    "sandbox": (serve_sandbox, SandboxSettings),
+    "dispatch": (serve_dispatch, DispatchSettings),
+    "ingress": (serve_ingress, IngressSettings),
+}
+
+
+def service_map(
+    nats_url: str, namespace: str, data_dir: Path, names: tuple[str, ...] = tuple(SERVICES)
+) -> dict[str, tuple[Any, Any]]:
+    """name → (serve, settings) for the given services, in start order."""
+    extra: dict[str, dict[str, Any]] = {
+        "dispatch": {"app": "examples.echo:app", "app_dir": ROOT},
+        "ingress": {"ingress": IngressOptions(port=0)},
+    }
+    return {
+        name: (
+            SERVICES[name][0],
+            settings_for(
+                SERVICES[name][1], nats_url=nats_url, namespace=namespace, data_dir=data_dir, **extra.get(name, {})
+            ),
+        )
+        for name in names
+    }
+
+
+@pytest.fixture
+def services(nats_url: str, bus_namespace: str, tmp_path: Path) -> dict[str, tuple[Any, Any]]:
+    return service_map(nats_url, bus_namespace, tmp_path / "data")

@@ -1,0 +1,161 @@
+"""`atmosphere dev` and `make run` as a user runs them: real processes, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from atmosphere.testing import free_port, wait_until
+
+from .conftest import ROOT
+from .wsclient import ask
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    live = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.add(pid)
+    return live
+
+
+class Output:
+    """What a child process printed, via a log file (no pipe to fill up)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], path: Path) -> None:
+        self.process = process
+        self.path = path
+
+    def read(self) -> str:
+        return self.path.read_text(errors="replace")
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    base = free_port()
+    return {"nats": free_port(), "http": free_port(), "probe": base}
+
+
+@contextlib.contextmanager
+def start(argv: list[str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output]]:
+    log = tmp_path / "output.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, like a terminal job
+        )
+    try:
+        yield process, Output(process, log)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def wait_for_banner(output: Output, timeout: float = 60) -> None:
+    async def ready() -> bool:
+        if output.process.poll() is not None:
+            raise AssertionError(f"exited early:\n{output.read()}")
+        return "Ctrl-C stops everything" in output.read()
+
+    await wait_until(ready, timeout=timeout, interval=0.2, what="the dev stack banner")
+
+
+def dev_args(ports: dict[str, int], home: Path) -> list[str]:
+    return [
+        "--home",
+        str(home),
+        "--nats-port",
+        str(ports["nats"]),
+        "--http-port",
+        str(ports["http"]),
+        "--probe-base-port",
+        str(ports["probe"]),
+    ]
+
+
+async def test_dev_serves_echo_restarts_crashes_and_leaves_no_orphans(ports: dict[str, int], tmp_path: Path) -> None:
+    argv = [str(Path(sys.executable).parent / "atmosphere"), "dev", *dev_args(ports, tmp_path / "home")]
+    with start(argv, tmp_path) as (process, output):
+        await wait_for_banner(output)
+        url = f"http://127.0.0.1:{ports['http']}"
+        assert (await ask(url, "echo", "hello from dev"))[-1]["type"] == "complete"
+        children = descendants(process.pid)
+        assert len(children) == 7, output.read()  # nats-server + six services
+
+        # A crashed service is restarted, and the stack keeps answering.
+        tape = next(pid for pid in children if "atmosphere.tape" in Path(f"/proc/{pid}/cmdline").read_text())
+        os.kill(tape, signal.SIGKILL)
+
+        async def restarted() -> bool:
+            return (
+                "tape" in output.read()
+                and "restarting in" in output.read()
+                and len(alive(descendants(process.pid))) == 7
+            )
+
+        await wait_until(restarted, timeout=30, interval=0.2, what="the tape to be restarted")
+        assert (await ask(url, "echo", "after a crash"))[-1]["type"] == "complete"
+        children = descendants(process.pid)
+
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert process.wait(30) == 0, output.read()
+        deadline = time.monotonic() + 5
+        while alive(children) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert alive(children) == set(), output.read()
+
+
+async def test_interrupting_make_run_leaves_no_process_behind(ports: dict[str, int], tmp_path: Path) -> None:
+    run_args = " ".join(dev_args(ports, tmp_path / "home"))
+    with start(["make", "--no-print-directory", "run", f"RUN_ARGS={run_args}"], tmp_path) as (process, output):
+        await wait_for_banner(output, timeout=120)
+        assert (await ask(f"http://127.0.0.1:{ports['http']}", "echo", "via make run"))[-1]["type"] == "complete"
+        tree = descendants(process.pid)
+        assert len(tree) >= 8  # atmosphere dev, nats-server, six services
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(30)
+        deadline = time.monotonic() + 5
+        while alive(tree) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert alive(tree) == set(), output.read()

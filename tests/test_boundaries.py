@@ -1,0 +1,73 @@
+"""Architecture rules that code review alone would let slip."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "src").is_dir())
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def python_files(*roots: Path) -> list[Path]:
+    return [p for root in roots for p in root.rglob("*.py")]
+
+
+def test_services_never_import_each_other() -> None:
+    for service in SERVICES:
+        others = {f"atmosphere.{s}" for s in SERVICES if s != service}
+        for path in python_files(ROOT / "services" / service / "src"):
+            bad = {m for m in imports(path) if any(m == o or m.startswith(o + ".") for o in others)}
+            assert not bad, f"{path.relative_to(ROOT)} imports another service: {bad}"
+
+
+def test_libraries_never_import_services() -> None:
+    services = {f"atmosphere.{s}" for s in SERVICES}
+    for path in python_files(ROOT / "libs"):
+        bad = {m for m in imports(path) if any(m == s or m.startswith(s + ".") for s in services)}
+        assert not bad, f"{path.relative_to(ROOT)} imports a service: {bad}"
+
+
+def test_only_the_bus_imports_nats() -> None:
+    allowed = ROOT / "libs" / "bus" / "src"
+    test_support = ROOT / "libs" / "testing" / "src"
+    for path in python_files(ROOT / "libs", ROOT / "services", ROOT / "examples"):
+        if allowed in path.parents or test_support in path.parents or "tests" in path.parts:
+            continue
+        bad = {m for m in imports(path) if m == "nats" or m.startswith("nats.")}
+        assert not bad, f"{path.relative_to(ROOT)} imports nats directly: {bad}"
+
+
+def test_handlers_hold_logic_without_transport_imports() -> None:
+    for path in ROOT.glob("services/*/src/atmosphere/*/handlers.py"):
+        bad = {m for m in imports(path) if m.split(".")[0] in {"nats", "fastapi", "starlette", "uvicorn", "grpc"}}
+        assert not bad, f"{path.relative_to(ROOT)} imports a transport: {bad}"
+
+
+def test_every_service_has_the_standard_anatomy() -> None:
+    for service in SERVICES:
+        package = ROOT / "services" / service / "src" / "atmosphere" / service
+        for module in ("__main__.py", "app.py", "handlers.py", "settings.py"):
+            assert (package / module).is_file(), f"{service} lacks {module}"
+    assert not list(ROOT.glob("*/*/src/atmosphere/__init__.py")), "atmosphere must stay a namespace package"
+
+
+def test_settings_are_read_only_in_main() -> None:
+    # Settings classes are instantiated in __main__ only; everything else receives them.
+    for path in python_files(ROOT / "services"):
+        if path.name == "__main__.py" or "tests" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("Settings"):
+                raise AssertionError(f"{path.relative_to(ROOT)} instantiates {node.func.id}")
