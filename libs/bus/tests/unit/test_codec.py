@@ -49,10 +49,11 @@ def test_an_error_payload_raises_remote_error_with_its_code() -> None:
     assert raised.value.details == {"id": "x"}
 
 
-def test_a_payload_of_another_declared_type_is_a_decode_error() -> None:
+def test_only_errors_declare_their_type_and_a_mismatch_is_a_decode_error() -> None:
     data, wire = encode(GetStepsRequest(run_id="r"))
+    assert wire is None  # nothing to say: no header block at all
     with pytest.raises(DecodeError, match="payload is a"):
-        decode(data, wire, RunEvent)
+        decode(data, {TYPE_HEADER: GetStepsRequest.DESCRIPTOR.full_name}, RunEvent)
 
 
 def test_bytes_that_are_not_protobuf_are_a_decode_error() -> None:

@@ -42,12 +42,12 @@ class Headers:
         """A copy with another `Nats-Msg-Id`."""
         return replace(self, msg_id=msg_id)
 
-    def to_wire(self, message_type: str | None) -> dict[str, str]:
+    def to_wire(self, message_type: str | None = None) -> dict[str, str]:
         """The NATS header map; `message_type` (the payload's full name) is sent if given.
 
-        Requests and replies name their type, so an `Error` reply is recognized. Plain
-        publishes leave it out: their subject already says what they carry, and a header
-        costs throughput on every event.
+        Only `Error` replies name their type: a subject already says what it carries, and
+        headers cost time on every message (a header block turns PUB into HPUB and must be
+        parsed on the other side), so a message with nothing to say sends none.
         """
         wire: dict[str, str] = {}
         if message_type:
@@ -83,9 +83,17 @@ class Headers:
         )
 
 
-def encode(message: Message, headers: Headers | None = None) -> tuple[bytes, dict[str, str]]:
-    """Serialize `message` and build its header map."""
-    return message.SerializeToString(), (headers or Headers()).to_wire(message.DESCRIPTOR.full_name)
+_NO_HEADERS = Headers()
+
+
+def encode(message: Message, headers: Headers | None = None) -> tuple[bytes, dict[str, str] | None]:
+    """Serialize `message` and build its header map (None when there is nothing to send).
+
+    An `Error` always carries its type, so the receiver can tell it from the expected reply.
+    """
+    full_name = message.DESCRIPTOR.full_name
+    wire = (headers or _NO_HEADERS).to_wire(full_name if full_name == _ERROR_TYPE else None)
+    return message.SerializeToString(), wire or None
 
 
 def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M]) -> M:

@@ -72,7 +72,7 @@ class NatsBus(Bus):
     async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
         """Publish without waiting (at most once)."""
         data = message.SerializeToString()
-        wire = headers.to_wire(None) if headers else None
+        wire = (headers.to_wire() or None) if headers else None
         try:
             await self._nc.publish(self.wire_subject(subject), data, headers=wire)
         except nats.errors.Error as exc:
@@ -126,17 +126,20 @@ class NatsBus(Bus):
     @contextlib.asynccontextmanager
     async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
         """Serve every route of `router`; on exit stop receiving and finish in-flight work."""
-        slots = asyncio.Semaphore(max_inflight)
+        # A fixed pool of workers fed by a bounded queue: cheaper per message than a task per
+        # request, and when every worker is busy the queue fills, the subscription callback
+        # waits, NATS buffers and finally drops (slow consumer) instead of this process growing.
+        inbox: asyncio.Queue[tuple[Route[Any], Msg] | None] = asyncio.Queue(max_inflight)
         subs: list[NatsSubscription] = []
         async with asyncio.TaskGroup() as tasks:
+            workers = [tasks.create_task(self._serve_worker(inbox)) for _ in range(max_inflight)]
             try:
                 for route in router.routes:
-                    callback = self._route_callback(route, slots, tasks)
                     subs.append(
                         await self._nc.subscribe(
                             self.wire_subject(route.subject),
                             queue=queue or "",
-                            cb=callback,
+                            cb=_enqueue(route, inbox),
                             pending_msgs_limit=_SUBSCRIPTION_PENDING_LIMIT,
                         )
                     )
@@ -145,35 +148,25 @@ class NatsBus(Bus):
             finally:
                 for sub in subs:
                     await _unsubscribe(sub)
+                for _ in workers:
+                    await inbox.put(None)
 
-    def _route_callback(
-        self, route: Route[Any], slots: asyncio.Semaphore, tasks: asyncio.TaskGroup
-    ) -> Callable[[Msg], Any]:
-        async def on_message(msg: Msg) -> None:
-            # Waiting for a slot here applies backpressure: NATS buffers, then drops as a
-            # slow consumer, instead of this process growing without bound.
-            await slots.acquire()
-            tasks.create_task(self._answer(route, msg, slots))
-
-        return on_message
-
-    async def _answer(self, route: Route[Any], msg: Msg, slots: asyncio.Semaphore) -> None:
-        try:
-            reply = await run_route(route, self._logical(msg.subject), msg.data, msg.headers)
-            if reply is not None and msg.reply:
-                data, wire = reply
-                await self._nc.publish(msg.reply, data, headers=wire)
-        except Exception:
-            log.exception("answering on %s failed", msg.subject)
-        finally:
-            slots.release()
+    async def _serve_worker(self, inbox: asyncio.Queue[tuple[Route[Any], Msg] | None]) -> None:
+        while (item := await inbox.get()) is not None:
+            route, msg = item
+            try:
+                reply = await run_route(route, self._logical(msg.subject), msg.data, msg.headers)
+                if reply is not None and msg.reply:
+                    await self._nc.publish(msg.reply, reply[0], headers=reply[1])
+            except Exception:
+                log.exception("answering on %s failed", msg.subject)
 
     async def js_publish(
         self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
     ) -> PublishAck:
         """Publish to JetStream and wait until stored."""
         data = message.SerializeToString()
-        wire = headers.to_wire(None) if headers else None
+        wire = (headers.to_wire() or None) if headers else None
         try:
             ack = await self._js.publish(self.wire_subject(subject), data, timeout=timeout, headers=wire)
         except nats.js.errors.NoStreamResponseError as exc:
@@ -310,6 +303,13 @@ class NatsBus(Bus):
             if value is not None:
                 items[key] = value
         return items
+
+
+def _enqueue(route: Route[Any], inbox: asyncio.Queue[tuple[Route[Any], Msg] | None]) -> Callable[[Msg], Any]:
+    async def on_message(msg: Msg) -> None:
+        await inbox.put((route, msg))
+
+    return on_message
 
 
 class _Puller(Consumer):

@@ -73,7 +73,7 @@ class Router:
             self.add(r.subject, r.request_type, r.handler)
 
 
-def error_reply(code: str, message: str, *, retryable: bool = False) -> tuple[bytes, dict[str, str]]:
+def error_reply(code: str, message: str, *, retryable: bool = False) -> tuple[bytes, dict[str, str] | None]:
     """An encoded `Error` reply."""
     return encode(Error(code=code, message=message, retryable=retryable))
 
@@ -83,7 +83,7 @@ async def run_route(
     subject: str,
     data: bytes,
     wire_headers: Mapping[str, str] | None,
-) -> tuple[bytes, dict[str, str]] | None:
+) -> tuple[bytes, dict[str, str] | None] | None:
     """Decode, call the handler and encode its reply (or a typed `Error`).
 
     A `ServiceError` becomes an `Error` with its code; any other exception becomes

@@ -126,7 +126,7 @@ class FakeBus(Bus):
     async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
         """Deliver to every matching subscriber (and capture into matching streams)."""
         self.published.append((subject, message))
-        wire = headers.to_wire(None) if headers else None
+        wire = (headers.to_wire() or None) if headers else None
         self._route(subject, message.SerializeToString(), wire, None)
         await asyncio.sleep(0)
 
@@ -233,7 +233,7 @@ class FakeBus(Bus):
             raise BusError(msg)
         self.published.append((subject, message))
         data = message.SerializeToString()
-        wire = headers.to_wire(None) if headers else None
+        wire = (headers.to_wire() or None) if headers else None
         ack = self._store(stream, subject, data, wire)
         if not ack.duplicate:
             # Core subscribers see a JetStream publish too, exactly as on NATS.
