@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from atmosphere.config import ServiceSettings
+from atmosphere.config import ServiceSettings, WorkerSettings, env_names
 
 
 def test_environment_variables_with_prefix_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,10 +27,19 @@ def test_bad_values_are_rejected_with_the_field_named(monkeypatch: pytest.Monkey
     monkeypatch.delenv("ATMOSPHERE_LOG__LEVEL")
     monkeypatch.setenv("ATMOSPHERE_PROBE_PORT", "70000")
     with pytest.raises(ValidationError, match="probe_port"):
-        ServiceSettings()
+        WorkerSettings()
 
 
 def test_settings_are_frozen() -> None:
     settings = ServiceSettings()
     with pytest.raises(ValidationError):
         settings.data_dir = Path("x")  # type: ignore[misc]
+
+
+def test_env_names_lists_every_variable_with_its_description() -> None:
+    names = env_names(WorkerSettings)
+    assert names["ATMOSPHERE_NATS__URL"].startswith("One URL")
+    assert "ATMOSPHERE_PROBE_PORT" in names
+    assert "ATMOSPHERE_LOG__JSON" in names
+    assert "ATMOSPHERE_PROBE_PORT" not in env_names(ServiceSettings)
+    assert all(description for description in names.values())

@@ -6,6 +6,8 @@ from atmosphere.config._settings import (
     LogSettings,
     NatsSettings,
     ServiceSettings,
+    WorkerSettings,
+    env_names,
 )
 
 __all__ = [
@@ -13,5 +15,7 @@ __all__ = [
     "LogSettings",
     "NatsSettings",
     "ServiceSettings",
+    "WorkerSettings",
     "configure_logging",
+    "env_names",
 ]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class NatsSettings(BaseModel):
     """How a service reaches NATS."""
 
-    model_config = {"frozen": True}
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     url: str = "nats://127.0.0.1:4222"
     """One URL, or several separated by commas (a cluster)."""
@@ -33,7 +33,7 @@ class NatsSettings(BaseModel):
 class JetStreamSettings(BaseModel):
     """Limits of the streams the system provisions."""
 
-    model_config = {"frozen": True}
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     events_max_age: float = Field(default=24 * 3600, ge=0)
     """Seconds a run's events stay replayable in `ATMO_EVENTS` (0 = no age limit)."""
@@ -46,9 +46,10 @@ class JetStreamSettings(BaseModel):
 class LogSettings(BaseModel):
     """Logging."""
 
-    model_config = {"frozen": True}
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     level: str = "INFO"
+    """DEBUG, INFO, WARNING, ERROR or CRITICAL."""
     json_format: bool = Field(default=False, alias="json")
     """One JSON object per line instead of text (for log collectors)."""
 
@@ -71,14 +72,44 @@ class ServiceSettings(BaseSettings):
         frozen=True,
         extra="ignore",
         populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
     nats: NatsSettings = NatsSettings()
     jetstream: JetStreamSettings = JetStreamSettings()
     log: LogSettings = LogSettings()
     data_dir: Path = Path(".atmosphere/data")
-    """Where services keep their SQLite files (`ATMOSPHERE_DATA_DIR`)."""
+    """Where services keep their SQLite files."""
+
+
+class WorkerSettings(ServiceSettings):
+    """A service without an HTTP surface of its own: it serves `/healthz` + `/readyz` apart."""
+
     probe_host: str = "0.0.0.0"
-    """Interface of the `/healthz` + `/readyz` HTTP listener (`ATMOSPHERE_PROBE_HOST`)."""
-    probe_port: int = Field(default=0, ge=0, le=65535)
-    """Port of the probe listener (`ATMOSPHERE_PROBE_PORT`); 0 picks a free port."""
+    """Interface of the `/healthz` + `/readyz` listener (the kubelet must reach it)."""
+    probe_port: int = Field(default=8081, ge=0, le=65535)
+    """Port of the probe listener; 0 picks a free one."""
+
+
+def env_names(settings: type[BaseSettings]) -> dict[str, str]:
+    """Every environment variable `settings` reads, with the field's description.
+
+    Used to check that manifests only set variables that exist and that the README documents
+    every one of them.
+    """
+    config = settings.model_config
+    prefix = str(config.get("env_prefix", ""))
+    delimiter = str(config.get("env_nested_delimiter", "__"))
+    names: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], stem: str, depth: int) -> None:
+        for name, field in model.model_fields.items():
+            env = f"{stem}{(field.alias or name).upper()}"
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel) and depth < 3:
+                walk(annotation, env + delimiter, depth + 1)
+            else:
+                names[env] = field.description or ""
+
+    walk(settings, prefix, 0)
+    return names

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from atmosphere.bus import Bus, JetStreamLayout, connect
-from atmosphere.config import ServiceSettings
+from atmosphere.config import ServiceSettings, WorkerSettings
 from atmosphere.service._health import Health, InfoFragment, health_router
 from atmosphere.service._probes import serve_probes
 
@@ -41,12 +41,13 @@ async def open_service(
     settings: ServiceSettings,
     *,
     info: InfoFragment | None = None,
-    probes: bool = True,
 ) -> AsyncIterator[ServiceRuntime]:
     """Connect to NATS, provision JetStream, answer health/info, serve HTTP probes.
 
     Every service provisions the layout (idempotently) so that any of them may start first.
-    The caller marks `health` ready once its own subscriptions are active.
+    Workers (`WorkerSettings`) get a probe listener here; a service with its own HTTP server
+    (ingress) answers `/healthz` and `/readyz` there. The caller marks `health` ready once its
+    own subscriptions are active.
     """
     async with contextlib.AsyncExitStack() as stack:
         bus = await stack.enter_async_context(
@@ -60,7 +61,7 @@ async def open_service(
         await bus.provision(layout_from(settings))
         health = Health(name, bus)
         probe_port = 0
-        if probes:
+        if isinstance(settings, WorkerSettings):
             probe_port = await stack.enter_async_context(
                 serve_probes(health, host=settings.probe_host, port=settings.probe_port)
             )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere.bus import Bus, subjects
-from atmosphere.config import NatsSettings, ServiceSettings
+from atmosphere.config import NatsSettings, ServiceSettings, WorkerSettings
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.testing.services import running_service
 
@@ -27,13 +27,9 @@ def free_port() -> int:
 
 def settings_for(cls: type[ServiceSettings], *, nats_url: str, namespace: str, data_dir: Path, **overrides: Any) -> Any:
     """Settings of a service for a test: its own namespace and data, ephemeral ports."""
-    return cls(
-        nats=NatsSettings(url=nats_url, namespace=namespace, connect_timeout=10),
-        data_dir=data_dir,
-        probe_host="127.0.0.1",
-        probe_port=0,
-        **overrides,
-    )
+    if issubclass(cls, WorkerSettings):
+        overrides = {"probe_host": "127.0.0.1", "probe_port": 0, **overrides}
+    return cls(nats=NatsSettings(url=nats_url, namespace=namespace, connect_timeout=10), data_dir=data_dir, **overrides)
 
 
 @dataclass

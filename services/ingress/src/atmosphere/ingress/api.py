@@ -30,7 +30,7 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_service("ingress", settings, info=info, probes=False) as runtime:
+        async with open_service("ingress", settings, info=info) as runtime:
             app.state.runtime = runtime
             app.state.directory = AgentDirectory(runtime.bus)
             runtime.health.mark_ready()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from atmosphere.config import ServiceSettings
 
@@ -10,7 +10,7 @@ from atmosphere.config import ServiceSettings
 class IngressOptions(BaseModel):
     """`ATMOSPHERE_INGRESS__*`."""
 
-    model_config = {"frozen": True}
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
     """Interface to listen on; use 0.0.0.0 in a container."""

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from atmosphere.config import ServiceSettings
+from atmosphere.config import WorkerSettings
 
 
-class MemorySettings(ServiceSettings):
+class MemorySettings(WorkerSettings):
     """Everything memory reads from the environment."""
-
-    probe_port: int = Field(default=8184, ge=0, le=65535)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from atmosphere.config import ServiceSettings
+from atmosphere.config import WorkerSettings
 
 
-class SandboxSettings(ServiceSettings):
+class SandboxSettings(WorkerSettings):
     """Everything sandbox reads from the environment."""
-
-    probe_port: int = Field(default=8182, ge=0, le=65535)

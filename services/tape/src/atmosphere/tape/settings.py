@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from atmosphere.config import ServiceSettings
+from atmosphere.config import WorkerSettings
 
 
 class TapeOptions(BaseModel):
     """`ATMOSPHERE_TAPE__*`."""
 
-    model_config = {"frozen": True}
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     db_path: Path | None = None
     """The SQLite file; default `<ATMOSPHERE_DATA_DIR>/tape.db`."""
@@ -20,10 +20,9 @@ class TapeOptions(BaseModel):
     """Events recorded at once (each a small transaction)."""
 
 
-class TapeSettings(ServiceSettings):
+class TapeSettings(WorkerSettings):
     """Everything tape reads from the environment."""
 
-    probe_port: int = Field(default=8185, ge=0, le=65535)
     tape: TapeOptions = TapeOptions()
 
     @property
