@@ -1,0 +1,29 @@
+# One image per service from one file:
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=dispatch -t atmosphere-dispatch .
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
+ARG SERVICE
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+WORKDIR /app
+# Third-party dependencies first (a cached layer), then the workspace itself.
+COPY pyproject.toml uv.lock ./
+COPY libs libs
+COPY services services
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --package atmosphere-${SERVICE}
+
+FROM python:${PYTHON_VERSION}-slim
+ARG SERVICE
+ENV SERVICE=${SERVICE} \
+    PATH=/app/.venv/bin:${PATH} \
+    ATMOSPHERE_APP_DIR=/app \
+    ATMOSPHERE_DATA_DIR=/data
+COPY --from=build /app/.venv /app/.venv
+COPY examples /app/examples
+RUN useradd --uid 10001 --no-create-home atmosphere && mkdir /data && chown atmosphere /data
+USER 10001
+WORKDIR /app
+# Exec-form CMD does not expand variables; `exec` hands signals straight to Python.
+CMD ["sh", "-c", "exec python -m atmosphere.$SERVICE"]
