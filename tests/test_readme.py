@@ -23,7 +23,7 @@ def test_every_setting_is_documented() -> None:
 
 def test_the_commands_it_shows_exist() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    for target in re.findall(r"^make ([a-z-]+)", README, re.M) + ["run", "test", "bench", "proto", "clean"]:
+    for target in [*re.findall(r"^make ([a-z-]+)", README, re.M), "run", "test", "bench", "proto", "clean"]:
         assert re.search(rf"^{target}:", makefile, re.M), f"README mentions `make {target}`"
     assert (ROOT / "bench/bus_roundtrip.py").is_file()
     ci = (ROOT / ".ci/run").read_text()
