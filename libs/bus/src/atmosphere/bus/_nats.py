@@ -345,6 +345,7 @@ class _Puller(Consumer):
         self._active = True
         failures = 0
         while not self._stopping.is_set():
+            # Wait for at least one free slot, then ask for as many messages as there are.
             await self._slots.acquire()
             self._slots.release()
             free = self._max_inflight - self._inflight
