@@ -87,5 +87,8 @@ def test_kubernetes_has_a_deployment_per_service_with_working_probes() -> None:
         for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
             assert container[probe]["httpGet"]["path"] == path
             assert ports[container[probe]["httpGet"]["port"]] == listening
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    assert services["atmosphere-dispatch"]["spec"]["ports"][0]["port"] == 50051
+    assert set(services) == {"atmosphere-dispatch", "atmosphere-ingress"}
     claims = {d["metadata"]["name"] for d in documents if d["kind"] == "PersistentVolumeClaim"}
     assert claims == {f"atmosphere-{s}-data" for s in ("governance", "memory", "tape")}

@@ -307,3 +307,14 @@ async def test_provisioning_is_idempotent_and_refuses_overlaps(bus: Bus) -> None
     clash = StreamSpec(name="CLASH", subjects=("atmo.run.submit.>",))
     with pytest.raises(BusError):
         await bus.provision(JetStreamLayout(extra_streams=(clash,)))
+
+
+async def test_last_message_of_a_subject(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    assert await bus.last_message("LOG", "log.r1", RunEvent) is None
+    for i in range(3):
+        await bus.js_publish("log.r1", text(str(i)))
+    await bus.js_publish("log.r2", text("other"))
+    last = await bus.last_message("LOG", "log.r1", RunEvent)
+    assert last is not None
+    assert last.text_delta.text == "2"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from atmosphere.dispatch.app import serve as serve_dispatch
-from atmosphere.dispatch.settings import DispatchSettings
+from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings, LlmSettings
 from atmosphere.governance.app import serve as serve_governance
 from atmosphere.governance.settings import GovernanceSettings
 from atmosphere.ingress.app import serve as serve_ingress
@@ -34,11 +34,24 @@ SERVICES: dict[str, tuple[Any, type[Any]]] = {
 
 
 def service_map(
-    nats_url: str, namespace: str, data_dir: Path, names: tuple[str, ...] = tuple(SERVICES)
+    nats_url: str,
+    namespace: str,
+    data_dir: Path,
+    names: tuple[str, ...] = tuple(SERVICES),
+    *,
+    app: str = "examples.echo:app",
+    llm_base_url: str = "",
+    llm_model: str = "fake-model",
 ) -> dict[str, tuple[Any, Any]]:
     """name → (serve, settings) for the given services, in start order."""
     extra: dict[str, dict[str, Any]] = {
-        "dispatch": {"app": "examples.echo:app", "app_dir": ROOT},
+        "dispatch": {
+            "app": app,
+            "app_dir": ROOT,
+            "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0),
+            "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10),
+        },
+        "sandbox": {"app": app, "app_dir": ROOT},
         "ingress": {"ingress": IngressOptions(port=0)},
     }
     return {

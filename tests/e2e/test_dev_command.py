@@ -70,7 +70,7 @@ class Output:
 @pytest.fixture
 def ports() -> dict[str, int]:
     base = free_port()
-    return {"nats": free_port(), "http": free_port(), "probe": base}
+    return {"nats": free_port(), "http": free_port(), "probe": base, "grpc": free_port()}
 
 
 @contextlib.contextmanager
@@ -111,6 +111,9 @@ def dev_args(ports: dict[str, int], home: Path) -> list[str]:
         str(ports["http"]),
         "--probe-base-port",
         str(ports["probe"]),
+        "--grpc-port",
+        str(ports["grpc"]),
+        "--no-model",  # the local model has its own end-to-end test
     ]
 
 

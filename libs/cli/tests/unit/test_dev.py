@@ -8,7 +8,9 @@ from atmosphere.cli.supervisor import ChildSpec, Supervisor, restart_delay
 
 
 def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> None:
-    options = DevOptions(app="examples.echo:app", home=tmp_path, nats_port=5000, http_port=5001, probe_base_port=5100)
+    options = DevOptions(
+        app="examples.echo:app", home=tmp_path, nats_port=5000, http_port=5001, probe_base_port=5100, no_model=True
+    )
     specs = child_specs(options)
     assert [s.name for s in specs] == ["nats", *SERVICES]
     assert specs[-1].name == "ingress"
@@ -53,3 +55,18 @@ async def test_stop_kills_a_child_that_ignores_sigterm() -> None:
     await supervisor.stop()
     assert "did not stop in 0.5s; killing" in out.getvalue()
     assert supervisor.pids == []
+
+
+def test_the_local_model_runs_only_without_llm_base_url(tmp_path: Path) -> None:
+    local = DevOptions(app="a:b", home=tmp_path, model_port=5200, grpc_port=5300)
+    if not local.local_model:
+        return  # llama-cpp-python or the SmolLM2 wheel is not installed here
+    specs = {s.name: s for s in child_specs(local)}
+    assert "model" in specs
+    assert specs["dispatch"].env["LLM_BASE_URL"] == "http://127.0.0.1:5200/v1"
+    assert specs["dispatch"].env["ATMOSPHERE_DISPATCH__GRPC_PORT"] == "5300"
+    remote = DevOptions(app="a:b", home=tmp_path, llm_base_url="https://api.example.com/v1")
+    specs = {s.name: s for s in child_specs(remote)}
+    assert "model" not in specs
+    assert "LLM_BASE_URL" not in specs["dispatch"].env  # inherited from the environment as is
+    assert "https://api.example.com/v1 (LLM_BASE_URL)" in banner(remote)

@@ -43,11 +43,15 @@ def test_misuse_fails_at_decoration_time() -> None:
         @prompt
         async def wrong_arity(self: object, message: str) -> None: ...
 
-    with pytest.raises(UserError, match="exactly one @prompt"):
+    with pytest.raises(UserError, match="at most one is allowed"):
 
-        @agent(name="empty")
-        class Empty:
-            pass
+        @agent(name="twice")
+        class Twice:
+            @prompt
+            async def a(self, message: str, session: StreamingSession) -> None: ...
+
+            @prompt
+            async def b(self, message: str, session: StreamingSession) -> None: ...
 
     with pytest.raises(UserError, match="agent name"):
 
@@ -74,7 +78,7 @@ def test_app_registration_is_explicit_and_unique() -> None:
     assert app.agent("missing") is None
     with pytest.raises(UserError, match="two agents"):
         App(agents=[Helper, Helper])
-    with pytest.raises(UserError, match="not an @agent"):
+    with pytest.raises(UserError, match="is not an @agent"):
         App(agents=[int])
 
 

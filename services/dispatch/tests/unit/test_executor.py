@@ -1,10 +1,26 @@
+import asyncio
 import json
 
 from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
-from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
-from atmosphere.sdk import App, StreamingSession, agent, prompt
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Control, ControlAck, RunEvent, TextDelta
+from atmosphere.dispatch.handlers import RESUMED_METADATA_KEY, agent_descriptors
+from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline
+from atmosphere.sdk import (
+    AiBudget,
+    AiInterceptor,
+    AiRequest,
+    App,
+    StreamingSession,
+    ToolLoopPolicy,
+    agent,
+    prompt,
+    tool,
+)
+from atmosphere.testing import wait_until
+from atmosphere.testing.fake_provider import Reply, ToolCallScript
+
+from .conftest import Harness, kinds, request
 
 
 @agent(name="echo")
@@ -31,46 +47,291 @@ class Polite:
         await session.send("ignored")
 
 
-APP = App(agents=[Echo, Broken, Polite])
+@tool
+def weather(city: str) -> str:
+    """Weather in a city."""
+    return "unused: the stand-in sandbox answers"
 
 
-async def run(agent_name: str, message: str = "a b c") -> list[RunEvent]:
-    bus = FakeBus()
-    await bus.provision(JetStreamLayout())
-    request = RunRequest(run_id="r1", session_id="s1", conversation_id="c1", agent=agent_name, message=message)
-    await RunExecutor(APP, bus).execute(request)
-    return [RunEvent.FromString(data) for _, data in bus.stream_messages(subjects.EVENTS_STREAM)]
+@tool(timeout=0.2)
+def slow(city: str) -> str:
+    """A tool with a short deadline."""
+    return "unused"
 
 
-async def test_events_are_numbered_from_two_and_stamped() -> None:
-    events = await run("echo")
+@tool(requires_approval=True)
+def delete_file(path: str) -> str:
+    """Delete a file (asks for approval)."""
+    return "unused"
+
+
+@agent(name="model", system_prompt="Be brief.", tools=[weather, slow, delete_file])
+class Model:
+    """Answers with the model."""
+
+
+@agent(name="frugal", budget=AiBudget(max_total_tokens=10))
+class Frugal:
+    pass
+
+
+@agent(name="hasty", budget=AiBudget(max_wall_clock=0.3))
+class Hasty:
+    pass
+
+
+@agent(name="strict", tools=[weather], tool_loop=ToolLoopPolicy.strict(1))
+class Strict:
+    pass
+
+
+ORDER: list[str] = []
+
+
+class First(AiInterceptor):
+    async def pre_process(self, request: AiRequest) -> AiRequest:
+        ORDER.append("pre:first")
+        return request.with_message(request.message + " [first]")
+
+    async def post_process(self, request: AiRequest, response: str) -> None:
+        ORDER.append(f"post:first:{response}")
+
+
+class Second(AiInterceptor):
+    async def pre_process(self, request: AiRequest) -> AiRequest:
+        ORDER.append("pre:second")
+        return request.with_message(request.message + " [second]")
+
+    async def post_process(self, request: AiRequest, response: str) -> None:
+        ORDER.append("post:second")
+
+
+@agent(name="intercepted", interceptors=[First, Second()])
+class Intercepted:
+    pass
+
+
+APP = App(agents=[Echo, Broken, Polite, Model, Frugal, Hasty, Strict, Intercepted])
+
+
+async def test_events_are_numbered_from_two_and_stamped(harness: Harness) -> None:
+    await harness.executor(APP).execute(request("echo"))
+    events = harness.events()
     assert [e.seq for e in events] == [2, 3, 4, 5]
-    assert [e.WhichOneof("kind") for e in events] == ["text_delta"] * 3 + ["complete"]
+    assert kinds(events) == ["text_delta"] * 3 + ["complete"]
     assert all((e.run_id, e.session_id, e.conversation_id, e.agent) == ("r1", "s1", "c1", "echo") for e in events)
     assert all(e.timestamp.seconds > 0 for e in events)
+    assert [a.agent for a in harness.policy.admissions] == ["echo"]
 
 
-async def test_an_unknown_agent_ends_with_a_clear_error() -> None:
-    [event] = await run("ghost")
-    assert event.error.code == "dispatch.unknown_agent"
-    assert event.error.message == "Unknown agent 'ghost'"
+async def test_unknown_agents_and_crashes_end_with_clear_errors(harness: Harness) -> None:
+    executor = harness.executor(APP)
+    await executor.execute(request("ghost", run_id="r1"))
+    [event] = harness.events("r1")
+    assert (event.error.code, event.error.message) == ("dispatch.unknown_agent", "Unknown agent 'ghost'")
 
-
-async def test_a_crashing_agent_ends_with_an_error_that_hides_internals() -> None:
-    events = await run("broken")
-    assert [e.WhichOneof("kind") for e in events] == ["text_delta", "error"]
+    await executor.execute(request("broken", run_id="r2"))
+    events = harness.events("r2")
+    assert kinds(events) == ["text_delta", "error"]
     assert events[-1].error.message == "KeyError"
-    assert "secret" not in events[-1].error.SerializeToString().decode(errors="ignore")
+    assert b"secret" not in events[-1].SerializeToString()
+
+    await executor.execute(request("polite", run_id="r3"))
+    assert kinds(harness.events("r3")) == ["error"]
 
 
-async def test_the_agents_own_terminal_is_kept_and_nothing_follows_it() -> None:
-    events = await run("polite")
-    assert [e.WhichOneof("kind") for e in events] == ["error"]
-    assert events[0].error.code == "agent.refused"
+async def test_admission_fails_closed(harness: Harness) -> None:
+    harness.policy.admit = False
+    await harness.executor(APP).execute(request("echo"))
+    [denied] = harness.events()
+    assert denied.error.message == "Request denied by policy test-policy: not allowed here"
+
+    bus = FakeBus()  # no governance at all
+    await bus.provision(JetStreamLayout())
+    harness.bus = bus
+    await harness.executor(APP).execute(request("echo", run_id="r9"))
+    [refused] = harness.events("r9")
+    assert refused.error.code == "governance.unavailable"
+    assert refused.error.message == "Request denied: governance is unavailable (fail-closed)"
 
 
-def test_descriptors_name_every_agent_and_its_path() -> None:
-    descriptors = {d.name: d for d in agent_descriptors(APP)}
-    assert set(descriptors) == {"echo", "broken", "polite"}
-    assert descriptors["echo"].path == "/atmosphere/agent/echo"
-    assert json.loads(json.dumps(descriptors["echo"].kind)) == "agent"
+async def test_without_a_runtime_streaming_says_what_to_configure(harness: Harness) -> None:
+    await harness.executor(APP, with_runtime=False).execute(request("model"))
+    [event] = harness.events()
+    assert event.error.message == NO_RUNTIME
+
+
+async def test_a_model_run_with_tools(harness: Harness) -> None:
+    await harness.serve_tools({"weather": "sunny, 22C"})
+    harness.provider.script(
+        Reply.tools(ToolCallScript("weather", {"city": "Paris"}, call_id="c1"), usage=(20, 5)),
+        Reply.text("Sunny in Paris.", usage=(30, 4)),
+    )
+    await harness.executor(APP).execute(request("model", "Weather in Paris?"))
+    events = harness.events()
+    assert [k for k in kinds(events) if k != "tool_call_delta"] == [
+        "usage",
+        "tool_start",
+        "tool_result",
+        "text_delta",
+        "text_delta",
+        "text_delta",
+        "usage",
+        "complete",
+    ]
+    start = next(e.tool_start for e in events if e.WhichOneof("kind") == "tool_start")
+    assert (start.tool_name, json.loads(start.arguments_json)) == ("weather", {"city": "Paris"})
+    [call] = harness.tool_calls
+    assert (call.run_id, call.agent, json.loads(call.arguments_json)) == ("r1", "model", {"city": "Paris"})
+    assert [c.tool_name for c in harness.policy.checks] == ["weather"]
+    assert harness.provider.requests[0]["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+async def test_refused_and_failing_tool_calls_tell_the_model(harness: Harness) -> None:
+    harness.policy.tools = False
+    await harness.serve_tools({"weather": "sunny"})
+    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "Paris"})), Reply.text("ok"))
+    await harness.executor(APP).execute(request("model", run_id="deny"))
+    assert "tool_start" not in kinds(harness.events("deny"))
+    told = harness.provider.requests[-1]["messages"][-1]["content"]
+    assert json.loads(told) == {
+        "status": "cancelled",
+        "message": "Tool weather denied by policy 'test-policy': not allowed here",
+    }
+
+    harness.provider.script(Reply.tools(ToolCallScript("weather", {"town": "Paris"})), Reply.text("ok"))
+    await harness.executor(APP).execute(request("model", run_id="invalid"))
+    assert "tool_start" not in kinds(harness.events("invalid"))
+    assert json.loads(harness.provider.requests[-1]["messages"][-1]["content"]) == {
+        "error": "invalid_arguments",
+        "tool": "weather",
+        "details": ["city: field required", "town: unexpected field"],
+    }
+
+
+async def test_tool_timeouts_and_missing_sandboxes_are_tool_errors(harness: Harness) -> None:
+    await harness.serve_tools({"slow": "late"}, delay=1.0)
+    harness.provider.script(Reply.tools(ToolCallScript("slow", {"city": "X"})), Reply.text("ok"))
+    await harness.executor(APP).execute(request("model", run_id="t1"))
+    [error] = [e.tool_error for e in harness.events("t1") if e.WhichOneof("kind") == "tool_error"]
+    assert json.loads(error.error)["error"] == "tool_timeout"
+    assert "deadline" in json.loads(error.error)["message"]
+
+    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "X"})), Reply.text("ok"))
+    await harness.executor(APP).execute(request("model", run_id="t2"))
+    [error] = [e.tool_error for e in harness.events("t2") if e.WhichOneof("kind") == "tool_error"]
+    assert error.error == "Error: no sandbox serves the tool weather right now"
+    assert kinds(harness.events("t2"))[-1] == "complete"
+
+
+async def test_tool_governance_that_does_not_answer_refuses_the_call(harness: Harness) -> None:
+    await harness.serve_tools({"weather": "sunny"})
+    harness.policy.check_delay = 1.0
+    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "X"})), Reply.text("ok"))
+    await harness.executor(APP, governance_timeout=0.2).execute(request("model"))
+    [error] = [e.tool_error for e in harness.events() if e.WhichOneof("kind") == "tool_error"]
+    assert "refused (fail-closed)" in error.error
+    assert "tool_start" not in kinds(harness.events())
+    assert harness.tool_calls == []
+
+
+async def test_approval_gates(harness: Harness) -> None:
+    await harness.serve_tools({"delete_file": "deleted"})
+    executor = harness.executor(APP)
+
+    async def decide(run_id: str, action: str, payload: str = "") -> None:
+        async def pending() -> bool:
+            return any(e.WhichOneof("kind") == "approval_required" for e in harness.events(run_id))
+
+        await wait_until(pending, what="the approval request")
+        approval = next(
+            e.approval_required for e in harness.events(run_id) if e.WhichOneof("kind") == "approval_required"
+        )
+        assert approval.approval_id.startswith("apr_")
+        assert len(approval.approval_id) == 16
+        ack = await harness.bus.request(
+            subjects.run_control(run_id),
+            Control(
+                run_id=run_id,
+                approval=ApprovalDecision(approval_id=approval.approval_id, action=action, payload_json=payload),
+            ),
+            ControlAck,
+        )
+        assert ack.accepted
+
+    for run_id, action, payload in (("yes", "approve", '{"arguments": {"path": "/tmp/b"}}'), ("no", "deny", "")):
+        harness.provider.script(Reply.tools(ToolCallScript("delete_file", {"path": "/tmp/a"})), Reply.text("done"))
+        await asyncio.gather(executor.execute(request("model", run_id=run_id)), decide(run_id, action, payload))
+    assert [json.loads(c.arguments_json) for c in harness.tool_calls] == [{"path": "/tmp/b"}]
+    denied = harness.provider.requests[-1]["messages"][-1]["content"]
+    assert json.loads(denied) == {"status": "cancelled", "message": "Action cancelled by user"}
+
+
+async def test_a_client_cancel_ends_the_run_and_closes_the_model_call(harness: Harness) -> None:
+    harness.provider.script(Reply.stalled("Thinking", seconds=30))
+    run = asyncio.create_task(harness.executor(APP).execute(request("model")))
+
+    async def streaming() -> bool:
+        return any(e.WhichOneof("kind") == "text_delta" for e in harness.events())
+
+    await wait_until(streaming)
+    ack = await harness.bus.request(
+        subjects.run_control("r1"), Control(run_id="r1", cancel=Cancel(reason="bored")), ControlAck
+    )
+    assert ack.accepted
+    await asyncio.wait_for(run, 2)
+    await asyncio.wait_for(harness.provider.disconnected.wait(), 1)
+    last = harness.events()[-1]
+    assert (last.error.code, last.error.message) == ("run.cancelled", "Run cancelled: bored")
+
+
+async def test_budgets_end_the_run_with_one_error(harness: Harness) -> None:
+    harness.provider.script(Reply.text("A long answer", usage=(8, 6)))
+    await harness.executor(APP).execute(request("frugal", run_id="tokens"))
+    events = harness.events("tokens")
+    assert kinds(events)[-1] == "error"
+    assert events[-1].error.message == "AI budget exceeded: TOTAL_TOKENS observed=14tokens > limit=10tokens"
+    assert "complete" not in kinds(events)
+
+    harness.provider.script(Reply.stalled("Slow", seconds=30))
+    await harness.executor(APP).execute(request("hasty", run_id="clock"))
+    events = harness.events("clock")
+    assert [k for k in kinds(events) if k in {"error", "complete"}] == ["error"]
+    assert events[-1].error.message.startswith("AI budget exceeded: WALL_CLOCK observed=")
+    assert events[-1].error.message.endswith("ms > limit=300ms")
+
+
+async def test_a_strict_tool_loop_is_an_error_frame(harness: Harness) -> None:
+    await harness.serve_tools({"weather": "sunny"})
+    harness.provider.script(*[Reply.tools(ToolCallScript("weather", {"city": "X"})) for _ in range(2)])
+    await harness.executor(APP).execute(request("strict"))
+    assert harness.events()[-1].error.message == "Tool loop exhausted after 1 iterations"
+
+
+async def test_interceptors_run_fifo_before_and_lifo_after(harness: Harness) -> None:
+    ORDER.clear()
+    harness.provider.script(Reply.text("fine"))
+    await harness.executor(APP).execute(request("intercepted", "hello"))
+    assert harness.provider.requests[0]["messages"][-1]["content"] == "hello [first] [second]"
+    assert ORDER == ["pre:first", "pre:second", "post:second", "post:first:fine"]
+
+
+async def test_a_redelivered_run_is_resumed_or_acknowledged(harness: Harness) -> None:
+    executor = harness.executor(APP)
+    writer_events = [RunEvent(run_id="r1", seq=2, text_delta=TextDelta(text="half"))]
+    for event in writer_events:
+        await harness.bus.publish(subjects.run_events("r1"), event)
+    assert await executor._resume_point(request("echo")) == 3
+    await executor.execute(request("echo", "x y"), first_seq=3)
+    events = harness.events()
+    assert [e.seq for e in events] == [2, 3, 4, 5, 6]
+    assert events[1].metadata.key == RESUMED_METADATA_KEY
+    assert await executor._resume_point(request("echo")) is None  # it has its terminal now
+
+
+def test_descriptors_carry_runtime_truth() -> None:
+    without = {d.name: d for d in agent_descriptors(APP, ModelPipeline(None))}
+    assert without["model"].runtime == ""
+    assert without["model"].capabilities == []
+    assert list(without["model"].tools) == ["weather", "slow", "delete_file"]
+    assert without["echo"].path == "/atmosphere/agent/echo"

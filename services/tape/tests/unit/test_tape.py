@@ -5,7 +5,6 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import ConsumerSpec, JetStreamLayout, subjects
-from atmosphere.bus.runs import event_headers
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Content, Metadata, RunEvent, TextDelta, ToolStart
@@ -73,12 +72,3 @@ async def test_recording_is_idempotent_and_the_first_terminal_wins(tmp_path: Pat
     assert [r.run_id for r in runs.runs] == ["r1"]
     assert [s.seq for s in page.steps] == [2]
     assert (missing.count, missing.HasField("run")) == (0, False)
-
-
-async def test_events_with_the_same_message_id_are_stored_once_in_the_stream() -> None:
-    bus = FakeBus()
-    await bus.provision(JetStreamLayout())
-    e = event(2, text_delta=TextDelta(text="x"))
-    for _ in range(3):
-        await bus.publish(subjects.run_events("r1"), e, headers=event_headers(e))
-    assert len(bus.stream_messages(subjects.EVENTS_STREAM)) == 1

@@ -146,6 +146,10 @@ class Bus(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
+        """The newest message `stream` holds for the exact `subject`, or None."""
+
+    @abc.abstractmethod
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update the streams and key-value buckets of `layout` (idempotent)."""
 

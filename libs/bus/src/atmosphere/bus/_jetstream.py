@@ -45,6 +45,9 @@ class ConsumerSpec:
     """Unacked (and not kept alive) messages are redelivered after this long."""
     max_deliver: int = -1
     """-1 redelivers forever."""
+    confirm_ack: bool = False
+    """Wait for the server to confirm each ack. Worth a round trip for expensive work (a run),
+    not for cheap idempotent work (recording an event), where a lost ack only redelivers."""
 
 
 @dataclass(frozen=True, slots=True)

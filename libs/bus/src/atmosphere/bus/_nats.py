@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -209,15 +210,28 @@ class NatsBus(Bus):
         try:
             async with asyncio.TaskGroup() as tasks:
                 pull = tasks.create_task(puller.run(psub, tasks))
+                heartbeat = tasks.create_task(puller.heartbeat())
                 try:
                     yield puller
                 finally:
                     puller.stop()
                     await pull
                     await puller.drain(drain_timeout)
+                    heartbeat.cancel()
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await psub.unsubscribe()
+
+    async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
+        """The newest message `stream` holds for `subject`, or None."""
+        try:
+            raw = await self._js.get_last_msg(self.stream_name(stream), self.wire_subject(subject))
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            msg = f"reading the last message of {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return decode(raw.data or b"", None, message_type)
 
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update every stream and bucket of `layout`."""
@@ -333,10 +347,23 @@ class _Puller(Consumer):
         self._stopping = asyncio.Event()
         self._active = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._started: dict[int, tuple[Msg, float]] = {}
+        """In-flight messages and when their handler started (for the heartbeat)."""
 
     @property
     def active(self) -> bool:
         return self._active and not self._stopping.is_set()
+
+    async def heartbeat(self) -> None:
+        """Keep long-running items alive: one loop for all of them, not a task per message."""
+        interval = max(0.5, self._spec.ack_wait_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            due = time.monotonic() - interval
+            for msg, started in list(self._started.values()):
+                if started <= due:
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.in_progress()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -379,11 +406,11 @@ class _Puller(Consumer):
                 task.cancel()
 
     async def _work(self, msg: Msg) -> None:
-        keepalive = asyncio.create_task(self._keep_alive(msg))
+        self._started[id(msg)] = (msg, time.monotonic())
         try:
             await self._run_handler(msg)
         finally:
-            keepalive.cancel()
+            self._started.pop(id(msg), None)
             self._inflight -= 1
             self._slots.release()
 
@@ -411,14 +438,7 @@ class _Puller(Consumer):
             log.exception("work handler for %s failed; redelivering", msg.subject)
             await _settle(msg.nak(delay=_FAILED_HANDLER_REDELIVERY_DELAY))
         else:
-            await _settle(msg.ack_sync(timeout=5.0))
-
-    async def _keep_alive(self, msg: Msg) -> None:
-        interval = max(0.5, self._spec.ack_wait_seconds / 3)
-        while True:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(nats.errors.Error):
-                await msg.in_progress()
+            await _settle(msg.ack_sync(timeout=5.0) if self._spec.confirm_ack else msg.ack())
 
 
 async def _settle(operation: Any) -> None:

@@ -4,12 +4,15 @@ A run's events form one ordered stream on `atmo.run.<run_id>.evt` with `seq` fro
 single writer at a time. The submitter (ingress, or dispatch for gRPC) writes seq 1, the
 `X-Atmosphere-Run-Id` metadata event, before it queues the `RunRequest`, so a client learns
 the run id (and can resume by it) even before a worker picks the run up. The worker that
-owns the run writes from seq 2 on. Every event carries `Nats-Msg-Id = <run_id>:<seq>`, so a
-re-published event (a redelivered run re-driven) is stored once in `ATMO_EVENTS`.
+owns the run writes from seq 2 on. Events carry no headers — the subject names the run and
+the payload its seq — because every subscriber would pay to parse them on every token; a run
+re-driven after a worker died continues after the last seq `ATMO_EVENTS` holds instead of
+relying on de-duplication.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -32,11 +35,6 @@ TERMINAL_KINDS = frozenset({"complete", "error"})
 def is_terminal(event: RunEvent) -> bool:
     """Whether `event` ends its run."""
     return event.WhichOneof("kind") in TERMINAL_KINDS
-
-
-def event_headers(event: RunEvent) -> Headers:
-    """The headers of a published event: its run and its de-duplication id."""
-    return Headers(run_id=event.run_id, msg_id=f"{event.run_id}:{event.seq}")
 
 
 def _now() -> Timestamp:
@@ -76,9 +74,9 @@ class RunEventWriter:
         event.timestamp.CopyFrom(_now())
         self._next_seq += 1
         if durable or (durable is None and is_terminal(event)):
-            await self._bus.js_publish(self._subject, event, headers=event_headers(event))
+            await self._bus.js_publish(self._subject, event)
         else:
-            await self._bus.publish(self._subject, event, headers=event_headers(event))
+            await self._bus.publish(self._subject, event)
         return event
 
 
@@ -89,13 +87,16 @@ async def submit_run(bus: Bus, request: RunRequest) -> PublishAck:
     Submitting the same run id twice queues it once (`Nats-Msg-Id` = run id).
     """
     writer = RunEventWriter(bus, request, first_seq=1)
-    await writer.emit(
-        RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id))),
-        durable=True,
-    )
     headers = Headers(
         run_id=request.run_id,
         principal=request.principal if request.HasField("principal") else None,
         msg_id=request.run_id,
     )
-    return await bus.js_publish(subjects.run_submit(request.agent), request, headers=headers)
+    # Both publishes leave on this one connection in this order, so the run-id event is stored
+    # before any worker can pull the request; waiting for the two acks together saves a round trip.
+    run_id_event = RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id)))
+    _, ack = await asyncio.gather(
+        writer.emit(run_id_event, durable=True),
+        bus.js_publish(subjects.run_submit(request.agent), request, headers=headers),
+    )
+    return ack

@@ -258,6 +258,16 @@ class FakeBus(Bus):
         for bucket in layout.buckets():
             self._buckets.setdefault(bucket.name, {})
 
+    async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
+        """The newest message `stream` holds for `subject`, or None."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        for _, stored in sorted(self._streams[stream].messages.items(), reverse=True):
+            if stored.subject == subject:
+                return decode(stored.data, stored.headers, message_type)
+        return None
+
     def stream_messages(self, stream: str) -> list[tuple[str, bytes]]:
         """The subjects and payloads a stream holds now, in order (for assertions)."""
         return [(m.subject, m.data) for _, m in sorted(self._streams[stream].messages.items())]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from atmosphere.cli.dev import DevOptions, run_dev
 
-DEFAULT_APP = "examples.echo:app"
+DEFAULT_APP = "examples.assistant:app"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
         default=8181,
         help="first of five consecutive probe ports for the worker services",
     )
+    dev.add_argument("--grpc-port", type=int, default=50051, help="port of the gRPC DispatchService")
+    dev.add_argument("--model-port", type=int, default=8090, help="port of the local model (when it runs)")
+    dev.add_argument(
+        "--no-model", action="store_true", help="do not start the local model even when LLM_BASE_URL is unset"
+    )
     return parser
 
 
@@ -50,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         nats_port=args.nats_port,
         http_port=args.http_port,
         probe_base_port=args.probe_base_port,
+        grpc_port=args.grpc_port,
+        model_port=args.model_port,
+        llm_base_url=os.environ.get("LLM_BASE_URL", ""),
+        no_model=args.no_model,
     )
     return asyncio.run(run_dev(options))
 

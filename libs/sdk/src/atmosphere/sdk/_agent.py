@@ -1,13 +1,18 @@
-"""`@agent` and `@prompt`: declaring an agent class and its prompt handler."""
+"""`@agent`, `@coordinator`, `@ai_endpoint` and `@prompt`: declaring what dispatch serves."""
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
+from atmosphere.sdk._request import AiInterceptor
+from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
 
 T = TypeVar("T", bound=type[Any])
@@ -15,25 +20,34 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 AGENT_PATH_PREFIX = "/atmosphere/agent/"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
+_PATH = re.compile(r"(/[A-Za-z0-9_\-.]+)+")
 _SPEC_ATTR = "__atmosphere_agent__"
 _PROMPT_ATTR = "__atmosphere_prompt__"
 
 
 @dataclass(frozen=True, slots=True)
 class AgentSpec:
-    """What `@agent` records about a class."""
+    """What a declaration decorator records about a class."""
 
     name: str
     cls: type[Any]
-    prompt_method: str
+    prompt_method: str | None
+    """The `@prompt` method, or None: then a prompt is answered with `session.stream(message)`."""
+    kind: str = "agent"
+    """"agent", "coordinator" or "ai_endpoint"."""
+    path: str = ""
     system_prompt: str = ""
     description: str = ""
-    kind: str = "agent"
-
-    @property
-    def path(self) -> str:
-        """The endpoint path clients use, e.g. `/atmosphere/agent/echo`."""
-        return AGENT_PATH_PREFIX + self.name
+    tools: tuple[Tool[Any, Any], ...] = ()
+    fleet: tuple[str, ...] = ()
+    """Coordinator only: the agents it may delegate to."""
+    interceptors: tuple[AiInterceptor, ...] = ()
+    tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
+    retry: RetryPolicy = RetryPolicy.DEFAULT
+    budget: AiBudget | None = None
+    response_format: type[BaseModel] | None = None
+    structured_output_retries: int = 0
+    model: str | None = None
 
 
 def prompt(func: F) -> F:
@@ -49,44 +63,194 @@ def prompt(func: F) -> F:
     return func
 
 
-def agent(*, name: str | None = None, system_prompt: str = "", description: str = "") -> Callable[[T], T]:
-    """Declare a class as an agent served at `/atmosphere/agent/<name>`.
+def _check_name(name: str, what: str) -> str:
+    if not _NAME.fullmatch(name):
+        msg = f"{what} name {name!r} must be 1-64 letters, digits, '_' or '-', starting alphanumeric"
+        raise UserError(msg)
+    return name
 
-    The class needs exactly one `@prompt` method and a constructor without arguments. The name
-    defaults to the class name in lower case.
+
+def _prompt_method(cls: type[Any]) -> str | None:
+    prompts = [n for n, member in inspect.getmembers(cls) if getattr(member, _PROMPT_ATTR, False)]
+    if len(prompts) > 1:
+        msg = f"{cls.__qualname__} has {len(prompts)} @prompt methods; at most one is allowed"
+        raise UserError(msg)
+    return prompts[0] if prompts else None
+
+
+def _interceptors(values: Sequence[object], owner: str) -> tuple[AiInterceptor, ...]:
+    result: list[AiInterceptor] = []
+    for value in values:
+        instance: object = value() if isinstance(value, type) else value
+        if not isinstance(instance, AiInterceptor):
+            msg = f"{owner}: {value!r} is not an AiInterceptor"
+            raise UserError(msg)
+        result.append(instance)
+    return tuple(result)
+
+
+def _register(cls: T, **fields: Any) -> T:
+    owner = cls.__qualname__
+    try:
+        inspect.signature(cls).bind()
+    except TypeError as exc:
+        msg = f"{owner} must be constructible without arguments: {exc}"
+        raise UserError(msg) from exc
+    tools = tuple(fields.pop("tools"))
+    for item in tools:
+        if not isinstance(item, Tool):
+            msg = f"{owner}: tools must be @tool functions, got {item!r}"
+            raise UserError(msg)
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        msg = f"{owner}: two tools share a name in {names}"
+        raise UserError(msg)
+    if fields["structured_output_retries"] < 0:
+        msg = f"{owner}: structured_output_retries must be >= 0"
+        raise UserError(msg)
+    response_format = fields["response_format"]
+    if response_format is not None and not (
+        isinstance(response_format, type) and issubclass(response_format, BaseModel)
+    ):
+        msg = f"{owner}: response_format must be a pydantic BaseModel subclass"
+        raise UserError(msg)
+    spec = AgentSpec(
+        cls=cls,
+        prompt_method=_prompt_method(cls),
+        description=fields.pop("description") or inspect.getdoc(cls) or "",
+        tools=tools,
+        interceptors=_interceptors(fields.pop("interceptors"), owner),
+        **fields,
+    )
+    setattr(cls, _SPEC_ATTR, spec)
+    return cls
+
+
+def agent(
+    *,
+    name: str | None = None,
+    system_prompt: str = "",
+    description: str = "",
+    tools: Sequence[Tool[Any, Any]] = (),
+    interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
+    tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
+    retry: RetryPolicy = RetryPolicy.DEFAULT,
+    budget: AiBudget | None = None,
+    response_format: type[BaseModel] | None = None,
+    structured_output_retries: int = 0,
+    model: str | None = None,
+) -> Callable[[T], T]:
+    """Declare an agent served at `/atmosphere/agent/<name>` (default name: the class name).
+
+    Without a `@prompt` method, each prompt is answered with `session.stream(message)`.
     """
 
     def register(cls: T) -> T:
-        agent_name = name or cls.__name__.lower()
-        if not _NAME.fullmatch(agent_name):
-            msg = f"agent name {agent_name!r} must be 1-64 letters, digits, '_' or '-', starting alphanumeric"
-            raise UserError(msg)
-        prompts = [n for n, member in inspect.getmembers(cls) if getattr(member, _PROMPT_ATTR, False)]
-        if len(prompts) != 1:
-            msg = f"@agent {cls.__qualname__} needs exactly one @prompt method, found {len(prompts)}"
-            raise UserError(msg)
-        try:
-            inspect.signature(cls).bind()
-        except TypeError as exc:
-            msg = f"@agent {cls.__qualname__} must be constructible without arguments: {exc}"
-            raise UserError(msg) from exc
-        spec = AgentSpec(
+        agent_name = _check_name(name or cls.__name__.lower(), "agent")
+        return _register(
+            cls,
             name=agent_name,
-            cls=cls,
-            prompt_method=prompts[0],
+            kind="agent",
+            path=AGENT_PATH_PREFIX + agent_name,
             system_prompt=system_prompt,
-            description=description or inspect.getdoc(cls) or "",
+            description=description,
+            tools=tools,
+            interceptors=interceptors,
+            tool_loop=tool_loop,
+            retry=retry,
+            budget=budget,
+            response_format=response_format,
+            structured_output_retries=structured_output_retries,
+            model=model,
         )
-        setattr(cls, _SPEC_ATTR, spec)
-        return cls
+
+    return register
+
+
+def coordinator(
+    *,
+    name: str | None = None,
+    fleet: Sequence[type[Any] | str] = (),
+    system_prompt: str = "",
+    description: str = "",
+    tools: Sequence[Tool[Any, Any]] = (),
+    interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
+    tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
+    retry: RetryPolicy = RetryPolicy.DEFAULT,
+    budget: AiBudget | None = None,
+    model: str | None = None,
+) -> Callable[[T], T]:
+    """Declare an agent that delegates to a `fleet` of other agents (classes or names)."""
+
+    def register(cls: T) -> T:
+        agent_name = _check_name(name or cls.__name__.lower(), "coordinator")
+        members = tuple(m if isinstance(m, str) else spec_of(m).name for m in fleet)
+        return _register(
+            cls,
+            name=agent_name,
+            kind="coordinator",
+            path=AGENT_PATH_PREFIX + agent_name,
+            fleet=members,
+            system_prompt=system_prompt,
+            description=description,
+            tools=tools,
+            interceptors=interceptors,
+            tool_loop=tool_loop,
+            retry=retry,
+            budget=budget,
+            response_format=None,
+            structured_output_retries=0,
+            model=model,
+        )
+
+    return register
+
+
+def ai_endpoint(
+    *,
+    path: str,
+    system_prompt: str = "",
+    description: str = "",
+    tools: Sequence[Tool[Any, Any]] = (),
+    interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
+    tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
+    retry: RetryPolicy = RetryPolicy.DEFAULT,
+    budget: AiBudget | None = None,
+    response_format: type[BaseModel] | None = None,
+    structured_output_retries: int = 0,
+    model: str | None = None,
+) -> Callable[[T], T]:
+    """Declare a bare endpoint at `path`; it is named by the path's last segment."""
+    if not _PATH.fullmatch(path):
+        msg = f"@ai_endpoint path {path!r} must look like /segment/segment"
+        raise UserError(msg)
+
+    def register(cls: T) -> T:
+        endpoint_name = _check_name(path.rsplit("/", 1)[1], "endpoint")
+        return _register(
+            cls,
+            name=endpoint_name,
+            kind="ai_endpoint",
+            path=path,
+            system_prompt=system_prompt,
+            description=description,
+            tools=tools,
+            interceptors=interceptors,
+            tool_loop=tool_loop,
+            retry=retry,
+            budget=budget,
+            response_format=response_format,
+            structured_output_retries=structured_output_retries,
+            model=model,
+        )
 
     return register
 
 
 def spec_of(cls: type[Any]) -> AgentSpec:
-    """The `AgentSpec` of an `@agent` class; `UserError` for anything else."""
+    """The `AgentSpec` of a declared class; `UserError` for anything else."""
     spec = cls.__dict__.get(_SPEC_ATTR) if isinstance(cls, type) else None
     if not isinstance(spec, AgentSpec):
-        msg = f"{cls!r} is not an @agent class"
+        msg = f"{cls!r} is not an @agent, @coordinator or @ai_endpoint class"
         raise UserError(msg)
     return spec

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere.sdk._agent import AgentSpec, spec_of
+from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
 
 
@@ -18,12 +19,27 @@ class App:
     def __init__(self, agents: Iterable[type[Any]] = ()) -> None:
         """Register `agents` (each an `@agent` class); names must be unique."""
         self._agents: dict[str, AgentSpec] = {}
+        self._tools: dict[str, Tool[Any, Any]] = {}
+        paths: set[str] = set()
         for cls in agents:
             spec = spec_of(cls)
             if spec.name in self._agents:
                 msg = f"two agents are named {spec.name!r}"
                 raise UserError(msg)
+            if spec.path in paths:
+                msg = f"two agents are served at {spec.path!r}"
+                raise UserError(msg)
+            paths.add(spec.path)
             self._agents[spec.name] = spec
+            for item in spec.tools:
+                if self._tools.setdefault(item.name, item) is not item:
+                    msg = f"two different tools are named {item.name!r}"
+                    raise UserError(msg)
+        for spec in self._agents.values():
+            missing = [m for m in spec.fleet if m not in self._agents]
+            if missing:
+                msg = f"coordinator {spec.name!r} has fleet members that are not in the app: {missing}"
+                raise UserError(msg)
 
     @property
     def agents(self) -> Mapping[str, AgentSpec]:
@@ -33,6 +49,11 @@ class App:
     def agent(self, name: str) -> AgentSpec | None:
         """The agent called `name`, or None."""
         return self._agents.get(name)
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any, Any]]:
+        """Every tool of every agent, by name."""
+        return dict(self._tools)
 
 
 def load_app(reference: str, *, app_dir: str | Path | None = None) -> App:

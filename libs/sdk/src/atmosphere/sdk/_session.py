@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.contracts.common.v1.common_pb2 import Error, Usage
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, Progress, RunEvent, TextDelta
 
 log = logging.getLogger("atmosphere.sdk")
@@ -15,17 +16,52 @@ log = logging.getLogger("atmosphere.sdk")
 EventSink = Callable[[RunEvent], Awaitable[None]]
 """Receives each event in order; the host stamps ids, seq and time and publishes it."""
 
+Streamer = Callable[["StreamingSession", str], Awaitable[None]]
+"""Sends a message to the model through the resolved runtime (provided by dispatch)."""
+
+TERMINAL_KINDS = frozenset({"complete", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """Tokens of one model round."""
+
+    input: int = 0
+    output: int = 0
+    cached_input: int = 0
+    total: int = 0
+    model: str = ""
+
+    def to_proto(self) -> Usage:
+        """As a `common.v1.Usage` (total defaults to input + output)."""
+        return Usage(
+            input_tokens=self.input,
+            output_tokens=self.output,
+            cached_input_tokens=self.cached_input,
+            total_tokens=self.total or self.input + self.output,
+            model=self.model,
+        )
+
 
 class StreamingSession:
-    """The stream of one run, as the agent sees it.
+    """The stream of one run, as the agent (and the runtime) sees it.
 
     The first terminal call (`complete` or `error`) wins; anything sent after it is dropped
-    and logged, exactly once per kind of mistake.
+    and logged once.
     """
 
-    def __init__(self, sink: EventSink, *, run_id: str, session_id: str, conversation_id: str) -> None:
-        """Send events of run `run_id` to `sink`."""
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        run_id: str,
+        session_id: str,
+        conversation_id: str,
+        streamer: Streamer | None = None,
+    ) -> None:
+        """Send events of run `run_id` to `sink`; `streamer` backs `stream()`."""
         self._sink = sink
+        self._streamer = streamer
         self.run_id = run_id
         """The id of the run this session streams."""
         self.session_id = session_id
@@ -34,6 +70,10 @@ class StreamingSession:
         """The conversation this turn belongs to."""
         self._closed = False
         self._dropped = 0
+
+    def attach_streamer(self, streamer: Streamer) -> None:
+        """For hosts: what `stream()` calls (dispatch attaches its model pipeline here)."""
+        self._streamer = streamer
 
     @property
     def closed(self) -> bool:
@@ -52,9 +92,19 @@ class StreamingSession:
             if self._dropped == 1:
                 log.warning("run %s: dropped %s sent after the terminal event", self.run_id, event.WhichOneof("kind"))
             return
-        if event.WhichOneof("kind") in {"complete", "error"}:
+        if event.WhichOneof("kind") in TERMINAL_KINDS:
             self._closed = True
         await self._sink(event)
+
+    async def stream(self, message: str) -> None:
+        """Answer `message` with the agent's model: its system prompt, tools and policies.
+
+        Streams text, tool events and usage into this session and ends it.
+        """
+        if self._streamer is None:
+            await self.error("No model runtime is attached to this session", code="runtime.unavailable")
+            return
+        await self._streamer(self, message)
 
     async def send(self, text: str) -> None:
         """Stream a chunk of the answer (`streaming-text`)."""
@@ -67,6 +117,10 @@ class StreamingSession:
     async def metadata(self, key: str, value: Any) -> None:
         """Send a key and any JSON-serializable value (`metadata`)."""
         await self.emit(RunEvent(metadata=Metadata(key=key, value_json=json.dumps(value))))
+
+    async def usage(self, usage: TokenUsage) -> None:
+        """Report the tokens of one model round (`usage`)."""
+        await self.emit(RunEvent(usage=usage.to_proto()))
 
     async def complete(self, summary: str | None = None) -> None:
         """End the run successfully (`complete`)."""

@@ -19,6 +19,15 @@ S = TypeVar("S", bound=ServiceSettings)
 log = logging.getLogger("atmosphere.service")
 
 
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """Uvloop when it is installed (every hop of a token costs less), else asyncio's own."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional: not on every platform
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *, service: str) -> int:
     """Read the settings once, then run `serve(settings, stop=...)` until SIGTERM or SIGINT.
 
@@ -49,7 +58,8 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
         await serve(settings, stop=stop)
 
     try:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(main())
     except ConnectError as exc:
         log.error("%s", exc)
         return 2

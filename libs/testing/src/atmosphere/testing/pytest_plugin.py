@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere.bus import NatsBus, connect
+from atmosphere.testing.fake_provider import FakeProvider
 from atmosphere.testing.nats_server import NatsServer
 
 NATS_URL_ENV = "ATMOSPHERE_TEST_NATS_URL"
@@ -47,6 +48,14 @@ def nats_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def fake_provider() -> AsyncIterator[FakeProvider]:
+    """A scripted OpenAI-compatible provider on loopback (see `atmosphere.testing.fake_provider`)."""
+    provider = FakeProvider()
+    async with provider.serving():
+        yield provider
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""Dispatch's settings: the app to serve and how many runs at once."""
+"""Dispatch's settings: the app, concurrency, the model provider (`LLM_*`) and gRPC."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atmosphere.config import WorkerSettings
 
@@ -18,13 +19,51 @@ class DispatchOptions(BaseModel):
     """Runs this instance executes at once; more wait in `ATMO_RUNS` for any free worker."""
     run_ack_wait: float = Field(default=30.0, ge=1)
     """Seconds without a heartbeat after which JetStream hands a run to another worker."""
+    grpc_host: str = "0.0.0.0"
+    """Interface of the gRPC `DispatchService`."""
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
+    """Port of the gRPC `DispatchService` (0 picks a free one; it is shown in the info)."""
+    governance_timeout: float = Field(default=5.0, gt=0)
+    """Seconds to wait for governance; no answer means the request is refused (fail-closed)."""
+    approval_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a tool that needs approval waits for the decision."""
+
+
+class LlmSettings(BaseSettings):
+    """The model provider, with Atmosphere's `LLM_*` names.
+
+    The generation knobs are read as text and sanitized by `generation_options`: a malformed
+    value is logged and ignored instead of stopping the service.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LLM_", frozen=True, extra="ignore", use_attribute_docstrings=True)
+
+    base_url: str = ""
+    """OpenAI-compatible base URL, e.g. `https://api.openai.com/v1`; unset: no model runtime."""
+    api_key: str = ""
+    """Sent as `Authorization: Bearer <key>` when set."""
+    model: str = ""
+    """Model name sent with every request."""
+    temperature: str = ""
+    """Sampling temperature, clamped to [0.0, 2.0]."""
+    max_tokens: str = ""
+    """Most output tokens per model call; non-positive values are ignored."""
+    top_p: str = ""
+    """Nucleus sampling, clamped to [0.0, 1.0]."""
+    stop: str = ""
+    """Comma-separated stop sequences; blank entries are dropped."""
+    connect_timeout: float = Field(default=10.0, gt=0)
+    """Seconds to open a connection to the provider."""
+    stall_timeout: float = Field(default=60.0, gt=0)
+    """Seconds without a byte from the provider before a call counts as stalled."""
 
 
 class DispatchSettings(WorkerSettings):
     """Everything dispatch reads from the environment."""
 
     app: str = "examples.echo:app"
-    """`ATMOSPHERE_APP`: the `module:attribute` of the `atmosphere.sdk.App` to serve."""
+    """`module:attribute` of the `atmosphere.sdk.App` to serve."""
     app_dir: Path = Path()
-    """`ATMOSPHERE_APP_DIR`: put first on `sys.path` before importing the app."""
+    """Directory put first on `sys.path` before importing the app."""
     dispatch: DispatchOptions = DispatchOptions()
+    llm: LlmSettings = Field(default_factory=LlmSettings)

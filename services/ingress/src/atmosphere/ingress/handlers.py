@@ -16,7 +16,7 @@ from atmosphere.bus import Bus, BusError, subjects
 from atmosphere.bus.runs import is_terminal, submit_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, RunEvent, RunRequest
 from atmosphere.ingress.frames import Frame, error_frame, to_frame
 
 log = logging.getLogger("atmosphere.ingress")
@@ -143,6 +143,16 @@ async def stream_run(bus: Bus, request: RunRequest, send: SendFrame) -> None:
                 return
 
 
+async def cancel_run(bus: Bus, run_id: str, reason: str) -> bool:
+    """Ask the worker owning `run_id` to cancel it; False when nobody owns it (or no answer)."""
+    control = Control(run_id=run_id, cancel=Cancel(reason=reason))
+    try:
+        ack = await bus.request(subjects.run_control(run_id), control, ControlAck, timeout=1.0)
+    except BusError:
+        return False
+    return ack.accepted
+
+
 class ClientGoneError(Exception):
     """The client disconnected while a frame was being sent."""
 
@@ -163,19 +173,22 @@ class Connection:
     async def serve(self, receive: Receive, send: SendFrame) -> None:
         """Read prompts until the client leaves; stream each prompt's run concurrently."""
         outbound: asyncio.Queue[Frame] = asyncio.Queue(self.send_queue_frames)
-        runs: set[asyncio.Task[None]] = set()
+        runs: dict[asyncio.Task[None], str] = {}
         writer = asyncio.create_task(self._write(outbound, send))
         try:
             while (raw := await receive()) is not None:
                 self._start(raw, outbound, runs)
         finally:
+            # The client is gone: stop its unfinished runs upstream, then the local streams.
+            unfinished = [run_id for task, run_id in runs.items() if not task.done()]
+            await asyncio.gather(*(cancel_run(self.bus, r, "the client disconnected") for r in unfinished))
             for task in runs:
                 task.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
 
-    def _start(self, raw: str, outbound: asyncio.Queue[Frame], runs: set[asyncio.Task[None]]) -> None:
+    def _start(self, raw: str, outbound: asyncio.Queue[Frame], runs: dict[asyncio.Task[None], str]) -> None:
         try:
             prompt = parse_inbound(raw)
         except InboundError as exc:
@@ -193,8 +206,8 @@ class Connection:
             path=self.path,
         )
         task = asyncio.create_task(self._run(request, outbound))
-        runs.add(task)
-        task.add_done_callback(runs.discard)
+        runs[task] = request.run_id
+        task.add_done_callback(lambda done: runs.pop(done, None))
 
     async def _run(self, request: RunRequest, outbound: asyncio.Queue[Frame]) -> None:
         try:

@@ -1,16 +1,25 @@
-"""Sandbox's wiring."""
+"""Sandbox's wiring: load the app, publish its tools, serve their subjects."""
 
 from __future__ import annotations
 
 import asyncio
 
-from atmosphere.sandbox.handlers import runtime_info
+from atmosphere.bus import subjects
+from atmosphere.sandbox.handlers import ToolHost, descriptors, runtime_info
 from atmosphere.sandbox.settings import SandboxSettings
+from atmosphere.sdk import load_app
 from atmosphere.service import open_service
 
 
 async def serve(settings: SandboxSettings, *, stop: asyncio.Event) -> None:
     """Run sandbox until `stop` is set."""
-    async with open_service("sandbox", settings, info=runtime_info) as runtime:
-        runtime.health.mark_ready()
-        await stop.wait()
+    tools = load_app(settings.app, app_dir=settings.app_dir).tools
+    async with open_service("sandbox", settings, info=lambda: runtime_info(tools)) as runtime:
+        for descriptor in descriptors(tools):
+            await runtime.bus.kv_put(subjects.TOOLS_BUCKET, descriptor.name, descriptor)
+        host = ToolHost(tools)
+        async with runtime.bus.serve(
+            host.router(), queue="sandbox", max_inflight=settings.sandbox.max_concurrent_calls
+        ):
+            runtime.health.mark_ready()
+            await stop.wait()

@@ -16,8 +16,8 @@ class TapeOptions(BaseModel):
 
     db_path: Path | None = None
     """The SQLite file; default `<ATMOSPHERE_DATA_DIR>/tape.db`."""
-    max_concurrent_writes: int = Field(default=64, ge=1)
-    """Events recorded at once (each a small transaction)."""
+    max_concurrent_writes: int = Field(default=512, ge=1)
+    """Events being recorded at once; they are committed together in batches."""
 
 
 class TapeSettings(WorkerSettings):

@@ -99,36 +99,51 @@ class TapeStore:
             await db.commit()
             yield cls(db)
 
-    async def record(self, record: StepRecord) -> bool:
-        """Store one step and update its run, in one transaction; False if already stored."""
-        async with self._write_lock:
-            return await self._record(record)
+    async def record(self, record: StepRecord) -> None:
+        """Store one step and update its run, in one transaction."""
+        await self.record_many([record])
 
-    async def _record(self, record: StepRecord) -> bool:
-        step = record.step
-        await self._db.execute(
-            "INSERT INTO tape_run (run_id, tape_id, session_id, agent, status, started_at, parent_run_id)"
-            " VALUES (?, ?, ?, ?, 'OPEN', ?, ?) ON CONFLICT (run_id) DO NOTHING",
-            (step.run_id, record.tape_id, record.session_id, record.agent, step.ts, record.parent_run_id),
-        )
-        cursor = await self._db.execute(
-            "INSERT OR IGNORE INTO tape_step (run_id, seq, kind, payload, ts) VALUES (?, ?, ?, ?, ?)",
-            (step.run_id, step.seq, step.kind, step.payload, step.ts),
-        )
-        inserted = cursor.rowcount == 1
-        if inserted:
-            await self._db.execute(
-                "UPDATE tape_run SET step_count = step_count + 1, started_at = MIN(started_at, ?) WHERE run_id = ?",
-                (step.ts, step.run_id),
-            )
-            if record.terminal_status is not None:
-                # The first terminal wins: a run that already ended keeps its status.
-                await self._db.execute(
-                    "UPDATE tape_run SET status = ?, ended_at = ? WHERE run_id = ? AND status = 'OPEN'",
-                    (record.terminal_status, step.ts, step.run_id),
+    async def record_many(self, records: list[StepRecord]) -> None:
+        """Store steps in one transaction: a handful of statements per batch, not per step.
+
+        A step already stored (same run and seq) is ignored. Each run's step count is recounted
+        and its earliest timestamp kept; the lowest-seq terminal step sets the status, once.
+        """
+        if not records:
+            return
+        first_of_run: dict[str, StepRecord] = {}
+        for record in records:
+            first_of_run.setdefault(record.step.run_id, record)
+        terminals = sorted((r for r in records if r.terminal_status), key=lambda r: r.step.seq)
+        async with self._write_lock:
+            try:
+                await self._db.executemany(
+                    "INSERT INTO tape_run (run_id, tape_id, session_id, agent, status, started_at, parent_run_id)"
+                    " VALUES (?, ?, ?, ?, 'OPEN', ?, ?) ON CONFLICT (run_id) DO NOTHING",
+                    [
+                        (r.step.run_id, r.tape_id, r.session_id, r.agent, r.step.ts, r.parent_run_id)
+                        for r in first_of_run.values()
+                    ],
                 )
-        await self._db.commit()
-        return inserted
+                await self._db.executemany(
+                    "INSERT OR IGNORE INTO tape_step (run_id, seq, kind, payload, ts) VALUES (?, ?, ?, ?, ?)",
+                    [(r.step.run_id, r.step.seq, r.step.kind, r.step.payload, r.step.ts) for r in records],
+                )
+                await self._db.executemany(
+                    "UPDATE tape_run SET step_count = (SELECT COUNT(*) FROM tape_step WHERE tape_step.run_id = ?),"
+                    " started_at = MIN(started_at, (SELECT MIN(ts) FROM tape_step WHERE tape_step.run_id = ?))"
+                    " WHERE run_id = ?",
+                    [(run_id, run_id, run_id) for run_id in first_of_run],
+                )
+                # The first terminal wins: a run that already ended keeps its status.
+                await self._db.executemany(
+                    "UPDATE tape_run SET status = ?, ended_at = ? WHERE run_id = ? AND status = 'OPEN'",
+                    [(r.terminal_status, r.step.ts, r.step.run_id) for r in terminals],
+                )
+            except BaseException:
+                await self._db.rollback()
+                raise
+            await self._db.commit()
 
     async def run(self, run_id: str) -> RunRow | None:
         """The run `run_id`, or None."""

@@ -110,8 +110,8 @@ Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
 class RunEvent(_message.Message):
     """Everything a run produces, in order. Published on `atmo.run.<run_id>.evt` and captured by
     stream `ATMO_EVENTS`. `seq` starts at 1 and has one writer per run: the submitter writes
-    seq 1 (the run-id `metadata` event), the dispatch worker owning the run writes the rest.
-    `Nats-Msg-Id` = "<run_id>:<seq>", so a re-published event is stored once.
+    seq 1 (the run-id `metadata` event), the dispatch worker owning the run writes the rest; a
+    run re-driven after a worker died continues after the last stored seq.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

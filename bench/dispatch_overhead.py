@@ -1,0 +1,251 @@
+"""What dispatch adds between a client and the model: gRPC `Run` versus the provider directly.
+
+Both arms stream from the same scripted provider, whose tokens carry their send time in ns, so
+each token's latency is measured end to end on one clock. The system under test runs as real
+processes: nats-server, governance, tape and dispatch (with `LLM_BASE_URL` at the provider).
+Arms are interleaved in shuffled rounds at 1 and 16 concurrent streams; the report is the
+median over rounds of the per-round difference (gRPC minus direct) of p50 and p99.
+
+Targets (issue 3): added time-to-first-token p50 <= 3 ms and added per-token p50 <= 0.5 ms at
+16 streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+
+from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
+from atmosphere.service import loop_factory
+from atmosphere.testing import NatsServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS = 20
+TOKEN_GAP = 0.005
+
+
+@dataclass
+class Sample:
+    ttft_ms: float
+    token_ms: list[float]
+
+
+@dataclass
+class ArmStats:
+    name: str
+    ttft_p50: list[float] = field(default_factory=list)
+    ttft_p99: list[float] = field(default_factory=list)
+    token_p50: list[float] = field(default_factory=list)
+    token_p99: list[float] = field(default_factory=list)
+
+    def add(self, samples: list[Sample]) -> None:
+        ttft = [s.ttft_ms for s in samples]
+        tokens = [t for s in samples for t in s.token_ms]
+        self.ttft_p50.append(percentile(ttft, 50))
+        self.ttft_p99.append(percentile(ttft, 99))
+        self.token_p50.append(percentile(tokens, 50))
+        self.token_p99.append(percentile(tokens, 99))
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def direct_stream(client: httpx.AsyncClient, base_url: str) -> Sample:
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    started = time.perf_counter_ns()
+    first: float | None = None
+    latencies: list[float] = []
+    async with client.stream("POST", f"{base_url}/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            now = time.time_ns()
+            for choice in json.loads(line[6:]).get("choices", []):
+                content = choice.get("delta", {}).get("content")
+                if content:
+                    if first is None:
+                        first = (time.perf_counter_ns() - started) / 1e6
+                    latencies.append((now - int(content)) / 1e6)
+    assert first is not None
+    return Sample(first, latencies)
+
+
+async def grpc_stream(stub: dispatch_pb2_grpc.DispatchServiceStub) -> Sample:
+    started = time.perf_counter_ns()
+    first: float | None = None
+    latencies: list[float] = []
+    async for response in stub.Run(dispatch_pb2.RunRequest(agent="assistant", message="go")):
+        event = response.event
+        if event.WhichOneof("kind") == "text_delta":
+            now = time.time_ns()
+            if first is None:
+                first = (time.perf_counter_ns() - started) / 1e6
+            latencies.append((now - int(event.text_delta.text)) / 1e6)
+        elif event.WhichOneof("kind") == "error":
+            raise RuntimeError(event.error.message)
+    assert first is not None, "no text arrived"
+    return Sample(first, latencies)
+
+
+async def block(run_one: Callable[[], Awaitable[Sample]], concurrency: int, streams: int) -> list[Sample]:
+    samples: list[Sample] = []
+    for _ in range(max(1, streams // concurrency)):
+        samples += await asyncio.gather(*(run_one() for _ in range(concurrency)))
+    return samples
+
+
+@contextlib.contextmanager
+def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> Iterator[None]:
+    env = {
+        **os.environ,
+        "ATMOSPHERE_NATS__URL": nats_url,
+        "ATMOSPHERE_DATA_DIR": str(data),
+        "ATMOSPHERE_APP": "examples.assistant:app",
+        "ATMOSPHERE_APP_DIR": str(ROOT),
+        "ATMOSPHERE_LOG__LEVEL": "WARNING",
+        "ATMOSPHERE_PROBE_PORT": "0",
+        "LLM_BASE_URL": provider_url,
+        "LLM_MODEL": "fake-model",
+        "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
+        "ATMOSPHERE_DISPATCH__GRPC_PORT": str(grpc_port),
+        "ATMOSPHERE_DISPATCH__MAX_CONCURRENT_RUNS": "32",
+    }
+    children = [
+        subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env)
+        for name in os.environ.get("BENCH_SERVICES", "governance,tape,dispatch").split(",")
+    ]
+    try:
+        yield
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait(15)
+
+
+@contextlib.contextmanager
+def fake_upstream() -> Iterator[str]:
+    """The scripted provider in a process of its own, so it never competes with the clients."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atmosphere.testing.fake_provider",
+            "--port",
+            str(port),
+            "--tokens",
+            str(TOKENS),
+            "--chunk-delay",
+            str(TOKEN_GAP),
+            "--timestamps",
+        ]
+    )
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def system(scratch: Path) -> AsyncIterator[tuple[str, dispatch_pb2_grpc.DispatchServiceStub]]:
+    server = NatsServer(scratch / "nats").start()
+    grpc_port = free_port()
+    try:
+        with fake_upstream() as provider_url, processes(server.url, provider_url, scratch / "data", grpc_port):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        await grpc_stream(stub)
+                        break
+                    except (grpc.aio.AioRpcError, RuntimeError, AssertionError):
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.5)
+                yield provider_url, stub
+    finally:
+        server.stop()
+
+
+def report(concurrency: int, direct: ArmStats, via: ArmStats) -> dict[str, float]:
+    def added(a: list[float], b: list[float]) -> float:
+        return statistics.median(y - x for x, y in zip(a, b, strict=True))
+
+    result = {
+        "ttft_p50": added(direct.ttft_p50, via.ttft_p50),
+        "ttft_p99": added(direct.ttft_p99, via.ttft_p99),
+        "token_p50": added(direct.token_p50, via.token_p50),
+        "token_p99": added(direct.token_p99, via.token_p99),
+    }
+    print(f"\n{concurrency} concurrent stream(s), median of {len(direct.ttft_p50)} rounds (ms)")
+    print(f"  {'':24}{'TTFT p50':>10}{'TTFT p99':>10}{'token p50':>11}{'token p99':>11}")
+    for arm in (direct, via):
+        print(
+            f"  {arm.name:<24}{statistics.median(arm.ttft_p50):10.2f}{statistics.median(arm.ttft_p99):10.2f}"
+            f"{statistics.median(arm.token_p50):11.3f}{statistics.median(arm.token_p99):11.3f}"
+        )
+    print(
+        f"  {'added by dispatch':<24}{result['ttft_p50']:+10.2f}{result['ttft_p99']:+10.2f}"
+        f"{result['token_p50']:+11.3f}{result['token_p99']:+11.3f}"
+    )
+    return result
+
+
+async def main(rounds: int, streams: int) -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        async with (
+            system(Path(scratch)) as (provider_url, stub),
+            httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client,
+        ):
+            results: dict[int, dict[str, float]] = {}
+            for concurrency in (1, 16):
+                direct, via = ArmStats("provider directly"), ArmStats("gRPC Run via dispatch")
+                arms: list[tuple[ArmStats, Callable[[], Awaitable[Sample]]]] = [
+                    (direct, lambda: direct_stream(client, provider_url)),
+                    (via, lambda: grpc_stream(stub)),
+                ]
+                for index in range(rounds + 1):  # the first round warms up and is discarded
+                    random.shuffle(arms)
+                    for stats, run_one in arms:
+                        samples = await block(run_one, concurrency, max(streams, concurrency))
+                        if index:
+                            stats.add(samples)
+                results[concurrency] = report(concurrency, direct, via)
+    at16 = results[16]
+    print(
+        f"\ntargets at 16 streams: added TTFT p50 <= 3 ms: {'PASS' if at16['ttft_p50'] <= 3 else 'FAIL'}"
+        f" ({at16['ttft_p50']:+.2f}); added per-token p50 <= 0.5 ms:"
+        f" {'PASS' if at16['token_p50'] <= 0.5 else 'FAIL'} ({at16['token_p50']:+.3f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--streams", type=int, default=32, help="streams per arm per round")
+    args = parser.parse_args()
+    # The clients of both arms run on the same loop as the services do (uvloop when installed).
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        raise SystemExit(runner.run(main(args.rounds, args.streams)))

@@ -1,0 +1,65 @@
+"""`AiRequest` (what goes to the model) and `AiInterceptor` (how to change it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of the conversation as the model sees it."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class AiRequest:
+    """One model request before it is sent: immutable, changed through `with_*` copies."""
+
+    message: str
+    system_prompt: str = ""
+    history: tuple[ChatMessage, ...] = ()
+    model: str | None = None
+    """Overrides `LLM_MODEL` for this request."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    response_format: type[BaseModel] | None = None
+    """Ask for structured output validated against this model."""
+
+    def with_message(self, message: str) -> AiRequest:
+        """A copy with another user message."""
+        return replace(self, message=message)
+
+    def with_system_prompt(self, system_prompt: str) -> AiRequest:
+        """A copy with another system prompt."""
+        return replace(self, system_prompt=system_prompt)
+
+    def with_metadata(self, **values: Any) -> AiRequest:
+        """A copy with more metadata."""
+        return replace(self, metadata={**self.metadata, **values})
+
+    def messages(self) -> list[ChatMessage]:
+        """System prompt, history and the user message, in order."""
+        head = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
+        return [*head, *self.history, ChatMessage("user", self.message)]
+
+
+class AiInterceptor:
+    """Cross-cutting changes to requests around the model call.
+
+    `pre_process` runs first-to-last before the model call, `post_process` last-to-first after
+    it (Atmosphere's FIFO/LIFO convention).
+    """
+
+    async def pre_process(self, request: AiRequest) -> AiRequest:
+        """Return the request to send (the default changes nothing)."""
+        return request
+
+    async def post_process(self, request: AiRequest, response: str) -> None:
+        """Observe the final answer text (the default does nothing)."""

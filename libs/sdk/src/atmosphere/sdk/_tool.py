@@ -1,0 +1,227 @@
+"""`@tool`: a Python function the model may call, with a JSON schema built at import time."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, ParamSpec, TypeVar, cast, get_type_hints, overload
+
+import pydantic
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolKind as ProtoToolKind
+from atmosphere.sdk._docstrings import parse_docstring
+from atmosphere.sdk.errors import UserError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+DEFAULT_TOOL_TIMEOUT = 60.0
+"""Seconds a tool call may take unless the tool sets its own `timeout`."""
+
+
+class ToolKind(Enum):
+    """What a tool does to the world; governance and approvals key on it."""
+
+    OTHER = "other"
+    READ = "read"
+    EDIT = "edit"
+    DELETE = "delete"
+    EXECUTE = "execute"
+
+    def to_proto(self) -> int:
+        """The `tool.v1.ToolKind` value."""
+        return {
+            ToolKind.OTHER: ProtoToolKind.TOOL_KIND_UNSPECIFIED,
+            ToolKind.READ: ProtoToolKind.TOOL_KIND_READ,
+            ToolKind.EDIT: ProtoToolKind.TOOL_KIND_EDIT,
+            ToolKind.DELETE: ProtoToolKind.TOOL_KIND_DELETE,
+            ToolKind.EXECUTE: ProtoToolKind.TOOL_KIND_EXECUTE,
+        }[self]
+
+
+class ToolArgumentsError(ValueError):
+    """The model sent arguments that do not fit the tool's schema."""
+
+    def __init__(self, tool: str, details: list[str]) -> None:
+        self.tool = tool
+        self.details = details
+        super().__init__(f"invalid arguments for {tool}: {'; '.join(details)}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Tool(Generic[P, R]):
+    """A tool: still callable as the original function, plus what the model needs to call it."""
+
+    func: Callable[P, R | Awaitable[R]]
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """The JSON schema of the arguments object."""
+    arguments_model: type[BaseModel] = field(repr=False)
+    kind: ToolKind = ToolKind.OTHER
+    timeout: float = DEFAULT_TOOL_TIMEOUT
+    requires_approval: bool = False
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R | Awaitable[R]:
+        """Call the underlying function directly."""
+        return self.func(*args, **kwargs)
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Coerce and check `arguments` against the schema; `ToolArgumentsError` otherwise."""
+        try:
+            parsed = self.arguments_model.model_validate(arguments)
+        except pydantic.ValidationError as exc:
+            details = [f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()]
+            raise ToolArgumentsError(self.name, details) from None
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+    async def invoke(self, arguments: dict[str, Any]) -> str:
+        """Validate, call (a sync function runs in a thread) and render the result as text."""
+        values = self.validate(arguments)
+        func = cast(Callable[..., Any], self.func)
+        if inspect.iscoroutinefunction(func):
+            result = await func(**values)
+        else:
+            result = await asyncio.to_thread(func, **values)
+        return render_result(result)
+
+    def descriptor(self, *, provider: str = "sandbox") -> ToolDescriptor:
+        """The protobuf descriptor published to `ATMO_TOOLS`."""
+        return ToolDescriptor(
+            name=self.name,
+            description=self.description,
+            parameters_json_schema=pydantic_core.to_json(self.parameters).decode(),
+            kind=self.kind.to_proto(),  # type: ignore[arg-type]
+            timeout_seconds=self.timeout,
+            provider=provider,
+        )
+
+
+def render_result(result: Any) -> str:
+    """What the model sees: strings as they are, `None` as "null", anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    if result is None:
+        return "null"
+    return pydantic_core.to_json(result, fallback=str).decode()
+
+
+def _strip_titles(schema: Any) -> Any:
+    # pydantic adds a "title" to everything; the model needs names and descriptions only.
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items() if k != "title" or not isinstance(v, str)}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+def _build(
+    func: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    kind: ToolKind,
+    timeout: float | None,
+    requires_approval: bool,
+) -> Tool[Any, Any]:
+    tool_name = name or func.__name__
+    if not _NAME.fullmatch(tool_name):
+        msg = f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'"
+        raise UserError(msg)
+    summary, arg_docs = parse_docstring(func.__doc__)
+    try:
+        hints = get_type_hints(func)
+    except Exception as exc:
+        msg = f"@tool {func.__qualname__}: cannot resolve its annotations: {exc}"
+        raise UserError(msg) from exc
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            msg = f"@tool {func.__qualname__}: *args and **kwargs cannot be described to a model"
+            raise UserError(msg)
+        if param.name not in hints:
+            msg = f"@tool {func.__qualname__}: parameter {param.name!r} needs a type annotation"
+            raise UserError(msg)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hints[param.name], Field(default, description=arg_docs.get(param.name)))
+    try:
+        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        parameters = _strip_titles(model.model_json_schema())
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as exc:
+        msg = f"@tool {func.__qualname__}: its parameters cannot be described as JSON schema: {exc}"
+        raise UserError(msg) from exc
+    if timeout is not None and timeout <= 0:
+        msg = f"@tool {func.__qualname__}: timeout must be positive"
+        raise UserError(msg)
+    text = description if description is not None else summary
+    if not text:
+        msg = f"@tool {func.__qualname__} needs a description (a docstring or description=...)"
+        raise UserError(msg)
+    return Tool(
+        func=func,
+        name=tool_name,
+        description=text,
+        parameters=parameters,
+        arguments_model=model,
+        kind=kind,
+        timeout=timeout if timeout is not None else DEFAULT_TOOL_TIMEOUT,
+        requires_approval=requires_approval,
+    )
+
+
+@overload
+def tool(func: Callable[P, R], /) -> Tool[P, R]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    kind: ToolKind = ToolKind.OTHER,
+    timeout: float | None = None,
+    requires_approval: bool = False,
+) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
+
+
+def tool(
+    func: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    kind: ToolKind = ToolKind.OTHER,
+    timeout: float | None = None,
+    requires_approval: bool = False,
+) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
+    """Declare a tool, bare (`@tool`) or with options (`@tool(timeout=5)`).
+
+    The arguments' JSON schema comes from the signature (every parameter needs a type
+    annotation) and the Google-style docstring (`Args:` gives each parameter's description).
+    Misuse raises `UserError` at import time.
+    """
+
+    def decorate(target: Callable[P, R]) -> Tool[P, R]:
+        return cast(
+            Tool[P, R],
+            _build(
+                target,
+                name=name,
+                description=description,
+                kind=kind,
+                timeout=timeout,
+                requires_approval=requires_approval,
+            ),
+        )
+
+    if func is not None:
+        return decorate(func)
+    return decorate

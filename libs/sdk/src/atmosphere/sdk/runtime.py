@@ -1,0 +1,155 @@
+"""The `AgentRuntime` SPI: how dispatch drives a model framework for one run.
+
+Runtimes are discovered through the entry-point group `atmosphere.runtimes`; among those whose
+`is_available()` is true, the highest `priority` wins. A runtime streams through the
+`StreamingSession` it is given, calls tools only through `ctx.run_tool` (the one choke point
+that governs, times out, journals and reports every tool call), reports usage with
+`session.usage()`, and must be cancellable: when dispatch cancels the task running `execute`,
+every upstream request is closed as the cancellation unwinds.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+from atmosphere.sdk._capability import AiCapability
+from atmosphere.sdk._policies import RetryPolicy, ToolLoopPolicy
+from atmosphere.sdk._request import AiRequest
+from atmosphere.sdk._session import StreamingSession
+from atmosphere.sdk._tool import DEFAULT_TOOL_TIMEOUT, Tool, ToolKind
+
+ENTRY_POINT_GROUP = "atmosphere.runtimes"
+
+log = logging.getLogger("atmosphere.sdk")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as a runtime offers it to the model."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    kind: ToolKind = ToolKind.OTHER
+    timeout: float = DEFAULT_TOOL_TIMEOUT
+    requires_approval: bool = False
+
+    @classmethod
+    def of(cls, tool: Tool[Any, Any]) -> ToolSpec:
+        """The spec of an SDK `Tool`."""
+        return cls(
+            name=tool.name,
+            description=tool.description,
+            parameters=tool.parameters,
+            kind=tool.kind,
+            timeout=tool.timeout,
+            requires_approval=tool.requires_approval,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """A tool call the model asked for."""
+
+    call_id: str
+    name: str
+    arguments_json: str
+
+
+ToolRunner = Callable[[ToolCallRequest], Awaitable[str]]
+"""Runs one tool call through dispatch's choke point and returns the text for the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """Sampling knobs; `None` leaves the provider's default (and the request body) untouched."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """How a runtime reaches its model provider (dispatch builds it from `LLM_*`)."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = ""
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
+    connect_timeout: float = 10.0
+    stall_timeout: float = 60.0
+    """Seconds without a byte from the provider before the call counts as stalled."""
+    max_concurrency: int = 16
+    """Concurrent model calls this process makes (sizes the connection pool)."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Settings for third-party runtimes."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentExecutionContext:
+    """Everything a runtime needs for one run."""
+
+    run_id: str
+    agent: str
+    conversation_id: str
+    request: AiRequest
+    tools: tuple[ToolSpec, ...] = ()
+    run_tool: ToolRunner | None = None
+    tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
+    retry: RetryPolicy = RetryPolicy.DEFAULT
+    structured_output_retries: int = 0
+
+
+class AgentRuntime(abc.ABC):
+    """One way of running a model for an agent."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        """Create the runtime; it may open connections lazily."""
+        self.config = config
+
+    @abc.abstractmethod
+    def is_available(self) -> bool:
+        """Whether this runtime can serve requests with its configuration."""
+
+    @abc.abstractmethod
+    def capabilities(self) -> frozenset[AiCapability]:
+        """What it can do: each flag must be pinned by the runtime contract suite."""
+
+    @abc.abstractmethod
+    async def execute(self, ctx: AgentExecutionContext, session: StreamingSession) -> None:
+        """Run one request, streaming into `session` and ending it with `complete` or `error`."""
+
+    async def list_models(self) -> list[str]:
+        """The provider's models (runtimes declaring `MODEL_ENUMERATION`)."""
+        return []
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release connections (called once when dispatch stops)."""
+
+
+def discover_runtimes(config: RuntimeConfig) -> list[AgentRuntime]:
+    """Instantiate every runtime registered under `atmosphere.runtimes`."""
+    runtimes: list[AgentRuntime] = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = entry.load()
+            runtimes.append(cls(config))
+        except Exception:
+            log.exception("runtime %s failed to load; skipping it", entry.name)
+    return runtimes
+
+
+def resolve_runtime(runtimes: Iterable[AgentRuntime]) -> AgentRuntime | None:
+    """The highest-priority available runtime, or None."""
+    available = [r for r in runtimes if r.is_available()]
+    return max(available, key=lambda r: r.priority, default=None)

@@ -1,0 +1,346 @@
+"""The contract every `AgentRuntime` passes, pinning each capability it declares.
+
+Subclass `AgentRuntimeContract` in the runtime's tests and implement `make_runtime`; the suite
+drives the runtime against the scripted `FakeProvider`. A capability may be declared only if
+this suite has a test for it (`CAPABILITY_TESTS`), and every declared capability's tests run:
+runtime truth, checked.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import time
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.sdk import AiCapability, AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
+from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest, ToolSpec
+from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+
+FAST_RETRY = RetryPolicy(max_retries=2, initial_delay=0.01, max_delay=1.0)
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Current weather for a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+TIME = ToolSpec(
+    name="get_time",
+    description="Local time in a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+
+
+class City(BaseModel):
+    """A structured answer used by the structured-output tests."""
+
+    city: str
+    temperature: float
+
+
+class Recorder:
+    """A session that keeps every event, and a tool runner that records its calls."""
+
+    def __init__(self, tool_results: dict[str, str] | None = None, tool_delay: float = 0.0) -> None:
+        self.events: list[RunEvent] = []
+        self.tool_calls: list[ToolCallRequest] = []
+        self._results = tool_results or {}
+        self._delay = tool_delay
+
+        async def sink(event: RunEvent) -> None:
+            self.events.append(event)
+
+        self.session = StreamingSession(sink, run_id="r1", session_id="s1", conversation_id="c1")
+
+    async def run_tool(self, call: ToolCallRequest) -> str:
+        self.tool_calls.append(call)
+        if self._delay:
+            await asyncio.sleep(self._delay)
+        return self._results.get(call.name, f"result of {call.name}")
+
+    def kinds(self) -> list[str]:
+        return [e.WhichOneof("kind") or "" for e in self.events]
+
+    def text(self) -> str:
+        return "".join(e.text_delta.text for e in self.events if e.WhichOneof("kind") == "text_delta")
+
+    def terminal(self) -> RunEvent:
+        assert self.events, "no events"
+        last = self.events[-1]
+        assert last.WhichOneof("kind") in {"complete", "error"}, self.kinds()
+        return last
+
+
+def context(recorder: Recorder, request: AiRequest, **overrides: Any) -> AgentExecutionContext:
+    values: dict[str, Any] = {
+        "run_id": "r1",
+        "agent": "contract",
+        "conversation_id": "c1",
+        "request": request,
+        "run_tool": recorder.run_tool,
+        "retry": FAST_RETRY,
+    }
+    values.update(overrides)
+    return AgentExecutionContext(**values)
+
+
+class AgentRuntimeContract(abc.ABC):
+    """Inherit in a test class; set `expected_capabilities` and implement `make_runtime`."""
+
+    expected_capabilities: ClassVar[frozenset[AiCapability]]
+
+    CAPABILITY_TESTS: ClassVar[dict[AiCapability, tuple[str, ...]]] = {
+        AiCapability.TEXT_STREAMING: ("test_text_streams_in_pieces_then_completes",),
+        AiCapability.SYSTEM_PROMPT: ("test_the_system_prompt_goes_first",),
+        AiCapability.CONVERSATION_MEMORY: ("test_history_is_sent_in_order",),
+        AiCapability.TOKEN_USAGE: ("test_usage_is_reported",),
+        AiCapability.TOOL_CALLING: (
+            "test_tool_calls_round_trip",
+            "test_parallel_tool_calls_run_concurrently",
+            "test_a_strict_tool_loop_fails_at_its_cap",
+            "test_a_lenient_tool_loop_answers_without_tools",
+        ),
+        AiCapability.TOOL_CALL_DELTA: ("test_tool_call_arguments_stream_as_deltas",),
+        AiCapability.PER_REQUEST_RETRY: (
+            "test_rate_limits_are_retried_honoring_retry_after",
+            "test_a_bad_request_is_not_retried",
+        ),
+        AiCapability.CANCELLATION: ("test_cancelling_closes_the_upstream_request",),
+        AiCapability.STRUCTURED_OUTPUT: ("test_structured_output_heals_and_fails_closed",),
+        AiCapability.NATIVE_STRUCTURED_OUTPUT: ("test_native_structured_output_with_fallback",),
+        AiCapability.MODEL_ENUMERATION: ("test_models_are_listed",),
+    }
+
+    @abc.abstractmethod
+    def make_runtime(self, config: RuntimeConfig) -> AgentRuntime:
+        """A runtime talking to the fake provider at `config.base_url`."""
+
+    def runtime_for(self, provider: FakeProvider) -> AgentRuntime:
+        return self.make_runtime(RuntimeConfig(base_url=provider.base_url, model="fake-model", stall_timeout=5.0))
+
+    def require(self, capability: AiCapability) -> None:
+        if capability not in self.expected_capabilities:
+            pytest.skip(f"{capability.value} is not declared by this runtime")
+
+    async def run(
+        self, provider: FakeProvider, request: AiRequest, recorder: Recorder | None = None, **overrides: Any
+    ) -> Recorder:
+        recorder = recorder or Recorder()
+        runtime = self.runtime_for(provider)
+        try:
+            await runtime.execute(context(recorder, request, **overrides), recorder.session)
+        finally:
+            await runtime.aclose()
+        return recorder
+
+    # -- declarations ------------------------------------------------------------------------
+
+    async def test_declares_exactly_the_expected_capabilities(self, fake_provider: FakeProvider) -> None:
+        runtime = self.runtime_for(fake_provider)
+        assert runtime.is_available()
+        assert runtime.capabilities() == self.expected_capabilities
+
+    def test_every_declared_capability_is_pinned_by_a_test(self) -> None:
+        unpinned = [c.value for c in self.expected_capabilities if c not in self.CAPABILITY_TESTS]
+        assert not unpinned, f"declared without a contract test: {unpinned}"
+        for tests in self.CAPABILITY_TESTS.values():
+            for name in tests:
+                assert callable(getattr(self, name, None)), name
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    async def test_text_streams_in_pieces_then_completes(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TEXT_STREAMING)
+        fake_provider.script(Reply.text("Hello brave new world"))
+        recorder = await self.run(fake_provider, AiRequest(message="hi"))
+        assert recorder.text() == "Hello brave new world"
+        assert recorder.kinds().count("text_delta") >= 2
+        assert recorder.terminal().WhichOneof("kind") == "complete"
+        assert fake_provider.requests[0]["stream"] is True
+
+    async def test_the_system_prompt_goes_first(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.SYSTEM_PROMPT)
+        fake_provider.script(Reply.text("ok"))
+        await self.run(fake_provider, AiRequest(message="hi", system_prompt="Be brief."))
+        messages = fake_provider.requests[0]["messages"]
+        assert messages[0] == {"role": "system", "content": "Be brief."}
+        assert messages[-1] == {"role": "user", "content": "hi"}
+
+    async def test_history_is_sent_in_order(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.CONVERSATION_MEMORY)
+        fake_provider.script(Reply.text("Paris"))
+        history = (ChatMessage("user", "I live in France."), ChatMessage("assistant", "Noted."))
+        await self.run(fake_provider, AiRequest(message="Capital?", history=history))
+        assert fake_provider.requests[0]["messages"] == [
+            {"role": "user", "content": "I live in France."},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "Capital?"},
+        ]
+
+    async def test_usage_is_reported(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOKEN_USAGE)
+        fake_provider.script(Reply.text("ok", usage=(12, 3)))
+        recorder = await self.run(fake_provider, AiRequest(message="hi"))
+        [usage] = [e.usage for e in recorder.events if e.WhichOneof("kind") == "usage"]
+        assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (12, 3, 15)
+        assert recorder.kinds().index("usage") < recorder.kinds().index("complete")
+
+    # -- tools -------------------------------------------------------------------------------
+
+    async def test_tool_calls_round_trip(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOOL_CALLING)
+        fake_provider.script(
+            Reply.tools(ToolCallScript("get_weather", {"city": "Paris"}, call_id="call_w")),
+            Reply.text("It is sunny in Paris."),
+        )
+        recorder = Recorder({"get_weather": "sunny, 22C"})
+        await self.run(fake_provider, AiRequest(message="Weather in Paris?"), recorder, tools=(WEATHER,))
+        [call] = recorder.tool_calls
+        assert (call.name, json.loads(call.arguments_json), call.call_id) == (
+            "get_weather",
+            {"city": "Paris"},
+            "call_w",
+        )
+        first, second = fake_provider.requests
+        assert first["tools"][0]["function"]["name"] == "get_weather"
+        assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_w", "content": "sunny, 22C"}
+        assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert recorder.text() == "It is sunny in Paris."
+        assert recorder.terminal().WhichOneof("kind") == "complete"
+
+    async def test_parallel_tool_calls_run_concurrently(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOOL_CALLING)
+        fake_provider.script(
+            Reply.tools(ToolCallScript("get_weather", {"city": "Oslo"}), ToolCallScript("get_time", {"city": "Oslo"})),
+            Reply.text("Cold, and late."),
+        )
+        recorder = Recorder(tool_delay=0.4)
+        started = time.monotonic()
+        await self.run(fake_provider, AiRequest(message="Oslo?"), recorder, tools=(WEATHER, TIME))
+        assert sorted(c.name for c in recorder.tool_calls) == ["get_time", "get_weather"]
+        assert time.monotonic() - started < 0.75, "two 0.4 s tools ran one after the other"
+        assert len(fake_provider.requests[1]["messages"]) == 4  # user, assistant(tool calls), 2 tool results
+
+    async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOOL_CALLING)
+        fake_provider.script(*[Reply.tools(ToolCallScript("get_weather", {"city": "X"})) for _ in range(3)])
+        recorder = await self.run(
+            fake_provider, AiRequest(message="loop"), tools=(WEATHER,), tool_loop=ToolLoopPolicy.strict(2)
+        )
+        terminal = recorder.terminal()
+        assert terminal.error.message == "Tool loop exhausted after 2 iterations"
+        assert len(recorder.tool_calls) == 2
+
+    async def test_a_lenient_tool_loop_answers_without_tools(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOOL_CALLING)
+        fake_provider.script(
+            Reply.tools(ToolCallScript("get_weather", {"city": "X"})),
+            Reply.tools(ToolCallScript("get_weather", {"city": "Y"})),
+            Reply.text("Best I can say."),
+        )
+        recorder = await self.run(
+            fake_provider, AiRequest(message="loop"), tools=(WEATHER,), tool_loop=ToolLoopPolicy.max_iterations(1)
+        )
+        assert "tools" not in fake_provider.requests[2]
+        assert recorder.text() == "Best I can say."
+        assert recorder.terminal().WhichOneof("kind") == "complete"
+
+    async def test_tool_call_arguments_stream_as_deltas(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.TOOL_CALL_DELTA)
+        arguments = {"city": "San Francisco, California"}
+        fake_provider.script(Reply.tools(ToolCallScript("get_weather", arguments, call_id="c9")), Reply.text("ok"))
+        recorder = await self.run(fake_provider, AiRequest(message="?"), tools=(WEATHER,))
+        deltas = [e.tool_call_delta for e in recorder.events if e.WhichOneof("kind") == "tool_call_delta"]
+        assert len(deltas) > 1
+        assert {d.call_id for d in deltas} == {"c9"}
+        assert json.loads("".join(d.arguments_fragment for d in deltas)) == arguments
+
+    # -- failures ----------------------------------------------------------------------------
+
+    async def test_rate_limits_are_retried_honoring_retry_after(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.PER_REQUEST_RETRY)
+        fake_provider.script(Reply.error(429, retry_after=0.3), Reply.error(503), Reply.text("Finally."))
+        started = time.monotonic()
+        recorder = await self.run(fake_provider, AiRequest(message="hi"))
+        assert time.monotonic() - started >= 0.3
+        assert recorder.text() == "Finally."
+        assert recorder.kinds().count("complete") == 1
+        assert "error" not in recorder.kinds()
+        assert len(fake_provider.requests) == 3
+
+    async def test_a_bad_request_is_not_retried(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.PER_REQUEST_RETRY)
+        fake_provider.script(Reply.error(400, message="bad temperature"), Reply.text("never"))
+        recorder = await self.run(fake_provider, AiRequest(message="hi"))
+        assert recorder.terminal().error.message == "API returned 400: bad temperature"
+        assert len(fake_provider.requests) == 1
+
+    async def test_cancelling_closes_the_upstream_request(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.CANCELLATION)
+        fake_provider.script(Reply.stalled("Thinking", seconds=30))
+        recorder = Recorder()
+        runtime = self.runtime_for(fake_provider)
+        task = asyncio.create_task(runtime.execute(context(recorder, AiRequest(message="hi")), recorder.session))
+        try:
+            for _ in range(200):
+                if recorder.text():
+                    break
+                await asyncio.sleep(0.01)
+            assert recorder.text() == "Thinking"
+            cancelled_at = time.monotonic()
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+            await asyncio.wait_for(fake_provider.disconnected.wait(), 1.0)
+            assert time.monotonic() - cancelled_at < 1.0
+        finally:
+            await runtime.aclose()
+
+    # -- structure ---------------------------------------------------------------------------
+
+    async def test_structured_output_heals_and_fails_closed(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.STRUCTURED_OUTPUT)
+        fake_provider.script(Reply.text('{"city": "Paris"}'), Reply.text('{"city": "Paris", "temperature": 21.5}'))
+        recorder = await self.run(
+            fake_provider, AiRequest(message="Weather?", response_format=City), structured_output_retries=1
+        )
+        [entity] = [e.entity_complete for e in recorder.events if e.WhichOneof("kind") == "entity_complete"]
+        assert json.loads(entity.entity_json) == {"city": "Paris", "temperature": 21.5}
+        assert recorder.terminal().WhichOneof("kind") == "complete"
+        assert "temperature" in fake_provider.requests[1]["messages"][-1]["content"]  # the reprompt names the error
+
+        fake_provider.script(Reply.text("not json at all"))
+        recorder = await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
+        assert recorder.terminal().error.message.startswith("structured output did not match schema after 1 attempt(s)")
+        assert "entity_complete" not in recorder.kinds()
+
+    async def test_native_structured_output_with_fallback(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.NATIVE_STRUCTURED_OUTPUT)
+        fake_provider.script(Reply.text('{"city": "Rome", "temperature": 30}'))
+        await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
+        assert fake_provider.requests[0]["response_format"]["type"] == "json_schema"
+
+        fake_provider.script(
+            Reply.error(400, message="response_format is not supported"),
+            Reply.text('{"city": "Rome", "temperature": 30}'),
+        )
+        recorder = await self.run(
+            fake_provider, AiRequest(message="Weather?", system_prompt="Be exact.", response_format=City)
+        )
+        fallback = fake_provider.requests[-1]
+        assert "response_format" not in fallback
+        assert fallback["messages"][0]["content"].startswith("Be exact.")
+        assert "JSON schema" in fallback["messages"][0]["content"]
+        assert recorder.terminal().WhichOneof("kind") == "complete"
+
+    async def test_models_are_listed(self, fake_provider: FakeProvider) -> None:
+        self.require(AiCapability.MODEL_ENUMERATION)
+        runtime = self.runtime_for(fake_provider)
+        try:
+            assert await runtime.list_models() == list(fake_provider.models)
+        finally:
+            await runtime.aclose()

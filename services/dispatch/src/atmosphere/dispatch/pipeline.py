@@ -1,0 +1,147 @@
+"""`session.stream(message)`: interceptors, the runtime, budgets and tools for one run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from atmosphere.bus.runs import RunEventWriter
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.dispatch.budget import BudgetExceededError, BudgetMeter
+from atmosphere.dispatch.tools import ToolGateway
+from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, StreamingSession
+from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolSpec
+
+log = logging.getLogger("atmosphere.dispatch")
+
+NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
+
+
+@dataclass
+class RunSink:
+    """Where a run's session events go: the event writer, plus text capture and the budget."""
+
+    writer: RunEventWriter
+    meter: BudgetMeter | None = None
+    text: list[str] = field(default_factory=list)
+    breach: BudgetExceededError | None = None
+    on_breach: Callable[[], object] | None = None
+    session: StreamingSession | None = None
+
+    async def __call__(self, event: RunEvent) -> None:
+        """Publish `event`; then count it against the budget (usage is forwarded before the check)."""
+        await self.writer.emit(event)
+        kind = event.WhichOneof("kind")
+        if kind == "text_delta":
+            self.text.append(event.text_delta.text)
+        elif kind == "usage" and self.meter is not None and self.breach is None:
+            try:
+                self.meter.add(event.usage)
+            except BudgetExceededError as exc:
+                await self.trip(exc)
+
+    async def trip(self, breach: BudgetExceededError) -> None:
+        """End the run with one error frame and stop the model call."""
+        self.breach = breach
+        if self.session is not None:
+            await self.session.error(str(breach), code="budget.exceeded")
+        if self.on_breach is not None:
+            self.on_breach()
+
+
+class ModelPipeline:
+    """Answers `session.stream(message)` for every run of this dispatch instance."""
+
+    def __init__(self, runtime: AgentRuntime | None) -> None:
+        """Use `runtime` (None when no runtime is available)."""
+        self.runtime = runtime
+
+    async def stream(
+        self,
+        *,
+        spec: AgentSpec,
+        run: RunRequest,
+        session: StreamingSession,
+        sink: RunSink,
+        gateway: ToolGateway,
+        tools: Mapping[str, ToolSpec],
+        message: str,
+    ) -> None:
+        """Run one model exchange to its terminal event."""
+        if self.runtime is None:
+            await session.error(NO_RUNTIME, code="runtime.unavailable")
+            return
+        request = AiRequest(
+            message=message,
+            system_prompt=spec.system_prompt,
+            model=spec.model,
+            metadata=dict(run.metadata),
+            response_format=spec.response_format,
+        )
+        for interceptor in spec.interceptors:
+            try:
+                request = await interceptor.pre_process(request)
+            except Exception:
+                log.exception("interceptor %s failed on run %s", type(interceptor).__name__, run.run_id)
+                await session.error(f"Interceptor {type(interceptor).__name__} failed", code="interceptor.failed")
+                return
+        ctx = AgentExecutionContext(
+            run_id=run.run_id,
+            agent=spec.name,
+            conversation_id=run.conversation_id,
+            request=request,
+            tools=tuple(tools.values()),
+            run_tool=gateway.run_tool,
+            tool_loop=spec.tool_loop,
+            retry=spec.retry,
+            structured_output_retries=spec.structured_output_retries,
+        )
+        await self._execute(ctx, session, sink, spec)
+        if sink.breach is None and session.closed:
+            text = "".join(sink.text)
+            for interceptor in reversed(spec.interceptors):
+                try:
+                    await interceptor.post_process(request, text)
+                except Exception:
+                    log.exception(
+                        "interceptor %s post_process failed on run %s", type(interceptor).__name__, run.run_id
+                    )
+
+    async def _execute(
+        self, ctx: AgentExecutionContext, session: StreamingSession, sink: RunSink, spec: AgentSpec
+    ) -> None:
+        assert self.runtime is not None
+        task = asyncio.create_task(self.runtime.execute(ctx, session))
+        sink.on_breach = task.cancel
+        deadline = spec.budget.max_wall_clock if spec.budget is not None else None
+        started = time.monotonic()
+        try:
+            done, _ = await asyncio.wait({task}, timeout=deadline if deadline and deadline > 0 else None)
+            if not done:
+                task.cancel()
+                elapsed_ms = (time.monotonic() - started) * 1000
+                assert deadline is not None
+                await sink.trip(BudgetExceededError(BudgetReason.WALL_CLOCK, round(elapsed_ms), deadline * 1000))
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return
+            if task.cancelled():
+                if sink.breach is None:
+                    raise asyncio.CancelledError
+                return
+            error = task.exception()
+            if error is not None:
+                log.error("runtime %s failed on run %s", self.runtime.name, ctx.run_id, exc_info=error)
+                await session.error(f"The model runtime failed ({type(error).__name__})", code="runtime.failed")
+                return
+            if not session.closed:
+                await session.complete()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

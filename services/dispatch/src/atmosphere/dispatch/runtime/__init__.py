@@ -1,0 +1,1 @@
+"""The built-in `AgentRuntime`: any OpenAI-compatible chat-completions provider over httpx."""

@@ -1,0 +1,307 @@
+"""`BuiltInAgentRuntime`: streamed OpenAI chat completions with tools, retries and structure.
+
+One run is a loop of rounds: stream a completion (text is forwarded as it arrives, tool-call
+argument fragments as `tool_call_delta` events); when the model asks for tools, run them all
+concurrently through `ctx.run_tool` (dispatch's governed choke point), append their results
+and go again, up to the tool-loop cap. Usage is reported once per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from atmosphere.contracts.run.v1.run_pb2 import (
+    EntityComplete,
+    EntityStart,
+    RunEvent,
+    StructuredField,
+    ToolCallDelta,
+)
+from atmosphere.dispatch.runtime import structured
+from atmosphere.dispatch.runtime.provider import (
+    ProviderError,
+    RoundHooks,
+    RoundResult,
+    ToolCallBuffer,
+    stream_round,
+)
+from atmosphere.sdk import AiCapability, OnMaxIterations, StreamingSession
+from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest
+
+log = logging.getLogger("atmosphere.dispatch.runtime")
+
+DEFAULT_MODEL = "default"
+
+
+class ToolLoopExhaustedError(Exception):
+    """The model kept asking for tools past a strict cap."""
+
+
+class BuiltInAgentRuntime(AgentRuntime):
+    """Any OpenAI-compatible provider (`LLM_BASE_URL`), over one pooled httpx client."""
+
+    name = "built-in"
+    priority = 0
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        """Configure; the HTTP client is created on first use."""
+        super().__init__(config)
+        self._client: httpx.AsyncClient | None = None
+
+    def is_available(self) -> bool:
+        """Available when a provider URL is configured."""
+        return bool(self.config.base_url)
+
+    def capabilities(self) -> frozenset[AiCapability]:
+        """Each flag is pinned by the runtime contract suite (`atmosphere.testing`)."""
+        return frozenset(
+            {
+                AiCapability.TEXT_STREAMING,
+                AiCapability.SYSTEM_PROMPT,
+                AiCapability.CONVERSATION_MEMORY,
+                AiCapability.TOOL_CALLING,
+                AiCapability.TOOL_CALL_DELTA,
+                AiCapability.TOKEN_USAGE,
+                AiCapability.PER_REQUEST_RETRY,
+                AiCapability.CANCELLATION,
+                AiCapability.STRUCTURED_OUTPUT,
+                AiCapability.NATIVE_STRUCTURED_OUTPUT,
+                AiCapability.MODEL_ENUMERATION,
+            }
+        )
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The pooled client, sized for the configured concurrency (never httpx's silent 100)."""
+        if self._client is None:
+            config = self.config
+            size = max(1, config.max_concurrency)
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                timeout=httpx.Timeout(
+                    connect=config.connect_timeout, read=config.stall_timeout, write=30.0, pool=config.stall_timeout
+                ),
+            )
+        return self._client
+
+    def _url(self, path: str) -> str:
+        return f"{(self.config.base_url or '').rstrip('/')}/{path}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+
+    async def list_models(self) -> list[str]:
+        """`GET <base>/models`."""
+        response = await self.client.get(self._url("models"), headers=self._headers())
+        response.raise_for_status()
+        return [str(m["id"]) for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def execute(self, ctx: AgentExecutionContext, session: StreamingSession) -> None:
+        """Answer `ctx.request`, ending `session` with `complete` or `error`."""
+        try:
+            if ctx.request.response_format is not None:
+                await self._structured(ctx, session, ctx.request.response_format)
+            else:
+                await self._conversation(ctx, session, _messages(ctx), forward_text=True)
+                await session.complete()
+        except ProviderError as exc:
+            await session.error(str(exc), code=exc.code)
+        except ToolLoopExhaustedError as exc:
+            await session.error(str(exc), code="runtime.tool_loop_exhausted")
+
+    def _body(self, ctx: AgentExecutionContext, messages: list[dict[str, Any]], *, tools: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": ctx.request.model or self.config.model or DEFAULT_MODEL,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        generation = self.config.generation
+        if generation.temperature is not None:
+            body["temperature"] = generation.temperature
+        if generation.max_tokens is not None:
+            body["max_tokens"] = generation.max_tokens
+        if generation.top_p is not None:
+            body["top_p"] = generation.top_p
+        if generation.stop:
+            body["stop"] = list(generation.stop)
+        if tools and ctx.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                }
+                for t in ctx.tools
+            ]
+        return body
+
+    async def _conversation(
+        self,
+        ctx: AgentExecutionContext,
+        session: StreamingSession,
+        messages: list[dict[str, Any]],
+        *,
+        forward_text: bool,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        """Rounds until the model answers without tools; returns the final round's text."""
+        iterations = 0
+        offer_tools = True
+        while True:
+            body = {**self._body(ctx, messages, tools=offer_tools), **(extra or {})}
+            result = await self._round(ctx, session, body, forward_text=forward_text)
+            if not result.tool_calls or not offer_tools:
+                return result.text
+            if iterations >= ctx.tool_loop.cap:
+                if ctx.tool_loop.on_max_iterations is OnMaxIterations.FAIL:
+                    msg = f"Tool loop exhausted after {ctx.tool_loop.cap} iterations"
+                    raise ToolLoopExhaustedError(msg)
+                log.warning(
+                    "run %s: tool loop cap %d reached; asking for an answer without tools",
+                    ctx.run_id,
+                    ctx.tool_loop.cap,
+                )
+                offer_tools = False
+                messages.append(_assistant(result))
+                messages.extend(_refusals(result.tool_calls))
+                continue
+            iterations += 1
+            messages.append(_assistant(result))
+            messages.extend(await self._run_tools(ctx, result.tool_calls))
+
+    async def _round(
+        self, ctx: AgentExecutionContext, session: StreamingSession, body: dict[str, Any], *, forward_text: bool
+    ) -> RoundResult:
+        async def on_text(text: str) -> None:
+            if forward_text:
+                await session.send(text)
+
+        async def on_tool_delta(call_id: str, name: str, fragment: str) -> None:
+            await session.emit(
+                RunEvent(tool_call_delta=ToolCallDelta(call_id=call_id, tool_name=name, arguments_fragment=fragment))
+            )
+
+        result = await stream_round(
+            self.client,
+            url=self._url("chat/completions"),
+            body=body,
+            headers=self._headers(),
+            retry=ctx.retry,
+            hooks=RoundHooks(on_text=on_text, on_tool_delta=on_tool_delta),
+        )
+        if result.usage is not None:
+            await session.usage(result.usage)
+        return result
+
+    async def _run_tools(self, ctx: AgentExecutionContext, calls: list[ToolCallBuffer]) -> list[dict[str, Any]]:
+        if ctx.run_tool is None:
+            return _refusals(calls, "Error: no tool runner is attached to this run")
+        runner = ctx.run_tool
+        results = await asyncio.gather(
+            *(
+                runner(
+                    ToolCallRequest(call_id=c.call_id or f"call_{i}", name=c.name, arguments_json=c.arguments or "{}")
+                )
+                for i, c in enumerate(calls)
+            )
+        )
+        return [
+            {"role": "tool", "tool_call_id": c.call_id or f"call_{i}", "content": content}
+            for i, (c, content) in enumerate(zip(calls, results, strict=True))
+        ]
+
+    async def _structured(self, ctx: AgentExecutionContext, session: StreamingSession, model: type[BaseModel]) -> None:
+        """Ask for JSON matching `model`; reprompt up to the retry budget; fail closed."""
+        messages = _messages(ctx)
+        native: dict[str, Any] | None = {"response_format": structured.response_format(model)}
+        attempts = ctx.structured_output_retries + 1
+        error = ""
+        for attempt in range(attempts):
+            try:
+                text = await self._conversation(ctx, session, messages, forward_text=False, extra=native)
+            except ProviderError as exc:
+                if native is None or exc.status not in {400, 422}:
+                    raise
+                # The provider refused native structured output: fall back to the instructions.
+                log.info("run %s: native structured output refused (%s); using prompt instructions", ctx.run_id, exc)
+                native = None
+                messages = _with_instructions(messages, model)
+                text = await self._conversation(ctx, session, messages, forward_text=False)
+            try:
+                entity = structured.parse(model, text)
+            except ValueError as exc:
+                error = str(exc)
+                log.info("run %s: structured attempt %d failed: %s", ctx.run_id, attempt + 1, error)
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": structured.reprompt(model, ctx.request.message, text, error)},
+                ]
+                continue
+            await _emit_entity(session, model, entity, text)
+            await session.complete()
+            return
+        await session.error(
+            f"structured output did not match schema after {attempts} attempt(s): {error}",
+            code="runtime.structured_output_invalid",
+        )
+
+
+def _messages(ctx: AgentExecutionContext) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content} for m in ctx.request.messages()]
+
+
+def _with_instructions(messages: list[dict[str, Any]], model: type[BaseModel]) -> list[dict[str, Any]]:
+    instructions = structured.schema_instructions(model)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + instructions}, *messages[1:]]
+    return [{"role": "system", "content": instructions.strip()}, *messages]
+
+
+def _assistant(result: RoundResult) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": result.text or None,
+        "tool_calls": [
+            {
+                "id": c.call_id or f"call_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments or "{}"},
+            }
+            for i, c in enumerate(result.tool_calls)
+        ],
+    }
+
+
+def _refusals(calls: list[ToolCallBuffer], reason: str = "") -> list[dict[str, Any]]:
+    text = reason or "Error: the tool-call limit for this request was reached; answer with what you have"
+    return [{"role": "tool", "tool_call_id": c.call_id or f"call_{i}", "content": text} for i, c in enumerate(calls)]
+
+
+async def _emit_entity(session: StreamingSession, model: type[BaseModel], entity: BaseModel, text: str) -> None:
+    type_name = model.__name__
+    await session.emit(
+        RunEvent(entity_start=EntityStart(type_name=type_name, json_schema=json.dumps(structured.json_schema(model))))
+    )
+    for name, value in entity.model_dump(mode="json").items():
+        await session.emit(
+            RunEvent(
+                structured_field=StructuredField(field_name=name, value_json=json.dumps(value), schema_type=type_name)
+            )
+        )
+    await session.emit(
+        RunEvent(entity_complete=EntityComplete(type_name=type_name, entity_json=entity.model_dump_json()))
+    )
+    await session.send(text)

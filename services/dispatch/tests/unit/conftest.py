@@ -1,0 +1,118 @@
+"""A dispatch executor on the in-memory bus, with stand-ins for governance and the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from atmosphere.bus import JetStreamLayout, MessageContext, Router, subjects
+from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor
+from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
+from atmosphere.sdk import App
+from atmosphere.sdk.runtime import RuntimeConfig
+from atmosphere.testing.fake_provider import FakeProvider
+
+
+@dataclass
+class Policy:
+    """What the stand-in governance answers."""
+
+    admit: bool = True
+    tools: bool = True
+    reason: str = "not allowed here"
+    check_delay: float = 0.0
+    """Seconds the tool check takes (longer than the timeout: governance "does not answer")."""
+    checks: list[CheckToolCallRequest] = field(default_factory=list)
+    admissions: list[AdmitRequest] = field(default_factory=list)
+
+
+def governance_router(policy: Policy) -> Router:
+    router = Router()
+
+    async def admit(request: AdmitRequest, _ctx: MessageContext) -> Decision:
+        policy.admissions.append(request)
+        return Decision(allowed=policy.admit, policy="test-policy", reason=policy.reason)
+
+    async def check(request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
+        policy.checks.append(request)
+        if policy.check_delay:
+            await asyncio.sleep(policy.check_delay)
+        return Decision(allowed=policy.tools, policy="test-policy", reason=policy.reason)
+
+    router.add(subjects.governance("admit"), AdmitRequest, admit)
+    router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
+    return router
+
+
+def tool_router(results: dict[str, str], calls: list[ToolCall], delay: float = 0.0) -> Router:
+    router = Router()
+    for name, content in results.items():
+
+        async def answer(call: ToolCall, _ctx: MessageContext, content: str = content) -> ToolResult:
+            calls.append(call)
+            if delay:
+                await asyncio.sleep(delay)
+            return ToolResult(call_id=call.call_id, content=content, is_error=content.startswith("Error:"))
+
+        router.add(subjects.tool(name), ToolCall, answer)
+    return router
+
+
+@dataclass
+class Harness:
+    bus: FakeBus
+    provider: FakeProvider
+    policy: Policy
+    tool_calls: list[ToolCall]
+    stack: contextlib.AsyncExitStack
+
+    def executor(self, app: App, *, with_runtime: bool = True, **options: float) -> RunExecutor:
+        runtime = (
+            BuiltInAgentRuntime(RuntimeConfig(base_url=self.provider.base_url, model="fake-model", stall_timeout=5))
+            if with_runtime
+            else None
+        )
+        if runtime is not None:
+            self.stack.push_async_callback(runtime.aclose)
+        return RunExecutor(app, self.bus, ModelPipeline(runtime), ExecutorOptions(**options))
+
+    async def serve_governance(self) -> None:
+        await self.stack.enter_async_context(self.bus.serve(governance_router(self.policy)))
+
+    async def serve_tools(self, results: dict[str, str], delay: float = 0.0) -> None:
+        await self.stack.enter_async_context(self.bus.serve(tool_router(results, self.tool_calls, delay)))
+
+    def events(self, run_id: str = "r1") -> list[RunEvent]:
+        found = [
+            RunEvent.FromString(data)
+            for subject, data in self.bus.stream_messages(subjects.EVENTS_STREAM)
+            if subject == subjects.run_events(run_id)
+        ]
+        return sorted(found, key=lambda e: e.seq)
+
+
+def kinds(events: list[RunEvent]) -> list[str]:
+    return [e.WhichOneof("kind") or "" for e in events]
+
+
+def request(agent: str, message: str = "a b c", run_id: str = "r1") -> RunRequest:
+    return RunRequest(run_id=run_id, session_id="s1", conversation_id="c1", agent=agent, message=message)
+
+
+@pytest.fixture
+async def harness(fake_provider: FakeProvider) -> AsyncIterator[Harness]:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    async with contextlib.AsyncExitStack() as stack:
+        h = Harness(bus=bus, provider=fake_provider, policy=Policy(), tool_calls=[], stack=stack)
+        await h.serve_governance()
+        yield h
