@@ -8,6 +8,10 @@ median over rounds of the per-round difference (gRPC minus direct) of p50 and p9
 
 Targets (issue 3): added time-to-first-token p50 <= 3 ms and added per-token p50 <= 0.5 ms at
 16 streams.
+
+With two or more CPUs the system under test is pinned to CPU 0 and the load generator (this
+process) and the fake upstream to CPU 1, so neither side's load shows up as the other's
+latency (`--no-pin` turns that off).
 """
 
 from __future__ import annotations
@@ -35,6 +39,15 @@ from atmosphere.service import loop_factory
 from atmosphere.testing import NatsServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+SUT_CPUS: set[int] = set()
+LOAD_CPUS: set[int] = set()
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    if cpus:
+        os.sched_setaffinity(pid, cpus)
+
+
 TOKENS = 20
 TOKEN_GAP = 0.005
 
@@ -132,6 +145,8 @@ def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> I
         subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env)
         for name in os.environ.get("BENCH_SERVICES", "governance,tape,dispatch").split(",")
     ]
+    for child in children:
+        pin(child.pid, SUT_CPUS)
     try:
         yield
     finally:
@@ -159,6 +174,7 @@ def fake_upstream() -> Iterator[str]:
             "--timestamps",
         ]
     )
+    pin(process.pid, LOAD_CPUS)
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -169,6 +185,7 @@ def fake_upstream() -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def system(scratch: Path) -> AsyncIterator[tuple[str, dispatch_pb2_grpc.DispatchServiceStub]]:
     server = NatsServer(scratch / "nats").start()
+    pin(server.pid, SUT_CPUS)
     grpc_port = free_port()
     try:
         with fake_upstream() as provider_url, processes(server.url, provider_url, scratch / "data", grpc_port):
@@ -245,7 +262,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--streams", type=int, default=32, help="streams per arm per round")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the SUT and the load to separate CPUs")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if not args.no_pin and len(cpus) >= 2:
+        SUT_CPUS.add(cpus[0])
+        LOAD_CPUS.add(cpus[1])
+        pin(0, LOAD_CPUS)
+        print(f"system under test on CPU {cpus[0]}; load generator and upstream on CPU {cpus[1]}")
     # The clients of both arms run on the same loop as the services do (uvloop when installed).
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         raise SystemExit(runner.run(main(args.rounds, args.streams)))

@@ -39,6 +39,14 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int:
+        """The server's process id (after `start()`)."""
+        if self._process is None:
+            msg = "the server is not running"
+            raise NatsServerError(msg)
+        return self._process.pid
+
+    @property
     def running(self) -> bool:
         """Whether the process is alive."""
         return self._process is not None and self._process.poll() is None
