@@ -318,3 +318,13 @@ async def test_last_message_of_a_subject(bus: Bus) -> None:
     last = await bus.last_message("LOG", "log.r1", RunEvent)
     assert last is not None
     assert last.text_delta.text == "2"
+
+
+async def test_replay_reads_what_a_subject_holds_in_order(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    assert [m async for m in bus.replay("LOG", "log.r1", RunEvent)] == []
+    for i in range(40):
+        await bus.publish("log.r1" if i % 2 == 0 else "log.r2", text(str(i)))
+    await bus.js_publish("log.r1", text("last"))
+    replayed = [m.text_delta.text async for m in bus.replay("LOG", "log.r1", RunEvent)]
+    assert replayed == [str(i) for i in range(0, 40, 2)] + ["last"]

@@ -42,6 +42,7 @@ def service_map(
     app: str = "examples.echo:app",
     llm_base_url: str = "",
     llm_model: str = "fake-model",
+    ingress: dict[str, Any] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """name → (serve, settings) for the given services, in start order."""
     extra: dict[str, dict[str, Any]] = {
@@ -52,7 +53,7 @@ def service_map(
             "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10),
         },
         "sandbox": {"app": app, "app_dir": ROOT},
-        "ingress": {"ingress": IngressOptions(port=0)},
+        "ingress": {"ingress": IngressOptions(port=0), **(ingress or {})},
     }
     return {
         name: (

@@ -150,6 +150,14 @@ class Bus(abc.ABC):
         """The newest message `stream` holds for the exact `subject`, or None."""
 
     @abc.abstractmethod
+    def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+        """Every message `stream` holds now for the exact `subject`, oldest first; then stop.
+
+        Messages stored after the call started may or may not be included; follow a live
+        subscription for those.
+        """
+
+    @abc.abstractmethod
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update the streams and key-value buckets of `layout` (idempotent)."""
 

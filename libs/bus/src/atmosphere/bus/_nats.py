@@ -233,6 +233,32 @@ class NatsBus(Bus):
             raise BusError(msg) from exc
         return decode(raw.data or b"", None, message_type)
 
+    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+        """Every message `stream` holds now for `subject`, oldest first (an ordered consumer)."""
+        stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
+        try:
+            last = await self._js.get_last_msg(stream_name, wire)
+        except nats.js.errors.NotFoundError:
+            return
+        except nats.errors.Error as exc:
+            msg = f"replaying {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        sub = await self._js.subscribe(
+            wire, stream=stream_name, ordered_consumer=True, deliver_policy=js_api.DeliverPolicy.ALL
+        )
+        try:
+            while True:
+                try:
+                    stored = await sub.next_msg(timeout=5.0)
+                except nats.errors.TimeoutError as exc:
+                    reason = f"replaying {subject!r} stalled"
+                    raise BusError(reason) from exc
+                yield decode(stored.data, stored.headers, message_type)
+                if stored.metadata.sequence.stream >= (last.seq or 0):
+                    return
+        finally:
+            await _unsubscribe(sub)
+
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update every stream and bucket of `layout`."""
         try:

@@ -268,6 +268,16 @@ class FakeBus(Bus):
                 return decode(stored.data, stored.headers, message_type)
         return None
 
+    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+        """Every message `stream` holds now for `subject`, oldest first."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        snapshot = sorted(self._streams[stream].messages.items())
+        for _, stored in snapshot:
+            if stored.subject == subject:
+                yield decode(stored.data, stored.headers, message_type)
+
     def stream_messages(self, stream: str) -> list[tuple[str, bytes]]:
         """The subjects and payloads a stream holds now, in order (for assertions)."""
         return [(m.subject, m.data) for _, m in sorted(self._streams[stream].messages.items())]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -13,10 +14,14 @@ from atmosphere.bus.runs import RunEventWriter
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.dispatch.budget import BudgetExceededError, BudgetMeter
 from atmosphere.dispatch.tools import ToolGateway
-from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, StreamingSession
+from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, ChatMessage, StreamingSession
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
+
+HISTORY_METADATA_KEY = "ai.request.history"
+"""Request metadata with prior turns (JSON list of `{role, content}`), set by the OpenAI API."""
+MAX_HISTORY_TURNS = 200
 
 NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
 
@@ -53,6 +58,32 @@ class RunSink:
             self.on_breach()
 
 
+def history_of(run: RunRequest) -> tuple[ChatMessage, ...]:
+    """Prior turns the client sent with the request (the OpenAI API), bounded and sanitized.
+
+    A client's system messages ride along as history; they never replace the agent's own
+    system prompt.
+    """
+    raw = run.metadata.get(HISTORY_METADATA_KEY)
+    if not raw:
+        return ()
+    try:
+        turns = json.loads(raw)
+    except json.JSONDecodeError:
+        log.warning("run %s: ignoring malformed %s", run.run_id, HISTORY_METADATA_KEY)
+        return ()
+    if not isinstance(turns, list):
+        return ()
+    history = [
+        ChatMessage(turn["role"], turn["content"])
+        for turn in turns[-MAX_HISTORY_TURNS:]
+        if isinstance(turn, dict)
+        and turn.get("role") in {"system", "user", "assistant"}
+        and isinstance(turn.get("content"), str)
+    ]
+    return tuple(history)
+
+
 class ModelPipeline:
     """Answers `session.stream(message)` for every run of this dispatch instance."""
 
@@ -78,6 +109,7 @@ class ModelPipeline:
         request = AiRequest(
             message=message,
             system_prompt=spec.system_prompt,
+            history=history_of(run),
             model=spec.model,
             metadata=dict(run.metadata),
             response_format=spec.response_format,

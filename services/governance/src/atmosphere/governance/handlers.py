@@ -94,6 +94,7 @@ class GovernanceHandlers:
                     policy=row.policy,
                     reason=row.reason,
                     decided_at=decided,
+                    principal=row.principal,
                 )
             )
         return ListDecisionsResponse(decisions=records)

@@ -1,28 +1,41 @@
-"""Ingress's HTTP surface: the agent WebSocket endpoint and the probes."""
+"""Ingress's HTTP surface, wired: agent endpoints, the OpenAI API, info and admin, probes.
+
+No `BaseHTTPMiddleware` anywhere (it buffers and costs per request): CORS is Starlette's pure
+ASGI middleware, and streaming routes write straight to the socket.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import uuid
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
-from atmosphere.bus import BusError
-from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.ingress.frames import Frame
-from atmosphere.ingress.handlers import AgentDirectory, ClientGoneError, Connection
+from atmosphere.ingress import admin_api, agents_api, openai_api
+from atmosphere.ingress.agents_api import start_sse, state_of
+from atmosphere.ingress.openai_wire import OpenAiError
 from atmosphere.ingress.settings import IngressSettings
-from atmosphere.service import ServiceRuntime, open_service
+from atmosphere.ingress.state import IngressState
+from atmosphere.service import open_service
 
-# Application-defined WebSocket close codes (4000-4999), mirroring HTTP statuses.
-CLOSE_UNKNOWN_AGENT = 4404
-CLOSE_UNAVAILABLE = 4503
+log = logging.getLogger("atmosphere.ingress")
 
-CONVERSATION_HEADER = "x-atmosphere-conversation-id"
+
+def _served_by_another_method(request: Request) -> bool:
+    """Whether a route other than the catch-all serves this path with other methods (then 405)."""
+    for route in request.app.routes:
+        if "{path:path}" in getattr(route, "path", ""):
+            continue
+        match, _ = route.matches(request.scope)
+        if match is Match.PARTIAL:
+            return True
+    return False
 
 
 def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
@@ -31,67 +44,83 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_service("ingress", settings, info=info) as runtime:
-            app.state.runtime = runtime
-            app.state.directory = AgentDirectory(runtime.bus)
+            app.state.ingress = IngressState.build(settings, runtime)
+            if settings.ai_openai_enabled and not settings.ai_openai_api_key:
+                log.warning(
+                    "the OpenAI-compatible API is enabled without ATMOSPHERE_AI_OPENAI_API_KEY: "
+                    "anyone who reaches this port can use it"
+                )
             runtime.health.mark_ready()
             yield
 
-    app = FastAPI(title="Atmosphere ingress", lifespan=lifespan)
+    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan)
+    if settings.ingress.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.ingress.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-API-Key",
+                "Last-Event-ID",
+                "X-Atmosphere-Run-Id",
+                "X-Atmosphere-Conversation-Id",
+            ],
+            expose_headers=["X-Atmosphere-Run-Id"],
+        )
 
-    @app.get("/healthz")
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own 404/405 answers, in the same shape as every other ingress error.
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        if request.url.path.startswith(openai_api.router.prefix):
+            # The OpenAI API answers in OpenAI's error shape, whatever went wrong.
+            body = OpenAiError(exc.status_code, str(exc.detail), code=code).body()
+            return JSONResponse(body, exc.status_code, headers=exc.headers)
+        return JSONResponse({"error": str(exc.detail), "code": f"ingress.{code}"}, exc.status_code, headers=exc.headers)
+
+    @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
+        """The process answers."""
         return {"status": "ok", "service": "ingress"}
 
-    @app.get("/readyz", responses={503: {"description": "not connected to NATS"}})
-    async def readyz() -> JSONResponse:
-        """Readiness: connected to NATS and serving."""
-        runtime: ServiceRuntime = app.state.runtime
-        ready = runtime.health.ready
+    @app.get("/readyz", summary="Readiness", responses={503: {"description": "not connected to NATS"}})
+    async def readyz(request: Request) -> JSONResponse:
+        """Connected to NATS and serving."""
+        ready = state_of(request).runtime.health.ready
         return JSONResponse({"ready": ready, "service": "ingress"}, status_code=200 if ready else 503)
 
-    @app.websocket("/atmosphere/agent/{name}")
-    async def agent_socket(websocket: WebSocket, name: str) -> None:
-        """Prompts in (text or JSON), Atmosphere frames out."""
-        runtime: ServiceRuntime = app.state.runtime
-        directory: AgentDirectory = app.state.directory
-        await websocket.accept()
-        try:
-            descriptor = await directory.lookup(name)
-        except BusError:
-            await websocket.close(CLOSE_UNAVAILABLE, "Agent directory unavailable; try again")
-            return
-        if descriptor is None:
-            await websocket.close(CLOSE_UNKNOWN_AGENT, f"Unknown agent '{name}'")
-            return
-        conversation_id = (
-            websocket.headers.get(CONVERSATION_HEADER)
-            or websocket.query_params.get("conversationId")
-            or uuid.uuid4().hex
-        )
-        connection = Connection(
-            bus=runtime.bus,
-            agent=name,
-            conversation_id=conversation_id,
-            principal=Principal(auth_method="anonymous"),
-            transport="websocket",
-            path=websocket.url.path,
-            max_prompts=settings.ingress.max_prompts_per_connection,
-            send_queue_frames=settings.ingress.send_queue_frames,
-        )
+    app.include_router(agents_api.router)
+    if settings.ai_openai_enabled:
+        app.include_router(openai_api.router)
+    app.include_router(admin_api.router)
 
-        async def receive() -> str | None:
-            try:
-                return await websocket.receive_text()
-            except WebSocketDisconnect:
-                return None
+    # `@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow
+    # the routes above.
+    @app.websocket("/{path:path}")
+    async def endpoint_socket(websocket: WebSocket, path: str) -> None:
+        descriptor = await state_of(websocket).directory.by_path("/" + path)
+        await agents_api.serve_socket(websocket, descriptor)
 
-        async def send(frame: Frame) -> None:
-            try:
-                await websocket.send_text(json.dumps(frame))
-            except (WebSocketDisconnect, RuntimeError) as exc:
-                raise ClientGoneError from exc
-
-        await connection.serve(receive, send)
+    @app.post(
+        "/{path:path}",
+        summary="Run a prompt on an @ai_endpoint path (Server-Sent Events)",
+        openapi_extra=agents_api.PROMPT_BODY,
+        response_class=StreamingResponse,
+        response_model=None,
+        responses={
+            200: {"content": {"text/event-stream": {}}},
+            405: {"model": agents_api.ErrorBody},
+            **{s: {"model": agents_api.ErrorBody} for s in (400, 401, 403, 404, 413)},
+        },
+    )
+    async def endpoint_sse(request: Request, path: str) -> StreamingResponse | JSONResponse:
+        """The body is the prompt."""
+        if _served_by_another_method(request):
+            return JSONResponse(
+                {"error": "Method not allowed", "code": "ingress.method_not_allowed"}, 405, headers={"Allow": "GET"}
+            )
+        return await start_sse(request, await state_of(request).directory.by_path("/" + path))
 
     return app

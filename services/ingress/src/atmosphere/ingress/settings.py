@@ -1,10 +1,36 @@
-"""Ingress's settings: where it listens and the bounds of each connection."""
+"""Ingress's settings: where it listens, connection bounds, auth, CORS, the OpenAI endpoint.
+
+Atmosphere's own keys keep their names as flat variables: `atmosphere.ai.openai.enabled` is
+`ATMOSPHERE_AI_OPENAI_ENABLED`, `atmosphere.admin.http-read-auth-required` is
+`ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED`.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import json
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
 
 from atmosphere.config import ServiceSettings
+
+
+class TokenGrant(BaseModel):
+    """A bearer token or API key, the principal it stands for, and where it may be used."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    token: str = Field(min_length=8)
+    """The secret the client sends (`Authorization: Bearer <token>` or `X-API-Key`)."""
+    user_id: str
+    """The principal's user id (carried on every run it starts)."""
+    name: str = ""
+    """A display name or key label."""
+    roles: tuple[str, ...] = ()
+    """Roles granted to the principal."""
+    paths: tuple[str, ...] = ("*",)
+    """Agent paths it may use: exact paths, or prefixes ending in `*`."""
 
 
 class IngressOptions(BaseModel):
@@ -17,14 +43,50 @@ class IngressOptions(BaseModel):
     port: int = Field(default=8080, ge=0, le=65535)
     """HTTP and WebSocket port (0 picks a free one; it is logged and shown in the info)."""
     max_message_bytes: int = Field(default=1 << 20, ge=1024)
-    """Largest inbound WebSocket message; larger ones close the connection (1009)."""
+    """Largest inbound WebSocket message or HTTP prompt body; larger ones are refused."""
     max_prompts_per_connection: int = Field(default=4, ge=1, le=256)
     """Prompts one connection may have running at once."""
     send_queue_frames: int = Field(default=1024, ge=16)
-    """Frames buffered per connection for a slow client."""
+    """Frames buffered per connection; a client further behind is closed (4008) and may resume."""
+    long_poll_max_wait: float = Field(default=30.0, gt=0, le=120)
+    """The longest a long-poll request waits for frames."""
+    auth_tokens: tuple[TokenGrant, ...] = ()
+    """JSON list of token grants; when empty, agent endpoints are anonymous."""
+    cors_origins: tuple[str, ...] = ()
+    """JSON list of origins allowed to call from a browser (`["*"]` for any)."""
 
 
 class IngressSettings(ServiceSettings):
     """Everything ingress reads from the environment."""
 
     ingress: IngressOptions = IngressOptions()
+    ai_openai_enabled: bool = False
+    """Serve the OpenAI-compatible API at `/atmosphere/v1`."""
+    ai_openai_models: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    """`model=agent` pairs, comma-separated; when set, only these models are served."""
+    ai_openai_default_agent: str = ""
+    """The agent serving a blank or unmapped `model`; unset: unknown models get 404."""
+    ai_openai_api_key: str = ""
+    """When set, the OpenAI API requires `Authorization: Bearer <key>` (401 otherwise)."""
+    ai_openai_max_concurrent: int = Field(default=64, ge=1)
+    """Completions served at once; more get 503."""
+    ai_openai_timeout: float = Field(default=120.0, gt=0)
+    """Seconds a completion may take."""
+    admin_http_read_auth_required: bool = True
+    """Require `ATMOSPHERE_ADMIN_TOKEN` on every `/api/admin/*` read."""
+    admin_token: str = ""
+    """The admin token (`Authorization: Bearer <token>`); unset with auth required: admin reads are refused."""
+
+    @field_validator("ai_openai_models", mode="before")
+    @classmethod
+    def _pairs(cls, value: object) -> object:
+        # `gpt-4o=assistant,echo=echo` reads better in an environment than JSON.
+        if isinstance(value, str) and value.strip().startswith("{"):
+            return json.loads(value)
+        if isinstance(value, str):
+            pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+            if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+                msg = "use model=agent pairs separated by commas"
+                raise ValueError(msg)
+            return {k.strip(): v.strip() for k, v in pairs}
+        return value

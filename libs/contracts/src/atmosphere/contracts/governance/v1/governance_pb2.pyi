@@ -133,6 +133,7 @@ class DecisionRecord(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     run_id: _builtins.str
     operation: _builtins.str
@@ -141,6 +142,8 @@ class DecisionRecord(_message.Message):
     allowed: _builtins.bool
     policy: _builtins.str
     reason: _builtins.str
+    principal: _builtins.str
+    """Who the decision was about: the principal's user id, name or auth method."""
     @_builtins.property
     def decided_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -154,10 +157,11 @@ class DecisionRecord(_message.Message):
         policy: _builtins.str = ...,
         reason: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
+        principal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decided_at", b"decided_at", "decision_id", b"decision_id", "operation", b"operation", "policy", b"policy", "reason", b"reason", "run_id", b"run_id", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decided_at", b"decided_at", "decision_id", b"decision_id", "operation", b"operation", "policy", b"policy", "principal", b"principal", "reason", b"reason", "run_id", b"run_id", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

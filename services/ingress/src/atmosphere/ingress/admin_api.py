@@ -1,0 +1,225 @@
+"""Runtime truth and admin reads: `/api/console/info` and `/api/admin/*`.
+
+Admin reads are proxied over the bus to the service that owns the data. The answers say
+precisely what went wrong: 400 for a malformed (traversal-shaped) id, 404 when the owning
+service is absent (nobody serves the subject), 503 when it does not answer in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, RequestTimeoutError, subjects
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
+from atmosphere.contracts.tape.v1.tape_pb2 import (
+    GetStepsRequest,
+    GetStepsResponse,
+    ListRunsRequest,
+    ListRunsResponse,
+    TapeRun,
+)
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
+from atmosphere.ingress.agents_api import ErrorBody, error, state_of
+from atmosphere.ingress.auth import AuthError
+
+M = TypeVar("M", bound=Message)
+
+MAX_SEQ = 2**53
+ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
+"""What a run, tape or conversation id may look like; anything else is answered with 400."""
+OPTIONAL_ID = r"^([A-Za-z0-9_\-:@]{1,128})?$"
+
+SERVICES = ("ingress", "dispatch", "sandbox", "governance", "memory", "tape")
+INFO_TIMEOUT = 1.0
+ADMIN_TIMEOUT = 5.0
+
+router = APIRouter()
+_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 503)}
+
+
+def _merge(into: dict[str, Any], fragment: dict[str, Any]) -> None:
+    for key, value in fragment.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+async def _info(bus: Bus, service: str) -> dict[str, Any] | None:
+    try:
+        reply = await bus.request(
+            subjects.service_info(service), ServiceInfoRequest(), ServiceInfoResponse, timeout=INFO_TIMEOUT
+        )
+    except BusError:
+        return None
+    fragment = json.loads(reply.info_json or "{}")
+    return fragment if isinstance(fragment, dict) else None
+
+
+@router.get("/api/console/info", summary="What is running now (runtime truth)")
+async def console_info(request: Request) -> dict[str, Any]:
+    """Each service's fragment, merged; a block appears only when its service says it is active."""
+    bus = state_of(request).bus
+    fragments = await asyncio.gather(*(_info(bus, s) for s in SERVICES))
+    merged: dict[str, Any] = {}
+    for fragment in fragments:
+        if fragment:
+            _merge(merged, fragment)
+    merged["services"] = [s for s, f in zip(SERVICES, fragments, strict=True) if f is not None]
+    return merged
+
+
+async def _admin(request: Request, owner: str, ask: Callable[[Bus], Awaitable[Any]]) -> Any:
+    """Gate, then ask the owning service; map bus failures to 404 / 503."""
+    state = state_of(request)
+    try:
+        state.admin_gate.check(request.headers)
+    except AuthError as exc:
+        return error(exc.status, exc.message, "admin.unauthorized" if exc.status == 401 else "admin.forbidden")
+    try:
+        return await ask(state.bus)
+    except NoRespondersError:
+        return error(404, f"The {owner} service is not running, so this surface is absent", "admin.absent")
+    except RequestTimeoutError:
+        return error(503, f"The {owner} service did not answer in time", "admin.unavailable")
+    except RemoteError as exc:
+        return error(503, f"The {owner} service failed: {exc.message}", "admin.unavailable")
+    except BusError:
+        return error(503, f"The {owner} service cannot be reached", "admin.unavailable")
+
+
+def _dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, always_print_fields_with_no_presence=True)
+
+
+def _valid_id(value: str) -> bool:
+    try:
+        subjects.token(value, what="id")
+    except ValueError:
+        return False
+    return True
+
+
+def _run(run: TapeRun) -> dict[str, Any]:
+    return {
+        "runId": run.run_id,
+        "tapeId": run.tape_id,
+        "parentRunId": run.parent_run_id or None,
+        "status": run.status,
+        "agent": run.agent,
+        "startedAt": run.started_at,
+        "endedAt": run.ended_at or None,
+        "stepCount": run.step_count,
+    }
+
+
+@router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=_ERRORS)
+async def admin_agents(request: Request) -> Any:
+    """The `ATMO_AGENTS` descriptors."""
+
+    async def ask(bus: Bus) -> list[dict[str, Any]]:
+        items = await bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
+        return [_dict(items[k]) for k in sorted(items)]
+
+    return await _admin(request, "dispatch", ask)
+
+
+@router.get("/api/admin/tools", summary="Tools and their schemas", responses=_ERRORS)
+async def admin_tools(request: Request) -> Any:
+    """The `ATMO_TOOLS` descriptors."""
+
+    async def ask(bus: Bus) -> list[dict[str, Any]]:
+        items = await bus.kv_items(subjects.TOOLS_BUCKET, ToolDescriptor)
+        return [_dict(items[k]) for k in sorted(items)]
+
+    return await _admin(request, "sandbox", ask)
+
+
+@router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=_ERRORS)
+async def admin_tape_runs(
+    request: Request,
+    tapeId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
+    status: Annotated[str, Query(max_length=32)] = "",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Any:
+    """`[{runId, tapeId, parentRunId, status, agent, startedAt, endedAt, stepCount}]`."""
+    if tapeId and not _valid_id(tapeId):
+        return error(400, "Malformed tapeId", "admin.bad_request")
+
+    async def ask(bus: Bus) -> list[dict[str, Any]]:
+        reply = await bus.request(
+            subjects.tape("runs"),
+            ListRunsRequest(tape_id=tapeId, status=status, limit=limit),
+            ListRunsResponse,
+            timeout=ADMIN_TIMEOUT,
+        )
+        return [_run(r) for r in reply.runs]
+
+    return await _admin(request, "tape", ask)
+
+
+@router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=_ERRORS)
+async def admin_tape_steps(
+    request: Request,
+    run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})],
+    fromSeq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,  # noqa: N803
+    max: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> Any:
+    """`{runId, steps: [{seq, kind, payload, ts}], count}`."""
+    if not _valid_id(run_id):
+        return error(400, "Malformed run id", "admin.bad_request")
+
+    async def ask(bus: Bus) -> Any:
+        reply = await bus.request(
+            subjects.tape("steps"),
+            GetStepsRequest(run_id=run_id, from_seq=fromSeq, max=max),
+            GetStepsResponse,
+            timeout=ADMIN_TIMEOUT,
+        )
+        if not reply.HasField("run"):
+            return error(404, f"The tape has no run {run_id}", "admin.unknown_run")
+        steps = [{"seq": s.seq, "kind": s.kind, "payload": s.payload_json, "ts": s.ts} for s in reply.steps]
+        return {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
+
+    return await _admin(request, "tape", ask)
+
+
+@router.get("/api/admin/governance/decisions", summary="The decision log, newest first", responses=_ERRORS)
+async def admin_decisions(
+    request: Request,
+    runId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Any:
+    """One row per admission and per tool-call check."""
+    if runId and not _valid_id(runId):
+        return error(400, "Malformed runId", "admin.bad_request")
+
+    async def ask(bus: Bus) -> list[dict[str, Any]]:
+        reply = await bus.request(
+            subjects.governance("decisions"),
+            ListDecisionsRequest(run_id=runId, limit=limit),
+            ListDecisionsResponse,
+            timeout=ADMIN_TIMEOUT,
+        )
+        return [_dict(d) for d in reply.decisions]
+
+    return await _admin(request, "governance", ask)
+
+
+@router.get("/api/admin/{rest:path}", include_in_schema=False)
+async def admin_other(request: Request, rest: str) -> JSONResponse:
+    """Anything else under `/api/admin/`: 400 when it is traversal-shaped, else 404."""
+    raw = request.scope.get("raw_path", b"").decode("latin-1").lower()
+    if ".." in rest or "\\" in rest or "%2f" in raw or "%5c" in raw or "\x00" in rest:
+        return error(400, "Malformed admin path", "admin.bad_request")
+    return error(404, f"No admin surface at /api/admin/{rest}", "admin.not_found")

@@ -1,0 +1,203 @@
+"""One client connection to an agent (WebSocket): many prompts, one ordered outbound channel.
+
+A connection may resume a run on connect (its id and the last seq the client saw), start new
+runs, and answer approvals. Closing cleanly (close codes 1000/1001) cancels the connection's
+unfinished runs; a dropped connection leaves them running so the client can resume them.
+A client too slow for its frames is closed with code 4008 and can resume by run id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from atmosphere.bus import Bus, BusError
+from atmosphere.contracts.common.v1.common_pb2 import Principal
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.ingress.frames import Frame, error_frame, to_frame
+from atmosphere.ingress.handlers import (
+    ApprovalReply,
+    InboundError,
+    Prompt,
+    StreamGapError,
+    UnknownRunError,
+    cancel_run,
+    follow_run,
+    new_run_request,
+    parse_inbound,
+    send_approval,
+)
+
+log = logging.getLogger("atmosphere.ingress")
+
+SLOW_CLIENT_CODE = 4008
+CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The client went away with this WebSocket close code."""
+
+    code: int
+
+    @property
+    def clean(self) -> bool:
+        """Whether the client closed on purpose (then its unfinished runs are cancelled)."""
+        return self.code in CLEAN_CLOSE_CODES
+
+
+Receive = Callable[[], Awaitable["str | Closed"]]
+SendFrame = Callable[[Frame], Awaitable[None]]
+CloseSocket = Callable[[int, str], Awaitable[None]]
+
+
+class ClientGoneError(Exception):
+    """The client disconnected while a frame was being sent."""
+
+
+@dataclass
+class _Close:
+    code: int
+    reason: str
+
+
+@dataclass
+class Connection:
+    """The state of one connection: its runs, the approvals it saw, its outbound queue."""
+
+    bus: Bus
+    agent: AgentDescriptor
+    conversation_id: str
+    principal: Principal
+    transport: str
+    max_prompts: int
+    send_queue_frames: int
+    runs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    approvals: dict[str, str] = field(default_factory=dict)
+    """approval id → run id, for routing the client's answers."""
+
+    def __post_init__(self) -> None:
+        self._outbound: asyncio.Queue[Frame | _Close] = asyncio.Queue(self.send_queue_frames + 1)
+        self._closing = False
+
+    async def serve(
+        self, receive: Receive, send: SendFrame, close: CloseSocket, *, resume: tuple[str, int] | None = None
+    ) -> None:
+        """Handle the connection until the client leaves."""
+        writer = asyncio.create_task(self._write(send, close))
+        closed: Closed | None = None
+        try:
+            if resume is not None:
+                self._follow(resume[0], after_seq=resume[1])
+            while not isinstance(received := await receive(), Closed):
+                await self._handle(received)
+            closed = received
+        finally:
+            unfinished = [run_id for run_id, task in self.runs.items() if not task.done()]
+            if closed is not None and closed.clean and not self._closing:
+                await asyncio.gather(*(cancel_run(self.bus, r, "the client disconnected") for r in unfinished))
+            elif unfinished:
+                log.info("connection dropped with %d run(s) still going; they stay resumable", len(unfinished))
+            for task in list(self.runs.values()):
+                task.cancel()
+            await asyncio.gather(*self.runs.values(), return_exceptions=True)
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+
+    async def _handle(self, raw: str) -> None:
+        try:
+            inbound = parse_inbound(raw)
+        except InboundError as exc:
+            self._enqueue(error_frame(str(exc)))
+            return
+        if isinstance(inbound, ApprovalReply):
+            await self._approve(inbound)
+            return
+        self._start(inbound)
+
+    async def _approve(self, reply: ApprovalReply) -> None:
+        run_id = self.approvals.get(reply.approval_id)
+        if run_id is None:
+            self._enqueue(error_frame(f"Unknown approval {reply.approval_id}", code="ingress.unknown_approval"))
+            return
+        ack = await send_approval(self.bus, run_id, reply, principal=self.principal)
+        if not ack.accepted:
+            self._enqueue(
+                error_frame(
+                    f"Approval {reply.approval_id} was not accepted: {ack.detail}", code="ingress.approval_rejected"
+                )
+            )
+
+    def _start(self, prompt: Prompt) -> None:
+        active = sum(not task.done() for task in self.runs.values())
+        if active >= self.max_prompts:
+            self._enqueue(error_frame(f"At most {self.max_prompts} prompts may run at once on one connection"))
+            return
+        request = new_run_request(
+            agent=self.agent.name,
+            prompt=prompt,
+            conversation_id=self.conversation_id,
+            principal=self.principal,
+            transport=self.transport,
+            path=self.agent.path,
+        )
+        self._follow(request.run_id, submit=request)
+
+    def _follow(self, run_id: str, *, after_seq: int = 0, submit: RunRequest | None = None) -> None:
+        task = asyncio.create_task(self._pump(run_id, after_seq, submit))
+        self.runs[run_id] = task
+
+    async def _pump(self, run_id: str, after_seq: int, submit: RunRequest | None) -> None:
+        session_id = submit.session_id if submit is not None else ""
+        try:
+            async for event in follow_run(self.bus, run_id, after_seq=after_seq, submit=submit):
+                if event.WhichOneof("kind") == "approval_required":
+                    self.approvals[event.approval_required.approval_id] = run_id
+                frame = to_frame(event)
+                if frame is not None:
+                    self._enqueue(frame)
+        except UnknownRunError:
+            self._enqueue(error_frame(f"Unknown run {run_id}", code="ingress.unknown_run"))
+        except StreamGapError as exc:
+            log.warning("%s", exc)
+            self._enqueue(
+                error_frame(
+                    "Part of the stream is no longer available", session_id=session_id, code="ingress.stream_gap"
+                )
+            )
+        except BusError as exc:
+            log.warning("following run %s failed: %s", run_id, exc)
+            self._enqueue(
+                error_frame(
+                    "The run could not be followed; reconnect to resume",
+                    session_id=session_id,
+                    code="ingress.unavailable",
+                )
+            )
+
+    def _enqueue(self, frame: Frame) -> None:
+        if self._closing:
+            return
+        if self._outbound.qsize() >= self.send_queue_frames:
+            # The client reads slower than its runs produce: close it rather than buffer without
+            # bound; every frame stays in ATMO_EVENTS for it to resume from.
+            self._closing = True
+            resumable = ", ".join(r for r, t in self.runs.items() if not t.done())
+            reason = f"Client too slow; reconnect with X-Atmosphere-Run-Id to resume ({resumable})"[:120]
+            self._outbound.put_nowait(_Close(SLOW_CLIENT_CODE, reason))
+            return
+        self._outbound.put_nowait(frame)
+
+    async def _write(self, send: SendFrame, close: CloseSocket) -> None:
+        while True:
+            item = await self._outbound.get()
+            if isinstance(item, _Close):
+                await close(item.code, item.reason)
+                return
+            try:
+                await send(item)
+            except ClientGoneError:
+                return

@@ -1,0 +1,41 @@
+"""What every ingress route shares, built once in the app's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from atmosphere.bus import Bus
+from atmosphere.ingress.auth import AdminGate, Authenticator
+from atmosphere.ingress.handlers import AgentDirectory
+from atmosphere.ingress.settings import IngressSettings
+from atmosphere.service import ServiceRuntime
+
+
+@dataclass
+class IngressState:
+    """The bus, the agent directory, auth and the OpenAI endpoint's concurrency permits."""
+
+    settings: IngressSettings
+    runtime: ServiceRuntime
+    directory: AgentDirectory
+    authenticator: Authenticator
+    admin_gate: AdminGate
+    openai_permits: asyncio.Semaphore
+
+    @property
+    def bus(self) -> Bus:
+        """The connected bus."""
+        return self.runtime.bus
+
+    @classmethod
+    def build(cls, settings: IngressSettings, runtime: ServiceRuntime) -> IngressState:
+        """Everything from the settings and the running service."""
+        return cls(
+            settings=settings,
+            runtime=runtime,
+            directory=AgentDirectory(runtime.bus),
+            authenticator=Authenticator(settings.ingress.auth_tokens),
+            admin_gate=AdminGate(settings.admin_http_read_auth_required, settings.admin_token),
+            openai_permits=asyncio.Semaphore(settings.ai_openai_max_concurrent),
+        )

@@ -1,0 +1,195 @@
+"""Ingress as clients meet it: SSE, long-poll, resumable WebSockets, slow clients, approvals, auth."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from atmosphere.bus import NatsBus, subjects
+from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
+from atmosphere.ingress.settings import IngressOptions, TokenGrant
+from atmosphere.testing import Stack, run_stack
+from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+
+from .conftest import service_map
+from .wsclient import read_run, ws_url
+
+LONG = " ".join(f"word{i}" for i in range(40))
+
+
+@pytest.fixture
+async def stack(
+    nats_url: str,
+    bus_namespace: str,
+    nats_bus: NatsBus,
+    tmp_path: Path,
+    fake_provider: FakeProvider,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Stack]:
+    ingress = getattr(request, "param", {})
+    services = service_map(
+        nats_url,
+        bus_namespace,
+        tmp_path / "data",
+        app="examples.approvals:app",
+        llm_base_url=fake_provider.base_url,
+        ingress=ingress,
+    )
+    async with run_stack(services, bus=nats_bus) as running:
+        yield running
+
+
+def parse_sse(body: str) -> list[tuple[int, dict[str, Any]]]:
+    events = []
+    for block in body.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append((int(fields["id"]), json.loads(fields["data"])))
+    return events
+
+
+async def test_sse_streams_with_ids_and_resumes_after_last_event_id(stack: Stack) -> None:
+    url = await stack.ingress_url()
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        response = await http.post("/atmosphere/agent/echo", content="one two three four")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        run_id = response.headers["x-atmosphere-run-id"]
+        events = parse_sse(response.text)
+        assert [i for i, _ in events] == [f["seq"] for _, f in events] == list(range(1, 7))
+        assert events[-1][1]["type"] == "complete"
+
+        resumed = await http.get(f"/atmosphere/runs/{run_id}/events", headers={"Last-Event-ID": "3"})
+        assert [i for i, _ in parse_sse(resumed.text)] == [4, 5, 6]
+
+        assert (await http.post("/atmosphere/agent/nobody", content="hi")).status_code == 404
+        assert (await http.post("/atmosphere/agent/echo", content="   ")).json()["code"] == "ingress.bad_request"
+        assert (await http.get("/atmosphere/runs/nope/events")).status_code == 404
+        assert (await http.get("/atmosphere/runs/a..b/events")).status_code == 400
+
+
+async def test_long_poll_delivers_every_frame_once(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=await stack.ingress_url(), timeout=40) as http:
+        started = await http.post("/atmosphere/agent/echo/poll", content="polling is fine")
+        assert started.status_code == 202
+        after, frames, done = 0, [], False
+        next_url = started.json()["next"]
+        while not done:
+            page = (await http.get(next_url.replace("after=0", f"after={after}"), params={"wait": 5})).json()
+            frames += page["frames"]
+            after, done = page["after"], page["done"]
+        assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+        assert "".join(f["data"] for f in frames if f["type"] == "streaming-text") == "polling is fine"
+        # Polling past the end answers at once with nothing more.
+        tail = (await http.get(f"/atmosphere/runs/{started.json()['runId']}/poll", params={"after": after})).json()
+        assert tail == {"frames": [], "done": False, "after": after}
+
+
+async def test_a_websocket_cut_after_its_fifth_frame_resumes_with_every_seq_once(
+    stack: Stack, fake_provider: FakeProvider
+) -> None:
+    fake_provider.script(Reply.text(LONG, chunk_delay=0.03))
+    url = await stack.ingress_url()
+    first: list[dict[str, Any]] = []
+    ws = await websockets.connect(ws_url(url, "assistant"))
+    await ws.send("tell me a long story")
+    while len(first) < 5:
+        first.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+    ws.transport.abort()  # the network drops: no close frame
+    run_id = first[0]["value"]
+
+    async with websockets.connect(ws_url(url, "assistant") + f"?X-Atmosphere-Run-Id={run_id}&lastSeq=5") as again:
+        rest = await read_run(again)
+    seqs = [f["seq"] for f in first + rest]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert rest[-1]["type"] == "complete"
+    text = "".join(f["data"] for f in first + rest if f.get("type") == "streaming-text")
+    assert text == LONG
+
+    # A finished run replays whole to its terminal frame.
+    async with websockets.connect(ws_url(url, "assistant"), additional_headers={"X-Atmosphere-Run-Id": run_id}) as ws:
+        replay = await read_run(ws)
+    assert [f["seq"] for f in replay] == seqs
+
+
+@pytest.mark.parametrize("stack", [{"ingress": IngressOptions(port=0, send_queue_frames=16)}], indirect=True)
+async def test_a_client_too_slow_is_closed_and_resumes(stack: Stack, fake_provider: FakeProvider) -> None:
+    long_words = " ".join("w" * 200 + str(i) for i in range(3000))
+    fake_provider.script(Reply.text(long_words))
+    url = await stack.ingress_url()
+    ws = await websockets.connect(ws_url(url, "assistant"), max_queue=1)
+    await ws.send("flood me")
+    first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    run_id = first["value"]
+    await asyncio.sleep(3)  # read nothing while thousands of frames come
+
+    async def drain() -> None:
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await drain()
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4008
+    assert "resume" in closed.value.rcvd.reason
+    async with websockets.connect(ws_url(url, "assistant") + f"?runId={run_id}", max_size=None) as again:
+        replay = await read_run(again, timeout=30)
+    assert [f["seq"] for f in replay] == list(range(1, len(replay) + 1))
+    assert replay[-1]["type"] == "complete"
+
+
+async def test_approvals_over_websocket(stack: Stack, fake_provider: FakeProvider) -> None:
+    fake_provider.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+    async with websockets.connect(ws_url(await stack.ingress_url(), "notes")) as ws:
+        await ws.send("delete my groceries note")
+        frames: list[dict[str, Any]] = []
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            frames.append(frame)
+            if frame.get("event") == "approval-required":
+                approval = frame["data"]
+                assert approval["toolName"] == "delete_note"
+                assert approval["arguments"] == {"title": "groceries"}
+                await ws.send(f"/__approval/{approval['approvalId']}/approve")
+            if frame.get("type") in {"complete", "error"}:
+                break
+        await ws.send("/__approval/apr_ffffffffffff/approve")
+        unknown = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert unknown["code"] == "ingress.unknown_approval"
+    results = [f["data"] for f in frames if f.get("event") == "tool-result"]
+    assert results == [{"toolName": "delete_note", "result": "deleted note 'groceries'"}]
+
+
+GRANTS = (TokenGrant(token="token-ada-123", user_id="ada", paths=("/atmosphere/agent/echo",)),)
+
+
+@pytest.mark.parametrize("stack", [{"ingress": IngressOptions(port=0, auth_tokens=GRANTS)}], indirect=True)
+async def test_tokens_guard_agent_endpoints(stack: Stack) -> None:
+    url = await stack.ingress_url()
+    for target, code in ((ws_url(url, "echo"), 4401), (ws_url(url, "assistant") + "?access_token=token-ada-123", 4403)):
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            async with websockets.connect(target) as ws:
+                await ws.recv()
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == code
+    headers = {"Authorization": "Bearer token-ada-123"}
+    async with websockets.connect(ws_url(url, "echo"), additional_headers=headers) as ws:
+        await ws.send("hi ada")
+        frames = await read_run(ws)
+    assert frames[-1]["type"] == "complete"
+    # The principal travelled with the run: governance logged it.
+    reply = await stack.bus.request(
+        subjects.governance("decisions"), ListDecisionsRequest(run_id=frames[0]["value"]), ListDecisionsResponse
+    )
+    assert [d.principal for d in reply.decisions] == ["ada"]
+    async with httpx.AsyncClient(base_url=url) as http:
+        assert (await http.post("/atmosphere/agent/echo", content="x")).status_code == 401
+        assert (
+            await http.post("/atmosphere/agent/echo", content="x", headers={"X-API-Key": "token-ada-123"})
+        ).status_code == 200
