@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from atmosphere.testing import free_port, wait_until
@@ -101,6 +103,21 @@ async def wait_for_banner(output: Output, timeout: float = 60) -> None:
     await wait_until(ready, timeout=timeout, interval=0.2, what="the dev stack banner")
 
 
+async def check_openai_and_admin(url: str, output: Output) -> None:
+    """The OpenAI API is on, and admin reads answer to the token the banner printed (only)."""
+    token = re.search(r"Authorization: Bearer (\S+)\)", output.read())
+    assert token, output.read()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        body = {"model": "echo", "messages": [{"role": "user", "content": "openai via dev"}]}
+        completion = await client.post("/atmosphere/v1/chat/completions", json=body)
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["choices"][0]["message"]["content"] == "openai via dev"
+        assert (await client.get("/api/admin/agents")).status_code == 401
+        agents = await client.get("/api/admin/agents", headers={"Authorization": f"Bearer {token[1]}"})
+        assert agents.status_code == 200, agents.text
+        assert "echo" in agents.text
+
+
 def dev_args(ports: dict[str, int], home: Path) -> list[str]:
     return [
         "--home",
@@ -123,6 +140,7 @@ async def test_dev_serves_echo_restarts_crashes_and_leaves_no_orphans(ports: dic
         await wait_for_banner(output)
         url = f"http://127.0.0.1:{ports['http']}"
         assert (await ask(url, "echo", "hello from dev"))[-1]["type"] == "complete"
+        await check_openai_and_admin(url, output)
         children = descendants(process.pid)
         assert len(children) == 7, output.read()  # nats-server + six services
 

@@ -139,7 +139,9 @@ async def test_an_api_key_and_a_failing_agent(stack: Stack, fake_provider: FakeP
         assert "bad upstream" not in failed.text  # details stay in the logs
         wrong_type = await http.post("/chat/completions", content="{}", headers={"content-type": "text/plain"})
         assert wrong_type.status_code == 415
-        assert (await http.post("/models")).json()["error"]["code"] == "method_not_allowed"
+        wrong_method = await http.post("/models")
+        assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+        assert wrong_method.headers["allow"] == "GET"
 
 
 async def test_console_info_merges_what_is_running(stack: Stack) -> None:
@@ -151,6 +153,12 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
     assert info["sandbox"]["tools"] == ["celsius_to_fahrenheit", "local_time"]
     assert info["tape"]["enabled"] is True
     assert "memory" not in info  # nothing of memory is active yet: no block
+    assert info["transport"] == ["websocket", "sse", "long-polling"]
+    assert info["openAiCompatible"]["defaultAgent"] == "assistant"
+    assert info["openAiCompatible"]["apiKeyRequired"] is False
+    assert info["hasAdmin"] is True
+    assert "auth" not in info  # no token grants configured
+    assert "cors" not in info
 
 
 async def test_admin_reads_are_gated_and_proxied(stack: Stack, fake_provider: FakeProvider) -> None:

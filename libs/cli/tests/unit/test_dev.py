@@ -20,6 +20,17 @@ def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> 
     assert all(s.env["ATMOSPHERE_NATS__URL"] == "nats://127.0.0.1:5000" for s in specs[1:])
     assert "-js" in specs[0].argv
     assert "ws://127.0.0.1:5001/atmosphere/agent/<agent>" in banner(options)
+    assert specs[-1].env["ATMOSPHERE_AI_OPENAI_ENABLED"] == "true"
+    assert "http://127.0.0.1:5001/atmosphere/v1" in banner(options)
+
+
+def test_the_admin_token_reaches_ingress_and_the_banner(tmp_path: Path) -> None:
+    options = DevOptions(app="a:b", home=tmp_path, no_model=True, admin_token="s3cret-token", openai_enabled=False)
+    ingress = child_specs(options)[-1]
+    assert ingress.env["ATMOSPHERE_ADMIN_TOKEN"] == "s3cret-token"
+    assert ingress.env["ATMOSPHERE_AI_OPENAI_ENABLED"] == "false"
+    assert "Authorization: Bearer s3cret-token" in banner(options)
+    assert "/atmosphere/v1" not in banner(options)
 
 
 def test_restart_delay_doubles_up_to_a_cap() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         model_port=args.model_port,
         llm_base_url=os.environ.get("LLM_BASE_URL", ""),
         no_model=args.no_model,
+        openai_enabled=os.environ.get("ATMOSPHERE_AI_OPENAI_ENABLED", "true").strip().lower()
+        not in ("false", "0", "no", "off"),
+        # A token made per run unless one is given: admin reads are never open by accident.
+        admin_token=os.environ.get("ATMOSPHERE_ADMIN_TOKEN") or secrets.token_urlsafe(18),
     )
     return asyncio.run(run_dev(options))
 

@@ -34,6 +34,10 @@ class DevOptions:
     llm_base_url: str = ""
     """`LLM_BASE_URL` from the environment; empty starts the local model (unless `no_model`)."""
     no_model: bool = False
+    openai_enabled: bool = True
+    """Serve the OpenAI-compatible API (`ATMOSPHERE_AI_OPENAI_ENABLED`, on unless set false)."""
+    admin_token: str = ""
+    """The token of `/api/admin/*`: `ATMOSPHERE_ADMIN_TOKEN`, else one made for this run."""
 
     @property
     def local_model(self) -> bool:
@@ -85,6 +89,11 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
         if name == "ingress":
             env["ATMOSPHERE_INGRESS__HOST"] = options.host
             env["ATMOSPHERE_INGRESS__PORT"] = str(options.http_port)
+            # On a developer's machine every surface is on: each agent is an OpenAI model of its
+            # own name, and the admin reads answer to the token in the banner.
+            env["ATMOSPHERE_AI_OPENAI_ENABLED"] = "true" if options.openai_enabled else "false"
+            if options.admin_token:
+                env["ATMOSPHERE_ADMIN_TOKEN"] = options.admin_token
         else:
             env["ATMOSPHERE_PROBE_PORT"] = str(probes[name])
         if name == "dispatch":
@@ -112,6 +121,11 @@ def banner(options: DevOptions) -> str:
         f"  app        {options.app}",
         f"  http       {http}   (GET /readyz)",
         f"  websocket  ws://{options.host}:{options.http_port}/atmosphere/agent/<agent>",
+        f"  sse        POST {http}/atmosphere/agent/<agent>   (text/event-stream)",
+        *([f"  openai     {http}/atmosphere/v1   (model = agent name)"] if options.openai_enabled else []),
+        f"  console    {http}/api/console/info",
+        f"  admin      {http}/api/admin/...   (Authorization: Bearer {options.admin_token or '<unset>'})",
+        f"  openapi    {http}/docs",
         f"  grpc       {options.host}:{options.grpc_port}   (atmosphere.contracts.dispatch.v1.DispatchService)",
         f"  model      {model}",
         f"  nats       nats://{options.host}:{options.nats_port}",

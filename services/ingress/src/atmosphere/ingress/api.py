@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 
 from atmosphere.ingress import admin_api, agents_api, openai_api
 from atmosphere.ingress.agents_api import start_sse, state_of
@@ -27,15 +27,14 @@ from atmosphere.service import open_service
 log = logging.getLogger("atmosphere.ingress")
 
 
-def _served_by_another_method(request: Request) -> bool:
-    """Whether a route other than the catch-all serves this path with other methods (then 405)."""
-    for route in request.app.routes:
-        if "{path:path}" in getattr(route, "path", ""):
-            continue
+def _methods_serving(routes: Sequence[Route], request: Request) -> set[str]:
+    """The methods with which `routes` serve this request's path (a catch-all hit there is a 405)."""
+    methods: set[str] = set()
+    for route in routes:
         match, _ = route.matches(request.scope)
         if match is Match.PARTIAL:
-            return True
-    return False
+            methods |= route.methods or set()
+    return methods
 
 
 def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
@@ -95,6 +94,14 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
     app.include_router(admin_api.router)
+    # Every fixed route, from the routers themselves (FastAPI wraps included routers in objects
+    # of its own): a catch-all hit on one of their paths is a wrong method, not an endpoint.
+    openai_routes = openai_api.router.routes if settings.ai_openai_enabled else []
+    fixed = [
+        r
+        for r in (*app.router.routes, *agents_api.router.routes, *openai_routes, *admin_api.router.routes)
+        if isinstance(r, Route) and "{path:path}" not in r.path
+    ]
 
     # `@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow
     # the routes above.
@@ -117,10 +124,9 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
     )
     async def endpoint_sse(request: Request, path: str) -> StreamingResponse | JSONResponse:
         """The body is the prompt."""
-        if _served_by_another_method(request):
-            return JSONResponse(
-                {"error": "Method not allowed", "code": "ingress.method_not_allowed"}, 405, headers={"Allow": "GET"}
-            )
+        if allowed := _methods_serving(fixed, request):
+            # Shaped like every other 405 by the handler above (OpenAI's shape under its prefix).
+            raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
         return await start_sse(request, await state_of(request).directory.by_path("/" + path))
 
     return app

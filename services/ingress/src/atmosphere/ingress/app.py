@@ -28,7 +28,7 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
     server: _Server | None = None
 
     def info() -> dict[str, Any]:
-        return {"ingress": {"http": _address(server, settings)}}
+        return {"ingress": {"http": _address(server, settings)}, **surfaces(settings)}
 
     options = settings.ingress
     config = uvicorn.Config(
@@ -54,6 +54,26 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
     if not server.started:
         msg = "ingress failed to start (see the log above)"
         raise RuntimeError(msg)
+
+
+def surfaces(settings: IngressSettings) -> dict[str, Any]:
+    """The console-info blocks of what this ingress really serves (absent when off)."""
+    blocks: dict[str, Any] = {"transport": ["websocket", "sse", "long-polling"]}
+    if settings.ai_openai_enabled:
+        blocks["openAiCompatible"] = {
+            "path": "/atmosphere/v1",
+            "apiKeyRequired": bool(settings.ai_openai_api_key),
+            "models": sorted(settings.ai_openai_models) or "agent names",
+            **({"defaultAgent": settings.ai_openai_default_agent} if settings.ai_openai_default_agent else {}),
+        }
+    if settings.ingress.auth_tokens:
+        blocks["auth"] = {"kind": "bearer", "grants": len(settings.ingress.auth_tokens)}
+    if settings.ingress.cors_origins:
+        blocks["cors"] = list(settings.ingress.cors_origins)
+    admin_open = settings.admin_token or not settings.admin_http_read_auth_required
+    if admin_open:
+        blocks["hasAdmin"] = True
+    return blocks
 
 
 def _address(server: uvicorn.Server | None, settings: IngressSettings) -> str:
