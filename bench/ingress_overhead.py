@@ -17,23 +17,33 @@ ingress with `examples.assistant:app`; LiteLLM is installed by this script into 
 database, no callbacks, no telemetry). Both stacks run without auth (LiteLLM needs
 `LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY` for that; it listens on loopback only).
 
-For each concurrency (1, 16, 64) the arms run in interleaved rounds in shuffled order; the first
-round warms up and is discarded. In a round each arm streams a block of max(streams,
-concurrency) completions with that many in flight. Per stream: time to first token (TTFT) from
-the request's start to the first token, and each token's latency (receive time minus the time
-in the token). Added = per-round difference (arm minus direct) of p50 and p99; the report is
-the median over rounds. CPU per token is the user+system time (`/proc/<pid>/stat`) of the arm's
-server processes over its blocks (ours: ingress, dispatch, governance, tape, nats-server;
-LiteLLM: its process tree) divided by the tokens delivered. Our arms' numbers are also given as
-a ratio to LiteLLM's. "load CPU" is the busiest block's CPU of the load generator plus the
-upstream, in % of one core; near 100 % the load side, not the server, sets the latency.
+Each stream is 10 tokens 10 ms apart (a fast model; the first comes after 20 ms). For each
+concurrency (1, 16, 64) the arms run in interleaved rounds in shuffled order; the first round
+warms up and is discarded. In a round each arm streams a block of max(streams, 2 x concurrency)
+completions (at concurrency 1: streams) with that many clients, each starting its next stream
+when one ends; the clients start spread over one stream's length, so at 64 the block is 64
+streams in flight rather than one burst of 64 requests. The HTTP arms use a lean keep-alive
+HTTP/1.1 client (httptools), the WebSocket arm one open socket per client: with httpx the load
+CPU saturated at 16 streams. Per stream: time to first token (TTFT) from the request's start to
+the first token, and each token's latency (receive time minus the time in the token); a stream
+that errs, or does not deliver every token, counts as failed.
+
+Added = per-round difference (arm minus direct) of p50 and p99; the report is the median over
+rounds. CPU per token is the user+system time (`/proc/<pid>/stat`) of the arm's server
+processes over its blocks (ours: ingress, dispatch, governance, tape, nats-server; LiteLLM: its
+process tree) divided by the tokens delivered, so it includes each request's own cost spread
+over its 10 tokens; ours is also split by process. Our arms' added latency and CPU are also
+given as a ratio to LiteLLM's. "load" is the busiest block's CPU of the load generator plus
+the upstream, "server" the same for the arm's servers, in % of one core: near 100 % the CPU, not
+the path, sets the latency (queueing); near 100 % load, the load side does.
 
 Idle WebSockets: before the rounds, 2,000 sockets are opened to the agent endpoint and left
 idle; the ingress process's PSS (`/proc/<pid>/smaps_rollup`) before and after, divided by 2,000.
 
 Targets (the issue): at 64 streams our added TTFT p99 <= 1/3 of LiteLLM's and our added TTFT
 p50 <= 5 ms (both ingress arms); an idle WebSocket <= 50 KiB at 2,000 connections. A failed
-target prints FAIL and still exits 0; the exit status is 1 only when streams failed.
+target prints FAIL and still exits 0; the exit status is 1 only when streams failed directly or
+through ingress (LiteLLM's failures are reported, with its log).
 
 With two or more CPUs the system under test (ours or LiteLLM, every thread) is pinned to CPU 0
 and the load generator (this process) and the fake upstream to CPU 1 (`--no-pin` turns that off).
@@ -60,6 +70,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httptools
 import httpx
 import websockets
 from websockets.protocol import State
@@ -71,10 +82,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SUT_CPUS: set[int] = set()
 LOAD_CPUS: set[int] = set()
 
-# LiteLLM 1.82.7 and 1.82.8 on PyPI were a supply-chain compromise (a credential stealer, withdrawn
-# from PyPI); 1.107.0 final is absent from PyPI too (only its release candidates are listed) and is
-# reported compromised as well. 1.106.12 is the latest patch of a line that was maintained for a
-# month (released 2026-11-20) and is outside both: bump it deliberately, never to those versions.
+# LiteLLM 1.82.7 and 1.82.8 on PyPI were a supply-chain compromise (a credential stealer, since
+# withdrawn). 1.107.0 final is missing from PyPI as well (only its release candidates are listed)
+# and a PyPI audit tool describes it as compromised too. 1.106.12 (2026-11-20) is the last patch of
+# a line maintained for a month, outside both: bump it deliberately, never into those versions.
 LITELLM_VERSION = "1.106.12"
 LITELLM_VENV = ROOT / ".atmosphere" / "bench" / "litellm-venv"
 
@@ -83,7 +94,7 @@ TOKEN_GAP = 0.01
 """Seconds between the upstream's chunks (100 tokens/s per stream)."""
 CONCURRENCY = (1, 16, 64)
 IDLE_SOCKETS = 2000
-SETTLE = 0.25
+SETTLE = 0.2
 """Seconds after each block before the servers' CPU is read (the tape writes a little behind)."""
 STREAM_TIMEOUT = 60.0
 PROMPT = {"stream": True, "messages": [{"role": "user", "content": "go"}]}
@@ -186,7 +197,7 @@ def fake_upstream() -> Iterator[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def our_services(nats_url: str, upstream: str, data: Path, http_port: int) -> Iterator[list[int]]:
+def our_services(nats_url: str, upstream: str, data: Path, http_port: int) -> Iterator[dict[str, int]]:
     env = {
         **os.environ,
         "ATMOSPHERE_NATS__URL": nats_url,
@@ -206,13 +217,12 @@ def our_services(nats_url: str, upstream: str, data: Path, http_port: int) -> It
         "ATMOSPHERE_AI_OPENAI_DEFAULT_AGENT": "assistant",
         "ATMOSPHERE_AI_OPENAI_MAX_CONCURRENT": "256",
     }
-    # Ingress last: its pid is the last one (the idle-socket memory is read from it).
-    names = ("governance", "tape", "dispatch", "ingress")
+    names = ("ingress", "dispatch", "tape", "governance")
     children = [subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env) for name in names]
     for child in children:
         pin(child.pid, SUT_CPUS)
     try:
-        yield [child.pid for child in children]
+        yield {name: child.pid for name, child in zip(names, children, strict=True)}
     finally:
         stop_all(children)
 
@@ -361,36 +371,130 @@ def complete(first: float | None, latencies: list[float]) -> Sample:
     return Sample(first, latencies)
 
 
-async def sse_stream(client: httpx.AsyncClient, url: str, model: str) -> Sample:
-    """One streamed OpenAI chat completion."""
-    started = time.perf_counter_ns()
+class _Reply:
+    """httptools callbacks: the body as it comes, and whether the message is complete."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.headers_done = False
+        self.done = False
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+@dataclass
+class HttpPool:
+    """Keep-alive HTTP/1.1 connections to one server, parsed with httptools.
+
+    The load generator shares a CPU with the upstream; httpx costs several times more per line
+    than this, enough to saturate that CPU at 16 streams and show up as everyone's latency.
+    """
+
+    host: str
+    port: int
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, url: str) -> HttpPool:
+        address = httpx.URL(url)
+        assert address.port is not None
+        return cls(address.host, address.port)
+
+    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        return reader, writer, False
+
+    def release(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keep: bool) -> None:
+        if keep:
+            self.idle.append((reader, writer))
+        else:
+            writer.close()
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+@dataclass
+class _Tokens:
+    """What one SSE stream delivered."""
+
+    started: int
     first: float | None = None
-    latencies: list[float] = []
-    done = False
-    async with client.stream("POST", url, json={"model": model, **PROMPT}) as response:
-        if response.status_code != 200:
-            body = (await response.aread()).decode(errors="replace").strip()
-            raise StreamError(f"HTTP {response.status_code}: {body[:160]}")
-        # Read to the end (not only to [DONE]) so the connection goes back to the pool.
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            now = time.time_ns()
-            if line == "data: [DONE]":
-                done = True
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise StreamError(f"error chunk: {json.dumps(chunk['error'])[:160]}")
-            for choice in chunk.get("choices", []):
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    if first is None:
-                        first = (time.perf_counter_ns() - started) / 1e6
-                    latencies += stamps(content, now)
-    if not done:
+    latencies: list[float] = field(default_factory=list)
+    done: bool = False
+
+    def line(self, line: bytes, now: int) -> None:
+        if not line.startswith(b"data: "):
+            return
+        if line == b"data: [DONE]":
+            self.done = True
+            return
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise StreamError(f"error chunk: {json.dumps(chunk['error'])[:160]}")
+        for choice in chunk.get("choices", []):
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                if self.first is None:
+                    self.first = (time.perf_counter_ns() - self.started) / 1e6
+                self.latencies += stamps(content, now)
+
+
+async def sse_stream(pool: HttpPool, path: str, model: str) -> Sample:
+    """One streamed OpenAI chat completion, read to the end of the response."""
+    payload = json.dumps({"model": model, **PROMPT}).encode()
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    tokens = _Tokens(time.perf_counter_ns())
+    for attempt in range(2):
+        reader, writer, reused = await pool.acquire()
+        reply = _Reply()
+        parser = httptools.HttpResponseParser(reply)
+        keep = False
+        try:
+            writer.write(request)
+            while not reply.done:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                now = time.time_ns()
+                parser.feed_data(data)
+                if reply.headers_done and parser.get_status_code() == 200:
+                    while (end := reply.body.find(b"\n")) >= 0:
+                        line = bytes(reply.body[:end]).rstrip(b"\r")
+                        del reply.body[: end + 1]
+                        tokens.line(line, now)
+            keep = reply.done and parser.should_keep_alive()
+        except httptools.HttpParserError as exc:
+            raise StreamError(f"malformed HTTP response: {exc}") from None
+        finally:
+            pool.release(reader, writer, keep)
+        if not reply.headers_done and reused and attempt == 0:
+            continue  # the server had closed the idle connection: once more on a new one
+        break
+    if not reply.done:
+        raise StreamError("the server closed the connection mid-response")
+    if parser.get_status_code() != 200:
+        raise StreamError(f"HTTP {parser.get_status_code()}: {reply.body.decode(errors='replace').strip()[:400]}")
+    if not tokens.done:
         raise StreamError("the stream ended without [DONE]")
-    return complete(first, latencies)
+    return complete(tokens.first, tokens.latencies)
 
 
 @dataclass
@@ -448,10 +552,14 @@ class Stats:
     ttft_p99: list[float] = field(default_factory=list)
     token_p50: list[float] = field(default_factory=list)
     token_p99: list[float] = field(default_factory=list)
-    cpu: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by server process."""
     tokens: int = 0
     upstream_cpu: float = 0.0
     load_busy: float = 0.0
+    """The busiest block's CPU of the load generator and the upstream (fraction of one core)."""
+    server_busy: float = 0.0
+    """The busiest block's CPU of the arm's servers (fraction of one core)."""
     errors: Counter[str] = field(default_factory=Counter)
 
     def add(self, samples: list[Sample]) -> None:
@@ -467,15 +575,18 @@ class Stats:
 
     @property
     def cpu_per_token(self) -> float | None:
-        return self.cpu / self.tokens * 1e6 if self.tokens else None
+        return sum(self.cpu.values()) / self.tokens * 1e6 if self.tokens and self.cpu else None
 
 
 @dataclass
 class Arm:
     name: str
     run_one: Callable[[int], Awaitable[Sample]]
-    servers: list[int]
-    """Root pids of the arm's server processes (empty: nothing between client and upstream)."""
+    servers: dict[str, int]
+    """The arm's server processes by name (none: nothing between client and upstream)."""
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds([pid]) for name, pid in self.servers.items()}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -484,20 +595,32 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[index]
 
 
+def block_size(concurrency: int, streams: int) -> int:
+    # At least two streams per client: with one, a block at 64 would be a single burst of 64
+    # requests arriving together rather than 64 streams in flight.
+    return max(streams, 2 * concurrency if concurrency > 1 else 1)
+
+
 async def block(arm: Arm, concurrency: int, streams: int, errors: Counter[str]) -> list[Sample]:
-    """`streams` streams with `concurrency` in flight (closed loop: each client starts its next at once)."""
+    """`streams` streams with `concurrency` in flight (closed loop: each client starts its next at once).
+
+    The clients start spread over one stream's nominal length, so streams overlap as they would
+    in steady traffic instead of moving in lockstep waves.
+    """
     samples: list[Sample] = []
     left = streams
+    spread = (TOKENS + 3) * TOKEN_GAP / concurrency
 
     async def client(index: int) -> None:
         nonlocal left
+        await asyncio.sleep(index * spread)
         while left > 0:
             left -= 1
             try:
                 async with asyncio.timeout(STREAM_TIMEOUT):
                     samples.append(await arm.run_one(index))
             except (StreamError, httpx.HTTPError, websockets.WebSocketException, OSError, TimeoutError) as exc:
-                errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+                errors[f"{type(exc).__name__}: {exc}"[:400]] += 1
 
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     return samples
@@ -513,22 +636,21 @@ async def measure(
         for arm in order:
             mine = stats[arm.name]
             errors: Counter[str] = Counter()
-            cpu, upstream, load, wall = (
-                cpu_seconds(arm.servers),
-                cpu_seconds([upstream_pid]),
-                time.process_time(),
-                time.perf_counter(),
-            )
-            samples = await block(arm, concurrency, max(streams, concurrency), errors)
+            cpu, upstream, load, wall = arm.cpu(), cpu_seconds([upstream_pid]), time.process_time(), time.perf_counter()
+            samples = await block(arm, concurrency, block_size(concurrency, streams), errors)
             upstream_used = cpu_seconds([upstream_pid]) - upstream
             busy = (time.process_time() - load + upstream_used) / (time.perf_counter() - wall)
             await asyncio.sleep(SETTLE)
+            used = {name: spent - cpu[name] for name, spent in arm.cpu().items()}
+            elapsed = time.perf_counter() - wall
             if index:
                 mine.add(samples)
                 mine.errors.update(errors)
-                mine.cpu += cpu_seconds(arm.servers) - cpu
+                for name, spent in used.items():
+                    mine.cpu[name] = mine.cpu.get(name, 0.0) + spent
                 mine.upstream_cpu += upstream_used
                 mine.load_busy = max(mine.load_busy, busy)
+                mine.server_busy = max(mine.server_busy, sum(used.values()) / elapsed)
     return stats
 
 
@@ -548,6 +670,7 @@ class Row:
     absolute: list[float | None]
     added: list[float | None]
     cpu: float | None
+    server_busy: float | None
     load_busy: float
 
 
@@ -579,31 +702,36 @@ def report(concurrency: int, rounds: int, streams: int, stats: dict[str, Stats])
                 added(direct.token_p99, s.token_p99),
             ],
             None if name == DIRECT else s.cpu_per_token,
+            None if name == DIRECT else s.server_busy * 100,
             s.load_busy,
         )
     print(
-        f"\n{concurrency} concurrent stream(s), {max(streams, concurrency)} streams per arm per round, "
-        f"median of {rounds} rounds (ms; CPU in µs per token)"
+        f"\n{concurrency} concurrent stream(s), {block_size(concurrency, streams)} streams per arm per round, "
+        f"median of {rounds} rounds (ms; CPU in µs per token, busiest block's CPU in % of one core)"
     )
     print(
-        f"  {'':27}{'TTFT p50':>9}{'p99':>8}{'token p50':>10}{'p99':>8}   "
-        f"{'+TTFT p50':>9}{'p99':>8}{'+token p50':>11}{'p99':>8}{'CPU/token':>11}{'load CPU':>10}"
+        f"  {'':27}{'TTFT p50':>9}{'p99':>9}{'token p50':>10}{'p99':>8}  "
+        f"{'+TTFT p50':>10}{'p99':>10}{'+token p50':>11}{'p99':>10}{'CPU/token':>10}{'server':>8}{'load':>6}"
     )
     lite = rows.get(LITELLM)
     for name, row in rows.items():
         a, d = row.absolute, row.added
         print(
-            f"  {name:<27}{num(a[0], 9)}{num(a[1], 8)}{num(a[2], 10)}{num(a[3], 8)}   "
-            f"{num(d[0], 9, sign=True)}{num(d[1], 8, sign=True)}{num(d[2], 11, sign=True)}{num(d[3], 8, sign=True)}"
-            f"{num(row.cpu, 11, 0)}{row.load_busy * 100:9.0f}%"
+            f"  {name:<27}{num(a[0], 9)}{num(a[1], 9)}{num(a[2], 10)}{num(a[3], 8)}  "
+            f"{num(d[0], 10, sign=True)}{num(d[1], 10, sign=True)}{num(d[2], 11, sign=True)}{num(d[3], 10, sign=True)}"
+            f"{num(row.cpu, 10, 0)}{'—' if row.server_busy is None else f'{row.server_busy:.0f}%':>8}"
+            f"{row.load_busy * 100:5.0f}%"
         )
-        if name in (OPENAI, WEBSOCKET):
-            versus = lite.added if lite else [None] * 4
-            lite_cpu = lite.cpu if lite else None
+        if lite is not None and name in (OPENAI, WEBSOCKET):
+            versus, lite_cpu = lite.added, lite.cpu
             print(
-                f"  {'  ÷ LiteLLM':<27}{'':35}   {ratio(d[0], versus[0], 9)}{ratio(d[1], versus[1], 8)}"
-                f"{ratio(d[2], versus[2], 11)}{ratio(d[3], versus[3], 8)}{ratio(row.cpu, lite_cpu, 11)}"
+                f"  {'  ÷ LiteLLM':<27}{'':36}  {ratio(d[0], versus[0], 10)}{ratio(d[1], versus[1], 10)}"
+                f"{ratio(d[2], versus[2], 11)}{ratio(d[3], versus[3], 10)}{ratio(row.cpu, lite_cpu, 10)}"
             )
+    for name in (OPENAI, WEBSOCKET):
+        if stats[name].tokens:
+            split = ", ".join(f"{p} {c / stats[name].tokens * 1e6:.0f}" for p, c in stats[name].cpu.items())
+            print(f"  {name} CPU µs/token by process: {split}")
     upstream_tokens = sum(s.tokens for s in stats.values())
     if upstream_tokens:
         upstream = sum(s.upstream_cpu for s in stats.values()) / upstream_tokens * 1e6
@@ -663,11 +791,12 @@ async def litellm_arm(
         yield None
         return
     with litellm_proxy(command, upstream, scratch) as (url, pid, log):
+        pool = HttpPool.of(url)
 
         async def health() -> None:
             if (await client.get(f"{url}/health/liveliness")).status_code != 200:
                 raise StreamError("not live yet")
-            await sse_stream(client, f"{url}/v1/chat/completions", "fake-model")
+            await sse_stream(pool, "/v1/chat/completions", "fake-model")
 
         try:
             await wait_ready(url, health, "LiteLLM", timeout=180)
@@ -676,7 +805,8 @@ async def litellm_arm(
             yield None
             return
         pin(pid, SUT_CPUS)
-        yield Arm(LITELLM, lambda _: sse_stream(client, f"{url}/v1/chat/completions", "fake-model"), [pid])
+        yield Arm(LITELLM, lambda _: sse_stream(pool, "/v1/chat/completions", "fake-model"), {"litellm": pid})
+        pool.close()
 
 
 def verdict(ok: bool) -> str:
@@ -713,14 +843,13 @@ def targets(at64: dict[str, Row], idle: tuple[float, float, int] | None) -> None
 
 async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | None) -> int:
     rng = random.Random(7)
-    failures = 0
+    failures = lite_failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         nats = NatsServer(scratch / "nats").start()
         pin(nats.pid, SUT_CPUS)
         http_port = free_port()
         base = f"http://127.0.0.1:{http_port}"
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
         sockets = Sockets(f"ws://127.0.0.1:{http_port}/atmosphere/agent/assistant")
         try:
             with (
@@ -728,17 +857,14 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
                 our_services(nats.url, upstream, scratch / "data", http_port) as ours,
             ):
                 async with (
-                    httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(STREAM_TIMEOUT)) as client,
+                    httpx.AsyncClient(timeout=10) as client,
                     litellm_arm(None if skip_litellm else litellm, upstream, scratch, client) as lite,
                 ):
-                    sut = [nats.pid, *ours]
+                    sut = {"nats-server": nats.pid, **ours}
+                    direct, ingress = HttpPool.of(upstream), HttpPool.of(base)
                     arms = [
-                        Arm(DIRECT, lambda _: sse_stream(client, f"{upstream}/chat/completions", "fake-model"), []),
-                        Arm(
-                            OPENAI,
-                            lambda _: sse_stream(client, f"{base}/atmosphere/v1/chat/completions", "assistant"),
-                            sut,
-                        ),
+                        Arm(DIRECT, lambda _: sse_stream(direct, "/v1/chat/completions", "fake-model"), {}),
+                        Arm(OPENAI, lambda _: sse_stream(ingress, "/atmosphere/v1/chat/completions", "assistant"), sut),
                         Arm(WEBSOCKET, lambda index: ws_stream(sockets, index), sut),
                     ]
                     if lite is not None:
@@ -750,32 +876,47 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
                     await wait_ready(base, ready, "ingress")
                     for arm in arms:  # one warm-up run through each arm
                         await wait_ready(arm.name, functools.partial(arm.run_one, 0), arm.name)
-                    for pid in sut:  # threads started before the first pin
+                    for pid in sut.values():  # threads started before the first pin
                         pin(pid, SUT_CPUS)
 
-                    idle = await idle_sockets(sockets.url, ours[-1], IDLE_SOCKETS)
+                    idle = await idle_sockets(sockets.url, ours["ingress"], IDLE_SOCKETS)
                     print(f"idle WebSockets: {idle[0]:.1f} KiB of ingress PSS per connection at {IDLE_SOCKETS:,}")
 
+                    print(
+                        f"\neach stream: {TOKENS} tokens {TOKEN_GAP * 1000:.0f} ms apart from the upstream "
+                        f"(the first after {2 * TOKEN_GAP * 1000:.0f} ms); ours run examples.assistant, no tools"
+                    )
                     results: dict[int, dict[str, Row]] = {}
                     for concurrency in CONCURRENCY:
                         stats = await measure(arms, concurrency, rounds, streams, upstream_pid, rng)
                         results[concurrency] = report(concurrency, rounds, streams, stats)
-                        failures += sum(s.errors.total() for s in stats.values())
+                        failures += sum(s.errors.total() for name, s in stats.items() if name != LITELLM)
+                        lite_failures += stats[LITELLM].errors.total() if LITELLM in stats else 0
                     await sockets.close()
+                    direct.close()
+                    ingress.close()
                     if lite is None:
                         print("\nLiteLLM was not run: ratios are n/a")
+                    elif lite_failures:
+                        errors = [
+                            line for line in log_tail(scratch / "litellm.log", 400).splitlines() if "Error" in line
+                        ]
+                        print(
+                            f"\nLiteLLM's log on its {lite_failures} failed stream(s), last lines:\n"
+                            + "\n".join(errors[-6:])
+                        )
                     targets(results[64], idle)
         finally:
             nats.stop()
     if failures:
-        print(f"\n{failures} stream(s) failed (see ERRORS above)")
+        print(f"\n{failures} stream(s) failed directly or through ingress (see ERRORS above)")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="kept rounds (one more warms up)")
-    parser.add_argument("--streams", type=int, default=64, help="streams per arm per round (at least the concurrency)")
+    parser.add_argument("--streams", type=int, default=32, help="streams per arm per round (at least 2 per client)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 16 streams: a smoke test, not a result")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the SUT and the load to separate CPUs")
     parser.add_argument("--skip-litellm", action="store_true", help="run without the LiteLLM arm (ratios are n/a)")

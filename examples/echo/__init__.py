@@ -7,7 +7,8 @@ configured) and talk to `ws://127.0.0.1:8080/atmosphere/agent/echo`.
 from atmosphere.sdk import App, StreamingSession, agent, prompt
 
 
-@agent(name="echo", description="Streams your message back, word by word.")
+# No model loop for a harness to complete: a bare agent (`harness=[]`).
+@agent(name="echo", description="Streams your message back, word by word.", harness=[])
 class Echo:
     """Echoes the prompt."""
 

@@ -43,6 +43,8 @@ def service_map(
     llm_base_url: str = "",
     llm_model: str = "fake-model",
     ingress: dict[str, Any] | None = None,
+    dispatch: dict[str, Any] | None = None,
+    llm: dict[str, Any] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """name → (serve, settings) for the given services, in start order."""
     extra: dict[str, dict[str, Any]] = {
@@ -50,9 +52,11 @@ def service_map(
             "app": app,
             "app_dir": ROOT,
             "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0),
-            "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10),
+            "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10, **(llm or {})),
+            **(dispatch or {}),
         },
         "sandbox": {"app": app, "app_dir": ROOT},
+        "memory": {"workspace_root": data_dir / "workspace"},
         "ingress": {"ingress": IngressOptions(port=0), **(ingress or {})},
     }
     return {

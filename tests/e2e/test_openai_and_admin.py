@@ -152,7 +152,13 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
     assert info["governance"] == {"policies": ["admit-all"], "decisionLog": "sqlite"}
     assert info["sandbox"]["tools"] == ["celsius_to_fahrenheit", "local_time"]
     assert info["tape"]["enabled"] is True
-    assert "memory" not in info  # nothing of memory is active yet: no block
+    assert info["memory"]["tools"][0] == "write_todos"
+    assert info["memorySafety"] == {"active": True, "tier": "RULE_BASED", "breach": "DROP"}
+    # The assistant is a plain @agent: the full harness attached, and says so.
+    assert info["harness"]["planning"] == "ACTIVE(builtin)"
+    assert info["harness"]["filesystem"] == "ACTIVE(builtin)"
+    assert info["harness"]["conversation-memory"] == "ACTIVE"
+    assert info["harness"]["delegation"] == "INACTIVE(disabled)"  # no coordinator, flag unset
     assert info["transport"] == ["websocket", "sse", "long-polling"]
     assert info["openAiCompatible"]["defaultAgent"] == "assistant"
     assert info["openAiCompatible"]["apiKeyRequired"] is False

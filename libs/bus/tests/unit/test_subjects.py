@@ -15,6 +15,10 @@ def test_builders_produce_the_documented_layout() -> None:
     assert subjects.tape("steps") == "atmo.tape.steps"
     assert subjects.service_health("tape") == "atmo.svc.tape.health"
     assert subjects.service_info("tape") == "atmo.svc.tape.info"
+    assert subjects.memory_tool("write_todos") == "atmo.mem.tool.write_todos"
+    assert subjects.matches(subjects.memory_tools_all(), subjects.memory_tool("ls"))
+    assert not subjects.matches(subjects.memory_tools_all(), subjects.tool("ls"))
+    assert subjects.conversation_closed() == "atmo.conv.closed"
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "a b", "*", ">", "x*", "a\nb", "é", "x" * 129])

@@ -90,6 +90,64 @@ def test_typed_event_frames() -> None:
     }
 
 
+def test_plan_steps_carry_active_form_and_goal() -> None:
+    update = run_pb2.PlanUpdate(
+        steps=[
+            run_pb2.PlanStep(content="Write it", status="in_progress", active_form="Writing it"),
+            run_pb2.PlanStep(content="Ship it", status="pending"),
+        ],
+        goal="",
+        conversation_id="c",
+        agent_id="x",
+    )
+    assert frame(plan_update=update)["data"] == {
+        "steps": [
+            {"content": "Write it", "status": "in_progress", "activeForm": "Writing it"},
+            {"content": "Ship it", "status": "pending"},
+        ],
+        "goal": "",
+        "conversationId": "c",
+        "agentId": "x",
+    }
+
+
+def test_a_sub_run_event_is_tagged_and_its_text_is_typed() -> None:
+    forwarded = run_pb2.RunEvent(
+        run_id="parent",
+        seq=9,
+        session_id="s",
+        origin_run_id="child",
+        origin_agent="research",
+        text_delta=run_pb2.TextDelta(text="found it"),
+    )
+    assert to_frame(forwarded) == {
+        "event": "text-delta",
+        "data": {"text": "found it"},
+        "runId": "child",
+        "parentRunId": "parent",
+        "agent": "research",
+        "sessionId": "s",
+        "seq": 9,
+    }
+    tool = run_pb2.RunEvent(
+        run_id="parent",
+        seq=10,
+        session_id="s",
+        origin_run_id="child",
+        origin_agent="research",
+        tool_start=run_pb2.ToolStart(tool_name="ls", arguments_json="{}"),
+    )
+    assert to_frame(tool) == {
+        "event": "tool-start",
+        "data": {"toolName": "ls", "arguments": {}},
+        "runId": "child",
+        "parentRunId": "parent",
+        "agent": "research",
+        "sessionId": "s",
+        "seq": 10,
+    }
+
+
 def test_every_event_kind_has_a_frame() -> None:
     kinds = [f.name for f in RunEvent.DESCRIPTOR.oneofs_by_name["kind"].fields]
     for kind in kinds:

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+from collections.abc import AsyncGenerator
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import subjects
 from atmosphere.bus._api import Bus, PublishAck
 from atmosphere.bus._codec import Headers
-from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest
+from atmosphere.bus.errors import BusError
+from atmosphere.contracts.common.v1.common_pb2 import Principal
+from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, Metadata, RunEvent, RunRequest
 
 RUN_ID_METADATA_KEY = "X-Atmosphere-Run-Id"
 """The metadata key of the run-id event (seq 1), as Atmosphere clients expect it."""
@@ -30,6 +34,8 @@ WORKER_FIRST_SEQ = 2
 """The first seq the owning worker writes; seq 1 belongs to the submitter."""
 
 TERMINAL_KINDS = frozenset({"complete", "error"})
+
+log = logging.getLogger("atmosphere.bus")
 
 
 def is_terminal(event: RunEvent) -> bool:
@@ -100,3 +106,105 @@ async def submit_run(bus: Bus, request: RunRequest) -> PublishAck:
         bus.js_publish(subjects.run_submit(request.agent), request, headers=headers),
     )
     return ack
+
+
+class UnknownRunError(LookupError):
+    """No events are stored for that run id (never existed, or expired)."""
+
+
+class StreamGapError(RuntimeError):
+    """Events of a run are missing from both the live subscription and the stream."""
+
+
+async def _backfill(bus: Bus, run_id: str, first: int, last: int, *, patience: float) -> list[RunEvent]:
+    """Stored events with `first <= seq <= last`; waits up to `patience` for stragglers."""
+    deadline = time.monotonic() + patience
+    while True:
+        found = {
+            e.seq: e
+            async for e in bus.replay(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
+            if first <= e.seq <= last
+        }
+        if len(found) == last - first + 1:
+            return [found[s] for s in range(first, last + 1)]
+        if time.monotonic() >= deadline:
+            missing = [s for s in range(first, last + 1) if s not in found]
+            msg = f"run {run_id}: events {missing} are missing from the stream"
+            raise StreamGapError(msg)
+        await asyncio.sleep(0.05)
+
+
+async def _stored_from(bus: Bus, run_id: str, first: int) -> AsyncGenerator[RunEvent, None]:
+    """The stored events of `run_id` with seq >= `first`, in order; a hole is a `StreamGapError`."""
+    expected = first
+    async for event in bus.replay(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent):
+        if event.seq < expected:
+            continue
+        if event.seq > expected:
+            msg = f"run {run_id}: events {expected}..{event.seq - 1} are no longer stored"
+            raise StreamGapError(msg)
+        yield event
+        expected += 1
+
+
+async def follow_run(
+    bus: Bus,
+    run_id: str,
+    *,
+    after_seq: int = 0,
+    submit: RunRequest | None = None,
+    gap_patience: float = 2.0,
+) -> AsyncGenerator[RunEvent, None]:
+    """Yield the events of `run_id` with seq > `after_seq`, in order, once each, through the terminal one.
+
+    With `submit`, the run is submitted after the live subscription is in place (a new run).
+    Otherwise the stored events come first (a resume), then the live tail; a finished run
+    ends at its stored terminal event.
+
+    Raises:
+        UnknownRunError: resuming a run of which nothing is stored.
+        StreamGapError: events missing from both the live tail and the stream.
+    """
+    next_seq = after_seq + 1
+    async with bus.subscribe(subjects.run_events(run_id), RunEvent) as live:
+        if submit is not None:
+            await submit_run(bus, submit)
+        else:
+            last = await bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
+            if last is None:
+                raise UnknownRunError(run_id)
+            if is_terminal(last) and last.seq < next_seq:
+                return  # the client already saw the end
+            async for event in _stored_from(bus, run_id, next_seq):
+                yield event
+                next_seq = event.seq + 1
+                if is_terminal(event):
+                    return
+        async for envelope in live:
+            event = envelope.message
+            if event.seq < next_seq:
+                continue  # already delivered (replayed, or a duplicate)
+            if event.seq > next_seq:
+                log.info("run %s: live gap %d..%d; back-filling from the stream", run_id, next_seq, event.seq - 1)
+                for missing in await _backfill(bus, run_id, next_seq, event.seq - 1, patience=gap_patience):
+                    yield missing
+                    if is_terminal(missing):
+                        return
+            yield event
+            next_seq = event.seq + 1
+            if is_terminal(event):
+                return
+
+
+async def send_control(bus: Bus, control: Control, *, timeout: float = 2.0) -> ControlAck:
+    """Send `control` to the worker owning the run; a not-accepted ack if nobody does."""
+    try:
+        return await bus.request(subjects.run_control(control.run_id), control, ControlAck, timeout=timeout)
+    except BusError as exc:
+        return ControlAck(accepted=False, detail=f"no worker owns this run ({type(exc).__name__})")
+
+
+async def cancel_run(bus: Bus, run_id: str, reason: str, *, principal: Principal | None = None) -> bool:
+    """Ask the worker owning `run_id` to cancel it; False when nobody owns it (or no answer)."""
+    control = Control(run_id=run_id, cancel=Cancel(reason=reason), principal=principal)
+    return (await send_control(bus, control, timeout=1.0)).accepted

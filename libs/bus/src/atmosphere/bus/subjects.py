@@ -13,9 +13,14 @@ Layout (logical names; a bus with a namespace prefixes every subject with `<name
 | `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
 | `atmo.gov.<op>`              | request/reply to governance |
 | `atmo.mem.<op>`              | request/reply to memory |
+| `atmo.mem.tool.<tool>`       | the harness tools memory serves (`write_todos`, files) |
+| `atmo.conv.closed`           | a `ConversationClosed` event (fact extraction) |
 | `atmo.tape.<op>`             | request/reply to tape |
 | `atmo.svc.<service>.health`  | request/reply health |
 | `atmo.svc.<service>.info`    | request/reply runtime-truth fragment |
+
+Harness tools have a subject of their own (not `atmo.tool.<tool>`) so that a user tool with
+the same name, served by the sandbox, never shares a subject with the built-in one.
 
 Submissions live under `atmo.submit.*` rather than `atmo.run.submit.*`: JetStream refuses two
 streams whose subject filters overlap, and `atmo.run.submit.>` overlaps `atmo.run.*.evt`.
@@ -96,6 +101,21 @@ def governance(op: str) -> str:
 def memory(op: str) -> str:
     """A memory operation; dotted ops (`history.load`) are validated token by token."""
     return f"{ROOT}.mem.{_dotted(op)}"
+
+
+def memory_tool(name: str) -> str:
+    """Where a `ToolCall` for the harness tool `name` (served by memory) is sent."""
+    return f"{ROOT}.mem.tool.{token(name, what='tool name')}"
+
+
+def memory_tools_all() -> str:
+    """Every harness tool subject (memory's subscription)."""
+    return f"{ROOT}.mem.tool.*"
+
+
+def conversation_closed() -> str:
+    """Where ingress announces that a conversation ended."""
+    return f"{ROOT}.conv.closed"
 
 
 def tape(op: str) -> str:

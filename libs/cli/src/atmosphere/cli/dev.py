@@ -63,6 +63,7 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
         "ATMOSPHERE_APP": options.app,
         "ATMOSPHERE_APP_DIR": str(Path.cwd()),
         "ATMOSPHERE_DATA_DIR": str(options.home / "data"),
+        "ATMOSPHERE_WORKSPACE_ROOT": str(options.home / "workspace"),
         "ATMOSPHERE_PROBE_HOST": options.host,
     }
     probes = _probe_ports(options)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from atmosphere.sdk._harness import Harness, PromptCache
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor
 from atmosphere.sdk._tool import Tool
@@ -48,6 +49,16 @@ class AgentSpec:
     response_format: type[BaseModel] | None = None
     structured_output_retries: int = 0
     model: str | None = None
+    harness: tuple[Harness, ...] = ()
+    """The declared harness (`@agent`/`@coordinator` default to `ALL`, `@ai_endpoint` to none)."""
+    headless: bool = False
+    """No prompt loop for the harness to complete: the harness does not apply."""
+    max_history_messages: int = 20
+    """Messages of conversation history kept (>= 2)."""
+    conversation_memory: bool = False
+    """`@ai_endpoint` only: keep history even without the MEMORY feature."""
+    prompt_cache: PromptCache = PromptCache.NONE
+    """The prompt-cache policy; NONE lets the harness's CACHE feature seed one."""
 
 
 def prompt(func: F) -> F:
@@ -105,6 +116,15 @@ def _register(cls: T, **fields: Any) -> T:
     if len(set(names)) != len(names):
         msg = f"{owner}: two tools share a name in {names}"
         raise UserError(msg)
+    if fields["max_history_messages"] < 2:
+        msg = f"{owner}: max_history_messages must be >= 2"
+        raise UserError(msg)
+    harness = fields["harness"]
+    if isinstance(harness, (str, Harness)) or not all(isinstance(h, Harness) for h in harness):
+        msg = f"{owner}: harness must be a list of Harness values, e.g. [Harness.MEMORY]"
+        raise UserError(msg)
+    fields["harness"] = tuple(harness)
+    fields["prompt_cache"] = _prompt_cache(fields["prompt_cache"], owner)
     if fields["structured_output_retries"] < 0:
         msg = f"{owner}: structured_output_retries must be >= 0"
         raise UserError(msg)
@@ -126,6 +146,16 @@ def _register(cls: T, **fields: Any) -> T:
     return cls
 
 
+def _prompt_cache(value: object, owner: str) -> PromptCache:
+    if isinstance(value, PromptCache):
+        return value
+    try:
+        return PromptCache(str(value).lower())
+    except ValueError:
+        msg = f"{owner}: prompt_cache must be a PromptCache (none, conservative, aggressive), got {value!r}"
+        raise UserError(msg) from None
+
+
 def agent(
     *,
     name: str | None = None,
@@ -139,10 +169,15 @@ def agent(
     response_format: type[BaseModel] | None = None,
     structured_output_retries: int = 0,
     model: str | None = None,
+    harness: Sequence[Harness] = (Harness.ALL,),
+    headless: bool = False,
+    max_history_messages: int = 20,
+    prompt_cache: PromptCache | str = PromptCache.NONE,
 ) -> Callable[[T], T]:
     """Declare an agent served at `/atmosphere/agent/<name>` (default name: the class name).
 
-    Without a `@prompt` method, each prompt is answered with `session.stream(message)`.
+    Without a `@prompt` method, each prompt is answered with `session.stream(message)`. The full
+    harness is on unless `harness=` says otherwise (`harness=[]` is a bare loop).
     """
 
     def register(cls: T) -> T:
@@ -162,6 +197,11 @@ def agent(
             response_format=response_format,
             structured_output_retries=structured_output_retries,
             model=model,
+            harness=harness,
+            headless=headless,
+            max_history_messages=max_history_messages,
+            conversation_memory=False,
+            prompt_cache=prompt_cache,
         )
 
     return register
@@ -179,8 +219,14 @@ def coordinator(
     retry: RetryPolicy = RetryPolicy.DEFAULT,
     budget: AiBudget | None = None,
     model: str | None = None,
+    harness: Sequence[Harness] = (Harness.ALL,),
+    max_history_messages: int = 20,
+    prompt_cache: PromptCache | str = PromptCache.NONE,
 ) -> Callable[[T], T]:
-    """Declare an agent that delegates to a `fleet` of other agents (classes or names)."""
+    """Declare an agent that delegates to a `fleet` of other agents (classes or names).
+
+    With the DELEGATION feature (on by default) it gets `delegate_task` and `task`.
+    """
 
     def register(cls: T) -> T:
         agent_name = _check_name(name or cls.__name__.lower(), "coordinator")
@@ -201,6 +247,11 @@ def coordinator(
             response_format=None,
             structured_output_retries=0,
             model=model,
+            harness=harness,
+            headless=False,
+            max_history_messages=max_history_messages,
+            conversation_memory=False,
+            prompt_cache=prompt_cache,
         )
 
     return register
@@ -219,8 +270,15 @@ def ai_endpoint(
     response_format: type[BaseModel] | None = None,
     structured_output_retries: int = 0,
     model: str | None = None,
+    harness: Sequence[Harness] = (),
+    conversation_memory: bool = False,
+    max_history_messages: int = 20,
+    prompt_cache: PromptCache | str = PromptCache.NONE,
 ) -> Callable[[T], T]:
-    """Declare a bare endpoint at `path`; it is named by the path's last segment."""
+    """Declare a bare endpoint at `path`; it is named by the path's last segment.
+
+    Bare by default: opt in to harness features with `harness=[Harness.ALL]` (or a selection).
+    """
     if not _PATH.fullmatch(path):
         msg = f"@ai_endpoint path {path!r} must look like /segment/segment"
         raise UserError(msg)
@@ -242,6 +300,11 @@ def ai_endpoint(
             response_format=response_format,
             structured_output_retries=structured_output_retries,
             model=model,
+            harness=harness,
+            headless=False,
+            max_history_messages=max_history_messages,
+            conversation_memory=conversation_memory,
+            prompt_cache=prompt_cache,
         )
 
     return register

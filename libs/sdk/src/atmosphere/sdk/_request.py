@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from atmosphere.sdk._harness import PromptCache
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -17,6 +19,14 @@ class ChatMessage:
 
     role: Role
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHint:
+    """Ask the provider to cache the request's prefix under `key` (sent only where allowed)."""
+
+    policy: PromptCache
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,8 @@ class AiRequest:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     response_format: type[BaseModel] | None = None
     """Ask for structured output validated against this model."""
+    cache_hint: CacheHint | None = None
+    """A prompt-cache hint (the harness's CACHE feature seeds one)."""
 
     def with_message(self, message: str) -> AiRequest:
         """A copy with another user message."""

@@ -88,6 +88,8 @@ class RuntimeConfig:
     """Seconds without a byte from the provider before the call counts as stalled."""
     max_concurrency: int = 16
     """Concurrent model calls this process makes (sizes the connection pool)."""
+    prompt_cache_key: str = "auto"
+    """When to send a request's cache key: `auto` (only to hosts known to accept it), `enabled`, `disabled`."""
     extra: dict[str, str] = field(default_factory=dict)
     """Settings for third-party runtimes."""
 

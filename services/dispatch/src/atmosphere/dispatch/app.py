@@ -6,14 +6,19 @@ import asyncio
 import contextlib
 from typing import Any
 
-from atmosphere.bus import ConsumerSpec, subjects
+from atmosphere.bus import Bus, ConsumerSpec, MessageContext, Router, subjects
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
 from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor, agent_descriptors
+from atmosphere.dispatch.harness import HarnessConfig, SurfaceMode, resolve_app, runtime_state
+from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.settings import DispatchSettings
-from atmosphere.sdk import load_app
+from atmosphere.sdk import HarnessSwitch, PromptCache, load_app
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
 from atmosphere.service import open_service
 
@@ -21,36 +26,84 @@ WORKERS = "dispatch"
 """The durable consumer every dispatch instance pulls runs from."""
 
 
+def harness_config(settings: DispatchSettings) -> HarnessConfig:
+    """The app-wide harness settings, parsed once."""
+    return HarnessConfig(
+        switch=HarnessSwitch(
+            enabled=HarnessSwitch.parse_enabled(settings.ai_harness_enabled),
+            exclude_paths=HarnessSwitch.parse_paths(settings.ai_harness_exclude_paths),
+        ),
+        compaction=HarnessConfig.parse_compaction(settings.ai_harness_compaction),
+        recent_window=settings.ai_compaction_recent_window,
+        prompt_cache_default=PromptCache.parse(settings.ai_harness_prompt_cache_default),
+        planning=SurfaceMode.parse(settings.llm.planning),
+        filesystem=SurfaceMode.parse(settings.llm.filesystem),
+        offload_threshold=HarnessConfig.parse_threshold(settings.llm.tool_output_offload_threshold),
+    )
+
+
+def _closed_conversations(extractor: FactExtractor, running: set[asyncio.Task[int]]) -> Router:
+    router = Router()
+
+    async def on_closed(closed: ConversationClosed, _: MessageContext) -> None:
+        # Extraction calls the model: it runs beside the subscription, which stays free.
+        task = asyncio.create_task(extractor.on_closed(closed))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    router.add(subjects.conversation_closed(), ConversationClosed, on_closed)
+    return router
+
+
 async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
     """Run dispatch until `stop` is set."""
     app = load_app(settings.app, app_dir=settings.app_dir)
     options = settings.dispatch
     runtimes = discover_runtimes(runtime_config(settings.llm, max_concurrency=options.max_concurrent_runs))
-    pipeline = ModelPipeline(resolve_runtime(runtimes))
-    descriptors = agent_descriptors(app, pipeline)
+    runtime = resolve_runtime(runtimes)
+    config = harness_config(settings)
+    harnesses = resolve_app(
+        app,
+        config,
+        runtime_name=runtime.name if runtime is not None else "",
+        runtime_capabilities=runtime.capabilities() if runtime is not None else frozenset(),
+    )
     grpc_port = 0
+    descriptors: list[AgentDescriptor] = []
+    extractions: set[asyncio.Task[int]] = set()
 
     def info() -> dict[str, Any]:
         return {
             "agents": [d.name for d in descriptors],
             "app": settings.app,
-            "runtime": _runtime_info(pipeline.runtime),
+            "runtime": _runtime_info(runtime),
             "grpc": f"{options.grpc_host}:{grpc_port}" if grpc_port else None,
+            "harness": runtime_state(config, harnesses),
         }
 
     async with contextlib.AsyncExitStack() as stack:
         for runtime in runtimes:
             stack.push_async_callback(runtime.aclose)
         service = await stack.enter_async_context(open_service("dispatch", settings, info=info))
-        bus = service.bus
+        bus: Bus = service.bus
+        memory = MemoryClient(bus)
+        pipeline = ModelPipeline(runtime, ConversationMemory(memory, config, runtime))
+        descriptors[:] = agent_descriptors(app, pipeline, harnesses)
         for descriptor in descriptors:
             await bus.kv_put(subjects.AGENTS_BUCKET, descriptor.name, descriptor)
         executor = RunExecutor(
             app,
             bus,
             pipeline,
-            ExecutorOptions(governance_timeout=options.governance_timeout, approval_timeout=options.approval_timeout),
+            ExecutorOptions(
+                governance_timeout=options.governance_timeout,
+                approval_timeout=options.approval_timeout,
+                offload_threshold=config.offload_threshold,
+            ),
+            harnesses=harnesses,
         )
+        extractor = FactExtractor(app, harnesses, memory, runtime)
+        await stack.enter_async_context(bus.serve(_closed_conversations(extractor, extractions), queue=WORKERS))
         consumer = ConsumerSpec(
             stream=subjects.RUNS_STREAM,
             durable=WORKERS,

@@ -51,4 +51,5 @@ def runtime_config(llm: LlmSettings, *, max_concurrency: int) -> RuntimeConfig:
         connect_timeout=llm.connect_timeout,
         stall_timeout=llm.stall_timeout,
         max_concurrency=max_concurrency,
+        prompt_cache_key=llm.prompt_cache_key,
     )

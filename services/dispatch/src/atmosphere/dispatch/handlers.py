@@ -15,11 +15,16 @@ from atmosphere.bus.runs import WORKER_FIRST_SEQ, RunEventWriter, is_terminal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest
+from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.budget import BudgetMeter
 from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT, Delegation, subagent_scope
+from atmosphere.dispatch.harness import AgentHarness, subagent_harness
+from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline, RunSink
-from atmosphere.dispatch.tools import ToolGateway
+from atmosphere.dispatch.tools import LocalTool, ToolGateway
 from atmosphere.sdk import AgentSpec, App, StreamingSession
+from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -27,22 +32,44 @@ log = logging.getLogger("atmosphere.dispatch")
 RESUMED_METADATA_KEY = "ai.run.resumed"
 
 
-def agent_descriptors(app: App, pipeline: ModelPipeline) -> list[AgentDescriptor]:
+def agent_descriptors(
+    app: App, pipeline: ModelPipeline, harnesses: Mapping[str, AgentHarness] | None = None
+) -> list[AgentDescriptor]:
     """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves, with runtime truth."""
     runtime = pipeline.runtime
     capabilities = sorted(c.value for c in runtime.capabilities()) if runtime is not None else []
-    return [
-        AgentDescriptor(
-            name=spec.name,
-            path=spec.path,
-            kind=spec.kind,
-            description=spec.description,
-            runtime=runtime.name if runtime is not None else "",
-            capabilities=capabilities,
-            tools=[t.name for t in spec.tools],
+    harnesses = harnesses or {}
+    descriptors = []
+    for spec in app.agents.values():
+        harness = harnesses.get(spec.name, AgentHarness())
+        descriptors.append(
+            AgentDescriptor(
+                name=spec.name,
+                path=spec.path,
+                kind=spec.kind,
+                description=spec.description,
+                runtime=runtime.name if runtime is not None else "",
+                capabilities=capabilities,
+                tools=[t.name for t in spec.tools]
+                + [n for n in harness.tools if n not in {t.name for t in spec.tools}],
+                harness=harness.attached(),
+                workspace=harness.scope("", "") if harness.tools.keys() & MEMORY_TOOL_NAMES else None,
+            )
         )
-        for spec in app.agents.values()
-    ]
+    return descriptors
+
+
+class _SubAgent:
+    """The ephemeral general-purpose sub-agent of `task`: the default prompt loop."""
+
+
+SUBAGENT_SPEC = AgentSpec(
+    name=SUBAGENT,
+    cls=_SubAgent,
+    prompt_method=None,
+    system_prompt=SUBAGENT_SYSTEM_PROMPT,
+    description="An ephemeral general-purpose worker with its own plan and files",
+)
 
 
 @dataclass(frozen=True)
@@ -51,22 +78,39 @@ class ExecutorOptions:
 
     governance_timeout: float = 5.0
     approval_timeout: float = 300.0
+    offload_threshold: int = 8000
+    """Tool results longer than this go to the workspace (0 or less: never)."""
 
 
 class RunExecutor:
     """Executes runs: the single place where a run starts, is controlled and ends."""
 
-    def __init__(self, app: App, bus: Bus, pipeline: ModelPipeline, options: ExecutorOptions | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        bus: Bus,
+        pipeline: ModelPipeline,
+        options: ExecutorOptions | None = None,
+        *,
+        harnesses: Mapping[str, AgentHarness] | None = None,
+    ) -> None:
         """Serve `app`'s agents over `bus`, answering `session.stream()` with `pipeline`."""
         self._app = app
         self._bus = bus
         self._pipeline = pipeline
         self._options = options or ExecutorOptions()
+        self._memory = MemoryClient(bus)
+        self._specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
+        self._harnesses: dict[str, AgentHarness] = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         # One instance per agent for the process's lifetime, like an endpoint singleton.
-        self._instances: dict[str, Any] = {name: spec.cls() for name, spec in app.agents.items()}
+        self._instances: dict[str, Any] = {name: spec.cls() for name, spec in self._specs.items()}
         self._tools: dict[str, dict[str, ToolSpec]] = {
-            name: {t.name: ToolSpec.of(t) for t in spec.tools} for name, spec in app.agents.items()
+            name: {t.name: ToolSpec.of(t) for t in spec.tools} | dict(self._harness(name).tools)
+            for name, spec in self._specs.items()
         }
+
+    def _harness(self, agent: str) -> AgentHarness:
+        return self._harnesses.get(agent) or AgentHarness()
 
     async def on_work(self, item: WorkItem[RunRequest]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
@@ -101,7 +145,7 @@ class RunExecutor:
         """
         writer = RunEventWriter(self._bus, request, first_seq=first_seq)
         control = RunControl(request.run_id)
-        spec = self._app.agent(request.agent)
+        spec = self._specs.get(request.agent)
         meter = BudgetMeter(spec.budget) if spec is not None and spec.budget and spec.budget.enforced else None
         sink = RunSink(writer, meter)
         session = StreamingSession(
@@ -141,9 +185,44 @@ class RunExecutor:
         if spec is None:
             await session.error(f"Unknown agent '{request.agent}'", code="dispatch.unknown_agent")
             return
-        if not await self._admit(request, session):
-            return
+        scope = self._workspace(request, spec)
+        try:
+            if not await self._admit(request, session):
+                return
+            await self._prompt(request, spec=spec, session=session, sink=sink, control=control, scope=scope)
+        finally:
+            if spec.name == SUBAGENT and scope is not None:
+                # An ephemeral workspace ends with its run, however the run ended.
+                await asyncio.shield(self._memory.drop_workspace(scope))
+
+    def _workspace(self, request: RunRequest, spec: AgentSpec) -> WorkspaceScope | None:
+        """Where this run's plan and files live; None when it has no plan or file tools."""
+        if spec.name == SUBAGENT:
+            return subagent_scope(request)
+        harness = self._harness(spec.name)
+        if not any(name in MEMORY_TOOL_NAMES for name in harness.tools):
+            return None
+        # A run without a conversation (e.g. a bare gRPC call) has a workspace of its own.
+        conversation = request.conversation_id or request.session_id or request.run_id
+        return harness.scope(spec.name, conversation)
+
+    async def _prompt(
+        self,
+        request: RunRequest,
+        *,
+        spec: AgentSpec,
+        session: StreamingSession,
+        sink: RunSink,
+        control: RunControl,
+        scope: WorkspaceScope | None,
+    ) -> None:
+        harness = self._harness(spec.name)
         tools: Mapping[str, ToolSpec] = self._tools[spec.name]
+        local: dict[str, LocalTool] = {}
+        if harness.tools.keys() & {"delegate_task", "task"}:
+            delegation = Delegation(self._bus, request, session.emit, fleet=spec.fleet, memory=self._memory)
+            local = {"delegate_task": delegation.delegate_task, "task": delegation.task}
+            local = {name: handler for name, handler in local.items() if name in harness.tools}
         gateway = ToolGateway(
             bus=self._bus,
             run=request,
@@ -152,11 +231,23 @@ class RunExecutor:
             control=control,
             governance_timeout=self._options.governance_timeout,
             approval_timeout=self._options.approval_timeout,
+            workspace=scope,
+            memory_tools=frozenset(name for name in harness.tools if name in MEMORY_TOOL_NAMES),
+            local_tools=local,
+            offload_threshold=self._options.offload_threshold,
+            offload=scope is not None and harness.has_files,
         )
 
         async def stream(target: StreamingSession, message: str) -> None:
             await self._pipeline.stream(
-                spec=spec, run=request, session=target, sink=sink, gateway=gateway, tools=tools, message=message
+                spec=spec,
+                run=request,
+                session=target,
+                sink=sink,
+                gateway=gateway,
+                tools=tools,
+                message=message,
+                harness=harness,
             )
 
         session.attach_streamer(stream)

@@ -7,14 +7,16 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from atmosphere.bus.runs import RunEventWriter
+from atmosphere.bus.runs import RunEventWriter, is_terminal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.dispatch.budget import BudgetExceededError, BudgetMeter
+from atmosphere.dispatch.conversation import ConversationMemory
+from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.tools import ToolGateway
-from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, ChatMessage, StreamingSession
+from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, CacheHint, ChatMessage, PromptCache, StreamingSession
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -36,13 +38,22 @@ class RunSink:
     breach: BudgetExceededError | None = None
     on_breach: Callable[[], object] | None = None
     session: StreamingSession | None = None
+    failed: bool = False
+    """The run ended with an error event."""
+    before_terminal: Callable[[RunEvent], Awaitable[None]] | None = None
+    """Runs just before the terminal event is published (memory records the turn there)."""
 
     async def __call__(self, event: RunEvent) -> None:
         """Publish `event`; then count it against the budget (usage is forwarded before the check)."""
+        if self.before_terminal is not None and is_terminal(event):
+            hook, self.before_terminal = self.before_terminal, None
+            await hook(event)
         await self.writer.emit(event)
         kind = event.WhichOneof("kind")
-        if kind == "text_delta":
+        if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.text.append(event.text_delta.text)
+        elif kind == "error":
+            self.failed = True
         elif kind == "usage" and self.meter is not None and self.breach is None:
             try:
                 self.meter.add(event.usage)
@@ -84,12 +95,23 @@ def history_of(run: RunRequest) -> tuple[ChatMessage, ...]:
     return tuple(history)
 
 
+def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunRequest) -> CacheHint | None:
+    """The prompt-cache hint of a run: one key per agent, or per agent and conversation."""
+    if harness.prompt_cache is PromptCache.NONE:
+        return None
+    key = f"atmo:{spec.name}"
+    if harness.prompt_cache is PromptCache.AGGRESSIVE:
+        key = f"{key}:{run.conversation_id}"
+    return CacheHint(harness.prompt_cache, key)
+
+
 class ModelPipeline:
     """Answers `session.stream(message)` for every run of this dispatch instance."""
 
-    def __init__(self, runtime: AgentRuntime | None) -> None:
-        """Use `runtime` (None when no runtime is available)."""
+    def __init__(self, runtime: AgentRuntime | None, conversation: ConversationMemory | None = None) -> None:
+        """Use `runtime` (None when no runtime is available) and `conversation` for memory."""
         self.runtime = runtime
+        self.conversation = conversation
 
     async def stream(
         self,
@@ -101,18 +123,24 @@ class ModelPipeline:
         gateway: ToolGateway,
         tools: Mapping[str, ToolSpec],
         message: str,
+        harness: AgentHarness | None = None,
     ) -> None:
         """Run one model exchange to its terminal event."""
         if self.runtime is None:
             await session.error(NO_RUNTIME, code="runtime.unavailable")
             return
+        harness = harness or AgentHarness()
+        staged = history_of(run)
+        memory = self.conversation
+        history = await memory.history(run, harness, staged) if memory is not None else staged
         request = AiRequest(
             message=message,
             system_prompt=spec.system_prompt,
-            history=history_of(run),
+            history=history,
             model=spec.model,
             metadata=dict(run.metadata),
             response_format=spec.response_format,
+            cache_hint=cache_hint(spec, harness, run),
         )
         for interceptor in spec.interceptors:
             try:
@@ -121,6 +149,9 @@ class ModelPipeline:
                 log.exception("interceptor %s failed on run %s", type(interceptor).__name__, run.run_id)
                 await session.error(f"Interceptor {type(interceptor).__name__} failed", code="interceptor.failed")
                 return
+        if memory is not None:
+            # The harness's long-term memory runs after the user's interceptors, as Atmosphere's does.
+            request = await memory.recall(run, harness, request)
         ctx = AgentExecutionContext(
             run_id=run.run_id,
             agent=spec.name,
@@ -132,7 +163,34 @@ class ModelPipeline:
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
         )
-        await self._execute(ctx, session, sink, spec)
+        answer_from = len(sink.text)
+        recorded = False
+
+        async def record(terminal: RunEvent | None) -> None:
+            # On complete: the user message and the answer; on an error (or a cancel): only the
+            # user message. Before the terminal event goes out, so the next turn (or a fact
+            # extraction) of this conversation finds it stored.
+            nonlocal recorded
+            if memory is None or recorded:
+                return
+            recorded = True
+            completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
+            await memory.record(
+                run,
+                harness,
+                user=message,
+                answer="".join(sink.text[answer_from:]) if completed else None,
+                model=request.model or (self.runtime.config.model if self.runtime else None),
+                staged=bool(staged),
+            )
+
+        sink.before_terminal = record
+        try:
+            await self._execute(ctx, session, sink, spec)
+        finally:
+            sink.before_terminal = None
+            if not recorded:
+                await asyncio.shield(record(None))
         if sink.breach is None and session.closed:
             text = "".join(sink.text)
             for interceptor in reversed(spec.interceptors):

@@ -56,6 +56,14 @@ class LlmSettings(BaseSettings):
     """Seconds to open a connection to the provider."""
     stall_timeout: float = Field(default=60.0, gt=0)
     """Seconds without a byte from the provider before a call counts as stalled."""
+    planning: str = "auto"
+    """Plan surface: `auto` (native when the runtime declares PLANNING, else `write_todos`), `builtin`, `native`."""
+    filesystem: str = "auto"
+    """File surface: `auto` (native when the runtime declares VIRTUAL_FILESYSTEM, else 8 tools), `builtin`, `native`."""
+    tool_output_offload_threshold: str = "8000"
+    """Tool results longer than this many characters go to a workspace file (<= 0 disables; malformed: 8000)."""
+    prompt_cache_key: str = "auto"
+    """Send `prompt_cache_key`: `auto` (only to OpenAI, Azure OpenAI and loopback), `enabled`, `disabled`."""
 
 
 class DispatchSettings(WorkerSettings):
@@ -67,3 +75,13 @@ class DispatchSettings(WorkerSettings):
     """Directory put first on `sys.path` before importing the app."""
     dispatch: DispatchOptions = DispatchOptions()
     llm: LlmSettings = Field(default_factory=LlmSettings)
+    ai_harness_enabled: str = ""
+    """App-wide harness switch: unset (declarations decide), `true`, or anything else = the kill switch."""
+    ai_harness_exclude_paths: str = ""
+    """Comma-separated endpoint paths the harness skips."""
+    ai_harness_compaction: str = "sliding-window"
+    """How history is kept within its bound: `sliding-window`, `summarizing` or `token-window`."""
+    ai_harness_prompt_cache_default: str = ""
+    """The policy seeded by the CACHE feature: `none`, `conservative` (when unset) or `aggressive`."""
+    ai_compaction_recent_window: int = Field(default=6, ge=1, le=1000)
+    """Messages `summarizing` keeps verbatim after its summary."""

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from atmosphere.governance.handlers import GovernanceHandlers, runtime_info
+from atmosphere.governance.handlers import GovernanceHandlers, MemorySafety, runtime_info
+from atmosphere.governance.injection import Breach
 from atmosphere.governance.settings import GovernanceSettings
 from atmosphere.governance.store import DecisionLog
 from atmosphere.service import open_service
 
+log = logging.getLogger("atmosphere.governance")
+
 
 async def serve(settings: GovernanceSettings, *, stop: asyncio.Event) -> None:
     """Run governance until `stop` is set."""
+    if settings.ai_memory_safety_tier.strip().upper() != "RULE_BASED":
+        log.warning("memory safety tier %s is not available here: using RULE_BASED", settings.ai_memory_safety_tier)
+    safety = MemorySafety(
+        enabled=settings.ai_memory_safety_enabled,
+        breach=Breach(settings.ai_memory_safety_on_breach),
+        fail_open=settings.ai_memory_safety_fail_open,
+    )
     async with (
-        DecisionLog.open(settings.db_path) as log,
-        open_service("governance", settings, info=runtime_info) as runtime,
-        runtime.bus.serve(GovernanceHandlers(log).router(), queue="governance"),
+        DecisionLog.open(settings.db_path) as decisions,
+        open_service("governance", settings, info=lambda: runtime_info(safety)) as runtime,
+        runtime.bus.serve(GovernanceHandlers(decisions, safety).router(), queue="governance"),
     ):
         runtime.health.mark_ready()
         await stop.wait()

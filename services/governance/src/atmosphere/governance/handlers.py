@@ -1,13 +1,16 @@
-"""Governance's first responder: admit every request and tool call, and log each decision.
+"""Governance's responders: admission, tool-call checks, the memory-injection screen, the log.
 
-The policy plane (YAML policies, guardrails, screens) arrives later; until then the one
-policy in force is `admit-all`, and it says so in the decision log and the runtime info.
+The policy plane (YAML policies, guardrails) arrives later; until then the one admission
+policy in force is `admit-all`, and it says so in the decision log and the runtime info. Facts
+bound for long-term memory are screened by the rule-based injection classifier (on by
+default, fail-closed); every non-safe verdict is logged.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -21,17 +24,36 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     DecisionRecord,
     ListDecisionsRequest,
     ListDecisionsResponse,
+    ScreenedFact,
+    ScreenFactsRequest,
+    ScreenFactsResponse,
 )
+from atmosphere.governance.injection import Breach, screen_fact
 from atmosphere.governance.store import DecisionLog, DecisionRow
 
 POLICY = "admit-all"
+SCREEN_POLICY = "memory-safety"
+TIER = "RULE_BASED"
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+MAX_FACTS_PER_REQUEST = 100
 
 
-def runtime_info() -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class MemorySafety:
+    """The memory-injection screen's configuration."""
+
+    enabled: bool = True
+    breach: Breach = Breach.DROP
+    fail_open: bool = False
+
+
+def runtime_info(safety: MemorySafety | None = None) -> dict[str, Any]:
     """Governance's runtime-truth fragment."""
-    return {"governance": {"policies": [POLICY], "decisionLog": "sqlite"}}
+    info: dict[str, Any] = {"governance": {"policies": [POLICY], "decisionLog": "sqlite"}}
+    if safety is not None and safety.enabled:
+        info["memorySafety"] = {"active": True, "tier": TIER, "breach": safety.breach.value}
+    return info
 
 
 def _principal(principal: Principal) -> str:
@@ -41,9 +63,10 @@ def _principal(principal: Principal) -> str:
 class GovernanceHandlers:
     """Admission, tool-call checks and the decision log query."""
 
-    def __init__(self, log: DecisionLog) -> None:
-        """Record every decision in `log`."""
+    def __init__(self, log: DecisionLog, safety: MemorySafety | None = None) -> None:
+        """Record every decision in `log`; screen memory facts per `safety`."""
         self._log = log
+        self._safety = safety or MemorySafety()
 
     async def _decide(self, *, run_id: str, operation: str, subject: str, principal: Principal) -> Decision:
         decision = Decision(
@@ -76,6 +99,44 @@ class GovernanceHandlers:
             run_id=request.run_id, operation="check_tool", subject=request.tool_name, principal=request.principal
         )
 
+    async def screen_facts(self, request: ScreenFactsRequest, _ctx: MessageContext) -> ScreenFactsResponse:
+        """`atmo.gov.screen_facts`: which facts may enter long-term memory, and as what text."""
+        safety = self._safety
+        screened: list[ScreenedFact] = []
+        for fact in request.facts[:MAX_FACTS_PER_REQUEST]:
+            if not safety.enabled:
+                screened.append(ScreenedFact(store=True, text=fact, verdict="SAFE", reason="screen disabled"))
+                continue
+            outcome = screen_fact(fact, safety.breach, fail_open=safety.fail_open)
+            verdict = outcome.classification
+            screened.append(
+                ScreenedFact(
+                    store=outcome.store,
+                    text=outcome.text or "",
+                    verdict=verdict.verdict.value,
+                    probe=verdict.probe or "",
+                    reason=verdict.reason,
+                )
+            )
+            if outcome.audited:
+                await self._log.append(
+                    DecisionRow(
+                        decision_id=uuid.uuid4().hex,
+                        run_id=request.conversation_id,
+                        operation="screen_fact",
+                        subject=request.user_id,
+                        allowed=outcome.store,
+                        policy=SCREEN_POLICY,
+                        reason=f"{verdict.verdict.value} ({safety.breach.value}): {verdict.reason}",
+                        principal=request.user_id or "anonymous",
+                        decided_at=int(time.time() * 1000),
+                    )
+                )
+        # Facts past the cap are refused (none stored), never silently passed unscreened.
+        for _ in request.facts[MAX_FACTS_PER_REQUEST:]:
+            screened.append(ScreenedFact(store=False, verdict="ERROR", reason="too many facts in one request"))
+        return ScreenFactsResponse(facts=screened, tier=TIER, breach=safety.breach.value)
+
     async def decisions(self, request: ListDecisionsRequest, _ctx: MessageContext) -> ListDecisionsResponse:
         """`atmo.gov.decisions`: the newest decisions, optionally of one run."""
         limit = request.limit if 0 < request.limit <= MAX_LIMIT else DEFAULT_LIMIT
@@ -105,4 +166,5 @@ class GovernanceHandlers:
         router.add(subjects.governance("admit"), AdmitRequest, self.admit)
         router.add(subjects.governance("check_tool"), CheckToolCallRequest, self.check_tool)
         router.add(subjects.governance("decisions"), ListDecisionsRequest, self.decisions)
+        router.add(subjects.governance("screen_facts"), ScreenFactsRequest, self.screen_facts)
         return router

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from atmosphere.config import WorkerSettings
 
@@ -22,6 +23,19 @@ class GovernanceSettings(WorkerSettings):
     """Everything governance reads from the environment."""
 
     governance: GovernanceOptions = GovernanceOptions()
+    ai_memory_safety_enabled: bool = True
+    """Screen every long-term memory fact for prompt injection before it is stored."""
+    ai_memory_safety_tier: str = "RULE_BASED"
+    """The classifier: `RULE_BASED` (other tiers are not available here and fall back to it)."""
+    ai_memory_safety_on_breach: Literal["DROP", "FLAG", "SANITIZE"] = "DROP"
+    """What happens to an injected fact: dropped, stored flagged, or replaced by a placeholder."""
+    ai_memory_safety_fail_open: bool = False
+    """Store a fact the classifier could not judge (off: such a fact is dropped)."""
+
+    @field_validator("ai_memory_safety_on_breach", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @property
     def db_path(self) -> Path:

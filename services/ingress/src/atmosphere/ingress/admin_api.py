@@ -44,7 +44,7 @@ INFO_TIMEOUT = 1.0
 ADMIN_TIMEOUT = 5.0
 
 router = APIRouter()
-_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 503)}
 
 
 def _merge(into: dict[str, Any], fragment: dict[str, Any]) -> None:
@@ -79,7 +79,7 @@ async def console_info(request: Request) -> dict[str, Any]:
     return merged
 
 
-async def _admin(request: Request, owner: str, ask: Callable[[Bus], Awaitable[Any]]) -> Any:
+async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[Any]]) -> Any:
     """Gate, then ask the owning service; map bus failures to 404 / 503."""
     state = state_of(request)
     try:
@@ -88,21 +88,30 @@ async def _admin(request: Request, owner: str, ask: Callable[[Bus], Awaitable[An
         return error(exc.status, exc.message, "admin.unauthorized" if exc.status == 401 else "admin.forbidden")
     try:
         return await ask(state.bus)
-    except NoRespondersError:
+    except BusError as exc:
+        return _bus_failure(owner, exc)
+
+
+def _bus_failure(owner: str, exc: BusError) -> JSONResponse:
+    """The answer when the owning service could not serve an admin read."""
+    if isinstance(exc, NoRespondersError):
         return error(404, f"The {owner} service is not running, so this surface is absent", "admin.absent")
-    except RequestTimeoutError:
+    if isinstance(exc, RequestTimeoutError):
         return error(503, f"The {owner} service did not answer in time", "admin.unavailable")
-    except RemoteError as exc:
+    if isinstance(exc, RemoteError):
+        if exc.code.endswith(".not_found"):
+            return error(404, exc.message, "admin.absent")
+        if exc.code.endswith(".bad_request"):
+            return error(400, exc.message, "admin.bad_request")
         return error(503, f"The {owner} service failed: {exc.message}", "admin.unavailable")
-    except BusError:
-        return error(503, f"The {owner} service cannot be reached", "admin.unavailable")
+    return error(503, f"The {owner} service cannot be reached", "admin.unavailable")
 
 
 def _dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, always_print_fields_with_no_presence=True)
 
 
-def _valid_id(value: str) -> bool:
+def valid_id(value: str) -> bool:
     try:
         subjects.token(value, what="id")
     except ValueError:
@@ -123,7 +132,7 @@ def _run(run: TapeRun) -> dict[str, Any]:
     }
 
 
-@router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=_ERRORS)
+@router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=ERRORS)
 async def admin_agents(request: Request) -> Any:
     """The `ATMO_AGENTS` descriptors."""
 
@@ -131,10 +140,10 @@ async def admin_agents(request: Request) -> Any:
         items = await bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
         return [_dict(items[k]) for k in sorted(items)]
 
-    return await _admin(request, "dispatch", ask)
+    return await admin_call(request, "dispatch", ask)
 
 
-@router.get("/api/admin/tools", summary="Tools and their schemas", responses=_ERRORS)
+@router.get("/api/admin/tools", summary="Tools and their schemas", responses=ERRORS)
 async def admin_tools(request: Request) -> Any:
     """The `ATMO_TOOLS` descriptors."""
 
@@ -142,10 +151,10 @@ async def admin_tools(request: Request) -> Any:
         items = await bus.kv_items(subjects.TOOLS_BUCKET, ToolDescriptor)
         return [_dict(items[k]) for k in sorted(items)]
 
-    return await _admin(request, "sandbox", ask)
+    return await admin_call(request, "sandbox", ask)
 
 
-@router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=_ERRORS)
+@router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=ERRORS)
 async def admin_tape_runs(
     request: Request,
     tapeId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
@@ -153,7 +162,7 @@ async def admin_tape_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Any:
     """`[{runId, tapeId, parentRunId, status, agent, startedAt, endedAt, stepCount}]`."""
-    if tapeId and not _valid_id(tapeId):
+    if tapeId and not valid_id(tapeId):
         return error(400, "Malformed tapeId", "admin.bad_request")
 
     async def ask(bus: Bus) -> list[dict[str, Any]]:
@@ -165,10 +174,10 @@ async def admin_tape_runs(
         )
         return [_run(r) for r in reply.runs]
 
-    return await _admin(request, "tape", ask)
+    return await admin_call(request, "tape", ask)
 
 
-@router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=_ERRORS)
+@router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=ERRORS)
 async def admin_tape_steps(
     request: Request,
     run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})],
@@ -176,7 +185,7 @@ async def admin_tape_steps(
     max: Annotated[int, Query(ge=1, le=5000)] = 500,
 ) -> Any:
     """`{runId, steps: [{seq, kind, payload, ts}], count}`."""
-    if not _valid_id(run_id):
+    if not valid_id(run_id):
         return error(400, "Malformed run id", "admin.bad_request")
 
     async def ask(bus: Bus) -> Any:
@@ -191,17 +200,17 @@ async def admin_tape_steps(
         steps = [{"seq": s.seq, "kind": s.kind, "payload": s.payload_json, "ts": s.ts} for s in reply.steps]
         return {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
 
-    return await _admin(request, "tape", ask)
+    return await admin_call(request, "tape", ask)
 
 
-@router.get("/api/admin/governance/decisions", summary="The decision log, newest first", responses=_ERRORS)
+@router.get("/api/admin/governance/decisions", summary="The decision log, newest first", responses=ERRORS)
 async def admin_decisions(
     request: Request,
     runId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Any:
     """One row per admission and per tool-call check."""
-    if runId and not _valid_id(runId):
+    if runId and not valid_id(runId):
         return error(400, "Malformed runId", "admin.bad_request")
 
     async def ask(bus: Bus) -> list[dict[str, Any]]:
@@ -213,7 +222,7 @@ async def admin_decisions(
         )
         return [_dict(d) for d in reply.decisions]
 
-    return await _admin(request, "governance", ask)
+    return await admin_call(request, "governance", ask)
 
 
 @router.get("/api/admin/{rest:path}", include_in_schema=False)

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from atmosphere.bus import BusError, subjects
-from atmosphere.bus.runs import is_terminal, submit_run
+from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run, is_terminal, submit_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
@@ -37,10 +37,6 @@ from atmosphere.ingress.handlers import (
     ApprovalReply,
     InboundError,
     Prompt,
-    StreamGapError,
-    UnknownRunError,
-    cancel_run,
-    follow_run,
     new_run_request,
     parse_approval,
     parse_inbound,
@@ -114,6 +110,23 @@ class ControlResult(BaseModel):
 
     accepted: bool
     detail: str = ""
+
+
+def conversation_of(given: str | None, principal: Principal) -> str:
+    """The conversation a request belongs to: the client's id (validated), else a fresh one.
+
+    An authenticated user's conversations are keyed under their user id, so knowing someone
+    else's conversation id never reaches their history or files.
+    """
+    if not given:
+        return uuid.uuid4().hex
+    try:
+        subjects.token(given, what="conversation id")
+    except ValueError as exc:
+        msg = "Malformed conversation id (1-128 letters, digits, '_', '-', ':', '@')"
+        raise InboundError(msg) from exc
+    user = principal.user_id if principal.user_id not in {"", "anonymous"} else ""
+    return f"{user}--{given}" if user else given
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
@@ -213,10 +226,16 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
         except ValueError:
             await websocket.close(1008, "Malformed run id or last seq")
             return
+    try:
+        conversation_id = conversation_of(headers.get(CONVERSATION_HEADER) or query.get("conversationId"), principal)
+    except InboundError as exc:
+        await websocket.close(1008, str(exc))
+        return
     connection = Connection(
         bus=state.bus,
         agent=descriptor,
-        conversation_id=headers.get(CONVERSATION_HEADER) or query.get("conversationId") or uuid.uuid4().hex,
+        conversation_id=conversation_id,
+        conversations=state.conversations,
         principal=principal,
         transport="websocket",
         max_prompts=state.settings.ingress.max_prompts_per_connection,
@@ -266,16 +285,18 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     try:
         principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
         prompt = _prompt_of(await request.body(), state.settings.ingress.max_message_bytes)
+        conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
     except AuthError as exc:
         return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
     except InboundError as exc:
         return error(400, str(exc), "ingress.bad_request")
     except ValueError as exc:
         return error(413, str(exc), "ingress.too_large")
+    state.conversations.touch(descriptor.name, conversation_id, principal)
     run = new_run_request(
         agent=descriptor.name,
         prompt=prompt,
-        conversation_id=request.headers.get(CONVERSATION_HEADER) or uuid.uuid4().hex,
+        conversation_id=conversation_id,
         principal=principal,
         transport="sse",
         path=descriptor.path,
@@ -360,18 +381,20 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResp
     try:
         principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
         prompt = _prompt_of(await request.body(), state.settings.ingress.max_message_bytes)
+        conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
     except AuthError as exc:
         return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
     except InboundError as exc:
         return error(400, str(exc), "ingress.bad_request")
     except ValueError as exc:
         return error(413, str(exc), "ingress.too_large")
+    state.conversations.touch(descriptor.name, conversation_id, principal)
     run = new_run_request(
         agent=descriptor.name,
         prompt=prompt,
         principal=principal,
         transport="long-poll",
-        conversation_id=request.headers.get(CONVERSATION_HEADER) or uuid.uuid4().hex,
+        conversation_id=conversation_id,
         path=descriptor.path,
     )
     try:

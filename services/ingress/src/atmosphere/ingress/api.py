@@ -6,6 +6,7 @@ ASGI middleware, and streaming routes write straight to the socket.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -17,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from atmosphere.ingress import admin_api, agents_api, openai_api
+from atmosphere.ingress import admin_api, agents_api, openai_api, workspace_api
 from atmosphere.ingress.agents_api import start_sse, state_of
 from atmosphere.ingress.openai_wire import OpenAiError
 from atmosphere.ingress.settings import IngressSettings
@@ -43,14 +44,20 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_service("ingress", settings, info=info) as runtime:
-            app.state.ingress = IngressState.build(settings, runtime)
+            app.state.ingress = state = IngressState.build(settings, runtime)
+            sweeping = asyncio.Event()
+            sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
             if settings.ai_openai_enabled and not settings.ai_openai_api_key:
                 log.warning(
                     "the OpenAI-compatible API is enabled without ATMOSPHERE_AI_OPENAI_API_KEY: "
                     "anyone who reaches this port can use it"
                 )
             runtime.health.mark_ready()
-            yield
+            try:
+                yield
+            finally:
+                sweeping.set()
+                await sweeper
 
     app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan)
     if settings.ingress.cors_origins:
@@ -93,13 +100,20 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
     app.include_router(agents_api.router)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
+    app.include_router(workspace_api.router)  # before admin's catch-all
     app.include_router(admin_api.router)
     # Every fixed route, from the routers themselves (FastAPI wraps included routers in objects
     # of its own): a catch-all hit on one of their paths is a wrong method, not an endpoint.
     openai_routes = openai_api.router.routes if settings.ai_openai_enabled else []
     fixed = [
         r
-        for r in (*app.router.routes, *agents_api.router.routes, *openai_routes, *admin_api.router.routes)
+        for r in (
+            *app.router.routes,
+            *agents_api.router.routes,
+            *openai_routes,
+            *workspace_api.router.routes,
+            *admin_api.router.routes,
+        )
         if isinstance(r, Route) and "{path:path}" not in r.path
     ]
 

@@ -14,18 +14,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from atmosphere.bus import Bus, BusError
+from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.frames import Frame, error_frame, to_frame
 from atmosphere.ingress.handlers import (
     ApprovalReply,
     InboundError,
     Prompt,
-    StreamGapError,
-    UnknownRunError,
-    cancel_run,
-    follow_run,
     new_run_request,
     parse_inbound,
     send_approval,
@@ -75,6 +73,7 @@ class Connection:
     transport: str
     max_prompts: int
     send_queue_frames: int
+    conversations: ConversationTracker | None = None
     runs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     approvals: dict[str, str] = field(default_factory=dict)
     """approval id → run id, for routing the client's answers."""
@@ -89,6 +88,8 @@ class Connection:
         """Handle the connection until the client leaves."""
         writer = asyncio.create_task(self._write(send, close))
         closed: Closed | None = None
+        if self.conversations is not None:
+            self.conversations.socket_opened(self.agent.name, self.conversation_id, self.principal)
         try:
             if resume is not None:
                 self._follow(resume[0], after_seq=resume[1])
@@ -106,6 +107,8 @@ class Connection:
             await asyncio.gather(*self.runs.values(), return_exceptions=True)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
+            if self.conversations is not None:
+                self.conversations.socket_closed(self.agent.name, self.conversation_id)
 
     async def _handle(self, raw: str) -> None:
         try:
@@ -136,6 +139,8 @@ class Connection:
         if active >= self.max_prompts:
             self._enqueue(error_frame(f"At most {self.max_prompts} prompts may run at once on one connection"))
             return
+        if self.conversations is not None:
+            self.conversations.touch(self.agent.name, self.conversation_id, self.principal)
         request = new_run_request(
             agent=self.agent.name,
             prompt=prompt,
@@ -155,7 +160,8 @@ class Connection:
         try:
             async for event in follow_run(self.bus, run_id, after_seq=after_seq, submit=submit):
                 if event.WhichOneof("kind") == "approval_required":
-                    self.approvals[event.approval_required.approval_id] = run_id
+                    # A sub-agent's approval is answered to the sub-run that waits for it.
+                    self.approvals[event.approval_required.approval_id] = event.origin_run_id or run_id
                 frame = to_frame(event)
                 if frame is not None:
                     self._enqueue(frame)

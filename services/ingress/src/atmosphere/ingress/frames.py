@@ -104,10 +104,18 @@ def _confidence(e: RunEvent) -> Frame:
 
 def _plan_update(e: RunEvent) -> Frame:
     p = e.plan_update
-    steps = [{"content": s.content, "status": s.status} for s in p.steps]
+    steps = [
+        {"content": s.content, "status": s.status, **({"activeForm": s.active_form} if s.active_form else {})}
+        for s in p.steps
+    ]
     return _typed(
         "plan-update",
-        {"steps": steps, "goal": p.goal or None, "conversationId": p.conversation_id, "agentId": p.agent_id},
+        {
+            "steps": steps,
+            "goal": p.goal if p.HasField("goal") else None,
+            "conversationId": p.conversation_id,
+            "agentId": p.agent_id,
+        },
     )
 
 
@@ -199,7 +207,17 @@ def to_frame(event: RunEvent) -> Frame | None:
     kind = event.WhichOneof("kind")
     if kind is None:
         return None
-    frame = _TRANSLATORS[kind](event)
+    if event.origin_run_id:
+        # A sub-agent's event inside its parent's stream. Its text is a typed `text-delta`, so a
+        # client that concatenates `streaming-text` frames never mixes it into the answer.
+        frame = (
+            _typed("text-delta", {"text": event.text_delta.text}) if kind == "text_delta" else _TRANSLATORS[kind](event)
+        )
+        frame["runId"] = event.origin_run_id
+        frame["parentRunId"] = event.run_id
+        frame["agent"] = event.origin_agent
+    else:
+        frame = _TRANSLATORS[kind](event)
     frame["sessionId"] = event.session_id
     frame["seq"] = event.seq
     return frame

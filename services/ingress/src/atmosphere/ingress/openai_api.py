@@ -25,10 +25,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import BusError
+from atmosphere.bus.runs import cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.ingress.agents_api import state_of
-from atmosphere.ingress.handlers import HISTORY_METADATA_KEY, cancel_run, follow_run
+from atmosphere.ingress.handlers import HISTORY_METADATA_KEY
 from atmosphere.ingress.openai_wire import (
     ChatRequest,
     Completion,
@@ -110,6 +111,8 @@ class _Run:
                 event = await asyncio.wait_for(anext(self.events), remaining)
             except StopAsyncIteration:
                 return None
+            if event.origin_run_id:
+                continue  # a sub-agent's activity has no OpenAI representation; its report does
             kind = event.WhichOneof("kind")
             if kind == "usage":
                 self.usage["prompt_tokens"] += event.usage.input_tokens

@@ -54,6 +54,8 @@ class IngressOptions(BaseModel):
     """JSON list of token grants; when empty, agent endpoints are anonymous."""
     cors_origins: tuple[str, ...] = ()
     """JSON list of origins allowed to call from a browser (`["*"]` for any)."""
+    conversation_idle_timeout: float = Field(default=1800.0, gt=0)
+    """Seconds without a prompt after which a conversation counts as closed (long-term facts are extracted)."""
 
 
 class IngressSettings(ServiceSettings):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from atmosphere.bus import Bus
 from atmosphere.ingress.auth import AdminGate, Authenticator
+from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.handlers import AgentDirectory
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.service import ServiceRuntime
@@ -22,6 +23,7 @@ class IngressState:
     authenticator: Authenticator
     admin_gate: AdminGate
     openai_permits: asyncio.Semaphore
+    conversations: ConversationTracker
 
     @property
     def bus(self) -> Bus:
@@ -38,4 +40,5 @@ class IngressState:
             authenticator=Authenticator(settings.ingress.auth_tokens),
             admin_gate=AdminGate(settings.admin_http_read_auth_required, settings.admin_token),
             openai_permits=asyncio.Semaphore(settings.ai_openai_max_concurrent),
+            conversations=ConversationTracker(runtime.bus, idle_timeout=settings.ingress.conversation_idle_timeout),
         )

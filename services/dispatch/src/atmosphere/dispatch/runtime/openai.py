@@ -39,6 +39,26 @@ log = logging.getLogger("atmosphere.dispatch.runtime")
 DEFAULT_MODEL = "default"
 
 
+CACHE_KEY_HOSTS = ("api.openai.com",)
+CACHE_KEY_HOST_SUFFIXES = (".openai.azure.com",)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def accepts_cache_key(base_url: str, mode: str) -> bool:
+    """Whether to send `prompt_cache_key` to `base_url`.
+
+    Default-deny: several OpenAI-compatible servers reject unknown fields, and a rejected field
+    fails the whole request, so `auto` sends it only to OpenAI, Azure OpenAI and loopback.
+    """
+    value = mode.strip().lower()
+    if value == "enabled":
+        return True
+    if value == "disabled":
+        return False
+    host = (httpx.URL(base_url).host or "").lower() if base_url else ""
+    return host in CACHE_KEY_HOSTS or host.endswith(CACHE_KEY_HOST_SUFFIXES) or host in LOOPBACK
+
+
 class ToolLoopExhaustedError(Exception):
     """The model kept asking for tools past a strict cap."""
 
@@ -137,6 +157,9 @@ class BuiltInAgentRuntime(AgentRuntime):
             body["top_p"] = generation.top_p
         if generation.stop:
             body["stop"] = list(generation.stop)
+        hint = ctx.request.cache_hint
+        if hint is not None and accepts_cache_key(self.config.base_url or "", self.config.prompt_cache_key):
+            body["prompt_cache_key"] = hint.key
         if tools and ctx.tools:
             body["tools"] = [
                 {

@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from atmosphere.contracts.run.v1 import run_pb2 as _run_pb2
+from atmosphere.contracts.tool.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -213,6 +214,8 @@ class AgentDescriptor(_message.Message):
     RUNTIME_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """The endpoint path, e.g. "/atmosphere/agent/echo"."""
@@ -225,6 +228,16 @@ class AgentDescriptor(_message.Message):
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def harness(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Harness features genuinely attached to this agent: "memory", "cache", "delegation",
+        "planning", "filesystem" (runtime truth, not configuration).
+        """
+
+    @_builtins.property
+    def workspace(self) -> _tool_pb2.WorkspaceScope:
+        """Where its plans and files live (category and owner), when planning or files attached."""
+
     def __init__(
         self,
         *,
@@ -235,10 +248,12 @@ class AgentDescriptor(_message.Message):
         runtime: _builtins.str = ...,
         capabilities: _abc.Iterable[_builtins.str] | None = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
+        harness: _abc.Iterable[_builtins.str] | None = ...,
+        workspace: _tool_pb2.WorkspaceScope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "kind", b"kind", "name", b"name", "path", b"path", "runtime", b"runtime", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "runtime", b"runtime", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -210,3 +210,96 @@ class ListDecisionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDecisionsResponse: _TypeAlias = ListDecisionsResponse  # noqa: Y015
+
+@_typing.final
+class ScreenFactsRequest(_message.Message):
+    """Asked on `atmo.gov.screen_facts` by memory before it stores long-term facts: the
+    memory-injection safety screen (rule-based by default, fail-closed).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FACTS_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    conversation_id: _builtins.str
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        facts: _abc.Iterable[_builtins.str] | None = ...,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "facts", b"facts", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenFactsRequest: _TypeAlias = ScreenFactsRequest  # noqa: Y015
+
+@_typing.final
+class ScreenedFact(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    store: _builtins.bool
+    """Whether to store it, and the text to store (the fact, flagged, or a placeholder)."""
+    text: _builtins.str
+    verdict: _builtins.str
+    """"SAFE", "INJECTED" or "ERROR"."""
+    probe: _builtins.str
+    """The probe that matched, when one did."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        store: _builtins.bool = ...,
+        text: _builtins.str = ...,
+        verdict: _builtins.str = ...,
+        probe: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["probe", b"probe", "reason", b"reason", "store", b"store", "text", b"text", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenedFact: _TypeAlias = ScreenedFact  # noqa: Y015
+
+@_typing.final
+class ScreenFactsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FACTS_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    BREACH_FIELD_NUMBER: _builtins.int
+    tier: _builtins.str
+    """"RULE_BASED"; and the breach action: "DROP", "FLAG" or "SANITIZE"."""
+    breach: _builtins.str
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScreenedFact]:
+        """One per request fact, in order."""
+
+    def __init__(
+        self,
+        *,
+        facts: _abc.Iterable[Global___ScreenedFact] | None = ...,
+        tier: _builtins.str = ...,
+        breach: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breach", b"breach", "facts", b"facts", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenFactsResponse: _TypeAlias = ScreenFactsResponse  # noqa: Y015

@@ -3,6 +3,9 @@
 isort:skip_file
 """
 
+from atmosphere.contracts.common.v1 import common_pb2 as _common_pb2
+from atmosphere.contracts.run.v1 import run_pb2 as _run_pb2
+from atmosphere.contracts.tool.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -44,6 +47,36 @@ class ChatMessage(_message.Message):
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
 
 @_typing.final
+class Compaction(_message.Message):
+    """How a conversation's history is kept within its bound."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    strategy: _builtins.str
+    """"sliding-window", "summarizing" or "token-window"."""
+    max_messages: _builtins.int
+    """The most messages kept (>= 2)."""
+    model: _builtins.str
+    """The model whose context window bounds "token-window"."""
+    def __init__(
+        self,
+        *,
+        strategy: _builtins.str = ...,
+        max_messages: _builtins.int = ...,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_messages", b"max_messages", "model", b"model", "strategy", b"strategy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Compaction: _TypeAlias = Compaction  # noqa: Y015
+
+@_typing.final
 class LoadHistoryRequest(_message.Message):
     """Asked on `atmo.mem.history.load`."""
 
@@ -51,20 +84,17 @@ class LoadHistoryRequest(_message.Message):
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
-    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     agent: _builtins.str
-    max_messages: _builtins.int
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         agent: _builtins.str = ...,
-        max_messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "max_messages", b"max_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -101,6 +131,7 @@ class AppendTurnRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     ASSISTANT_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     agent: _builtins.str
     run_id: _builtins.str
@@ -110,6 +141,8 @@ class AppendTurnRequest(_message.Message):
     def assistant(self) -> Global___ChatMessage:
         """Absent when the run ended in an error (only the user turn is kept)."""
 
+    @_builtins.property
+    def compaction(self) -> Global___Compaction: ...
     def __init__(
         self,
         *,
@@ -118,10 +151,11 @@ class AppendTurnRequest(_message.Message):
         run_id: _builtins.str = ...,
         user: Global___ChatMessage | None = ...,
         assistant: Global___ChatMessage | None = ...,
+        compaction: Global___Compaction | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant", b"assistant", "user", b"user"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant", b"assistant", "compaction", b"compaction", "user", b"user"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "assistant", b"assistant", "conversation_id", b"conversation_id", "run_id", b"run_id", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "assistant", b"assistant", "compaction", b"compaction", "conversation_id", b"conversation_id", "run_id", b"run_id", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -145,3 +179,427 @@ class AppendTurnResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendTurnResponse: _TypeAlias = AppendTurnResponse  # noqa: Y015
+
+@_typing.final
+class ReplaceHistoryRequest(_message.Message):
+    """Sent on `atmo.mem.history.replace` after dispatch summarized the oldest messages with a model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    agent: _builtins.str
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
+    @_builtins.property
+    def base(self) -> Global___History:
+        """When set, replace only if the stored history still begins with these messages (a turn
+        appended while a summary was being written is kept after it).
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+        base: Global___History | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "base", b"base", "conversation_id", b"conversation_id", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceHistoryRequest: _TypeAlias = ReplaceHistoryRequest  # noqa: Y015
+
+@_typing.final
+class History(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___History: _TypeAlias = History  # noqa: Y015
+
+@_typing.final
+class ReplaceHistoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORED_MESSAGES_FIELD_NUMBER: _builtins.int
+    REPLACED_FIELD_NUMBER: _builtins.int
+    stored_messages: _builtins.int
+    replaced: _builtins.bool
+    """False when `base` no longer matched and nothing was written."""
+    def __init__(
+        self,
+        *,
+        stored_messages: _builtins.int = ...,
+        replaced: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replaced", b"replaced", "stored_messages", b"stored_messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceHistoryResponse: _TypeAlias = ReplaceHistoryResponse  # noqa: Y015
+
+@_typing.final
+class SaveFactsRequest(_message.Message):
+    """Sent on `atmo.mem.facts.save`: facts extracted from a closed conversation. Each is screened
+    by governance (`atmo.gov.screen_facts`) before it is stored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    agent: _builtins.str
+    conversation_id: _builtins.str
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        facts: _abc.Iterable[_builtins.str] | None = ...,
+        agent: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "facts", b"facts", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveFactsRequest: _TypeAlias = SaveFactsRequest  # noqa: Y015
+
+@_typing.final
+class SaveFactsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORED_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    FLAGGED_FIELD_NUMBER: _builtins.int
+    stored: _builtins.int
+    dropped: _builtins.int
+    flagged: _builtins.int
+    def __init__(
+        self,
+        *,
+        stored: _builtins.int = ...,
+        dropped: _builtins.int = ...,
+        flagged: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "flagged", b"flagged", "stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveFactsResponse: _TypeAlias = SaveFactsResponse  # noqa: Y015
+
+@_typing.final
+class GetFactsRequest(_message.Message):
+    """Asked on `atmo.mem.facts.get`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    MAX_FACTS_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    max_facts: _builtins.int
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        max_facts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_facts", b"max_facts", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFactsRequest: _TypeAlias = GetFactsRequest  # noqa: Y015
+
+@_typing.final
+class GetFactsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FACTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Oldest first, at most `max_facts` of the newest."""
+
+    def __init__(
+        self,
+        *,
+        facts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFactsResponse: _TypeAlias = GetFactsResponse  # noqa: Y015
+
+@_typing.final
+class ConversationClosed(_message.Message):
+    """Published on `atmo.conv.closed` by ingress when a conversation ends (the client disconnected,
+    or it was idle too long); dispatch extracts long-term facts from it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    agent: _builtins.str
+    reason: _builtins.str
+    """"disconnect" or "idle"."""
+    @_builtins.property
+    def principal(self) -> _common_pb2.Principal: ...
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        principal: _common_pb2.Principal | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "principal", b"principal", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationClosed: _TypeAlias = ConversationClosed  # noqa: Y015
+
+@_typing.final
+class DropWorkspaceRequest(_message.Message):
+    """Sent on `atmo.mem.workspace.drop`: remove a workspace's plans and files (a finished
+    sub-agent's, or one conversation's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ONLY_FIELD_NUMBER: _builtins.int
+    conversation_only: _builtins.bool
+    """Drop only this conversation's plans and files; the whole owner subtree when false."""
+    @_builtins.property
+    def workspace(self) -> _tool_pb2.WorkspaceScope: ...
+    def __init__(
+        self,
+        *,
+        workspace: _tool_pb2.WorkspaceScope | None = ...,
+        conversation_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_only", b"conversation_only", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropWorkspaceRequest: _TypeAlias = DropWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DropWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXISTED_FIELD_NUMBER: _builtins.int
+    existed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        existed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existed", b"existed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropWorkspaceResponse: _TypeAlias = DropWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class GetPlanRequest(_message.Message):
+    """Asked on `atmo.mem.plan.get` (admin reads)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> _tool_pb2.WorkspaceScope: ...
+    def __init__(
+        self,
+        *,
+        workspace: _tool_pb2.WorkspaceScope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanRequest: _TypeAlias = GetPlanRequest  # noqa: Y015
+
+@_typing.final
+class GetPlanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    @_builtins.property
+    def plan(self) -> _run_pb2.PlanUpdate: ...
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        plan: _run_pb2.PlanUpdate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "plan", b"plan"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanResponse: _TypeAlias = GetPlanResponse  # noqa: Y015
+
+@_typing.final
+class ListFilesRequest(_message.Message):
+    """Asked on `atmo.mem.files.list` (admin reads)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """A directory relative to the conversation's root; empty or "." for the root."""
+    @_builtins.property
+    def workspace(self) -> _tool_pb2.WorkspaceScope: ...
+    def __init__(
+        self,
+        *,
+        workspace: _tool_pb2.WorkspaceScope | None = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFilesRequest: _TypeAlias = ListFilesRequest  # noqa: Y015
+
+@_typing.final
+class FileEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    size: _builtins.int
+    directory: _builtins.bool
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+        directory: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directory", b"directory", "path", b"path", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileEntry: _TypeAlias = FileEntry  # noqa: Y015
+
+@_typing.final
+class ListFilesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___FileEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFilesResponse: _TypeAlias = ListFilesResponse  # noqa: Y015
+
+@_typing.final
+class ReadFileRequest(_message.Message):
+    """Asked on `atmo.mem.files.read` (admin reads)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    @_builtins.property
+    def workspace(self) -> _tool_pb2.WorkspaceScope: ...
+    def __init__(
+        self,
+        *,
+        workspace: _tool_pb2.WorkspaceScope | None = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadFileRequest: _TypeAlias = ReadFileRequest  # noqa: Y015
+
+@_typing.final
+class ReadFileResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadFileResponse: _TypeAlias = ReadFileResponse  # noqa: Y015

@@ -123,6 +123,8 @@ class RunEvent(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     TIMESTAMP_FIELD_NUMBER: _builtins.int
+    ORIGIN_RUN_ID_FIELD_NUMBER: _builtins.int
+    ORIGIN_AGENT_FIELD_NUMBER: _builtins.int
     TEXT_DELTA_FIELD_NUMBER: _builtins.int
     TEXT_COMPLETE_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
@@ -153,6 +155,11 @@ class RunEvent(_message.Message):
     conversation_id: _builtins.str
     agent: _builtins.str
     parent_run_id: _builtins.str
+    origin_run_id: _builtins.str
+    """Set on a sub-run's event forwarded into this run's stream (`delegate_task`, `task`): the
+    sub-run that produced it and its agent. The event's own `seq` is this stream's.
+    """
+    origin_agent: _builtins.str
     @_builtins.property
     def timestamp(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -217,6 +224,8 @@ class RunEvent(_message.Message):
         agent: _builtins.str = ...,
         parent_run_id: _builtins.str = ...,
         timestamp: _timestamp_pb2.Timestamp | None = ...,
+        origin_run_id: _builtins.str = ...,
+        origin_agent: _builtins.str = ...,
         text_delta: Global___TextDelta | None = ...,
         text_complete: Global___TextComplete | None = ...,
         progress: Global___Progress | None = ...,
@@ -244,7 +253,7 @@ class RunEvent(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "origin_agent", b"origin_agent", "origin_run_id", b"origin_run_id", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text_delta", "text_complete", "progress", "metadata", "content", "tool_start", "tool_result", "tool_error", "tool_call_delta", "plan_update", "agent_step", "approval_required", "usage", "confidence", "reasoning_delta", "reasoning_complete", "handoff", "structured_field", "entity_start", "entity_complete", "routing_decision", "citation", "complete", "error"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -489,18 +498,22 @@ class PlanStep(_message.Message):
 
     CONTENT_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    ACTIVE_FORM_FIELD_NUMBER: _builtins.int
     content: _builtins.str
     status: _builtins.str
-    """"pending", "in_progress" or "completed"."""
+    """"pending", "in_progress", "completed" or "abandoned"."""
+    active_form: _builtins.str
+    """Present-continuous wording shown while the step is in progress; empty when none."""
     def __init__(
         self,
         *,
         content: _builtins.str = ...,
         status: _builtins.str = ...,
+        active_form: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_form", b"active_form", "content", b"content", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -523,15 +536,17 @@ class PlanUpdate(_message.Message):
         self,
         *,
         steps: _abc.Iterable[Global___PlanStep] | None = ...,
-        goal: _builtins.str = ...,
+        goal: _builtins.str | None = ...,
         conversation_id: _builtins.str = ...,
         agent_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_goal", b"_goal", "goal", b"goal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "conversation_id", b"conversation_id", "goal", b"goal", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_goal", b"_goal", "agent_id", b"agent_id", "conversation_id", b"conversation_id", "goal", b"goal", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__goal: _TypeAlias = _typing.Literal["goal"]  # noqa: Y015
+    _WhichOneofArgType__goal: _TypeAlias = _typing.Literal["_goal", b"_goal"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__goal) -> _WhichOneofReturnType__goal | None: ...
 
 Global___PlanUpdate: _TypeAlias = PlanUpdate  # noqa: Y015
 

@@ -4,8 +4,11 @@ isort:skip_file
 """
 
 from atmosphere.contracts.common.v1 import common_pb2 as _common_pb2
+from atmosphere.contracts.run.v1 import run_pb2 as _run_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -92,6 +95,7 @@ class ToolCall(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     name: _builtins.str
     arguments_json: _builtins.str
@@ -101,6 +105,10 @@ class ToolCall(_message.Message):
     agent: _builtins.str
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
+    @_builtins.property
+    def workspace(self) -> Global___WorkspaceScope:
+        """Where harness state tools (plans, files) keep this call's state; set by dispatch."""
+
     def __init__(
         self,
         *,
@@ -111,14 +119,50 @@ class ToolCall(_message.Message):
         conversation_id: _builtins.str = ...,
         agent: _builtins.str = ...,
         principal: _common_pb2.Principal | None = ...,
+        workspace: Global___WorkspaceScope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "call_id", b"call_id", "conversation_id", b"conversation_id", "name", b"name", "principal", b"principal", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "call_id", b"call_id", "conversation_id", b"conversation_id", "name", b"name", "principal", b"principal", "run_id", b"run_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
+class WorkspaceScope(_message.Message):
+    """A harness workspace: `{root}/{category}/{owner}/plans/{agent_id}/{conversation_id}.json` and
+    `{root}/{category}/{owner}/files/{conversation_id}/`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATEGORY_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    category: _builtins.str
+    """"agents", "coordinators", "endpoints" or "subagents" (ephemeral, removed after the sub-run)."""
+    owner: _builtins.str
+    """The agent or coordinator name, the endpoint path, or the sub-agent spawn id."""
+    agent_id: _builtins.str
+    """The plan key: the agent name, or `subagent-<id>`."""
+    conversation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        category: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "category", b"category", "conversation_id", b"conversation_id", "owner", b"owner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceScope: _TypeAlias = WorkspaceScope  # noqa: Y015
 
 @_typing.final
 class ToolResult(_message.Message):
@@ -131,19 +175,27 @@ class ToolResult(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     IS_ERROR_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     content: _builtins.str
     is_error: _builtins.bool
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.RunEvent]:
+        """Events the caller emits into the run's stream before the tool result (e.g. `plan_update`
+        from `write_todos`); only `kind` is set, the caller stamps run id and seq.
+        """
+
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
         content: _builtins.str = ...,
         is_error: _builtins.bool = ...,
+        events: _abc.Iterable[_run_pb2.RunEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "is_error", b"is_error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,10 +5,10 @@ import asyncio
 import pytest
 
 from atmosphere.bus import JetStreamLayout, subjects
+from atmosphere.bus.runs import StreamGapError, UnknownRunError, follow_run
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, TextDelta
-from atmosphere.ingress.handlers import StreamGapError, UnknownRunError, follow_run
 
 
 def text(seq: int, value: str = "x") -> RunEvent:

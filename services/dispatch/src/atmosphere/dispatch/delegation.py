@@ -1,0 +1,257 @@
+"""`delegate_task` and `task`: a coordinator's sub-runs, streamed into its own stream.
+
+Both start a real run on the bus (`RunRequest` with `parent_run_id`), so a sub-run gets what
+every run gets — governance admission (the fleet edge), a worker, the tape — and follow its
+events. Every event of the sub-run except its run-id and terminal events is forwarded into the
+parent's stream tagged with the sub-run's id and agent (`origin_run_id`, `origin_agent`), so
+the client sees what each sub-agent does while it does it. Only the sub-run's answer text
+comes back to the model as the tool result.
+
+`task` spawns the ephemeral general-purpose sub-agent: a fresh conversation, only
+`write_todos` and the file tools, its own workspace (removed on every exit path), nesting
+depth and spawn count bounded, a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from atmosphere.bus import Bus, BusError
+from atmosphere.bus.runs import RUN_ID_METADATA_KEY, cancel_run, follow_run, is_terminal
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
+
+log = logging.getLogger("atmosphere.dispatch")
+
+Emit = Callable[[RunEvent], Awaitable[None]]
+
+SUBAGENT = "_subagent"
+"""The internal agent name of `task` sub-runs (no user agent can have it: names start alphanumeric)."""
+SUBAGENT_TYPE = "general-purpose"
+SUBAGENT_SYSTEM_PROMPT = (
+    "You are a focused worker with an isolated workspace. Finish the single task you are given, end to end. "
+    "You may plan with write_todos and stage work with the file tools (ls, read_file, write_file, edit_file, "
+    "glob, grep, delete, rename). You cannot ask follow-up questions: make reasonable assumptions. "
+    "When you are done, reply with a concise final report of what you did and found."
+)
+MAX_DEPTH = 2
+MAX_SPAWNS_PER_REQUEST = 8
+DEPTH_KEY = "ai.subagent.depth"
+"""Run metadata: how deep in sub-agent nesting this run is (absent = 0)."""
+WORKSPACE_KEY = "ai.subagent.workspace"
+"""Run metadata of a sub-agent run: `{"owner": <spawn id>, "agentId": "subagent-<8>"}`."""
+SUBAGENT_CATEGORY = "subagents"
+
+
+def depth_of(run: RunRequest) -> int:
+    """The sub-agent nesting depth of `run`."""
+    try:
+        return max(0, int(run.metadata.get(DEPTH_KEY, "0")))
+    except ValueError:
+        return 0
+
+
+def subagent_scope(run: RunRequest) -> WorkspaceScope | None:
+    """The workspace of a `task` sub-run, from its metadata; None for other runs."""
+    raw = run.metadata.get(WORKSPACE_KEY)
+    if run.agent != SUBAGENT or not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return WorkspaceScope(
+            category=SUBAGENT_CATEGORY,
+            owner=str(data["owner"]),
+            agent_id=str(data["agentId"]),
+            conversation_id=run.conversation_id,
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class _Outcome:
+    text: str
+    error: RunEvent | None = None
+    timed_out: bool = False
+
+
+class Delegation:
+    """The delegation tools of one coordinator run."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        parent: RunRequest,
+        emit: Emit,
+        *,
+        fleet: tuple[str, ...],
+        memory: MemoryClient,
+        timeout: float = DELEGATION_TIMEOUT,
+    ) -> None:
+        """Delegate on behalf of `parent`, forwarding sub-run events through `emit`."""
+        self._bus = bus
+        self._parent = parent
+        self._emit = emit
+        self._fleet = fleet
+        self._memory = memory
+        self._timeout = timeout
+        self._spawns = 0
+
+    def _child(self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str]) -> RunRequest:
+        submitted = Timestamp()
+        submitted.FromNanoseconds(time.time_ns())
+        parent = self._parent
+        return RunRequest(
+            run_id=uuid.uuid4().hex,
+            session_id=str(uuid.uuid4()),
+            conversation_id=conversation_id,
+            agent=agent,
+            message=message,
+            principal=parent.principal,
+            parent_run_id=parent.run_id,
+            metadata=metadata,
+            submitted_at=submitted,
+            transport="delegation",
+        )
+
+    async def delegate_task(self, arguments: dict[str, Any]) -> str:
+        """Route a subtask to a fleet member; its reply text, or a failure text."""
+        if not self._fleet:
+            return "delegate_task unavailable: no agent fleet is bound to this session."
+        available = f"Available agents: [{', '.join(self._fleet)}]"
+        agent = str(arguments.get("agent") or "").strip()
+        if not agent:
+            return f"delegate_task failed: 'agent' is required. {available}"
+        if agent not in self._fleet:
+            return f"delegate_task failed: unknown agent '{agent}'. {available}"
+        message = str(arguments.get("message") or "")
+        child = self._child(
+            agent,
+            message,
+            # The member keeps its own conversation with this coordinator's conversation.
+            conversation_id=f"{self._parent.conversation_id}--{agent}",
+            metadata={
+                DEPTH_KEY: str(depth_of(self._parent)),
+                "fleet.dispatch.agent": agent,
+                "fleet.dispatch.skill": "default",
+            },
+        )
+        outcome = await self._follow(child)
+        if outcome.timed_out:
+            return f"delegate_task to '{agent}' failed: no reply within {self._timeout:g} seconds"
+        if outcome.error is not None:
+            detail = outcome.error.error.message or "no error detail"
+            return f"delegate_task to '{agent}' failed: {detail}"
+        return outcome.text
+
+    def _task_refusal(self, arguments: dict[str, Any]) -> str | None:
+        """Why a `task` call cannot spawn, or None."""
+        if not str(arguments.get("description") or "").strip():
+            return "task failed: 'description' is required."
+        kind = str(arguments.get("subagent_type") or SUBAGENT_TYPE).strip().lower() or SUBAGENT_TYPE
+        if kind != SUBAGENT_TYPE:
+            return (
+                f"task failed: unknown subagent_type '{arguments.get('subagent_type')}'. Only 'general-purpose' "
+                "is supported — use delegate_task for a named fleet specialist."
+            )
+        if depth_of(self._parent) >= MAX_DEPTH:
+            return (
+                f"task refused: maximum subagent nesting depth ({MAX_DEPTH}) reached — complete this step inline "
+                "instead of spawning again."
+            )
+        if self._spawns >= MAX_SPAWNS_PER_REQUEST:
+            return f"task refused: maximum subagent spawns ({MAX_SPAWNS_PER_REQUEST}) for this request reached."
+        return None
+
+    async def task(self, arguments: dict[str, Any]) -> str:
+        """Spawn the ephemeral general-purpose sub-agent; its final report, or why not."""
+        refusal = self._task_refusal(arguments)
+        if refusal is not None:
+            return refusal
+        description = str(arguments["description"]).strip()
+        depth = depth_of(self._parent)
+        self._spawns += 1  # a spawn counts even when it fails
+        spawn = uuid.uuid4().hex
+        agent_id = f"subagent-{spawn[:8]}"
+        child = self._child(
+            SUBAGENT,
+            description,
+            conversation_id=str(uuid.uuid4()),
+            metadata={
+                DEPTH_KEY: str(depth + 1),
+                WORKSPACE_KEY: json.dumps({"owner": spawn, "agentId": agent_id}),
+                "subagent.spawn": SUBAGENT_TYPE,
+            },
+        )
+        scope = WorkspaceScope(
+            category=SUBAGENT_CATEGORY, owner=spawn, agent_id=agent_id, conversation_id=child.conversation_id
+        )
+        try:
+            outcome = await self._follow(child)
+        finally:
+            # The sub-agent's plan and files go with it, whatever happened (the sub-run's own
+            # worker drops them too when it ends; dropping twice is harmless).
+            await asyncio.shield(self._memory.drop_workspace(scope))
+        if outcome.timed_out:
+            return f"task did not complete within {self._timeout:g} seconds."
+        if outcome.error is not None:
+            error = outcome.error.error
+            if error.code == "governance.denied":
+                return f"task denied by policy: {error.message.removeprefix('Request denied by policy ')}"
+            return f"task failed: {error.message or 'unknown error'}"
+        return outcome.text.strip() or "task completed with no output."
+
+    async def _follow(self, child: RunRequest) -> _Outcome:
+        """Submit `child`, forward its events, and return its answer (or how it ended)."""
+        text: list[str] = []
+        events = follow_run(self._bus, child.run_id, submit=child)
+        finished = False
+        try:
+            async with asyncio.timeout(self._timeout):
+                async for event in events:
+                    kind = event.WhichOneof("kind")
+                    if is_terminal(event):
+                        finished = True
+                        return _Outcome("".join(text), error=event if kind == "error" else None)
+                    if kind == "text_delta" and not event.origin_run_id:
+                        text.append(event.text_delta.text)
+                    if kind == "metadata" and event.metadata.key == RUN_ID_METADATA_KEY:
+                        continue  # the client's run id is the parent's; the sub-run's is on every frame
+                    await self._emit(self._forwarded(event))
+        except TimeoutError:
+            return _Outcome("".join(text), timed_out=True)
+        except BusError as exc:
+            log.warning("sub-run %s of run %s: %s", child.run_id, self._parent.run_id, exc)
+            error = RunEvent()
+            error.error.message = f"the sub-run could not be followed ({type(exc).__name__})"
+            return _Outcome("".join(text), error=error)
+        finally:
+            await events.aclose()
+            if not finished:
+                # Timed out, failed, or the parent was cancelled: the sub-run must not go on alone.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(cancel_run(self._bus, child.run_id, "the parent run stopped waiting"))
+        error = RunEvent()
+        error.error.message = "the sub-run ended without a terminal event"
+        return _Outcome("".join(text), error=error)
+
+    @staticmethod
+    def _forwarded(event: RunEvent) -> RunEvent:
+        forwarded = RunEvent()
+        forwarded.CopyFrom(event)
+        # Nested sub-runs keep the innermost origin.
+        forwarded.origin_run_id = event.origin_run_id or event.run_id
+        forwarded.origin_agent = event.origin_agent or event.agent
+        return forwarded

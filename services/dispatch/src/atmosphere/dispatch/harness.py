@@ -1,0 +1,288 @@
+"""What the harness attaches to each agent, and the runtime truth it reports.
+
+Resolved once when dispatch starts: for every agent, the features it gets (the SDK's precedence
+rules over the app-wide switch), the built-in tools that genuinely register (a user tool with
+the same name wins), its workspace, its prompt-cache hint. The state map under
+`/api/console/info` → `harness` is seeded as Atmosphere seeds it and only upgraded by what
+genuinely attached.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.sdk import AgentSpec, AiCapability, App, Harness, HarnessSwitch, PromptCache
+from atmosphere.sdk.builtin_tools import DELEGATE_TASK, FILE_TOOLS, TASK, WRITE_TODOS
+from atmosphere.sdk.runtime import ToolSpec
+
+log = logging.getLogger("atmosphere.dispatch")
+
+COMPACTION_STRATEGIES = ("sliding-window", "summarizing", "token-window")
+DEFAULT_OFFLOAD_THRESHOLD = 8000
+LONG_TERM_STORE = "memory-service"
+"""How the long-term-memory state names its store: the memory service's SQLite fact store."""
+
+
+class SurfaceMode(enum.StrEnum):
+    """`LLM_PLANNING` / `LLM_FILESYSTEM`: which plan or file surface an agent gets."""
+
+    AUTO = "auto"
+    BUILTIN = "builtin"
+    NATIVE = "native"
+
+    @staticmethod
+    def parse(text: str) -> SurfaceMode:
+        """Lenient: `built-in` means builtin; anything unknown is auto."""
+        value = text.strip().lower()
+        if value in {"builtin", "built-in"}:
+            return SurfaceMode.BUILTIN
+        if value == "native":
+            return SurfaceMode.NATIVE
+        return SurfaceMode.AUTO
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessConfig:
+    """The app-wide harness settings, parsed once (dispatch's `serve` builds it from settings)."""
+
+    switch: HarnessSwitch = field(default_factory=HarnessSwitch)
+    compaction: str = "sliding-window"
+    recent_window: int = 6
+    prompt_cache_default: PromptCache | None = None
+    planning: SurfaceMode = SurfaceMode.AUTO
+    filesystem: SurfaceMode = SurfaceMode.AUTO
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+
+    @staticmethod
+    def parse_compaction(text: str) -> str:
+        """A strategy name; unknown values fall back to sliding-window (with a warning)."""
+        value = text.strip().lower()
+        if value in COMPACTION_STRATEGIES:
+            return value
+        if value:
+            log.warning("unknown compaction %r: using sliding-window", text)
+        return "sliding-window"
+
+    @staticmethod
+    def parse_threshold(text: str) -> int:
+        """Characters above which a tool result is offloaded; malformed: the default."""
+        try:
+            return int(text.strip())
+        except ValueError:
+            if text.strip():
+                log.warning("malformed tool-output offload threshold %r: using %d", text, DEFAULT_OFFLOAD_THRESHOLD)
+            return DEFAULT_OFFLOAD_THRESHOLD
+
+
+def workspace_category(kind: str) -> str:
+    """The workspace subtree of an agent kind (Atmosphere's `agents|coordinators|endpoints`)."""
+    return {"coordinator": "coordinators", "ai_endpoint": "endpoints"}.get(kind, "agents")
+
+
+_OWNER_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def sanitize_owner(owner: str) -> str:
+    """An owner name safe as one path segment (Atmosphere's rule; blank or dots only → `default`)."""
+    cleaned = _OWNER_UNSAFE.sub("-", owner.strip().lstrip("/\\"))
+    return cleaned if cleaned.strip(".-") else "default"
+
+
+@dataclass(frozen=True)
+class AgentHarness:
+    """What the harness attached to one agent."""
+
+    features: frozenset[Harness] = frozenset()
+    conversation_memory: bool = False
+    long_term_memory: bool = False
+    prompt_cache: PromptCache = PromptCache.NONE
+    max_history_messages: int = 20
+    tools: Mapping[str, ToolSpec] = field(default_factory=dict)
+    """The built-in tools that registered (user tools of the same name excluded)."""
+    category: str = "agents"
+    owner: str = "default"
+    """The workspace owner segment (the sanitized agent name or endpoint path)."""
+    planning: str = ""
+    filesystem: str = ""
+    delegation: str = ""
+    """Per-agent surface states (`ACTIVE(builtin)`, …); empty when the feature is off."""
+
+    @property
+    def has_files(self) -> bool:
+        """Whether a file workspace is in scope (tool-output offload needs one)."""
+        return any(name in self.tools for name in ("write_file", "read_file"))
+
+    def scope(self, agent_id: str, conversation_id: str) -> WorkspaceScope:
+        """The workspace of this agent in one conversation."""
+        return WorkspaceScope(
+            category=self.category, owner=self.owner, agent_id=agent_id, conversation_id=conversation_id
+        )
+
+    def attached(self) -> list[str]:
+        """Feature names that genuinely attached, for the agent's descriptor.
+
+        `planning` and `filesystem` mean the built-in, browsable surfaces (memory's store).
+        """
+        names = []
+        if self.conversation_memory or self.long_term_memory:
+            names.append("memory")
+        if self.prompt_cache is not PromptCache.NONE and Harness.CACHE in self.features:
+            names.append("cache")
+        if self.delegation:
+            names.append("delegation")
+        if WRITE_TODOS.name in self.tools:
+            names.append("planning")
+        if self.has_files:
+            names.append("filesystem")
+        return names
+
+
+def _surface(
+    mode: SurfaceMode,
+    *,
+    capability: AiCapability,
+    runtime_capabilities: frozenset[AiCapability],
+    runtime_name: str,
+    builtin: Sequence[ToolSpec],
+    user_tools: frozenset[str],
+) -> tuple[str, dict[str, ToolSpec]]:
+    """One surface (plans or files): the state it reaches and the built-in tools it registers."""
+    native = capability in runtime_capabilities
+    if mode is SurfaceMode.NATIVE or (mode is SurfaceMode.AUTO and native):
+        if native:
+            return f"ACTIVE(native:{runtime_name})", {}
+        log.warning("%s is native-only but the runtime %s lacks it", capability.value, runtime_name or "(none)")
+        return "INACTIVE(native-unavailable)", {}
+    registered = {t.name: t for t in builtin if t.name not in user_tools}
+    if not registered:
+        return "ACTIVE(user-tool)", {}
+    if len(registered) < len(builtin):
+        return "ACTIVE(builtin,partial)", registered
+    return "ACTIVE(builtin)", registered
+
+
+def resolve_agent(
+    spec: AgentSpec,
+    config: HarnessConfig,
+    *,
+    runtime_name: str = "",
+    runtime_capabilities: frozenset[AiCapability] = frozenset(),
+) -> AgentHarness:
+    """The harness of one agent."""
+    features = frozenset() if spec.headless else config.switch.features_for(spec.path, spec.harness, kind=spec.kind)
+    if spec.headless:
+        log.info("agent %s is headless: the harness does not apply", spec.name)
+    user_tools = frozenset(t.name for t in spec.tools)
+    tools: dict[str, ToolSpec] = {}
+    planning = filesystem = delegation = ""
+    if Harness.PLANNING in features:
+        planning, found = _surface(
+            config.planning,
+            capability=AiCapability.PLANNING,
+            runtime_capabilities=runtime_capabilities,
+            runtime_name=runtime_name,
+            builtin=[WRITE_TODOS],
+            user_tools=user_tools,
+        )
+        tools |= found
+    if Harness.FILESYSTEM in features:
+        filesystem, found = _surface(
+            config.filesystem,
+            capability=AiCapability.VIRTUAL_FILESYSTEM,
+            runtime_capabilities=runtime_capabilities,
+            runtime_name=runtime_name,
+            builtin=FILE_TOOLS,
+            user_tools=user_tools,
+        )
+        tools |= found
+    if Harness.DELEGATION in features and spec.kind == "coordinator":
+        if DELEGATE_TASK.name in user_tools:
+            delegation = "ACTIVE(user-tool)"
+        else:
+            delegation = "ACTIVE"
+            tools[DELEGATE_TASK.name] = DELEGATE_TASK
+        if TASK.name not in user_tools:
+            tools[TASK.name] = TASK
+    prompt_cache = spec.prompt_cache
+    if prompt_cache is PromptCache.NONE and Harness.CACHE in features:
+        prompt_cache = config.prompt_cache_default or PromptCache.CONSERVATIVE
+    return AgentHarness(
+        features=features,
+        # MEMORY brings conversation memory (so `harness=[]` and the kill switch keep nothing);
+        # an endpoint's own `conversation_memory=True` always wins.
+        conversation_memory=Harness.MEMORY in features or (spec.kind == "ai_endpoint" and spec.conversation_memory),
+        long_term_memory=Harness.MEMORY in features,
+        prompt_cache=prompt_cache,
+        max_history_messages=spec.max_history_messages,
+        tools=tools,
+        category=workspace_category(spec.kind),
+        owner=sanitize_owner(spec.name if spec.kind != "ai_endpoint" else spec.path),
+        planning=planning,
+        filesystem=filesystem,
+        delegation=delegation,
+    )
+
+
+def resolve_app(
+    app: App,
+    config: HarnessConfig,
+    *,
+    runtime_name: str = "",
+    runtime_capabilities: frozenset[AiCapability] = frozenset(),
+) -> dict[str, AgentHarness]:
+    """The harness of every agent of `app`."""
+    return {
+        name: resolve_agent(spec, config, runtime_name=runtime_name, runtime_capabilities=runtime_capabilities)
+        for name, spec in app.agents.items()
+    }
+
+
+def runtime_state(config: HarnessConfig, agents: Mapping[str, AgentHarness]) -> dict[str, str]:
+    """The `harness` block of `/api/console/info`: seeded, then upgraded by what attached."""
+    on = config.switch.enabled is True
+    inactive = "INACTIVE(no-endpoint)" if on else "INACTIVE(disabled)"
+    if config.prompt_cache_default is not None:
+        cache_seed = config.prompt_cache_default.value
+    else:
+        cache_seed = PromptCache.CONSERVATIVE.value if on else PromptCache.NONE.value
+    state = {
+        "conversation-memory": inactive,
+        "long-term-memory": inactive,
+        "prompt-cache-default": cache_seed,
+        "compaction": config.compaction,
+        "planning": inactive,
+        "filesystem": inactive,
+        "skills": "CONVENTION",
+        "durable-runs": "CONTAINER-MANAGED",
+        "delegation": "INACTIVE(no-coordinator)" if on else "INACTIVE(disabled)",
+    }
+    for harness in agents.values():
+        if harness.conversation_memory:
+            state["conversation-memory"] = "ACTIVE"
+        if harness.long_term_memory:
+            state["long-term-memory"] = f"ACTIVE({LONG_TERM_STORE})"
+        if Harness.CACHE in harness.features:
+            state["prompt-cache-default"] = harness.prompt_cache.value
+        if harness.planning:
+            state["planning"] = harness.planning
+        if harness.filesystem:
+            state["filesystem"] = harness.filesystem
+        if harness.delegation:
+            state["delegation"] = harness.delegation
+    return state
+
+
+def subagent_harness() -> AgentHarness:
+    """The `task` sub-agent's harness: only its plan and files (no memory, no delegation)."""
+    return AgentHarness(
+        features=frozenset({Harness.PLANNING, Harness.FILESYSTEM}),
+        tools={t.name: t for t in (WRITE_TODOS, *FILE_TOOLS)},
+        category="subagents",
+        planning="ACTIVE(builtin)",
+        filesystem="ACTIVE(builtin)",
+    )
