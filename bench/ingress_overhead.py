@@ -7,35 +7,36 @@ one clock:
   upstream directly           client → upstream
   OpenAI endpoint (ingress)   client → ingress `POST /atmosphere/v1/chat/completions` (SSE) → NATS
                               → dispatch → upstream, frames back over NATS
-  WebSocket (ingress)         the same run through `ws://…/atmosphere/agent/assistant`: one open
-                              socket per concurrent client, one prompt per stream
+  WebSocket (ingress)         the same run through `ws://…/atmosphere/agent/assistant`: a socket
+                              per stream (a socket is a conversation, as an OpenAI request is)
   LiteLLM proxy               client → `litellm --num_workers 1` → upstream
 
-The system under test runs as real processes: nats-server, governance, tape, dispatch and
-ingress with `examples.assistant:app`; LiteLLM is installed by this script into its own venv
-(`.atmosphere/bench/litellm-venv`, pinned below) and runs offline (local model-cost map, no
-database, no callbacks, no telemetry). Both stacks run without auth (LiteLLM needs
-`LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY` for that; it listens on loopback only).
+The system under test runs as real processes: nats-server, governance, tape, memory (every run
+loads and records its history there), dispatch and ingress with `examples.assistant:app`.
+LiteLLM is installed by this script into its own venv (`.atmosphere/bench/litellm-venv`, pinned
+below) and runs offline (local model-cost map, no database, no callbacks, no telemetry). Both
+stacks run without auth (LiteLLM needs `LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY` for
+that; it listens on loopback only).
 
 Each stream is 10 tokens 10 ms apart (a fast model; the first comes after 20 ms). For each
 concurrency (1, 16, 64) the arms run in interleaved rounds in shuffled order; the first round
 warms up and is discarded. In a round each arm streams a block of max(streams, 2 x concurrency)
-completions (at concurrency 1: streams) with that many clients, each starting its next stream
-when one ends; the clients start spread over one stream's length, so at 64 the block is 64
-streams in flight rather than one burst of 64 requests. The HTTP arms use a lean keep-alive
-HTTP/1.1 client (httptools), the WebSocket arm one open socket per client: with httpx the load
-CPU saturated at 16 streams. Per stream: time to first token (TTFT) from the request's start to
-the first token, and each token's latency (receive time minus the time in the token); a stream
-that errs, or does not deliver every token, counts as failed.
+completions (at concurrency 1: streams) from as many clients as the concurrency, each starting its
+next stream when one ends; the clients start spread over one stream's length, so at 64 the block is 64 streams in
+flight rather than one burst of 64 requests. The HTTP arms use a lean keep-alive HTTP/1.1 client
+(httptools): with httpx the load CPU saturated at 16 streams. Per stream: time to first token
+(TTFT) from the request's start (for a WebSocket: the prompt, after the handshake) to the first
+token, and each token's latency (receive time minus the time in the token); a stream that errs, or
+does not deliver every token, counts as failed.
 
 Added = per-round difference (arm minus direct) of p50 and p99; the report is the median over
-rounds. CPU per token is the user+system time (`/proc/<pid>/stat`) of the arm's server
-processes over its blocks (ours: ingress, dispatch, governance, tape, nats-server; LiteLLM: its
-process tree) divided by the tokens delivered, so it includes each request's own cost spread
-over its 10 tokens; ours is also split by process. Our arms' added latency and CPU are also
-given as a ratio to LiteLLM's. "load" is the busiest block's CPU of the load generator plus
-the upstream, "server" the same for the arm's servers, in % of one core: near 100 % the CPU, not
-the path, sets the latency (queueing); near 100 % load, the load side does.
+rounds. CPU per token is the user+system time (`/proc/<pid>/stat`) of the arm's server processes
+over its blocks (ours: ingress, dispatch, tape, governance, memory, nats-server; LiteLLM: its
+process tree) divided by the tokens delivered, so it includes each request's own cost spread over
+its 10 tokens; ours is also split by process. Our arms' added latency and CPU are also given as a
+ratio to LiteLLM's. "load" is the busiest block's CPU of the load generator plus the upstream,
+"server" the same for the arm's servers, in % of one core: near 100 % the CPU, not the path, sets
+the latency (queueing); near 100 % load, the load side does.
 
 Idle WebSockets: before the rounds, 2,000 sockets are opened to the agent endpoint and left
 idle; the ingress process's PSS (`/proc/<pid>/smaps_rollup`) before and after, divided by 2,000.
@@ -216,8 +217,11 @@ def our_services(nats_url: str, upstream: str, data: Path, http_port: int) -> It
         "ATMOSPHERE_AI_OPENAI_ENABLED": "true",
         "ATMOSPHERE_AI_OPENAI_DEFAULT_AGENT": "assistant",
         "ATMOSPHERE_AI_OPENAI_MAX_CONCURRENT": "256",
+        "ATMOSPHERE_WORKSPACE_ROOT": str(data / "workspace"),
     }
-    names = ("ingress", "dispatch", "tape", "governance")
+    # Every run loads and records its conversation's history in memory; the sandbox only runs
+    # tools, and the fake model calls none.
+    names = ("ingress", "dispatch", "tape", "governance", "memory")
     children = [subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env) for name in names]
     for child in children:
         pin(child.pid, SUT_CPUS)
@@ -497,48 +501,34 @@ async def sse_stream(pool: HttpPool, path: str, model: str) -> Sample:
     return complete(tokens.first, tokens.latencies)
 
 
-@dataclass
-class Sockets:
-    """One open WebSocket per concurrent client, reopened when one was closed."""
+async def ws_stream(url: str) -> Sample:
+    """One conversation of one prompt: a new socket, the prompt, its frames through the terminal one.
 
-    url: str
-    open: dict[int, websockets.ClientConnection] = field(default_factory=dict)
-
-    async def get(self, index: int) -> websockets.ClientConnection:
-        ws = self.open.get(index)
-        if ws is None or ws.state is not State.OPEN:
-            ws = await websockets.connect(self.url, compression=None, max_size=None, open_timeout=30)
-            self.open[index] = ws
-        return ws
-
-    async def close(self) -> None:
-        await asyncio.gather(*(ws.close() for ws in self.open.values()), return_exceptions=True)
-        self.open.clear()
-
-
-async def ws_stream(sockets: Sockets, index: int) -> Sample:
-    """One prompt on the client's open socket, read through its terminal frame."""
-    ws = await sockets.get(index)
-    started = time.perf_counter_ns()
-    first: float | None = None
-    latencies: list[float] = []
-    await ws.send("go")
-    while True:
-        try:
-            raw = await ws.recv()
-        except websockets.ConnectionClosed as exc:
-            raise StreamError(f"socket closed mid-run: {exc}") from None
-        now = time.time_ns()
-        frame = json.loads(raw)
-        kind = frame.get("type")
-        if kind == "streaming-text":
-            if first is None:
-                first = (time.perf_counter_ns() - started) / 1e6
-            latencies += stamps(frame.get("data", ""), now)
-        elif kind == "error":
-            raise StreamError(f"error frame {frame.get('code')}: {str(frame.get('data'))[:140]}")
-        elif kind == "complete" and frame.get("seq", 0) > 0:
-            return complete(first, latencies)
+    A socket is a conversation (its history is kept in memory), so each stream opens its own,
+    as each OpenAI request is its own conversation; the clock starts at the prompt, after the
+    handshake, as the HTTP arms reuse their connections.
+    """
+    async with websockets.connect(url, compression=None, max_size=None, open_timeout=30) as ws:
+        started = time.perf_counter_ns()
+        first: float | None = None
+        latencies: list[float] = []
+        await ws.send("go")
+        while True:
+            try:
+                raw = await ws.recv()
+            except websockets.ConnectionClosed as exc:
+                raise StreamError(f"socket closed mid-run: {exc}") from None
+            now = time.time_ns()
+            frame = json.loads(raw)
+            kind = frame.get("type")
+            if kind == "streaming-text":
+                if first is None:
+                    first = (time.perf_counter_ns() - started) / 1e6
+                latencies += stamps(frame.get("data", ""), now)
+            elif kind == "error":
+                raise StreamError(f"error frame {frame.get('code')}: {str(frame.get('data'))[:140]}")
+            elif kind == "complete" and frame.get("seq", 0) > 0:
+                return complete(first, latencies)
 
 
 # -- arms, rounds, report ------------------------------------------------------------------------
@@ -850,7 +840,7 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
         pin(nats.pid, SUT_CPUS)
         http_port = free_port()
         base = f"http://127.0.0.1:{http_port}"
-        sockets = Sockets(f"ws://127.0.0.1:{http_port}/atmosphere/agent/assistant")
+        socket_url = f"ws://127.0.0.1:{http_port}/atmosphere/agent/assistant"
         try:
             with (
                 fake_upstream() as (upstream, upstream_pid),
@@ -865,7 +855,7 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
                     arms = [
                         Arm(DIRECT, lambda _: sse_stream(direct, "/v1/chat/completions", "fake-model"), {}),
                         Arm(OPENAI, lambda _: sse_stream(ingress, "/atmosphere/v1/chat/completions", "assistant"), sut),
-                        Arm(WEBSOCKET, lambda index: ws_stream(sockets, index), sut),
+                        Arm(WEBSOCKET, lambda _: ws_stream(socket_url), sut),
                     ]
                     if lite is not None:
                         arms.append(lite)
@@ -879,7 +869,7 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
                     for pid in sut.values():  # threads started before the first pin
                         pin(pid, SUT_CPUS)
 
-                    idle = await idle_sockets(sockets.url, ours["ingress"], IDLE_SOCKETS)
+                    idle = await idle_sockets(socket_url, ours["ingress"], IDLE_SOCKETS)
                     print(f"idle WebSockets: {idle[0]:.1f} KiB of ingress PSS per connection at {IDLE_SOCKETS:,}")
 
                     print(
@@ -892,7 +882,6 @@ async def main(rounds: int, streams: int, skip_litellm: bool, litellm: Path | No
                         results[concurrency] = report(concurrency, rounds, streams, stats)
                         failures += sum(s.errors.total() for name, s in stats.items() if name != LITELLM)
                         lite_failures += stats[LITELLM].errors.total() if LITELLM in stats else 0
-                    await sockets.close()
                     direct.close()
                     ingress.close()
                     if lite is None:

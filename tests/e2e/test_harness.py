@@ -13,7 +13,12 @@ import websockets
 
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
-from atmosphere.contracts.memory.v1.memory_pb2 import GetFactsRequest, GetFactsResponse
+from atmosphere.contracts.memory.v1.memory_pb2 import (
+    GetFactsRequest,
+    GetFactsResponse,
+    LoadHistoryRequest,
+    LoadHistoryResponse,
+)
 from atmosphere.ingress.settings import IngressOptions, TokenGrant
 from atmosphere.testing import Stack, run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
@@ -191,6 +196,72 @@ class TestPlanAndFiles:
         ]
         # The CACHE feature seeds a conservative hint: one key per agent, sent to loopback providers.
         assert fake_provider.requests[1]["prompt_cache_key"] == "atmo:coder"
+
+    async def test_hostile_paths_from_the_model_are_refused_and_touch_nothing(
+        self, stack: Stack, fake_provider: FakeProvider, tmp_path: Path
+    ) -> None:
+        outside = tmp_path / "outside.txt"
+        outside.write_text("canary")
+        hostile = ["../../../outside.txt", "/etc/passwd", "a/../../b", "..\\x", "．．／x", "x\u0000y"]
+        fake_provider.script(
+            # One round asking for all the writes at once (they run concurrently).
+            Reply.tools(*(ToolCallScript("write_file", {"path": p, "content": "pwned"}) for p in hostile)),
+            Reply.tools(ToolCallScript("read_file", {"path": "../../../outside.txt"})),
+            Reply.text("No."),
+        )
+        frames = await converse(
+            await stack.ingress_url(), "coder", "escape", headers={"X-Atmosphere-Conversation-Id": "c4"}
+        )
+        errors = [f["data"]["error"] for f in events(frames, "tool-error")]
+        assert len(errors) == len(hostile) + 1
+        assert all(e.startswith("Error: ") for e in errors), errors
+        assert outside.read_text() == "canary"
+        assert not (tmp_path / "b").exists()
+        assert not list((tmp_path / "data").rglob("*pwned*"))
+        written = [p for p in (tmp_path / "data" / "workspace").rglob("*") if p.is_file()]
+        assert written == []
+
+
+class TestSummarizing:
+    stack = harness_stack(app="examples.coding_agent:app", dispatch={"ai_harness_compaction": "summarizing"})
+
+    async def test_summarizing_compaction_asks_the_model_and_keeps_the_bound(
+        self, stack: Stack, fake_provider: FakeProvider, nats_bus: NatsBus
+    ) -> None:
+        turns = 12
+        fake_provider.script(
+            *(Reply.text(f"answer {i}") for i in range(11)),
+            Reply.text("The user counted to eleven."),  # the summary the model writes
+            Reply.text("answer 11"),
+        )
+        url = await stack.ingress_url()
+        headers = {"X-Atmosphere-Conversation-Id": "long"}
+        for i in range(turns):
+            await converse(url, "coder", f"question {i}", headers=headers)
+        summary_call = fake_provider.requests[11]["messages"]
+        assert "summar" in summary_call[0]["content"].lower()
+        assert "question 0" in summary_call[-1]["content"]
+        last = fake_provider.requests[12]["messages"]
+        assert last[1] == {
+            "role": "system",
+            "content": "[Conversation summary of 16 earlier messages]\nThe user counted to eleven.",
+        }
+        assert [m["content"] for m in last[-7:]] == [
+            "question 8",
+            "answer 8",
+            "question 9",
+            "answer 9",
+            "question 10",
+            "answer 10",
+            "question 11",
+        ]
+        stored = await nats_bus.request(
+            subjects.memory("history.load"),
+            LoadHistoryRequest(agent="coder", conversation_id="long"),
+            LoadHistoryResponse,
+        )
+        assert len(stored.messages) <= 20
+        assert stored.messages[-1].content == "answer 11"
 
 
 class TestSubAgents:

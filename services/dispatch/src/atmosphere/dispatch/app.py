@@ -79,6 +79,8 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
             "runtime": _runtime_info(runtime),
             "grpc": f"{options.grpc_host}:{grpc_port}" if grpc_port else None,
             "harness": runtime_state(config, harnesses),
+            # Only when some agent genuinely has a browsable plan or file workspace.
+            **({"hasWorkspace": True} if any(h.attached() and h.tools for h in harnesses.values()) else {}),
         }
 
     async with contextlib.AsyncExitStack() as stack:

@@ -568,10 +568,7 @@ class WorkspaceFileSystem:
 
     def _open_child_dir(self, parent_fd: int, name: str, rel: str, display: str, *, create: bool) -> int | None:
         try:
-            st = _lstat(parent_fd, name)
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                raise _link_error(display)
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent_fd)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
         except FileNotFoundError:
             if not create:
                 return None
