@@ -11,7 +11,6 @@ from atmosphere.memory.plans import (
     MAX_PLAN_BYTES,
     MAX_PLAN_FILES,
     MAX_STEPS,
-    WRITE_TODOS_SPEC,
     AgentPlan,
     PlanError,
     PlanKey,
@@ -72,39 +71,6 @@ PLAN = AgentPlan(
 )
 def test_status_parse_is_lenient(text: str | None, status: PlanStatus) -> None:
     assert PlanStatus.parse(text) is status
-
-
-# -- tool definition ------------------------------------------------------------------------
-
-
-def test_write_todos_spec() -> None:
-    assert WRITE_TODOS_SPEC.name == "write_todos"
-    assert WRITE_TODOS_SPEC.kind == "EDIT"
-    assert WRITE_TODOS_SPEC.return_type == "string"
-    schema = WRITE_TODOS_SPEC.parameters
-    assert schema["type"] == "object"
-    assert schema["required"] == ["todos"]
-    assert list(schema["properties"]) == ["todos", "goal"]
-    assert schema["properties"]["todos"]["type"] == "array"
-    assert schema["properties"]["todos"]["description"]
-    assert schema["properties"]["goal"] == {
-        "type": "string",
-        "description": schema["properties"]["goal"]["description"],
-    }
-    items = schema["properties"]["todos"]["items"]
-    assert items["type"] == "object"
-    assert set(items["properties"]) == {"content", "status", "activeForm"}
-    assert items["properties"]["status"]["enum"] == ["pending", "in_progress", "completed", "abandoned"]
-    description = WRITE_TODOS_SPEC.description
-    for phrase in ("FULL todo list", "'content'", "'status'", "'activeForm'", "exactly one", "multi-step"):
-        assert phrase in description
-    for status in PlanStatus:
-        assert f"'{status.value}'" in description
-
-
-def test_spec_parameters_are_a_fresh_copy() -> None:
-    WRITE_TODOS_SPEC.parameters["required"].append("goal")
-    assert WRITE_TODOS_SPEC.parameters["required"] == ["todos"]
 
 
 # -- parsing --------------------------------------------------------------------------------

@@ -1,28 +1,17 @@
-"""The bounded workspace store: path validation, every operation, every bound, grep/glob, offload."""
+"""The bounded workspace store: path validation, every operation, every bound, grep/glob."""
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from atmosphere.memory.workspace import (
-    MAX_PATH_DEPTH,
-    Entry,
-    FileSystem,
-    Hit,
-    Limits,
-    WorkspaceError,
-    WorkspaceFileSystem,
-    maybe_offload,
-    offload_name,
-    offload_preview,
-    validate_path,
-)
+from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.filesystem import Entry, Hit, WorkspaceError
+from atmosphere.memory.paths import MAX_PATH_DEPTH, validate_path
 
 
 @pytest.fixture
@@ -471,39 +460,3 @@ def test_glob_deadline(root: Path) -> None:
         f"glob timed out on pattern '{'*a' * 16}*b' — simplify the pattern "
         "(catastrophic backtracking is cut off after 50 ms)"
     )
-
-
-# ---- offload
-
-
-def test_offload_name() -> None:
-    assert re.fullmatch(r"tool-output/web_search-[0-9a-f]{8}\.txt", offload_name("web_search"))
-    assert re.fullmatch(r"tool-output/a_b_c.d-e-[0-9a-f]{8}\.txt", offload_name("a b/c.d-e"))
-    assert re.fullmatch(r"tool-output/tool-[0-9a-f]{8}\.txt", offload_name("  "))
-    assert re.fullmatch(r"tool-output/\.\.-[0-9a-f]{8}\.txt", offload_name(".."))
-    name = offload_name("../../x")
-    assert validate_path(name) == name
-    assert name.startswith("tool-output/.._.._x-")
-    assert offload_name("t") != offload_name("t")
-
-
-def test_offload_preview() -> None:
-    result = "x" * 1500 + "y" * 700
-    preview = offload_preview(result, "tool-output/t-1234abcd.txt")
-    assert preview == (
-        "x" * 1500
-        + "\n\n[... 700 chars truncated. Full output saved to tool-output/t-1234abcd.txt — use read_file to read it.]"
-    )
-
-
-def test_maybe_offload(fs: WorkspaceFileSystem, root: Path) -> None:
-    big = "z" * 9000
-    assert maybe_offload(fs, "t", "short") == "short"
-    assert maybe_offload(None, "t", big) == big
-    assert maybe_offload(fs, "t", big, threshold=0) == big
-    preview = maybe_offload(fs, "t", big)
-    path = preview.split("Full output saved to ")[1].split(" — ")[0]
-    assert fs.read(path) == big
-    assert preview.startswith("z" * 1500 + "\n\n[... 7500 chars truncated.")
-    tiny: FileSystem = WorkspaceFileSystem(root.parent / "tiny", Limits(max_file_bytes=100))
-    assert maybe_offload(tiny, "t", big) == big  # a failed write returns the result inline

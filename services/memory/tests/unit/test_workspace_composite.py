@@ -9,20 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from atmosphere.memory.composite import CompositeFileSystem, parse_routes
 from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.workspace import (
-    CompositeFileSystem,
-    Entry,
-    FileSystemProvider,
-    Hit,
-    Limits,
-    WorkspaceError,
-    WorkspaceFileSystem,
-    owner_root,
-    parse_routes,
-    resolve_workspace_root,
-    sanitize_owner,
-)
+from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.filesystem import Entry, Hit, WorkspaceError
+from atmosphere.memory.paths import sanitize_owner
+from atmosphere.memory.provider import FileSystemProvider
 
 # ---- composite
 
@@ -313,13 +305,3 @@ def test_parse_routes(caplog: pytest.LogCaptureFixture) -> None:
 )
 def test_sanitize_owner(owner: str, expected: str) -> None:
     assert sanitize_owner(owner) == expected
-
-
-def test_owner_root_and_workspace_root(tmp_path: Path) -> None:
-    assert owner_root(tmp_path, "endpoints", "/chat") == tmp_path / "endpoints" / "chat"
-    assert owner_root(tmp_path, "agents", "..") == tmp_path / "agents" / "default"
-    with pytest.raises(ValueError, match="unknown workspace category"):
-        owner_root(tmp_path, "../etc", "x")
-    assert resolve_workspace_root(" /srv/ws ") == Path("/srv/ws")
-    assert resolve_workspace_root(None, home=tmp_path) == tmp_path / ".atmosphere" / "workspace"
-    assert resolve_workspace_root("", home=tmp_path) == tmp_path / ".atmosphere" / "workspace"

@@ -26,15 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from atmosphere.memory.composite import CompositeFileSystem
 from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.workspace import (
-    CompositeFileSystem,
-    FileSystem,
-    Limits,
-    WorkspaceError,
-    WorkspaceFileSystem,
-    validate_path,
-)
+from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.filesystem import FileSystem, WorkspaceError
+from atmosphere.memory.paths import validate_path
+from atmosphere.memory.storeroot import StoreRoot
 
 CANARY = "CANARY-SECRET-4f1c9"
 PWNED = "pwned"
@@ -480,7 +477,7 @@ def test_any_path_is_rejected_or_confined(tmp_path: Path, path: str) -> None:
         fs.write(path, "x")
         assert os.path.realpath(store / norm) == os.path.join(real_root, norm)
         assert (store / norm).read_text() == "x"
-        opened = fs._open_file(norm)
+        opened = StoreRoot(store, max_dirs=ROOMY.max_dirs).open_file(norm)
         assert opened is not None
         fd, _ = opened
         try:

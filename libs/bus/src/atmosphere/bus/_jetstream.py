@@ -48,6 +48,11 @@ class ConsumerSpec:
     confirm_ack: bool = False
     """Wait for the server to confirm each ack. Worth a round trip for expensive work (a run),
     not for cheap idempotent work (recording an event), where a lost ack only redelivers."""
+    batch_fetch: bool = True
+    """Fetch as many messages as there are free slots. Off, each fetch asks for one: an idle
+    worker then gets a new message the moment it is published, where a batch pull (nats-py)
+    holds its first message until the batch fills or the pull expires (up to a second). Worth
+    a round trip per message for latency-sensitive work (a run); not for a stream of events."""
 
 
 @dataclass(frozen=True, slots=True)

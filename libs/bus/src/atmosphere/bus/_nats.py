@@ -401,7 +401,7 @@ class _Puller(Consumer):
             # Wait for at least one free slot, then ask for as many messages as there are.
             await self._slots.acquire()
             self._slots.release()
-            free = self._max_inflight - self._inflight
+            free = self._max_inflight - self._inflight if self._spec.batch_fetch else 1
             try:
                 msgs = await psub.fetch(batch=free, timeout=1.0)
                 failures = 0

@@ -112,6 +112,8 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
             filter_subject=subjects.run_submit_all(),
             ack_wait_seconds=options.run_ack_wait,
             confirm_ack=True,
+            # A run is handed over the moment it is queued, not when a batch pull expires.
+            batch_fetch=False,
         )
         await stack.enter_async_context(
             bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -84,15 +83,6 @@ def workspace_category(kind: str) -> str:
     return {"coordinator": "coordinators", "ai_endpoint": "endpoints"}.get(kind, "agents")
 
 
-_OWNER_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def sanitize_owner(owner: str) -> str:
-    """An owner name safe as one path segment (Atmosphere's rule; blank or dots only → `default`)."""
-    cleaned = _OWNER_UNSAFE.sub("-", owner.strip().lstrip("/\\"))
-    return cleaned if cleaned.strip(".-") else "default"
-
-
 @dataclass(frozen=True)
 class AgentHarness:
     """What the harness attached to one agent."""
@@ -101,12 +91,14 @@ class AgentHarness:
     conversation_memory: bool = False
     long_term_memory: bool = False
     prompt_cache: PromptCache = PromptCache.NONE
+    cache_seeded: bool = False
+    """Whether CACHE seeded `prompt_cache` (the declaration said NONE), as opposed to the agent's own choice."""
     max_history_messages: int = 20
     tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     """The built-in tools that registered (user tools of the same name excluded)."""
     category: str = "agents"
     owner: str = "default"
-    """The workspace owner segment (the sanitized agent name or endpoint path)."""
+    """The workspace owner: the agent's name, or an endpoint's path."""
     planning: str = ""
     filesystem: str = ""
     delegation: str = ""
@@ -209,7 +201,8 @@ def resolve_agent(
         if TASK.name not in user_tools:
             tools[TASK.name] = TASK
     prompt_cache = spec.prompt_cache
-    if prompt_cache is PromptCache.NONE and Harness.CACHE in features:
+    cache_seeded = prompt_cache is PromptCache.NONE and Harness.CACHE in features
+    if cache_seeded:
         prompt_cache = config.prompt_cache_default or PromptCache.CONSERVATIVE
     return AgentHarness(
         features=features,
@@ -218,10 +211,12 @@ def resolve_agent(
         conversation_memory=Harness.MEMORY in features or (spec.kind == "ai_endpoint" and spec.conversation_memory),
         long_term_memory=Harness.MEMORY in features,
         prompt_cache=prompt_cache,
+        cache_seeded=cache_seeded,
         max_history_messages=spec.max_history_messages,
         tools=tools,
         category=workspace_category(spec.kind),
-        owner=sanitize_owner(spec.name if spec.kind != "ai_endpoint" else spec.path),
+        # Memory makes the owner a safe directory name (`paths.sanitize_owner`).
+        owner=spec.name if spec.kind != "ai_endpoint" else spec.path,
         planning=planning,
         filesystem=filesystem,
         delegation=delegation,
@@ -266,7 +261,8 @@ def runtime_state(config: HarnessConfig, agents: Mapping[str, AgentHarness]) -> 
             state["conversation-memory"] = "ACTIVE"
         if harness.long_term_memory:
             state["long-term-memory"] = f"ACTIVE({LONG_TERM_STORE})"
-        if Harness.CACHE in harness.features:
+        if harness.cache_seeded:
+            # The default a NONE declaration got; an agent's own explicit policy is not "the default".
             state["prompt-cache-default"] = harness.prompt_cache.value
         if harness.planning:
             state["planning"] = harness.planning

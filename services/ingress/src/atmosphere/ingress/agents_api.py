@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 import uuid
@@ -125,8 +126,11 @@ def conversation_of(given: str | None, principal: Principal) -> str:
     except ValueError as exc:
         msg = "Malformed conversation id (1-128 letters, digits, '_', '-', ':', '@')"
         raise InboundError(msg) from exc
-    user = principal.user_id if principal.user_id not in {"", "anonymous"} else ""
-    return f"{user}--{given}" if user else given
+    user = principal.user_id.strip()
+    if user.lower() in {"", "anonymous"}:
+        return given
+    # A fixed-length digest of the user id: any user id is safe in a path, and keys never collide.
+    return f"{hashlib.sha256(user.encode()).hexdigest()[:16]}--{given}"
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:

@@ -75,7 +75,8 @@ class ConversationTracker:
     def sweep(self, now: float | None = None) -> int:
         """Announce every conversation idle past the timeout; how many were announced."""
         now = time.monotonic() if now is None else now
-        idle = [k for k, e in self._open.items() if now - e.last_active >= self._idle_timeout]
+        # A conversation with a WebSocket still open ends when the last socket leaves.
+        idle = [k for k, e in self._open.items() if not e.sockets and now - e.last_active >= self._idle_timeout]
         for key in idle:
             self._announce(key, "idle")
         return len(idle)

@@ -12,6 +12,7 @@ before anything reaches the bus, and memory validates them again.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Annotated, Any
 
@@ -29,7 +30,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReadFileResponse,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.ingress.admin_api import ADMIN_TIMEOUT, ERRORS, ID_PATTERN, admin_call, valid_id
+from atmosphere.ingress.admin_api import ADMIN_TIMEOUT, ERRORS, admin_call
 from atmosphere.ingress.agents_api import error
 
 router = APIRouter()
@@ -37,7 +38,9 @@ router = APIRouter()
 MAX_PATH_CHARS = 1024
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 Name = Annotated[str, Path(json_schema_extra={"pattern": NAME_PATTERN})]
-SessionId = Annotated[str, Query(max_length=128, json_schema_extra={"pattern": ID_PATTERN})]
+SESSION_PATTERN = r"^[A-Za-z0-9_\-:@]{1,160}$"
+"""A conversation id (a user-scoped one is a 16-hex digest, `--`, and the client's id)."""
+SessionId = Annotated[str, Query(max_length=160, json_schema_extra={"pattern": SESSION_PATTERN})]
 FilePath = Annotated[str, Query(max_length=MAX_PATH_CHARS)]
 
 
@@ -89,7 +92,7 @@ async def workspace_owners(request: Request) -> Any:
 
 async def _surface(request: Request, name: str, session_id: str, feature: str) -> AgentDescriptor | JSONResponse:
     """The descriptor of `name` if it has `feature`; else the error to answer with."""
-    if not valid_id(session_id):
+    if not re.fullmatch(SESSION_PATTERN, session_id):
         return error(400, "Malformed sessionId", "admin.bad_request")
     descriptor: AgentDescriptor | JSONResponse | None = await admin_call(
         request, "dispatch", lambda bus: _descriptor(bus, name)

@@ -6,10 +6,10 @@ import asyncio
 
 from atmosphere.bus import Bus, subjects
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
+from atmosphere.memory.composite import parse_routes
 from atmosphere.memory.handlers import MemoryHandlers, runtime_info
 from atmosphere.memory.settings import MemorySettings
 from atmosphere.memory.store import MemoryStore
-from atmosphere.memory.workspace import parse_routes
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.service import open_service
 

@@ -1,4 +1,7 @@
-"""The eight model-facing file tools: their specs and a dispatcher returning the exact tool texts.
+"""The eight model-facing file tools, run against a `FileSystem`: the exact texts the model sees.
+
+The tools' names, descriptions and argument schemas are the SDK's (`atmosphere.sdk.builtin_tools.
+FILE_TOOLS`), the one definition dispatch offers the model; this module only runs them.
 
 Every outcome is a string for the model: success texts, `Error: <message>` for anything the model
 can fix, and never an exception for bad input (invariant #4: validate at the boundary, never throw
@@ -12,110 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from atmosphere.memory.workspace import FileSystem, WorkspaceError
+from atmosphere.memory.filesystem import FileSystem, WorkspaceError
 
 log = logging.getLogger("atmosphere.memory.file_tools")
 
 UNAVAILABLE: Final = "File tools unavailable: no agent filesystem is bound to this session."
-
-
-@dataclass(frozen=True, slots=True)
-class FileToolSpec:
-    """One tool as the model sees it."""
-
-    name: str
-    description: str
-    kind: str
-    """`READ`, `EDIT` or `DELETE`: approvals and governance key on it."""
-    parameters: Mapping[str, Any]
-    """The JSON schema of the arguments."""
-
-
-def _schema(properties: Mapping[str, str], required: tuple[str, ...]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {name: {"type": "string", "description": text} for name, text in properties.items()},
-        "required": list(required),
-    }
-
-
-_PATH = "Path relative to the workspace root, with forward slashes (e.g. notes/todo.md)."
-
-FILE_TOOLS: Final[tuple[FileToolSpec, ...]] = (
-    FileToolSpec(
-        "ls",
-        "List the entries directly under a workspace directory: directories first (shown as `path/`), "
-        "then files (shown as `path (N bytes)`). Paths are relative to the workspace root.",
-        "READ",
-        _schema({"dir": "Directory to list; omit or use `.` for the workspace root."}, ()),
-    ),
-    FileToolSpec(
-        "read_file",
-        "Read one workspace file and return its full UTF-8 content.",
-        "READ",
-        _schema({"path": _PATH}, ("path",)),
-    ),
-    FileToolSpec(
-        "write_file",
-        "Create or overwrite a workspace file with the given content; missing parent directories are "
-        "created. Use it to stage notes, drafts and intermediate results for multi-step work.",
-        "EDIT",
-        _schema({"path": _PATH, "content": "The complete new content of the file."}, ("path", "content")),
-    ),
-    FileToolSpec(
-        "edit_file",
-        "Replace one exact occurrence of old_text with new_text in a workspace file. old_text must match "
-        "exactly once; include enough surrounding context to make it unique.",
-        "EDIT",
-        _schema(
-            {
-                "path": _PATH,
-                "old_text": "The exact text to replace (must occur exactly once).",
-                "new_text": "The replacement text (may be empty to delete old_text).",
-            },
-            ("path", "old_text", "new_text"),
-        ),
-    ),
-    FileToolSpec(
-        "glob",
-        "Find workspace files whose path matches a glob pattern: `*` and `?` stay within one directory, "
-        "`**` spans directories (e.g. `**/*.md`), `[abc]` and `{a,b}` are supported. Returns sorted paths.",
-        "READ",
-        _schema({"pattern": "Glob pattern matched against paths relative to the workspace root."}, ("pattern",)),
-    ),
-    FileToolSpec(
-        "grep",
-        "Search workspace files for lines matching a regular expression; returns `path:line: text` lines "
-        "(at most 500 hits).",
-        "READ",
-        _schema(
-            {
-                "pattern": "Regular expression searched in each line.",
-                "dir": "Directory (or file) to search; omit to search the whole workspace.",
-            },
-            ("pattern",),
-        ),
-    ),
-    FileToolSpec(
-        "delete",
-        "Delete a workspace file, or a directory with everything in it. This cannot be undone.",
-        "DELETE",
-        _schema({"path": _PATH}, ("path",)),
-    ),
-    FileToolSpec(
-        "rename",
-        "Move or rename a workspace file or directory; parent directories of new_path are created. "
-        "Fails if new_path already exists.",
-        "EDIT",
-        _schema({"old_path": "Current path.", "new_path": "New path (must not exist yet)."}, ("old_path", "new_path")),
-    ),
-)
-"""The tools in registration order: ls, read_file, write_file, edit_file, glob, grep, delete, rename."""
-
-FILE_TOOL_NAMES: Final = frozenset(spec.name for spec in FILE_TOOLS)
 
 
 class _ArgumentError(Exception):

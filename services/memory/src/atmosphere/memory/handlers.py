@@ -40,9 +40,9 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 from atmosphere.contracts.run.v1.run_pb2 import PlanStep, PlanUpdate, RunEvent
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
 from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.plans import AgentPlan, run_write_todos
+from atmosphere.memory.filesystem import WorkspaceError
+from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
 from atmosphere.memory.store import MemoryStore
-from atmosphere.memory.workspace import WorkspaceError
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
 from atmosphere.sdk.compaction import Message, parse_strategy
@@ -252,7 +252,7 @@ class MemoryHandlers:
         try:
             store = self._workspaces.plans(scope)
             plan = await asyncio.to_thread(store.get, scope.agent_id, scope.conversation_id)
-        except (WorkspaceError, ValueError) as exc:
+        except (WorkspaceError, PlanError, ValueError) as exc:  # PlanError: a traversal-shaped plan key
             raise BadRequestError(str(exc)) from exc
         if plan is None:
             return GetPlanResponse(found=False)

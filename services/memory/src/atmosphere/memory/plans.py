@@ -1,5 +1,7 @@
-"""The planning floor: the `write_todos` tool, its plan model and the file-backed plan store.
+"""The planning floor: running the `write_todos` tool, its plan model and the file-backed plan store.
 
+The tool as the model sees it (name, description, argument schema) is the SDK's
+`atmosphere.sdk.builtin_tools.WRITE_TODOS`, the one definition dispatch offers; this module runs it.
 Each `write_todos` call replaces the FULL todo list of one agent and conversation. The plan is kept
 as one JSON document at `{owner_root}/plans/{agentId}/{conversationId}.json`, rendered back to the
 model as a Markdown checklist, and published to consoles as a `plan-update` event (`plan_wire`).
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from atmosphere.memory.dirfd import DIR_FLAGS, read_all, replace_atomically
 
 log = logging.getLogger("atmosphere.memory.plans")
 
@@ -114,70 +118,6 @@ class AgentPlan:
         object.__setattr__(self, "steps", tuple(self.steps))
         if self.goal is not None and not self.goal.strip():
             object.__setattr__(self, "goal", None)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolDefinition:
-    """A builtin tool as offered to the model."""
-
-    name: str
-    description: str
-    parameters_json: str
-    """The JSON schema of the arguments object, as text (so the shared definition cannot be mutated)."""
-    kind: str = "EDIT"
-    return_type: str = "string"
-
-    @property
-    def parameters(self) -> dict[str, Any]:
-        """A fresh copy of the arguments schema."""
-        schema: dict[str, Any] = json.loads(self.parameters_json)
-        return schema
-
-
-_WRITE_TODOS_DESCRIPTION = (
-    "Create or update your task plan. Always send the FULL todo list: it replaces the previous one. "
-    "Each item has 'content' (the step in imperative form, e.g. 'Run tests'), 'status' ('pending', "
-    "'in_progress', 'completed' or 'abandoned') and an optional 'activeForm' (present continuous, e.g. "
-    "'Running tests'). Keep exactly one item 'in_progress' at a time. Use this tool for any multi-step "
-    "task so your progress stays visible."
-)
-
-# Deliberate difference from the reference schema: `todos` carries an `items` object schema. The
-# original only describes the item shape in prose; small models, and providers that constrain
-# generation to the schema, produce well-formed items far more reliably when the shape is in the
-# schema itself. Nothing is lost: a client that ignores `items` sees the reference shape, and
-# parsing stays as lenient as before (status aliases, missing status, stringified values).
-_WRITE_TODOS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "todos": {
-            "type": "array",
-            "description": "The full todo list: an array of {content, status, activeForm} objects",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "content": {"type": "string", "description": "The step, imperative (e.g. 'Run tests')"},
-                    "status": {"type": "string", "enum": [s.value for s in PlanStatus]},
-                    "activeForm": {
-                        "type": "string",
-                        "description": "Present continuous, shown while in progress (e.g. 'Running tests')",
-                    },
-                },
-                "required": ["content", "status"],
-            },
-        },
-        "goal": {"type": "string", "description": "Optional: the one-line goal these todos work toward"},
-    },
-    "required": ["todos"],
-}
-
-WRITE_TODOS_SPEC = ToolDefinition(
-    name="write_todos",
-    description=_WRITE_TODOS_DESCRIPTION,
-    parameters_json=json.dumps(_WRITE_TODOS_SCHEMA),
-    kind="EDIT",
-)
-"""The builtin `write_todos` tool."""
 
 
 def _stringify(value: object) -> str | None:
@@ -295,9 +235,6 @@ class PlanKey(NamedTuple):
     conversation_id: str
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 class PlanStore:
     """The file-backed plan store (Atmosphere's `FileSystemAgentPlanStore`).
 
@@ -354,7 +291,7 @@ class PlanStore:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, dir_fd=parent_fd)
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+            return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -496,23 +433,7 @@ class PlanStore:
         with self._agent_dir(agent, create=True) as agent_fd:
             assert agent_fd is not None  # created above
             temp = f".plan-{secrets.token_hex(8)}.tmp"
-            fd = os.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=agent_fd
-            )
-            try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                # rename(2) is atomic on POSIX and replaces a directory entry without following it.
-                os.replace(temp, name, src_dir_fd=agent_fd, dst_dir_fd=agent_fd)
-                os.fsync(agent_fd)  # make the rename itself durable
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temp, dir_fd=agent_fd)
+            replace_atomically(agent_fd, name, data, temp=temp, mode=0o600, sync_dir=True)
 
     def _agents(self) -> builtins.list[str]:
         """Agent directories under `plans` (real directories only, links skipped)."""
@@ -580,14 +501,10 @@ def _read_bounded(dir_fd: int, name: str) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise PlanError(f"{name} is not a regular file")
-        chunks: builtins.list[bytes] = []
-        size = 0
-        while size <= MAX_PLAN_BYTES and (chunk := os.read(fd, MAX_PLAN_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_PLAN_BYTES:
+        data = read_all(fd, MAX_PLAN_BYTES + 1)
+        if len(data) > MAX_PLAN_BYTES:
             raise PlanError(f"{name} is over {MAX_PLAN_BYTES} bytes")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
@@ -620,14 +537,12 @@ __all__ = [
     "MAX_PLAN_FILES",
     "MAX_STEPS",
     "UNAVAILABLE",
-    "WRITE_TODOS_SPEC",
     "AgentPlan",
     "PlanError",
     "PlanKey",
     "PlanStatus",
     "PlanStep",
     "PlanStore",
-    "ToolDefinition",
     "parse_write_todos",
     "plan_wire",
     "render_markdown",

@@ -16,16 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits
+from atmosphere.memory.filesystem import FileSystem, WorkspaceError
+from atmosphere.memory.paths import check_conversation_id, sanitize_owner
 from atmosphere.memory.plans import PlanStore
-from atmosphere.memory.workspace import (
-    DEFAULT_LIMITS,
-    FileSystem,
-    FileSystemProvider,
-    Limits,
-    WorkspaceError,
-    check_conversation_id,
-    sanitize_owner,
-)
+from atmosphere.memory.provider import FileSystemProvider
 
 CATEGORIES = frozenset({"agents", "coordinators", "endpoints", "subagents"})
 EPHEMERAL = "subagents"
