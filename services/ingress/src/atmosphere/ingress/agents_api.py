@@ -30,7 +30,7 @@ from atmosphere.bus import BusError, subjects
 from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run, is_terminal, submit_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.ingress.auth import AuthError
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.frames import Frame, to_frame
@@ -281,11 +281,9 @@ async def agent_socket(websocket: WebSocket, name: str) -> None:
 # -- SSE -----------------------------------------------------------------------------------------
 
 
-async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse | JSONResponse:
-    """Start a run from a POSTed prompt and stream its frames as Server-Sent Events."""
+async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunRequest | JSONResponse:
+    """Authenticate a POSTed prompt and build its run, or say in JSON why it was refused."""
     state = state_of(request)
-    if descriptor is None:
-        return error(404, f"Unknown agent at {request.url.path}", "ingress.unknown_agent")
     try:
         principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
         prompt = _prompt_of(await request.body(), state.settings.ingress.max_message_bytes)
@@ -297,14 +295,24 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     except ValueError as exc:
         return error(413, str(exc), "ingress.too_large")
     state.conversations.touch(descriptor.name, conversation_id, principal)
-    run = new_run_request(
+    return new_run_request(
         agent=descriptor.name,
         prompt=prompt,
         conversation_id=conversation_id,
         principal=principal,
-        transport="sse",
+        transport=transport,
         path=descriptor.path,
     )
+
+
+async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse | JSONResponse:
+    """Start a run from a POSTed prompt and stream its frames as Server-Sent Events."""
+    state = state_of(request)
+    if descriptor is None:
+        return error(404, f"Unknown agent at {request.url.path}", "ingress.unknown_agent")
+    run = await _accept_prompt(request, descriptor, transport="sse")
+    if isinstance(run, JSONResponse):
+        return run
     headers = {**SSE_HEADERS, "X-Atmosphere-Run-Id": run.run_id}
     return StreamingResponse(
         _sse_frames(follow_run(state.bus, run.run_id, submit=run)), media_type="text/event-stream", headers=headers
@@ -382,25 +390,9 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResp
     descriptor = await _descriptor(state, name=name)
     if descriptor is None:
         return error(404, f"Unknown agent '{name}'", "ingress.unknown_agent")
-    try:
-        principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
-        prompt = _prompt_of(await request.body(), state.settings.ingress.max_message_bytes)
-        conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
-    except AuthError as exc:
-        return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
-    except InboundError as exc:
-        return error(400, str(exc), "ingress.bad_request")
-    except ValueError as exc:
-        return error(413, str(exc), "ingress.too_large")
-    state.conversations.touch(descriptor.name, conversation_id, principal)
-    run = new_run_request(
-        agent=descriptor.name,
-        prompt=prompt,
-        principal=principal,
-        transport="long-poll",
-        conversation_id=conversation_id,
-        path=descriptor.path,
-    )
+    run = await _accept_prompt(request, descriptor, transport="long-poll")
+    if isinstance(run, JSONResponse):
+        return run
     try:
         await submit_run(state.bus, run)
     except BusError:
