@@ -2,7 +2,8 @@
 
 Both arms stream from the same scripted provider, whose tokens carry their send time in ns, so
 each token's latency is measured end to end on one clock. The system under test runs as real
-processes: nats-server, governance, tape and dispatch (with `LLM_BASE_URL` at the provider).
+processes: nats-server, governance, tape, memory (the agent has conversation memory, so every run
+loads and records its history there) and dispatch (with `LLM_BASE_URL` at the provider).
 Arms are interleaved in shuffled rounds at 1 and 16 concurrent streams; the report is the
 median over rounds of the per-round difference (gRPC minus direct) of p50 and p99.
 
@@ -96,7 +97,7 @@ async def direct_stream(client: httpx.AsyncClient, base_url: str) -> Sample:
                 if content:
                     if first is None:
                         first = (time.perf_counter_ns() - started) / 1e6
-                    latencies.append((now - int(content)) / 1e6)
+                    latencies += [(now - int(stamp)) / 1e6 for stamp in content.split()]
     assert first is not None
     return Sample(first, latencies)
 
@@ -111,7 +112,7 @@ async def grpc_stream(stub: dispatch_pb2_grpc.DispatchServiceStub) -> Sample:
             now = time.time_ns()
             if first is None:
                 first = (time.perf_counter_ns() - started) / 1e6
-            latencies.append((now - int(event.text_delta.text)) / 1e6)
+            latencies += [(now - int(stamp)) / 1e6 for stamp in event.text_delta.text.split()]
         elif event.WhichOneof("kind") == "error":
             raise RuntimeError(event.error.message)
     assert first is not None, "no text arrived"
@@ -143,7 +144,7 @@ def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> I
     }
     children = [
         subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env)
-        for name in os.environ.get("BENCH_SERVICES", "governance,tape,dispatch").split(",")
+        for name in os.environ.get("BENCH_SERVICES", "governance,tape,memory,dispatch").split(",")
     ]
     for child in children:
         pin(child.pid, SUT_CPUS)
