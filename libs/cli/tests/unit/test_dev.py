@@ -3,7 +3,7 @@ import io
 import sys
 from pathlib import Path
 
-from atmosphere.cli.dev import SERVICES, DevOptions, banner, child_specs
+from atmosphere.cli.dev import SERVICES, DevOptions, banner, child_specs, wait_for_ready
 from atmosphere.cli.supervisor import ChildSpec, Supervisor, restart_delay
 
 
@@ -81,3 +81,28 @@ def test_the_local_model_runs_only_without_llm_base_url(tmp_path: Path) -> None:
     assert "model" not in specs
     assert "LLM_BASE_URL" not in specs["dispatch"].env  # inherited from the environment as is
     assert "https://api.example.com/v1 (LLM_BASE_URL)" in banner(remote)
+
+
+async def test_wait_for_ready_waits_for_every_readyz_and_names_the_late_ones() -> None:
+    asked: dict[str, int] = {"slow": 0}
+
+    def readyz(name: str, ready_after: int) -> object:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            asked[name] = asked.get(name, 0) + 1
+            status = b"200 OK" if asked[name] > ready_after else b"503 Service Unavailable"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        return answer
+
+    fast = await asyncio.start_server(readyz("fast", 0), "127.0.0.1", 0)
+    slow = await asyncio.start_server(readyz("slow", 2), "127.0.0.1", 0)
+    never = await asyncio.start_server(readyz("never", 10**6), "127.0.0.1", 0)
+    ports = {name: server.sockets[0].getsockname()[1] for name, server in [("fast", fast), ("slow", slow)]}
+    async with fast, slow, never:
+        assert await wait_for_ready("127.0.0.1", ports, 30) == []
+        assert asked["slow"] == 3  # polled until it answered 200
+        never_port = never.sockets[0].getsockname()[1]
+        assert await wait_for_ready("127.0.0.1", {**ports, "never": never_port}, 0.3) == ["never"]

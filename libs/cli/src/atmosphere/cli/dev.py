@@ -144,6 +144,39 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+async def _ready(host: str, port: int) -> bool:
+    """Whether `GET /readyz` on host:port answers 200 (stdlib only: the CLI has no HTTP client)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(f"GET /readyz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        status_line = await asyncio.wait_for(reader.readline(), 1)
+        return status_line.split(b" ")[1:2] == [b"200"]
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def wait_for_ready(host: str, ports: dict[str, int], timeout: float) -> list[str]:
+    """Wait until every service's `/readyz` answers 200; return those still not ready.
+
+    A listening port is not enough: dispatch is ready only once its agents are in `ATMO_AGENTS`,
+    and a banner printed before that sends the developer's first request to "Unknown agent".
+    """
+    deadline = time.monotonic() + timeout
+    waiting = dict(ports)
+    while waiting:
+        answers = await asyncio.gather(*(_ready(host, port) for port in waiting.values()))
+        waiting = {name: port for (name, port), ok in zip(waiting.items(), answers, strict=True) if not ok}
+        if not waiting or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    return sorted(waiting)
+
+
 async def _wait_for_port(host: str, port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,8 +208,11 @@ async def run_dev(options: DevOptions) -> int:
             return 1
         for spec in specs[1:]:
             await supervisor.start(spec)
-        if await _wait_for_port(options.host, options.http_port, 30):
-            print(banner(options), flush=True)
+        readiness = {**_probe_ports(options), "ingress": options.http_port}
+        late = await wait_for_ready(options.host, readiness, 60)
+        if late:
+            print(f"not ready after 60 s: {', '.join(late)}; see their log lines above", file=sys.stderr)
+        print(banner(options), flush=True)
         await stop.wait()
         print("\nstopping...", flush=True)
     finally:

@@ -145,17 +145,23 @@ def new_run_request(
 class AgentDirectory:
     """Which agents exist and where, from the `ATMO_AGENTS` bucket that dispatch fills."""
 
-    def __init__(self, bus: Bus, *, ttl: float = 2.0) -> None:
-        """Read from `bus`, caching the bucket for `ttl` seconds."""
+    def __init__(self, bus: Bus, *, ttl: float = 2.0, miss_ttl: float = 0.25) -> None:
+        """Read from `bus`, caching the bucket for `ttl` seconds (`miss_ttl` after a miss).
+
+        A miss re-reads sooner, so an agent whose dispatch just started is found within a
+        quarter second, while a burst of requests for a name that does not exist still costs
+        at most four bucket reads a second.
+        """
         self._bus = bus
         self._ttl = ttl
+        self._miss_ttl = miss_ttl
         self._loaded = 0.0
         self._by_name: dict[str, AgentDescriptor] = {}
         self._lock = asyncio.Lock()
 
-    async def _refresh(self) -> None:
+    async def _refresh(self, ttl: float | None = None) -> None:
         async with self._lock:
-            if time.monotonic() - self._loaded < self._ttl:
+            if time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl):
                 return
             self._by_name = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
             self._loaded = time.monotonic()
@@ -168,12 +174,18 @@ class AgentDirectory:
     async def lookup(self, name: str) -> AgentDescriptor | None:
         """The agent `name`, or None when no dispatch ever served it."""
         await self._refresh()
+        if name not in self._by_name:
+            await self._refresh(self._miss_ttl)
         return self._by_name.get(name)
 
     async def by_path(self, path: str) -> AgentDescriptor | None:
         """The agent served at `path` (an `@ai_endpoint` path or `/atmosphere/agent/<name>`)."""
         await self._refresh()
-        return next((d for d in self._by_name.values() if d.path == path), None)
+        found = next((d for d in self._by_name.values() if d.path == path), None)
+        if found is None:
+            await self._refresh(self._miss_ttl)
+            found = next((d for d in self._by_name.values() if d.path == path), None)
+        return found
 
 
 async def send_approval(
