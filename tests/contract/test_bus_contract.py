@@ -288,6 +288,99 @@ async def test_an_interrupted_handler_is_redelivered(bus: Bus) -> None:
     assert seen[0].delivered == 2
 
 
+async def consume_batches_until(
+    bus: Bus, spec: ConsumerSpec, expected: int, **kwargs: Any
+) -> list[list[WorkItem[RunEvent]]]:
+    batches: list[list[WorkItem[RunEvent]]] = []
+    done = asyncio.Event()
+
+    async def handler(items: list[WorkItem[RunEvent]]) -> None:
+        batches.append(items)
+        if sum(len(b) for b in batches) >= expected:
+            done.set()
+
+    async with bus.consume_batches(spec, RunEvent, handler, **kwargs):
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.3)  # anything redelivered by mistake would show up now
+    return batches
+
+
+async def test_batches_keep_stream_order_respect_the_bound_and_are_acked(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    for i in range(40):
+        await bus.publish("log.run", text(str(i)))
+    spec = ConsumerSpec(stream="LOG", durable="recorder", filter_subject="log.>")
+    batches = await consume_batches_until(bus, spec, 40, max_batch=16)
+    assert all(1 <= len(b) <= 16 for b in batches)
+    items = [i for b in batches for i in b]
+    assert [i.envelope.message.text_delta.text for i in items] == [str(i) for i in range(40)]
+    assert [i.stream_seq for i in items] == sorted(i.stream_seq for i in items)
+    assert {i.delivered for i in items} == {1}
+    # Acked: the same durable picks up where it left off.
+    await bus.publish("log.run", text("40"))
+    again = await consume_batches_until(bus, spec, 1)
+    assert [i.envelope.message.text_delta.text for b in again for i in b] == ["40"]
+
+
+async def test_linger_gathers_what_arrives_meanwhile_into_one_batch(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    batches: list[list[str]] = []
+    first, done = asyncio.Event(), asyncio.Event()
+
+    async def handler(items: list[WorkItem[RunEvent]]) -> None:
+        batches.append([i.envelope.message.text_delta.text for i in items])
+        first.set()
+        if sum(map(len, batches)) >= 6:
+            done.set()
+
+    spec = ConsumerSpec(stream="LOG", durable="lingerer", filter_subject="log.>")
+    async with bus.consume_batches(spec, RunEvent, handler, linger=1.0):
+        await bus.publish("log.run", text("0"))
+        await asyncio.wait_for(first.wait(), 5)
+        for i in range(1, 6):  # published while the consumer lingers after its first batch
+            await bus.publish("log.run", text(str(i)))
+        await asyncio.wait_for(done.wait(), 5)
+    assert batches == [["0"], ["1", "2", "3", "4", "5"]]
+
+
+async def test_a_nak_redelivers_the_whole_batch_and_term_drops_it(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    for name in ("a", "b"):
+        await bus.js_publish(f"work.{name}", text(name))
+    deliveries: list[tuple[str, int]] = []
+    done = asyncio.Event()
+
+    async def handler(items: list[WorkItem[RunEvent]]) -> None:
+        deliveries.extend((i.envelope.message.text_delta.text, i.delivered) for i in items)
+        if any(i.delivered == 1 for i in items):
+            raise Nak(delay=0.1)
+        if {("a", 2), ("b", 2)} <= set(deliveries):
+            done.set()
+        raise Term("recorded elsewhere")
+
+    spec = ConsumerSpec(stream="WORK", durable="batcher", filter_subject="work.>", ack_wait_seconds=5)
+    async with bus.consume_batches(spec, RunEvent, handler):
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.5)
+    assert sorted(deliveries) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+
+
+async def test_an_interrupted_batch_is_redelivered(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    await bus.js_publish("work.long", text("long"))
+    started = asyncio.Event()
+
+    async def stuck(_items: list[WorkItem[RunEvent]]) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    spec = ConsumerSpec(stream="WORK", durable="batch-movers", filter_subject="work.>")
+    async with bus.consume_batches(spec, RunEvent, stuck, drain_timeout=0.2):
+        await asyncio.wait_for(started.wait(), 5)
+    batches = await consume_batches_until(bus, spec, 1)
+    assert [(i.envelope.message.text_delta.text, i.delivered) for b in batches for i in b] == [("long", 2)]
+
+
 async def test_key_value_buckets(bus: Bus) -> None:
     await bus.provision(LAYOUT)
     assert await bus.kv_get(subjects.AGENTS_BUCKET, "echo", GetStepsRequest) is None

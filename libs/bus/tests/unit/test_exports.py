@@ -4,6 +4,7 @@ import atmosphere.bus
 def test_public_api_is_pinned() -> None:
     # A change here is a deliberate change of the bus's public API.
     assert sorted(atmosphere.bus.__all__) == [
+        "BatchHandler",
         "BucketSpec",
         "Bus",
         "BusError",

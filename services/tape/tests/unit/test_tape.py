@@ -53,7 +53,7 @@ async def test_recording_is_idempotent_and_the_first_terminal_wins(tmp_path: Pat
         for e in events:
             await bus.publish(subjects.run_events(e.run_id), e)
         consumer = ConsumerSpec(stream=subjects.EVENTS_STREAM, durable="tape", filter_subject=subjects.run_events_all())
-        async with bus.consume(consumer, RunEvent, handlers.record), bus.serve(handlers.router()):
+        async with bus.consume_batches(consumer, RunEvent, handlers.record), bus.serve(handlers.router()):
             for _ in range(100):
                 steps = await bus.request(subjects.tape("steps"), GetStepsRequest(run_id="r1"), GetStepsResponse)
                 if steps.count == 4:

@@ -5,7 +5,16 @@ the `Bus` interface; unit tests use `atmosphere.bus.testing.FakeBus`.
 """
 
 from atmosphere.bus import runs, subjects
-from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._api import (
+    BatchHandler,
+    Bus,
+    Consumer,
+    Envelope,
+    PublishAck,
+    Subscription,
+    WorkHandler,
+    WorkItem,
+)
 from atmosphere.bus._codec import Headers
 from atmosphere.bus._connect import connect, reconnect_delay
 from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
@@ -24,6 +33,7 @@ from atmosphere.bus.errors import (
 )
 
 __all__ = [
+    "BatchHandler",
     "BucketSpec",
     "Bus",
     "BusError",

@@ -46,6 +46,7 @@ class WorkItem(Generic[M]):
 
 
 WorkHandler = Callable[[WorkItem[M]], Awaitable[None]]
+BatchHandler = Callable[[list[WorkItem[M]]], Awaitable[None]]
 
 
 class Subscription(abc.ABC, Generic[M]):
@@ -143,6 +144,32 @@ class Bus(abc.ABC):
         later, `Term` drops it, any other exception is logged and redelivered after a delay.
         On exit, in-flight handlers get `drain_timeout` seconds to finish; the rest are
         cancelled and their messages nak'ed for another worker.
+        """
+
+    @abc.abstractmethod
+    def consume_batches(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: BatchHandler[M],
+        *,
+        max_batch: int = 256,
+        linger: float = 0.0,
+        drain_timeout: float = 10.0,
+    ) -> AbstractAsyncContextManager[Consumer]:
+        """Pull work from a durable consumer a batch at a time while the context is open.
+
+        For cheap, idempotent work on a stream of many small messages (recording events):
+        the handler gets every message one fetch returned (at most `max_batch`, in stream
+        order, one batch at a time) and when it returns all of them are acked; `Nak`, `Term`
+        or any other exception settles the whole batch the way `consume` settles one item.
+        Undecodable messages are terminated and left out. While the handler runs, the batch
+        is kept alive (in-progress acks). On exit the batch in hand gets `drain_timeout`
+        seconds to finish; if cancelled, its messages are nak'ed for redelivery.
+
+        After a batch smaller than `max_batch` the consumer waits `linger` seconds before the
+        next fetch, so that under load messages arrive in fewer, larger batches (a delay of at
+        most `linger` traded for far less work per message).
         """
 
     @abc.abstractmethod

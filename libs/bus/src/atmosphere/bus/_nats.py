@@ -19,7 +19,17 @@ from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._api import (
+    BatchHandler,
+    Bus,
+    Consumer,
+    Envelope,
+    PublishAck,
+    Subscription,
+    WorkHandler,
+    WorkItem,
+)
+from atmosphere.bus._batches import FAILED_HANDLER_REDELIVERY_DELAY, BatchPuller, settle, sleep_or_stop
 from atmosphere.bus._codec import Headers, decode, encode
 from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._router import Route, Router, run_route
@@ -35,7 +45,6 @@ _STREAM_EXISTS_DIFFERENT = 10058
 # Subscriptions buffer at most this many messages before NATS reports a slow consumer.
 _SUBSCRIPTION_PENDING_LIMIT = 65536
 # A handler that fails unexpectedly is redelivered after this long, not in a tight loop.
-_FAILED_HANDLER_REDELIVERY_DELAY = 2.0
 
 
 class NatsBus(Bus):
@@ -192,20 +201,7 @@ class NatsBus(Bus):
         drain_timeout: float = 10.0,
     ) -> AsyncIterator[Consumer]:
         """Pull work from a durable consumer while the context is open."""
-        config = js_api.ConsumerConfig(
-            durable_name=consumer.durable,
-            ack_policy=js_api.AckPolicy.EXPLICIT,
-            ack_wait=consumer.ack_wait_seconds,
-            max_deliver=consumer.max_deliver,
-            filter_subject=self.wire_subject(consumer.filter_subject),
-            max_ack_pending=max(1000, max_inflight * 4),
-        )
-        psub = await self._js.pull_subscribe(
-            self.wire_subject(consumer.filter_subject),
-            durable=consumer.durable,
-            stream=self.stream_name(consumer.stream),
-            config=config,
-        )
+        psub = await self._pull_subscribe(consumer, max_ack_pending=max(1000, max_inflight * 4))
         puller = _Puller(self, consumer, message_type, handler, max_inflight)
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -221,6 +217,54 @@ class NatsBus(Bus):
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await psub.unsubscribe()
+
+    @contextlib.asynccontextmanager
+    async def consume_batches(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: BatchHandler[M],
+        *,
+        max_batch: int = 256,
+        linger: float = 0.0,
+        drain_timeout: float = 10.0,
+    ) -> AsyncIterator[Consumer]:
+        """Pull work from a durable consumer a batch at a time while the context is open."""
+        psub = await self._pull_subscribe(consumer, max_ack_pending=max(1000, max_batch * 4))
+        puller = BatchPuller(consumer, message_type, handler, max_batch=max_batch, logical=self._logical, linger=linger)
+        loop = asyncio.get_running_loop().create_task(puller.run(psub))
+        try:
+            yield puller
+        finally:
+            puller.stop()
+            # The fetch in progress ends within its 1 s expiry; the batch in hand may finish.
+            _, pending = await asyncio.wait({loop}, timeout=drain_timeout + 1.0)
+            for task in pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if loop.done() and not loop.cancelled() and loop.exception() is not None:
+                log.error("batch consumer %s failed", consumer.durable, exc_info=loop.exception())
+            with contextlib.suppress(nats.errors.Error):
+                await psub.unsubscribe()
+
+    async def _pull_subscribe(
+        self, consumer: ConsumerSpec, *, max_ack_pending: int
+    ) -> JetStreamContext.PullSubscription:
+        config = js_api.ConsumerConfig(
+            durable_name=consumer.durable,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=consumer.ack_wait_seconds,
+            max_deliver=consumer.max_deliver,
+            filter_subject=self.wire_subject(consumer.filter_subject),
+            max_ack_pending=max_ack_pending,
+        )
+        return await self._js.pull_subscribe(
+            self.wire_subject(consumer.filter_subject),
+            durable=consumer.durable,
+            stream=self.stream_name(consumer.stream),
+            config=config,
+        )
 
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for `subject`, or None."""
@@ -411,7 +455,7 @@ class _Puller(Consumer):
                 # Disconnected or the broker is restarting: keep trying with a capped backoff.
                 failures += 1
                 log.warning("fetch from %s failed: %s", self._spec.durable, exc)
-                await _sleep_or_stop(self._stopping, min(5.0, 0.1 * 2**failures))
+                await sleep_or_stop(self._stopping, min(5.0, 0.1 * 2**failures))
                 continue
             for msg in msgs:
                 await self._slots.acquire()
@@ -446,38 +490,25 @@ class _Puller(Consumer):
             message = decode(msg.data, msg.headers, self._type)
         except (DecodeError, BusError) as exc:
             log.error("terminating undecodable work item on %s: %s", msg.subject, exc)
-            await _settle(msg.term())
+            await settle(msg.term())
             return
         envelope = Envelope(self._bus._logical(msg.subject), message, Headers.from_wire(msg.headers))
         item = WorkItem(envelope, stream_seq=meta.sequence.stream, delivered=meta.num_delivered)
         try:
             await self._handler(item)
         except Nak as nak:
-            await _settle(msg.nak(delay=nak.delay))
+            await settle(msg.nak(delay=nak.delay))
         except Term as term:
             log.warning("terminating work item on %s: %s", msg.subject, term.reason)
-            await _settle(msg.term())
+            await settle(msg.term())
         except asyncio.CancelledError:
-            await _settle(msg.nak())
+            await settle(msg.nak())
             raise
         except Exception:
             log.exception("work handler for %s failed; redelivering", msg.subject)
-            await _settle(msg.nak(delay=_FAILED_HANDLER_REDELIVERY_DELAY))
+            await settle(msg.nak(delay=FAILED_HANDLER_REDELIVERY_DELAY))
         else:
-            await _settle(msg.ack_sync(timeout=5.0) if self._spec.confirm_ack else msg.ack())
-
-
-async def _settle(operation: Any) -> None:
-    """Ack/nak/term, tolerating a lost connection (the broker redelivers on its own)."""
-    try:
-        await operation
-    except (TimeoutError, nats.errors.Error) as exc:
-        log.warning("could not settle a work item: %s", exc)
-
-
-async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
+            await settle(msg.ack_sync(timeout=5.0) if self._spec.confirm_ack else msg.ack())
 
 
 async def _unsubscribe(sub: NatsSubscription) -> None:

@@ -22,7 +22,16 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from atmosphere.bus._api import Bus, Consumer, Envelope, PublishAck, Subscription, WorkHandler, WorkItem
+from atmosphere.bus._api import (
+    BatchHandler,
+    Bus,
+    Consumer,
+    Envelope,
+    PublishAck,
+    Subscription,
+    WorkHandler,
+    WorkItem,
+)
 from atmosphere.bus._codec import Headers, decode, encode
 from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._router import Route, Router, run_route
@@ -310,6 +319,37 @@ class FakeBus(Bus):
                     await loop
                 await worker.drain(drain_timeout)
 
+    @contextlib.asynccontextmanager
+    async def consume_batches(
+        self,
+        consumer: ConsumerSpec,
+        message_type: type[M],
+        handler: BatchHandler[M],
+        *,
+        max_batch: int = 256,
+        linger: float = 0.0,
+        drain_timeout: float = 10.0,
+    ) -> AsyncIterator[Consumer]:
+        """Pull work from a durable consumer a batch at a time while the context is open."""
+        stream = self._streams.get(consumer.stream)
+        if stream is None:
+            msg = f"stream {consumer.stream!r} is not provisioned"
+            raise BusError(msg)
+        durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        worker = _FakeBatchWorker(stream, durable, message_type, handler, max_batch=max_batch, linger=linger)
+        loop = asyncio.get_running_loop().create_task(worker.run_batches())
+        try:
+            yield worker
+        finally:
+            worker.stopping = True
+            if not worker.handling:
+                loop.cancel()
+            _, pending = await asyncio.wait({loop}, timeout=drain_timeout)
+            for task in pending:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+
     # -- key-value -------------------------------------------------------------------------
 
     def _bucket(self, bucket: str) -> dict[str, bytes]:
@@ -426,3 +466,80 @@ class _FakeWorker(Consumer):
     def _redeliver(self, seq: int) -> None:
         self._durable.redeliver.append(seq)
         self._stream.wake()
+
+
+class _FakeBatchWorker(_FakeWorker):
+    """`consume_batches`: everything available (up to `max_batch`) handed over and settled at once."""
+
+    def __init__(
+        self,
+        stream: _Stream,
+        durable: _Durable,
+        message_type: type[M],
+        handler: BatchHandler[M],
+        *,
+        max_batch: int,
+        linger: float,
+    ) -> None:
+        super().__init__(stream, durable, message_type, _never, 1)
+        self._batch_handler: BatchHandler[Any] = handler
+        self._max_batch = max_batch
+        self._linger = linger
+        self.handling = False
+
+    async def run_batches(self) -> None:
+        while not self.stopping:
+            batch = self._take()
+            while not batch:
+                self._stream.changed.clear()
+                await self._stream.changed.wait()
+                batch = self._take()
+            self.handling = True
+            try:
+                await self._handle(batch)
+            finally:
+                self.handling = False
+            if len(batch) < self._max_batch and self._linger:
+                await asyncio.sleep(self._linger)
+
+    def _take(self) -> list[_Stored]:
+        batch: list[_Stored] = []
+        while len(batch) < self._max_batch and (stored := self._next()) is not None:
+            self._durable.delivered[stored.seq] = self._durable.delivered.get(stored.seq, 0) + 1
+            batch.append(stored)
+        return batch
+
+    async def _handle(self, batch: list[_Stored]) -> None:
+        items: list[WorkItem[Any]] = []
+        kept: list[_Stored] = []
+        for stored in batch:
+            try:
+                message = decode(stored.data, stored.headers, self._type)
+            except (DecodeError, BusError):
+                self._settle(stored, ("term", 0.0))
+                continue
+            envelope = Envelope(stored.subject, message, Headers.from_wire(stored.headers))
+            items.append(WorkItem(envelope, stream_seq=stored.seq, delivered=self._durable.delivered[stored.seq]))
+            kept.append(stored)
+        if not items:
+            return
+        outcome = ("ack", 0.0)
+        try:
+            await self._batch_handler(items)
+        except Nak as nak:
+            outcome = ("nak", nak.delay)
+        except Term:
+            outcome = ("term", 0.0)
+        except asyncio.CancelledError:
+            for stored in kept:
+                self._settle(stored, ("nak", 0.0))
+            raise
+        except Exception:
+            log.exception("batch handler for %s failed; redelivering", self._durable.spec.durable)
+            outcome = ("nak", 0.0)
+        for stored in kept:
+            self._settle(stored, outcome)
+
+
+async def _never(item: WorkItem[Any]) -> None:
+    raise AssertionError("a batch worker hands out batches only")  # pragma: no cover

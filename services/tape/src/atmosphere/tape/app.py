@@ -29,7 +29,13 @@ async def serve(settings: TapeSettings, *, stop: asyncio.Event) -> None:
         )
         async with (
             runtime.bus.serve(handlers.router(), queue="tape"),
-            runtime.bus.consume(recorder, RunEvent, handlers.record, max_inflight=settings.tape.max_concurrent_writes),
+            runtime.bus.consume_batches(
+                recorder,
+                RunEvent,
+                handlers.record,
+                max_batch=settings.tape.max_batch,
+                linger=settings.tape.batch_linger,
+            ),
         ):
             runtime.health.mark_ready()
             await stop.wait()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from typing import Any
@@ -95,70 +94,21 @@ def _run_message(row: RunRow) -> TapeRun:
     )
 
 
-class BatchWriter:
-    """Groups concurrent writes into one transaction: one commit per batch, not per event.
-
-    Each caller waits until its own record is committed, so a JetStream message is acked only
-    once its step is on disk; a failed batch fails every caller in it (and they are redelivered).
-    """
-
-    def __init__(self, store: TapeStore, *, max_batch: int = 256, max_delay: float = 0.02) -> None:
-        """Write to `store` at most `max_batch` records or `max_delay` seconds at a time."""
-        self._store = store
-        self._max_batch = max_batch
-        self._max_delay = max_delay
-        self._pending: list[tuple[StepRecord, asyncio.Future[None]]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._flushes: set[asyncio.Task[None]] = set()
-
-    async def write(self, record: StepRecord) -> None:
-        """Queue `record` and wait for its commit."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._pending.append((record, future))
-        if len(self._pending) >= self._max_batch:
-            self._flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(self._max_delay, self._flush)
-        await future
-
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._commit(batch))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushes.discard)
-
-    async def _commit(self, batch: list[tuple[StepRecord, asyncio.Future[None]]]) -> None:
-        try:
-            await self._store.record_many([record for record, _ in batch])
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for _, future in batch:
-            if not future.done():
-                future.set_result(None)
-
-
 class TapeHandlers:
     """The recorder (fed by `ATMO_EVENTS`) and the query responders."""
 
     def __init__(self, store: TapeStore) -> None:
         """Record into and answer from `store`."""
         self._store = store
-        self._writer = BatchWriter(store)
 
-    async def record(self, item: WorkItem[RunEvent]) -> None:
-        """Record one event; a redelivered event is stored once."""
-        event = item.envelope.message
-        if not event.run_id or event.seq < 1:
-            return
-        await self._writer.write(step_record(event))
+    async def record(self, items: list[WorkItem[RunEvent]]) -> None:
+        """Record a batch of events in one transaction; a redelivered event is stored once.
+
+        The batch is acked only after the commit, so an event is never acked before it is on
+        disk; a failed commit redelivers the whole batch.
+        """
+        events = (item.envelope.message for item in items)
+        await self._store.record_many([step_record(e) for e in events if e.run_id and e.seq >= 1])
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
         """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped)."""
