@@ -44,7 +44,6 @@ log = logging.getLogger("atmosphere.bus")
 _STREAM_EXISTS_DIFFERENT = 10058
 # Subscriptions buffer at most this many messages before NATS reports a slow consumer.
 _SUBSCRIPTION_PENDING_LIMIT = 65536
-# A handler that fails unexpectedly is redelivered after this long, not in a tight loop.
 
 
 class NatsBus(Bus):
@@ -232,19 +231,20 @@ class NatsBus(Bus):
         """Pull work from a durable consumer a batch at a time while the context is open."""
         psub = await self._pull_subscribe(consumer, max_ack_pending=max(1000, max_batch * 4))
         puller = BatchPuller(consumer, message_type, handler, max_batch=max_batch, logical=self._logical, linger=linger)
-        loop = asyncio.get_running_loop().create_task(puller.run(psub))
         try:
-            yield puller
+            # In a task group, like `consume`: a loop that dies takes its service down (and the
+            # supervisor or Kubernetes restarts it) rather than silently stopping the recording.
+            async with asyncio.TaskGroup() as tasks:
+                loop = tasks.create_task(puller.run(psub))
+                try:
+                    yield puller
+                finally:
+                    puller.stop()
+                    # The fetch in progress ends within its 1 s expiry; the batch in hand may finish.
+                    _, pending = await asyncio.wait({loop}, timeout=drain_timeout + 1.0)
+                    for task in pending:
+                        task.cancel()
         finally:
-            puller.stop()
-            # The fetch in progress ends within its 1 s expiry; the batch in hand may finish.
-            _, pending = await asyncio.wait({loop}, timeout=drain_timeout + 1.0)
-            for task in pending:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if loop.done() and not loop.cancelled() and loop.exception() is not None:
-                log.error("batch consumer %s failed", consumer.durable, exc_info=loop.exception())
             with contextlib.suppress(nats.errors.Error):
                 await psub.unsubscribe()
 

@@ -337,18 +337,17 @@ class FakeBus(Bus):
             raise BusError(msg)
         durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
         worker = _FakeBatchWorker(stream, durable, message_type, handler, max_batch=max_batch, linger=linger)
-        loop = asyncio.get_running_loop().create_task(worker.run_batches())
-        try:
-            yield worker
-        finally:
-            worker.stopping = True
-            if not worker.handling:
-                loop.cancel()
-            _, pending = await asyncio.wait({loop}, timeout=drain_timeout)
-            for task in pending:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+        async with asyncio.TaskGroup() as tasks:
+            loop = tasks.create_task(worker.run_batches())
+            try:
+                yield worker
+            finally:
+                worker.stopping = True
+                if not worker.handling:
+                    loop.cancel()
+                _, pending = await asyncio.wait({loop}, timeout=drain_timeout)
+                for task in pending:
+                    task.cancel()
 
     # -- key-value -------------------------------------------------------------------------
 
