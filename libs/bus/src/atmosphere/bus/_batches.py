@@ -1,4 +1,5 @@
-"""The fetch loop of a batch consumer: one fetch, one handler call, one settlement per batch.
+"""Pulling from JetStream: the fetch and settle steps every pull consumer shares, and the batch
+consumer's loop (one fetch, one handler call, one settlement per batch).
 
 Per-message consumption costs a task, a semaphore slot and a handler call for every message;
 for a stream of many tiny messages (every token of every run) that overhead is most of the
@@ -43,6 +44,24 @@ async def sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), seconds)
 
 
+async def fetch(
+    psub: JetStreamContext.PullSubscription, batch: int, *, durable: str, stopping: asyncio.Event, failures: int
+) -> tuple[list[Msg], int]:
+    """One pull of up to `batch` messages, and the count of consecutive failed pulls.
+
+    An expired pull returns nothing. A broker error (disconnected, restarting) is logged and
+    waited out with a capped backoff, so a fetch loop keeps trying without spinning.
+    """
+    try:
+        return await psub.fetch(batch=batch, timeout=1.0), 0
+    except (TimeoutError, nats.errors.TimeoutError):
+        return [], failures
+    except nats.errors.Error as exc:
+        log.warning("fetch from %s failed: %s", durable, exc)
+        await sleep_or_stop(stopping, min(5.0, 0.1 * 2 ** (failures + 1)))
+        return [], failures + 1
+
+
 class BatchPuller(Consumer):
     """Fetches up to `max_batch` messages, hands them over together, settles them together."""
 
@@ -79,16 +98,10 @@ class BatchPuller(Consumer):
         failures = 0
         try:
             while not self._stopping.is_set():
-                try:
-                    msgs = await psub.fetch(batch=self._max_batch, timeout=1.0)
-                    failures = 0
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except nats.errors.Error as exc:
-                    # Disconnected or the broker is restarting: keep trying with a capped backoff.
-                    failures += 1
-                    log.warning("fetch from %s failed: %s", self._spec.durable, exc)
-                    await sleep_or_stop(self._stopping, min(5.0, 0.1 * 2**failures))
+                msgs, failures = await fetch(
+                    psub, self._max_batch, durable=self._spec.durable, stopping=self._stopping, failures=failures
+                )
+                if not msgs:
                     continue
                 await self._handle(msgs)
                 if len(msgs) < self._max_batch and self._linger:

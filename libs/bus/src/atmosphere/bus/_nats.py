@@ -29,7 +29,7 @@ from atmosphere.bus._api import (
     WorkHandler,
     WorkItem,
 )
-from atmosphere.bus._batches import FAILED_HANDLER_REDELIVERY_DELAY, BatchPuller, settle, sleep_or_stop
+from atmosphere.bus._batches import FAILED_HANDLER_REDELIVERY_DELAY, BatchPuller, fetch, settle
 from atmosphere.bus._codec import Headers, decode, encode
 from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._router import Route, Router, run_route
@@ -446,17 +446,9 @@ class _Puller(Consumer):
             await self._slots.acquire()
             self._slots.release()
             free = self._max_inflight - self._inflight if self._spec.batch_fetch else 1
-            try:
-                msgs = await psub.fetch(batch=free, timeout=1.0)
-                failures = 0
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except nats.errors.Error as exc:
-                # Disconnected or the broker is restarting: keep trying with a capped backoff.
-                failures += 1
-                log.warning("fetch from %s failed: %s", self._spec.durable, exc)
-                await sleep_or_stop(self._stopping, min(5.0, 0.1 * 2**failures))
-                continue
+            msgs, failures = await fetch(
+                psub, free, durable=self._spec.durable, stopping=self._stopping, failures=failures
+            )
             for msg in msgs:
                 await self._slots.acquire()
                 self._inflight += 1

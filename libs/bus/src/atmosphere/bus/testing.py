@@ -302,11 +302,7 @@ class FakeBus(Bus):
         drain_timeout: float = 10.0,
     ) -> AsyncIterator[Consumer]:
         """Pull work from a durable consumer while the context is open."""
-        stream = self._streams.get(consumer.stream)
-        if stream is None:
-            msg = f"stream {consumer.stream!r} is not provisioned"
-            raise BusError(msg)
-        durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        stream, durable = self._durable(consumer)
         worker = _FakeWorker(stream, durable, message_type, handler, max_inflight)
         async with asyncio.TaskGroup() as tasks:
             loop = tasks.create_task(worker.run(tasks))
@@ -318,6 +314,13 @@ class FakeBus(Bus):
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
                 await worker.drain(drain_timeout)
+
+    def _durable(self, consumer: ConsumerSpec) -> tuple[_Stream, _Durable]:
+        stream = self._streams.get(consumer.stream)
+        if stream is None:
+            msg = f"stream {consumer.stream!r} is not provisioned"
+            raise BusError(msg)
+        return stream, self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
 
     @contextlib.asynccontextmanager
     async def consume_batches(
@@ -331,11 +334,7 @@ class FakeBus(Bus):
         drain_timeout: float = 10.0,
     ) -> AsyncIterator[Consumer]:
         """Pull work from a durable consumer a batch at a time while the context is open."""
-        stream = self._streams.get(consumer.stream)
-        if stream is None:
-            msg = f"stream {consumer.stream!r} is not provisioned"
-            raise BusError(msg)
-        durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        stream, durable = self._durable(consumer)
         worker = _FakeBatchWorker(stream, durable, message_type, handler, max_batch=max_batch, linger=linger)
         async with asyncio.TaskGroup() as tasks:
             loop = tasks.create_task(worker.run_batches())
