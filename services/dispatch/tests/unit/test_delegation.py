@@ -105,7 +105,13 @@ async def _answer(world: World, request: RunRequest) -> None:
         await writer.emit(RunEvent(error=Error(code="agent.error", message=message.removeprefix("fail:"))))
     elif message == "deny":
         await writer.emit(
-            RunEvent(error=Error(code="governance.denied", message="Request denied by policy no-spawn: too costly"))
+            RunEvent(
+                error=Error(
+                    code="governance.denied",
+                    message="Request denied by policy no-spawn: too costly",
+                    details={"policy": "no-spawn", "reason": "too costly"},
+                )
+            )
         )
     elif message == "empty":
         await writer.emit(RunEvent(complete=Complete()))

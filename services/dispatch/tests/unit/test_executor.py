@@ -145,6 +145,7 @@ async def test_admission_fails_closed(harness: Harness) -> None:
     await harness.executor(APP).execute(request("echo"))
     [denied] = harness.events()
     assert denied.error.message == "Request denied by policy test-policy: not allowed here"
+    assert dict(denied.error.details) == {"policy": "test-policy", "reason": "not allowed here"}
 
     bus = FakeBus()  # no governance at all
     await bus.provision(JetStreamLayout())

@@ -1,9 +1,8 @@
-"""Pulling from JetStream: the fetch and settle steps every pull consumer shares, and the batch
-consumer's loop (one fetch, one handler call, one settlement per batch).
+"""Pulling from JetStream: the shared fetch and settle steps, and the batch consumer's loop.
 
-Per-message consumption costs a task, a semaphore slot and a handler call for every message;
-for a stream of many tiny messages (every token of every run) that overhead is most of the
-work. Here a whole fetch is decoded, handed over and settled together.
+The batch consumer makes one fetch, one handler call and one settlement per batch. Consuming
+message by message costs a task, a semaphore slot and a handler call for every message; for a
+stream of many tiny messages (every token of every run) that overhead is most of the work.
 """
 
 from __future__ import annotations

@@ -209,9 +209,7 @@ class Delegation:
         if outcome.error is not None:
             error = outcome.error.error
             if error.code == "governance.denied":
-                # "Request denied by policy <name>: <reason>" → the reason, as Atmosphere words it.
-                detail = error.message.removeprefix("Request denied by policy ")
-                return f"task denied by policy: {detail.split(': ', 1)[-1]}"
+                return f"task denied by policy: {error.details.get('reason') or error.message}"
             return f"task failed: {error.message or 'unknown error'}"
         return outcome.text.strip() or "task completed with no output."
 

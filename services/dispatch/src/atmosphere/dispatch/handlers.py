@@ -12,6 +12,7 @@ from typing import Any
 
 from atmosphere.bus import Bus, BusError, Headers, WorkItem, subjects
 from atmosphere.bus.runs import WORKER_FIRST_SEQ, RunEventWriter, is_terminal
+from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest
@@ -282,8 +283,14 @@ class RunExecutor:
             )
             return False
         if not decision.allowed:
-            await session.error(
-                f"Request denied by policy {decision.policy or 'default'}: {decision.reason}", code="governance.denied"
+            policy = decision.policy or "default"
+            # The policy and reason ride along as details, so whoever follows the run (a parent's
+            # `task` tool) can word the denial without parsing the message.
+            denied = Error(
+                code="governance.denied",
+                message=f"Request denied by policy {policy}: {decision.reason}",
+                details={"policy": policy, "reason": decision.reason},
             )
+            await session.emit(RunEvent(error=denied))
             return False
         return True
