@@ -8,20 +8,17 @@ from pathlib import Path
 import pytest
 
 from atmosphere.memory.plans import (
-    MAX_PLAN_BYTES,
-    MAX_PLAN_FILES,
     MAX_STEPS,
     AgentPlan,
     PlanError,
-    PlanKey,
     PlanStatus,
     PlanStep,
-    PlanStore,
     parse_write_todos,
     plan_wire,
     render_markdown,
     run_write_todos,
 )
+from atmosphere.memory.planstore import MAX_PLAN_BYTES, MAX_PLAN_FILES, PlanKey, PlanStore
 
 TODOS_REQUIRED = "'todos' is required and must be an array of {content, status, activeForm}"
 NOT_OBJECT = "each todo must be an object with 'content' and 'status'"

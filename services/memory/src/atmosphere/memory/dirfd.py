@@ -58,6 +58,14 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+def is_link_at(dir_fd: int, name: str) -> bool:
+    """Whether `name` beneath `dir_fd` is itself a symbolic link (False when it cannot be read)."""
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 def check_regular(st: os.stat_result, display: str) -> None:
     """Refuse anything but a plain, singly-linked regular file.
 

@@ -19,7 +19,7 @@ from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits
 from atmosphere.memory.filesystem import FileSystem, WorkspaceError
 from atmosphere.memory.paths import check_conversation_id, sanitize_owner
-from atmosphere.memory.plans import PlanStore
+from atmosphere.memory.planstore import PlanStore
 from atmosphere.memory.provider import FileSystemProvider
 
 CATEGORIES = frozenset({"agents", "coordinators", "endpoints", "subagents"})
