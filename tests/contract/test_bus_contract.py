@@ -381,6 +381,29 @@ async def test_an_interrupted_batch_is_redelivered(bus: Bus) -> None:
     assert [(i.envelope.message.text_delta.text, i.delivered) for b in batches for i in b] == [("long", 2)]
 
 
+async def test_work_queue_consumers_must_not_overlap_and_a_durable_takes_new_settings(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    broad = ConsumerSpec(stream="WORK", durable="broad", filter_subject="work.>")
+    narrow = ConsumerSpec(stream="WORK", durable="narrow", filter_subject="work.b.*")
+
+    async def ignore(_item: WorkItem[RunEvent]) -> None:
+        return None
+
+    async with bus.consume(broad, RunEvent, ignore):
+        pass
+    with pytest.raises(BusError, match="not unique"):
+        async with bus.consume(narrow, RunEvent, ignore):
+            pass
+    # The same durable with a narrower filter (an upgrade) is updated, and then both fit.
+    await bus.js_publish("work.a", text("for broad"))
+    await bus.js_publish("work.b.x", text("for narrow"))
+    narrowed = ConsumerSpec(stream="WORK", durable="broad", filter_subject="work.a")
+    seen = await consume_all(bus, narrowed, 1)
+    assert [i.envelope.message.text_delta.text for i in seen] == ["for broad"]
+    seen = await consume_all(bus, narrow, 1)
+    assert [i.envelope.message.text_delta.text for i in seen] == ["for narrow"]
+
+
 async def test_key_value_buckets(bus: Bus) -> None:
     await bus.provision(LAYOUT)
     assert await bus.kv_get(subjects.AGENTS_BUCKET, "echo", GetStepsRequest) is None

@@ -10,9 +10,10 @@ from typing import Any
 
 import websockets
 
-from atmosphere.bus import ConsumerSpec, NatsBus, connect, subjects
+from atmosphere.bus import NatsBus, connect, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
+from atmosphere.dispatch.app import run_queue_consumers
 from atmosphere.testing import NatsServer, run_stack, running_service, wait_until
 
 from .conftest import service_map
@@ -57,8 +58,9 @@ async def test_a_run_submitted_without_workers_runs_once_a_worker_starts(
     async def collect(item: Any) -> None:
         leftovers.append(item.envelope.message.run_id)
 
-    spec = ConsumerSpec(stream=subjects.RUNS_STREAM, durable="dispatch", filter_subject=subjects.run_submit_all())
-    async with nats_bus.consume(spec, RunRequest, collect):
+    async with contextlib.AsyncExitStack() as queues:
+        for spec in run_queue_consumers(run_ack_wait=30):
+            await queues.enter_async_context(nats_bus.consume(spec, RunRequest, collect))
         await asyncio.sleep(1.0)
     assert leftovers == []
 

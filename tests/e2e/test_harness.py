@@ -19,6 +19,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     LoadHistoryRequest,
     LoadHistoryResponse,
 )
+from atmosphere.dispatch.settings import DispatchOptions
 from atmosphere.ingress.settings import IngressOptions, TokenGrant
 from atmosphere.testing import Stack, run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
@@ -262,6 +263,31 @@ class TestSummarizing:
         )
         assert len(stored.messages) <= 20
         assert stored.messages[-1].content == "answer 11"
+
+
+class TestSubRunsWithOneWorkerSlot:
+    """One run slot per dispatch: a coordinator holding it must not starve its own sub-runs."""
+
+    stack = harness_stack(
+        app="examples.personal_assistant:app",
+        dispatch={"dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, max_concurrent_runs=1)},
+    )
+
+    async def test_delegate_task_and_task_run_while_the_coordinator_waits(
+        self, stack: Stack, fake_provider: FakeProvider
+    ) -> None:
+        fake_provider.script(
+            Reply.tools(ToolCallScript("delegate_task", {"agent": "researcher", "message": "offsite tips?"})),
+            Reply.text("Offsites need a clear goal."),
+            Reply.tools(ToolCallScript("task", {"description": "Brainstorm an agenda"})),
+            Reply.text("Agenda: goals, workshop, dinner."),
+            Reply.text("Done."),
+        )
+        frames = await converse(await stack.ingress_url(), "concierge", "Plan an offsite")
+        assert frames[-1]["type"] == "complete", frames[-1]
+        results = [f["data"]["result"] for f in frames if f.get("event") == "tool-result" and "runId" not in f]
+        # Both sub-runs ran at once (a shared slot would have left them queued until the timeout).
+        assert results == ["Offsites need a clear goal.", "Agenda: goals, workshop, dinner."]
 
 
 class TestSubAgents:

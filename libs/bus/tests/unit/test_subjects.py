@@ -6,6 +6,11 @@ from atmosphere.bus import subjects
 def test_builders_produce_the_documented_layout() -> None:
     assert subjects.run_submit("echo") == "atmo.submit.echo"
     assert subjects.run_submit_all() == "atmo.submit.>"
+    assert subjects.run_submit("echo", level=2) == "atmo.submit.nested.2.echo"
+    assert subjects.run_submit_level(0) == "atmo.submit.*"
+    assert subjects.run_submit_level(1) == "atmo.submit.nested.1.*"
+    with pytest.raises(ValueError, match="nesting level"):
+        subjects.run_submit_level(-1)
     assert subjects.run_events("r1") == "atmo.run.r1.evt"
     assert subjects.run_events_all() == "atmo.run.*.evt"
     assert subjects.run_control("r1") == "atmo.run.r1.ctl"
@@ -60,6 +65,10 @@ def test_matches_follows_nats_wildcards(pattern: str, subject: str, expected: bo
     [
         ("atmo.run.submit.>", "atmo.run.*.evt", True),
         (subjects.run_submit_all(), subjects.run_events_all(), False),
+        # The nesting levels' worker consumers share a work-queue stream: no two may overlap.
+        (subjects.run_submit_level(0), subjects.run_submit_level(1), False),
+        (subjects.run_submit_level(1), subjects.run_submit_level(2), False),
+        (subjects.run_submit_level(0), subjects.run_submit("nested"), True),
         ("a.*", "a.b", True),
         ("a.>", "a", False),
         ("a.b", "a.c", False),

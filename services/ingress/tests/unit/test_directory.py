@@ -34,3 +34,11 @@ async def test_a_miss_is_cached_for_miss_ttl_and_a_hit_for_ttl() -> None:
     assert await directory.lookup("late") is None
     assert await directory.by_path("/late") is None
     assert [d.name for d in await directory.all()] == ["echo"]
+
+
+async def test_all_rereads_after_a_miss_the_caller_reports() -> None:
+    bus, directory = await directory_with("echo", miss_ttl=0)
+    assert [d.name for d in await directory.all()] == ["echo"]
+    await bus.kv_put(subjects.AGENTS_BUCKET, "late", AgentDescriptor(name="late", path="/late"))
+    assert [d.name for d in await directory.all()] == ["echo"]  # within the TTL
+    assert [d.name for d in await directory.all(after_miss=True)] == ["echo", "late"]

@@ -65,6 +65,14 @@ class Consumer(abc.ABC):
     def active(self) -> bool:
         """Whether the consumer is pulling messages."""
 
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop pulling; work in hand goes on, and leaving the context still waits for it.
+
+        A pull ends within its expiry (a second), so a service with several consumers stops
+        them all first: their exits then do not wait for one another's pulls in turn.
+        """
+
 
 class Bus(abc.ABC):
     """Publish, request, subscribe and serve protobuf messages on logical subjects.

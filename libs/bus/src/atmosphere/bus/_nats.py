@@ -259,12 +259,16 @@ class NatsBus(Bus):
             filter_subject=self.wire_subject(consumer.filter_subject),
             max_ack_pending=max_ack_pending,
         )
-        return await self._js.pull_subscribe(
-            self.wire_subject(consumer.filter_subject),
-            durable=consumer.durable,
-            stream=self.stream_name(consumer.stream),
-            config=config,
-        )
+        stream = self.stream_name(consumer.stream)
+        # Create or update: a durable left by an earlier version takes the current settings (its
+        # filter above all: consumers of a work-queue stream must not overlap, so a stale filter
+        # would keep a new consumer from being created at all).
+        try:
+            await self._js.add_consumer(stream, config)
+        except nats.errors.Error as exc:
+            msg = f"cannot create or update consumer {consumer.durable!r} on {consumer.stream!r}: {exc}"
+            raise BusError(msg) from exc
+        return await self._js.pull_subscribe_bind(durable=consumer.durable, stream=stream)
 
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for `subject`, or None."""
@@ -376,11 +380,18 @@ class NatsBus(Bus):
 
     async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
         """Every key and value of a bucket."""
-        kv = await self._bucket(bucket)
+        await self._bucket(bucket)
+        # The keys come from the bucket stream's per-subject counts, answered by the server in
+        # one reply. nats-py's `keys()` walks a watcher that can report "no more keys" before
+        # the first one arrived on a busy machine, which reads as an empty bucket.
+        name = self.stream_name(bucket)
+        prefix = f"$KV.{name}."
         try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            return {}
+            info = await self._js.stream_info(f"KV_{name}", subjects_filter=f"{prefix}>")
+        except nats.errors.Error as exc:
+            msg = f"listing bucket {bucket!r} failed: {exc}"
+            raise BusError(msg) from exc
+        keys = sorted(subject.removeprefix(prefix) for subject in (info.state.subjects or {}))
         items: dict[str, M] = {}
         for key in keys:
             value = await self.kv_get(bucket, key, message_type)

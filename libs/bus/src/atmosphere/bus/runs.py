@@ -35,6 +35,13 @@ WORKER_FIRST_SEQ = 2
 
 TERMINAL_KINDS = frozenset({"complete", "error"})
 
+NESTING_METADATA_KEY = "atmosphere.run.nesting"
+"""A sub-run's nesting level in `RunRequest.metadata`: 1 below a top-level run, 2 below that."""
+
+MAX_NESTING = 3
+"""The deepest level with a queue of its own; deeper sub-runs share it (a coordinator's fleet
+member running `task`, which runs `task` again, is level 3)."""
+
 log = logging.getLogger("atmosphere.bus")
 
 
@@ -86,8 +93,21 @@ class RunEventWriter:
         return event
 
 
+def nesting_of(request: RunRequest) -> int:
+    """How many runs `request` is nested below (0 for a top-level run; malformed reads as 0)."""
+    try:
+        return max(0, int(request.metadata.get(NESTING_METADATA_KEY, "0")))
+    except ValueError:
+        return 0
+
+
+def queue_level(request: RunRequest) -> int:
+    """The `ATMO_RUNS` level `request` is queued on: its nesting, capped at `MAX_NESTING`."""
+    return min(nesting_of(request), MAX_NESTING)
+
+
 async def submit_run(bus: Bus, request: RunRequest) -> PublishAck:
-    """Accept a run: write its run-id event (seq 1), then queue it on `ATMO_RUNS`.
+    """Accept a run: write its run-id event (seq 1), then queue it on `ATMO_RUNS` at its level.
 
     Subscribe to `subjects.run_events(request.run_id)` before calling this to see every event.
     Submitting the same run id twice queues it once (`Nats-Msg-Id` = run id).
@@ -103,7 +123,7 @@ async def submit_run(bus: Bus, request: RunRequest) -> PublishAck:
     run_id_event = RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id)))
     _, ack = await asyncio.gather(
         writer.emit(run_id_event, durable=True),
-        bus.js_publish(subjects.run_submit(request.agent), request, headers=headers),
+        bus.js_publish(subjects.run_submit(request.agent, level=queue_level(request)), request, headers=headers),
     )
     return ack
 

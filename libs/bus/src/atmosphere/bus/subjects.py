@@ -8,6 +8,7 @@ Layout (logical names; a bus with a namespace prefixes every subject with `<name
 | subject                      | kind                                   |
 |------------------------------|----------------------------------------|
 | `atmo.submit.<agent>`        | a `RunRequest`, captured by `ATMO_RUNS` |
+| `atmo.submit.nested.<n>.<agent>` | a sub-run's `RunRequest`, `n` levels below a top-level run |
 | `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
 | `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
 | `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
@@ -21,6 +22,10 @@ Layout (logical names; a bus with a namespace prefixes every subject with `<name
 
 Harness tools have a subject of their own (not `atmo.tool.<tool>`) so that a user tool with
 the same name, served by the sandbox, never shares a subject with the built-in one.
+
+A sub-run (delegation) is queued by its nesting level, and each level has its own worker
+consumer: a parent holding a worker slot while it waits for its child can never take the slot
+the child needs.
 
 Submissions live under `atmo.submit.*` rather than `atmo.run.submit.*`: JetStream refuses two
 streams whose subject filters overlap, and `atmo.run.submit.>` overlaps `atmo.run.*.evt`.
@@ -63,9 +68,25 @@ def validate_namespace(namespace: str) -> str:
     return namespace
 
 
-def run_submit(agent: str) -> str:
-    """Where a `RunRequest` for `agent` is published (stream `ATMO_RUNS`)."""
-    return f"{ROOT}.submit.{token(agent, what='agent name')}"
+def run_submit(agent: str, *, level: int = 0) -> str:
+    """Where a `RunRequest` for `agent` is published (stream `ATMO_RUNS`); `level` > 0 for sub-runs."""
+    name = token(agent, what="agent name")
+    return f"{ROOT}.submit.{name}" if level == 0 else f"{_nested(level)}.{name}"
+
+
+def run_submit_level(level: int) -> str:
+    """The filter of the submissions of one nesting level (0: top-level runs), whatever the agent.
+
+    The levels' filters never overlap, as consumers of a work-queue stream must not.
+    """
+    return f"{ROOT}.submit.*" if level == 0 else f"{_nested(level)}.*"
+
+
+def _nested(level: int) -> str:
+    if level < 1:
+        msg = f"a nesting level is 0 or more, not {level}"
+        raise ValueError(msg)
+    return f"{ROOT}.submit.nested.{level}"
 
 
 def run_submit_all() -> str:

@@ -320,7 +320,15 @@ class FakeBus(Bus):
         if stream is None:
             msg = f"stream {consumer.stream!r} is not provisioned"
             raise BusError(msg)
-        return stream, self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        if stream.spec.retention is Retention.WORK_QUEUE:
+            for (name, other), existing in self._durables.items():
+                sibling = name == consumer.stream and other != consumer.durable
+                if sibling and overlaps(existing.spec.filter_subject, consumer.filter_subject):
+                    msg = f"consumer {consumer.durable!r}: filtered consumer not unique on workqueue stream"
+                    raise BusError(msg)
+        durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
+        durable.spec = consumer  # create or update, as on a real server
+        return stream, durable
 
     @contextlib.asynccontextmanager
     async def consume_batches(
@@ -405,14 +413,21 @@ class _FakeWorker(Consumer):
                 return stored
         return None
 
+    def stop(self) -> None:
+        self.stopping = True
+        self._stream.wake()
+
     async def run(self, tasks: asyncio.TaskGroup) -> None:
-        while True:
+        while not self.stopping:
             await self._slots.acquire()
             stored = self._next()
             while stored is None:
                 # Clear before waiting: a message stored after `_next` sets it again.
                 self._stream.changed.clear()
                 await self._stream.changed.wait()
+                if not self.active:  # stopped while waiting
+                    self._slots.release()
+                    return
                 stored = self._next()
             self._durable.delivered[stored.seq] = self._durable.delivered.get(stored.seq, 0) + 1
             task = tasks.create_task(self._work(stored))
@@ -491,6 +506,8 @@ class _FakeBatchWorker(_FakeWorker):
             while not batch:
                 self._stream.changed.clear()
                 await self._stream.changed.wait()
+                if not self.active:  # stopped while waiting
+                    return
                 batch = self._take()
             self.handling = True
             try:

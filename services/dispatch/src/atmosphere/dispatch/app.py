@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 from atmosphere.bus import Bus, ConsumerSpec, MessageContext, Router, subjects
+from atmosphere.bus.runs import MAX_NESTING
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
@@ -23,7 +24,28 @@ from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runt
 from atmosphere.service import open_service
 
 WORKERS = "dispatch"
-"""The durable consumer every dispatch instance pulls runs from."""
+"""The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
+
+
+def run_queue_consumers(run_ack_wait: float) -> list[ConsumerSpec]:
+    """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`).
+
+    Each level gets its own `max_concurrent_runs` slots, so a coordinator waiting on its
+    sub-runs never holds the slot they need: with one shared pool, as many coordinators as
+    slots would each wait for a child that no slot is left to run.
+    """
+    return [
+        ConsumerSpec(
+            stream=subjects.RUNS_STREAM,
+            durable=WORKERS if level == 0 else f"{WORKERS}-nested-{level}",
+            filter_subject=subjects.run_submit_level(level),
+            ack_wait_seconds=run_ack_wait,
+            confirm_ack=True,
+            # A run is handed over the moment it is queued, not when a batch pull expires.
+            batch_fetch=False,
+        )
+        for level in range(MAX_NESTING + 1)
+    ]
 
 
 def harness_config(settings: DispatchSettings) -> HarnessConfig:
@@ -59,7 +81,9 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
     """Run dispatch until `stop` is set."""
     app = load_app(settings.app, app_dir=settings.app_dir)
     options = settings.dispatch
-    runtimes = discover_runtimes(runtime_config(settings.llm, max_concurrency=options.max_concurrent_runs))
+    # Every run slot of every nesting level may be in a model call at once.
+    slots = options.max_concurrent_runs * (MAX_NESTING + 1)
+    runtimes = discover_runtimes(runtime_config(settings.llm, max_concurrency=slots))
     runtime = resolve_runtime(runtimes)
     config = harness_config(settings)
     harnesses = resolve_app(
@@ -106,23 +130,19 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
         )
         extractor = FactExtractor(app, harnesses, memory, runtime)
         await stack.enter_async_context(bus.serve(_closed_conversations(extractor, extractions), queue=WORKERS))
-        consumer = ConsumerSpec(
-            stream=subjects.RUNS_STREAM,
-            durable=WORKERS,
-            filter_subject=subjects.run_submit_all(),
-            ack_wait_seconds=options.run_ack_wait,
-            confirm_ack=True,
-            # A run is handed over the moment it is queued, not when a batch pull expires.
-            batch_fetch=False,
-        )
-        await stack.enter_async_context(
-            bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)
-        )
+        queues = [
+            await stack.enter_async_context(
+                bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)
+            )
+            for consumer in run_queue_consumers(options.run_ack_wait)
+        ]
         grpc_port = await stack.enter_async_context(
             serve_grpc(DispatchServicer(bus, descriptors, info), host=options.grpc_host, port=options.grpc_port)
         )
         service.health.mark_ready()
         await stop.wait()
+        for queue in queues:
+            queue.stop()  # all levels at once; the stack's exits then wait for runs in hand only
 
 
 def _runtime_info(runtime: AgentRuntime | None) -> dict[str, Any] | None:

@@ -27,7 +27,14 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import Bus, BusError
-from atmosphere.bus.runs import RUN_ID_METADATA_KEY, cancel_run, follow_run, is_terminal
+from atmosphere.bus.runs import (
+    NESTING_METADATA_KEY,
+    RUN_ID_METADATA_KEY,
+    cancel_run,
+    follow_run,
+    is_terminal,
+    nesting_of,
+)
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
@@ -113,6 +120,8 @@ class Delegation:
         submitted = Timestamp()
         submitted.FromNanoseconds(time.time_ns())
         parent = self._parent
+        # One level below the parent on the run queue, whatever kind of delegation this is.
+        metadata = {**metadata, NESTING_METADATA_KEY: str(nesting_of(parent) + 1)}
         return RunRequest(
             run_id=uuid.uuid4().hex,
             session_id=str(uuid.uuid4()),

@@ -16,7 +16,8 @@ class DispatchOptions(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     max_concurrent_runs: int = Field(default=16, ge=1, le=4096)
-    """Runs this instance executes at once; more wait in `ATMO_RUNS` for any free worker."""
+    """Runs this instance executes at once, per nesting level (top-level runs, and sub-runs one,
+    two and three levels down each have this many); more wait in `ATMO_RUNS` for a free worker."""
     run_ack_wait: float = Field(default=30.0, ge=1)
     """Seconds without a heartbeat after which JetStream hands a run to another worker."""
     grpc_host: str = "0.0.0.0"

@@ -166,9 +166,9 @@ class AgentDirectory:
             self._by_name = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
             self._loaded = time.monotonic()
 
-    async def all(self) -> list[AgentDescriptor]:
-        """Every agent, by name."""
-        await self._refresh()
+    async def all(self, *, after_miss: bool = False) -> list[AgentDescriptor]:
+        """Every agent, by name; `after_miss` when the caller did not find what it looked for."""
+        await self._refresh(self._miss_ttl if after_miss else None)
         return [self._by_name[name] for name in sorted(self._by_name)]
 
     async def lookup(self, name: str) -> AgentDescriptor | None:

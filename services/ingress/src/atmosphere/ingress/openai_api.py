@@ -27,6 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from atmosphere.bus import BusError
 from atmosphere.bus.runs import cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.ingress.agents_api import state_of
 from atmosphere.ingress.handlers import HISTORY_METADATA_KEY
@@ -164,20 +165,37 @@ async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, Ru
     if "application/json" not in request.headers.get("content-type", "").lower():
         raise OpenAiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
     chat = parse_chat_request(await request.body())
-    try:
-        agents = {a.name: a for a in await state.directory.all()}
-    except BusError:
-        raise _unavailable("The agent directory is unavailable.") from None
-    target = resolve_target(
-        chat.model,
-        models=settings.ai_openai_models,
-        default_agent=settings.ai_openai_default_agent,
-        registered=list(agents),
-    )
+    target, agents = await _resolve(state, chat)
     if state.openai_permits.locked():
         raise _unavailable("Too many completions in flight; try again.")
     principal = Principal(auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or "")
     return chat, _run_request(chat, target, agents[target].path, principal)
+
+
+async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[str, AgentDescriptor]]:
+    """The agent serving `chat.model`, and every agent; a miss re-reads the directory once.
+
+    The re-read catches an agent whose dispatch registered it after the directory's last read.
+    """
+    settings = state.settings
+    for after_miss in (False, True):
+        try:
+            agents = {a.name: a for a in await state.directory.all(after_miss=after_miss)}
+        except BusError:
+            raise _unavailable("The agent directory is unavailable.") from None
+        try:
+            target = resolve_target(
+                chat.model,
+                models=settings.ai_openai_models,
+                default_agent=settings.ai_openai_default_agent,
+                registered=list(agents),
+            )
+        except OpenAiError as exc:
+            if after_miss or exc.status not in {404, 503}:
+                raise
+            continue
+        return target, agents
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _unavailable(message: str) -> OpenAiError:
