@@ -2,15 +2,17 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import ConsumerSpec, JetStreamLayout, subjects
+from atmosphere.bus import ConsumerSpec, Envelope, Headers, JetStreamLayout, WorkItem, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Content, Metadata, RunEvent, TextDelta, ToolStart
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ListRunsRequest, ListRunsResponse
+from atmosphere.tape import handlers as handlers_module
 from atmosphere.tape.handlers import TapeHandlers, step_kind, step_payload
-from atmosphere.tape.store import TapeStore
+from atmosphere.tape.store import StepRecord, TapeStore
 
 
 def event(seq: int, run_id: str = "r1", **kind: object) -> RunEvent:
@@ -72,3 +74,22 @@ async def test_recording_is_idempotent_and_the_first_terminal_wins(tmp_path: Pat
     assert [r.run_id for r in runs.runs] == ["r1"]
     assert [s.seq for s in page.steps] == [2]
     assert (missing.count, missing.HasField("run")) == (0, False)
+
+
+async def test_an_event_that_cannot_become_a_step_does_not_hold_back_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = handlers_module.step_record
+
+    def fussy(e: RunEvent) -> StepRecord:
+        if e.seq == 2:
+            raise ValueError("unrecordable")
+        return real(e)
+
+    monkeypatch.setattr(handlers_module, "step_record", fussy)
+    async with TapeStore.open(tmp_path / "tape.db") as store:
+        handlers = TapeHandlers(store)
+        batch = [event(1, text_delta=TextDelta(text="a")), event(2, text_delta=TextDelta(text="b")), event(3)]
+        items = [WorkItem(Envelope("atmo.run.r1.evt", e, Headers()), stream_seq=e.seq, delivered=1) for e in batch]
+        await handlers.record(items)
+        assert [s.seq for s in await store.steps("r1", from_seq=0, limit=10)] == [1, 3]

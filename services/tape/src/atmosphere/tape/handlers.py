@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -19,6 +20,8 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     TapeStep,
 )
 from atmosphere.tape.store import RunRow, Step, StepRecord, TapeStore
+
+log = logging.getLogger("atmosphere.tape")
 
 DEFAULT_MAX_STEPS = 500
 MAX_STEPS = 5000
@@ -107,8 +110,18 @@ class TapeHandlers:
         The batch is acked only after the commit, so an event is never acked before it is on
         disk; a failed commit redelivers the whole batch.
         """
-        events = (item.envelope.message for item in items)
-        await self._store.record_many([step_record(e) for e in events if e.run_id and e.seq >= 1])
+        records: list[StepRecord] = []
+        for item in items:
+            event = item.envelope.message
+            if not event.run_id or event.seq < 1:
+                continue
+            try:
+                records.append(step_record(event))
+            except Exception:
+                # One event that cannot become a step must not hold back the batch (it would be
+                # redelivered with it forever): it is logged and left out.
+                log.exception("run %s: event %d cannot be recorded; skipped", event.run_id, event.seq)
+        await self._store.record_many(records)
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
         """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped)."""
