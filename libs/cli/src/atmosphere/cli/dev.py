@@ -209,10 +209,17 @@ async def run_dev(options: DevOptions) -> int:
         for spec in specs[1:]:
             await supervisor.start(spec)
         readiness = {**_probe_ports(options), "ingress": options.http_port}
-        late = await wait_for_ready(options.host, readiness, 60)
-        if late:
-            print(f"not ready after 60 s: {', '.join(late)}; see their log lines above", file=sys.stderr)
-        print(banner(options), flush=True)
+        # Ctrl-C while the stack is still starting stops it at once, not after the wait.
+        waiting = asyncio.create_task(wait_for_ready(options.host, readiness, 60))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if waiting.done():
+            if late := waiting.result():
+                print(f"not ready after 60 s: {', '.join(late)}; see their log lines above", file=sys.stderr)
+            print(banner(options), flush=True)
+        else:
+            waiting.cancel()
         await stop.wait()
         print("\nstopping...", flush=True)
     finally:
