@@ -442,30 +442,41 @@ class _FakeWorker(Consumer):
 
     async def _work(self, stored: _Stored) -> None:
         try:
-            self._settle(stored, await self._outcome(stored))
+            item = self._item(stored)
+            if item is not None:
+                await self._run(self._handler(item), [stored], stored.subject)
         finally:
             self._slots.release()
 
-    async def _outcome(self, stored: _Stored) -> tuple[str, float]:
+    def _item(self, stored: _Stored) -> WorkItem[Any] | None:
+        """The work item of `stored`; None (and the message terminated) when it does not decode."""
         try:
             message = decode(stored.data, stored.headers, self._type)
         except (DecodeError, BusError):
-            return ("term", 0.0)
+            self._settle(stored, ("term", 0.0))
+            return None
         envelope = Envelope(stored.subject, message, Headers.from_wire(stored.headers))
-        item = WorkItem(envelope, stream_seq=stored.seq, delivered=self._durable.delivered[stored.seq])
+        return WorkItem(envelope, stream_seq=stored.seq, delivered=self._durable.delivered[stored.seq])
+
+    async def _run(self, call: Awaitable[None], stored: list[_Stored], what: str) -> None:
+        """Await a handler `call`, then settle `stored` by how it ended, as the server would."""
         try:
-            await self._handler(item)
+            await call
         except Nak as nak:
-            return ("nak", nak.delay)
+            outcome = ("nak", nak.delay)
         except Term:
-            return ("term", 0.0)
+            outcome = ("term", 0.0)
         except asyncio.CancelledError:
-            self._settle(stored, ("nak", 0.0))
+            for each in stored:
+                self._settle(each, ("nak", 0.0))
             raise
         except Exception:
-            log.exception("work handler for %s failed; redelivering", stored.subject)
-            return ("nak", 0.0)
-        return ("ack", 0.0)
+            log.exception("work handler for %s failed; redelivering", what)
+            outcome = ("nak", 0.0)
+        else:
+            outcome = ("ack", 0.0)
+        for each in stored:
+            self._settle(each, outcome)
 
     def _settle(self, stored: _Stored, outcome: tuple[str, float]) -> None:
         verb, delay = outcome
@@ -525,35 +536,10 @@ class _FakeBatchWorker(_FakeWorker):
         return batch
 
     async def _handle(self, batch: list[_Stored]) -> None:
-        items: list[WorkItem[Any]] = []
-        kept: list[_Stored] = []
-        for stored in batch:
-            try:
-                message = decode(stored.data, stored.headers, self._type)
-            except (DecodeError, BusError):
-                self._settle(stored, ("term", 0.0))
-                continue
-            envelope = Envelope(stored.subject, message, Headers.from_wire(stored.headers))
-            items.append(WorkItem(envelope, stream_seq=stored.seq, delivered=self._durable.delivered[stored.seq]))
-            kept.append(stored)
-        if not items:
-            return
-        outcome = ("ack", 0.0)
-        try:
-            await self._batch_handler(items)
-        except Nak as nak:
-            outcome = ("nak", nak.delay)
-        except Term:
-            outcome = ("term", 0.0)
-        except asyncio.CancelledError:
-            for stored in kept:
-                self._settle(stored, ("nak", 0.0))
-            raise
-        except Exception:
-            log.exception("batch handler for %s failed; redelivering", self._durable.spec.durable)
-            outcome = ("nak", 0.0)
-        for stored in kept:
-            self._settle(stored, outcome)
+        items = {stored.seq: item for stored in batch if (item := self._item(stored)) is not None}
+        if items:
+            kept = [stored for stored in batch if stored.seq in items]
+            await self._run(self._batch_handler(list(items.values())), kept, self._durable.spec.durable)
 
 
 async def _never(item: WorkItem[Any]) -> None:
