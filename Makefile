@@ -64,6 +64,7 @@ bench: install ## Benchmarks with ratios against baselines measured in the same 
 	$(RUN) python bench/bus_roundtrip.py
 	$(RUN) python bench/dispatch_overhead.py
 	$(RUN) python bench/ingress_overhead.py
+	$(RUN) python bench/ingress_flood.py
 
 clean: ## Remove local state (.atmosphere/data, .atmosphere/nats) and caches
 	rm -rf .atmosphere/data .atmosphere/nats .mypy_cache .ruff_cache

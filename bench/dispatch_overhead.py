@@ -7,6 +7,12 @@ loads and records its history there) and dispatch (with `LLM_BASE_URL` at the pr
 Arms are interleaved in shuffled rounds at 1 and 16 concurrent streams; the report is the
 median over rounds of the per-round difference (gRPC minus direct) of p50 and p99.
 
+CPU per token: the user + system time (`/proc/<pid>/stat`) of each process of the system under
+test over the gRPC arm's kept blocks (each read 0.2 s after its block ends, as the tape writes a
+little behind), divided by the tokens that arm delivered, per process and in total. It covers a
+run's whole cost (history, recording, the broker) spread over its tokens; issue 8 holds the
+total within 10 % of the code before it.
+
 Targets (issue 3): added time-to-first-token p50 <= 3 ms and added per-token p50 <= 0.5 ms at
 16 streams.
 
@@ -35,6 +41,10 @@ from pathlib import Path
 import grpc
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cpu import CpuMeter
+
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.service import loop_factory
 from atmosphere.testing import NatsServer, free_port
@@ -51,6 +61,8 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 TOKENS = 20
 TOKEN_GAP = 0.005
+SETTLE = 0.2
+"""Seconds after each measured block before the services' CPU is read (the tape writes a little behind)."""
 
 
 @dataclass
@@ -126,8 +138,23 @@ async def block(run_one: Callable[[], Awaitable[Sample]], concurrency: int, stre
     return samples
 
 
+async def metered_block(
+    run_one: Callable[[], Awaitable[Sample]], concurrency: int, streams: int, meter: CpuMeter | None, *, keep: bool
+) -> list[Sample]:
+    """One block; with a meter, the CPU it cost the system under test is recorded when `keep`."""
+    if meter is None:
+        return await block(run_one, concurrency, streams)
+    mark = meter.read()
+    samples = await block(run_one, concurrency, streams)
+    await asyncio.sleep(SETTLE)
+    if keep:
+        meter.record(mark, sum(len(sample.token_ms) for sample in samples))
+    return samples
+
+
 @contextlib.contextmanager
-def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> Iterator[None]:
+def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> Iterator[dict[str, int]]:
+    """The services under test as processes of their own; their pids by name."""
     env = {
         **os.environ,
         "ATMOSPHERE_NATS__URL": nats_url,
@@ -142,14 +169,12 @@ def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> I
         "ATMOSPHERE_DISPATCH__GRPC_PORT": str(grpc_port),
         "ATMOSPHERE_DISPATCH__MAX_CONCURRENT_RUNS": "32",
     }
-    children = [
-        subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env)
-        for name in os.environ.get("BENCH_SERVICES", "governance,tape,memory,dispatch").split(",")
-    ]
+    names = os.environ.get("BENCH_SERVICES", "governance,tape,memory,dispatch").split(",")
+    children = [subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env) for name in names]
     for child in children:
         pin(child.pid, SUT_CPUS)
     try:
-        yield
+        yield {name: child.pid for name, child in zip(names, children, strict=True)}
     finally:
         for child in children:
             child.terminate()
@@ -184,12 +209,18 @@ def fake_upstream() -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def system(scratch: Path) -> AsyncIterator[tuple[str, dispatch_pb2_grpc.DispatchServiceStub]]:
+async def system(
+    scratch: Path,
+) -> AsyncIterator[tuple[str, dispatch_pb2_grpc.DispatchServiceStub, dict[str, int]]]:
+    """The provider URL, a stub on dispatch's gRPC port, and the pids of the system under test by name."""
     server = NatsServer(scratch / "nats").start()
     pin(server.pid, SUT_CPUS)
     grpc_port = free_port()
     try:
-        with fake_upstream() as provider_url, processes(server.url, provider_url, scratch / "data", grpc_port):
+        with (
+            fake_upstream() as provider_url,
+            processes(server.url, provider_url, scratch / "data", grpc_port) as services,
+        ):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
                 deadline = time.monotonic() + 60
@@ -201,7 +232,7 @@ async def system(scratch: Path) -> AsyncIterator[tuple[str, dispatch_pb2_grpc.Di
                         if time.monotonic() > deadline:
                             raise
                         await asyncio.sleep(0.5)
-                yield provider_url, stub
+                yield provider_url, stub, {**services, "nats-server": server.pid}
     finally:
         server.stop()
 
@@ -233,23 +264,28 @@ def report(concurrency: int, direct: ArmStats, via: ArmStats) -> dict[str, float
 async def main(rounds: int, streams: int) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         async with (
-            system(Path(scratch)) as (provider_url, stub),
+            system(Path(scratch)) as (provider_url, stub, sut),
             httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client,
         ):
             results: dict[int, dict[str, float]] = {}
             for concurrency in (1, 16):
                 direct, via = ArmStats("provider directly"), ArmStats("gRPC Run via dispatch")
-                arms: list[tuple[ArmStats, Callable[[], Awaitable[Sample]]]] = [
-                    (direct, lambda: direct_stream(client, provider_url)),
-                    (via, lambda: grpc_stream(stub)),
+                # Only the gRPC arm goes through the system under test, so only its blocks are metered.
+                meter = CpuMeter(sut)
+                arms: list[tuple[ArmStats, Callable[[], Awaitable[Sample]], CpuMeter | None]] = [
+                    (direct, lambda: direct_stream(client, provider_url), None),
+                    (via, lambda: grpc_stream(stub), meter),
                 ]
                 for index in range(rounds + 1):  # the first round warms up and is discarded
                     random.shuffle(arms)
-                    for stats, run_one in arms:
-                        samples = await block(run_one, concurrency, max(streams, concurrency))
+                    for stats, run_one, metered in arms:
+                        samples = await metered_block(
+                            run_one, concurrency, max(streams, concurrency), metered, keep=index > 0
+                        )
                         if index:
                             stats.add(samples)
                 results[concurrency] = report(concurrency, direct, via)
+                print(f"  {meter.line()}")
     at16 = results[16]
     print(
         f"\ntargets at 16 streams: added TTFT p50 <= 3 ms: {'PASS' if at16['ttft_p50'] <= 3 else 'FAIL'}"

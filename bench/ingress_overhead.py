@@ -76,6 +76,10 @@ import httpx
 import websockets
 from websockets.protocol import State
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cpu import cpu_seconds, per_token_line, tree
+
 from atmosphere.service import loop_factory
 from atmosphere.testing import NatsServer, free_port
 
@@ -111,18 +115,6 @@ DIRECT, OPENAI, WEBSOCKET, LITELLM = (
 # -- processes and /proc -------------------------------------------------------------------------
 
 
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants."""
-    found, index = [pid], 0
-    while index < len(found):
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{found[index]}/task"):
-                with open(f"/proc/{found[index]}/task/{task}/children") as children:
-                    found += [int(child) for child in children.read().split()]
-        index += 1
-    return found
-
-
 def pin(pid: int, cpus: set[int]) -> None:
     """Pin every thread of `pid` and its descendants (threads started later inherit it)."""
     if not cpus:
@@ -132,19 +124,6 @@ def pin(pid: int, cpus: set[int]) -> None:
             for task in os.listdir(f"/proc/{process}/task"):
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(int(task), cpus)
-
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(roots: list[int]) -> float:
-    """User + system CPU time of the processes under `roots`."""
-    total = 0
-    for pid in {p for root in roots for p in tree(root)}:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / TICKS
 
 
 def memory_kib(pid: int) -> int:
@@ -544,6 +523,8 @@ class Stats:
     token_p99: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
     """CPU seconds by server process."""
+    cpu_rounds: list[float] = field(default_factory=list)
+    """The servers' total CPU µs per token of each kept block."""
     tokens: int = 0
     upstream_cpu: float = 0.0
     load_busy: float = 0.0
@@ -636,6 +617,8 @@ async def measure(
             if index:
                 mine.add(samples)
                 mine.errors.update(errors)
+                if (delivered := sum(len(sample.token_ms) for sample in samples)) and used:
+                    mine.cpu_rounds.append(sum(used.values()) / delivered * 1e6)
                 for name, spent in used.items():
                     mine.cpu[name] = mine.cpu.get(name, 0.0) + spent
                 mine.upstream_cpu += upstream_used
@@ -720,8 +703,7 @@ def report(concurrency: int, rounds: int, streams: int, stats: dict[str, Stats])
             )
     for name in (OPENAI, WEBSOCKET):
         if stats[name].tokens:
-            split = ", ".join(f"{p} {c / stats[name].tokens * 1e6:.0f}" for p, c in stats[name].cpu.items())
-            print(f"  {name} CPU µs/token by process: {split}")
+            print(f"  {name} {per_token_line(stats[name].cpu, stats[name].tokens, stats[name].cpu_rounds)}")
     upstream_tokens = sum(s.tokens for s in stats.values())
     if upstream_tokens:
         upstream = sum(s.upstream_cpu for s in stats.values()) / upstream_tokens * 1e6

@@ -74,8 +74,21 @@ async def test_a_streamed_answer_with_usage_from_smollm2(
         llm_model="smollm2",
     )
     async with run_stack(services, bus=nats_bus) as stack:
-        frames = await asyncio.wait_for(ask(await stack.ingress_url(), "assistant", "Say hello in one sentence."), 120)
+        url = await stack.ingress_url()
+        frames = await asyncio.wait_for(ask(url, "assistant", "Say hello in one sentence."), 120)
+        # A prompt past the 2048-token context is the provider refusing the request (a 400 with
+        # `context_length_exceeded`), not a broken connection.
+        overflow = await asyncio.wait_for(ask(url, "assistant", "word " * 4000), 60)
+    assert overflow[-1]["type"] == "error", overflow[-3:]
+    assert overflow[-1]["code"] == "provider.rejected"
+    assert overflow[-1]["details"] == {
+        "status": "400",
+        "provider_code": "context_length_exceeded",
+        "provider_param": "messages",
+    }
+    assert "connection" not in overflow[-1]["data"]
     assert frames[-1]["type"] == "complete", frames[-3:]
+    assert frames[-1]["finishReason"] in {"stop", "length"}
     text = "".join(f["data"] for f in frames if f.get("type") == "streaming-text")
     assert text.strip(), "the model said nothing"
     assert sum(f.get("type") == "streaming-text" for f in frames) > 1, "the answer was not streamed"

@@ -132,11 +132,12 @@ async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: Fa
 
 async def test_an_api_key_and_a_failing_agent(stack: Stack, fake_provider: FakeProvider) -> None:
     async with httpx.AsyncClient(base_url=f"{await stack.ingress_url()}/atmosphere/v1") as http:
+        # The provider's 400 is the client's 400, with the provider's reason: a retry cannot help.
         fake_provider.script(Reply.error(400, message="bad upstream"))
         failed = await http.post("/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-        assert failed.status_code == 500
-        assert failed.json()["error"]["type"] == "server_error"
-        assert "bad upstream" not in failed.text  # details stay in the logs
+        assert failed.status_code == 400
+        assert failed.json()["error"]["type"] == "invalid_request_error"
+        assert failed.json()["error"]["message"] == "API returned 400: bad upstream"
         wrong_type = await http.post("/chat/completions", content="{}", headers={"content-type": "text/plain"})
         assert wrong_type.status_code == 415
         wrong_method = await http.post("/models")

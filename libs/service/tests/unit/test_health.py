@@ -3,15 +3,16 @@ import json
 
 import pytest
 
-from atmosphere.bus import subjects
+from atmosphere.bus import ConnectionLostError, subjects
 from atmosphere.bus.testing import FakeBus
+from atmosphere.config import ServiceSettings
 from atmosphere.contracts.common.v1.service_pb2 import (
     HealthCheckRequest,
     HealthCheckResponse,
     ServiceInfoRequest,
     ServiceInfoResponse,
 )
-from atmosphere.service import Health, health_router, serve_probes
+from atmosphere.service import Health, health_router, run, serve_probes
 
 
 async def http_get(port: int, request: bytes) -> tuple[int, dict[str, object]]:
@@ -76,3 +77,21 @@ async def test_a_silent_client_does_not_hold_the_probe_listener() -> None:
         finally:
             silent.close()
             await silent.wait_closed()
+
+
+async def test_a_connection_closed_for_good_fails_liveness_and_readiness() -> None:
+    bus = FakeBus()
+    health = Health("memory", bus)
+    health.mark_ready()
+    async with serve_probes(health, host="127.0.0.1", port=0) as port:
+        bus.close_for_good()
+        status, body = await http_get(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert (status, body["status"]) == (503, "failed")
+        assert (await http_get(port, b"GET /readyz HTTP/1.1\r\n\r\n"))[0] == 503
+
+
+def test_the_process_exits_3_when_the_connection_closed_for_good() -> None:
+    async def serve(_settings: ServiceSettings, *, stop: asyncio.Event) -> None:
+        raise ConnectionLostError("closed for good")
+
+    assert run(serve, ServiceSettings, service="memory") == 3

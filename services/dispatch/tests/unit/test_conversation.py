@@ -39,7 +39,7 @@ from atmosphere.dispatch.conversation import (
     with_facts,
 )
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
-from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.memory_client import HistoryUnavailableError, MemoryClient, history_digest
 from atmosphere.dispatch.pipeline import HISTORY_METADATA_KEY, history_of
 from atmosphere.sdk import AiCapability, AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk.compaction import SUMMARY_SYSTEM_PROMPT
@@ -123,6 +123,11 @@ class FakeMemory:
                 if current[: len(base)] != base:
                     return ReplaceHistoryResponse(replaced=False)
                 messages += current[len(base) :]
+            elif request.base_sha256:
+                head = [WireMessage(role=r, content=c) for r, c in current[: request.base_count]]
+                if len(head) < request.base_count or history_digest(head) != request.base_sha256:
+                    return ReplaceHistoryResponse(replaced=False)
+                messages += current[request.base_count :]
             self.histories[key] = messages
             return ReplaceHistoryResponse(stored_messages=len(messages), replaced=True)
 
@@ -300,7 +305,13 @@ async def test_when_memory_does_not_answer_the_staged_turns_are_used() -> None:
     conv = ConversationMemory(MemoryClient(FakeBus(), timeout=0.1), HarnessConfig(), None)
     staged = (ChatMessage("user", "prior"),)
     assert await conv.history(run(), MEMORY_ON, staged) == staged
-    assert await conv.history(run(), MEMORY_ON, ()) == ()
+
+
+async def test_a_history_that_cannot_be_loaded_fails_instead_of_being_forgotten() -> None:
+    conv = ConversationMemory(MemoryClient(FakeBus(), timeout=0.1), HarnessConfig(), None)
+    with pytest.raises(HistoryUnavailableError, match="no memory service is running") as failure:
+        await conv.history(run(), MEMORY_ON, ())
+    assert failure.value.code == "memory.history_unavailable"
 
 
 # -- summarizing compaction ------------------------------------------------------------------------
@@ -328,7 +339,10 @@ async def test_summarizing_asks_the_runtime_and_stores_a_guarded_replacement(mem
     assert "u3" not in ctx.request.message  # the recent window is kept verbatim, not summarized
     (replace,) = memory.store.of("history.replace")
     assert isinstance(replace, ReplaceHistoryRequest)
-    assert [(m.role, m.content) for m in replace.base.messages] == SIX
+    # The base travels as a digest (a history can be larger than one bus message).
+    assert replace.base_count == len(SIX)
+    assert replace.base_sha256 == history_digest([WireMessage(role=r, content=c) for r, c in SIX])
+    assert not replace.HasField("base")
     assert [(m.role, m.content) for m in replace.messages] == [(m.role, m.content) for m in expected]
     assert memory.store.histories[("chat", "c1")] == [(m.role, m.content) for m in expected]
 

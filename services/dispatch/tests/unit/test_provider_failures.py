@@ -48,7 +48,7 @@ async def test_a_stall_after_text_is_an_error(fake_provider: FakeProvider) -> No
     started = time.monotonic()
     recorder = await run(fake_provider, stall=0.5)
     assert time.monotonic() - started < 3
-    assert recorder.terminal().error.message == "provider stalled: no data within the stall timeout"
+    assert recorder.terminal().error.message == "provider stalled: no data for 0.5 s"
 
 
 async def test_a_stall_before_any_text_is_retried(fake_provider: FakeProvider) -> None:

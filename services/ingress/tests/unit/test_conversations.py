@@ -199,9 +199,12 @@ def test_traversal_shaped(path: str, hostile: bool) -> None:
 
 @pytest.mark.parametrize("given", [None, ""])
 def test_no_conversation_id_means_a_fresh_one(given: str | None) -> None:
-    first = conversation_of(given, ADA)
+    first = conversation_of(given, Principal())
     assert re.fullmatch(r"[0-9a-f]{32}", first)
-    assert conversation_of(given, ADA) != first
+    assert conversation_of(given, Principal()) != first
+    # A user's fresh conversation is scoped like a named one: it counts against their own quotas.
+    ada = hashlib.sha256(b"ada").hexdigest()[:16]
+    assert re.fullmatch(rf"{ada}--[0-9a-f]{{32}}", conversation_of(given, ADA))
 
 
 def test_an_authenticated_users_conversation_is_scoped_under_their_id() -> None:

@@ -27,6 +27,20 @@ def test_legacy_type_frames() -> None:
     }
     assert frame(complete=run_pb2.Complete()) == {"type": "complete"}
     assert frame(complete=run_pb2.Complete(summary="done")) == {"type": "complete", "data": "done"}
+    assert frame(complete=run_pb2.Complete(finish_reason="stop")) == {"type": "complete", "finishReason": "stop"}
+    assert frame(complete=run_pb2.Complete(finish_reason="length")) == {"type": "complete", "finishReason": "length"}
+    provider_refusal = Error(
+        code="provider.rejected",
+        message="API returned 400: too long",
+        details={"status": "400", "provider_code": "context_length_exceeded"},
+    )
+    assert frame(error=provider_refusal) == {
+        "type": "error",
+        "data": "API returned 400: too long",
+        "code": "provider.rejected",
+        "recoverable": False,
+        "details": {"status": "400", "provider_code": "context_length_exceeded"},
+    }
     assert frame(error=Error(code="agent.failed", message="boom", retryable=True)) == {
         "type": "error",
         "data": "boom",

@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from atmosphere.ingress.openai_wire import OpenAiError, error_for_run, model_list, parse_chat_request, resolve_target
+from atmosphere.ingress.openai_wire import (
+    Completion,
+    OpenAiError,
+    error_for_run,
+    model_list,
+    parse_chat_request,
+    resolve_target,
+)
 
 
 def parse(body: object) -> object:
@@ -64,7 +71,7 @@ def test_what_cannot_be_honoured_is_refused_as_unsupported(body: object, param: 
     ("raw", "message"),
     [
         (b"", "Request body is empty."),
-        (b"{nope", "Invalid JSON payload."),
+        (b"{nope", "Invalid JSON payload (Malformed JSON: "),
         (b"[1]", "Request body must be a JSON object."),
         (b'{"messages": []}', "'messages' must be a non-empty array."),
         (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "'stream' must be a boolean."),
@@ -78,7 +85,8 @@ def test_what_cannot_be_honoured_is_refused_as_unsupported(body: object, param: 
 def test_malformed_requests_are_400_with_a_clear_message(raw: bytes, message: str) -> None:
     with pytest.raises(OpenAiError) as raised:
         parse_chat_request(raw)
-    assert (raised.value.status, raised.value.message) == (400, message)
+    assert raised.value.status == 400
+    assert raised.value.message.startswith(message)
 
 
 def test_oversized_bodies_are_413() -> None:
@@ -109,8 +117,103 @@ def test_model_mapping() -> None:
 def test_run_errors_map_to_openai_statuses() -> None:
     assert (error_for_run("budget.exceeded", "AI budget exceeded").status) == 429
     assert error_for_run("budget.exceeded", "x").code == "budget_exceeded"
+    assert error_for_run("budget.exceeded", "x").headers() == {"x-should-retry": "false"}
     assert error_for_run("governance.denied", "Request denied by policy p: no").code == "request_blocked"
     assert error_for_run("runtime.unavailable", "x").status == 503
+    assert error_for_run("runtime.unavailable", "x").headers() == {"Retry-After": "5"}
     internal = error_for_run("agent.failed", "KeyError: secret")
     assert internal.status == 500
     assert "secret" not in internal.message
+    assert internal.headers() == {"x-should-retry": "false"}  # the official client would retry a 500
+
+
+PROVIDER_CASES = [
+    # (code, retryable, details) -> (status, type, code, headers)
+    (
+        ("provider.rejected", False, {"status": "400", "provider_code": "context_length_exceeded"}),
+        (400, "invalid_request_error", "context_length_exceeded", {}),
+    ),
+    (("provider.rejected", False, {"status": "404"}), (404, "invalid_request_error", None, {})),
+    (("provider.rejected", False, {"status": "401"}), (401, "authentication_error", None, {})),
+    (
+        ("provider.rejected", False, {"status": "429", "provider_code": "insufficient_quota"}),
+        (429, "insufficient_quota", "insufficient_quota", {"x-should-retry": "false"}),
+    ),
+    (
+        ("provider.rejected", False, {"status": "409"}),
+        (409, "invalid_request_error", None, {"x-should-retry": "false"}),
+    ),
+    (
+        ("provider.rate_limited", True, {"status": "429", "retry_after": "12"}),
+        (429, "rate_limit_error", "rate_limit_exceeded", {"Retry-After": "12"}),
+    ),
+    (
+        ("provider.unavailable", True, {"status": "500"}),
+        (503, "server_error", "service_unavailable", {"Retry-After": "5"}),
+    ),
+    (("provider.timeout", True, {}), (503, "server_error", "service_unavailable", {"Retry-After": "5"})),
+    (
+        ("provider.unavailable", True, {"retry_after": "99999"}),
+        (503, "server_error", "service_unavailable", {"Retry-After": "3600"}),
+    ),
+    (("provider.empty_answer", False, {}), (502, "server_error", "bad_gateway", {"x-should-retry": "false"})),
+    (("provider.malformed", False, {}), (502, "server_error", "bad_gateway", {"x-should-retry": "false"})),
+    (
+        ("provider.rejected", False, {"status": "banana"}),
+        (502, "server_error", "bad_gateway", {"x-should-retry": "false"}),
+    ),
+]
+
+
+@pytest.mark.parametrize(("run_error", "answer"), PROVIDER_CASES, ids=lambda case: "-".join(map(str, case[:2])))
+def test_provider_errors_keep_their_meaning(
+    run_error: tuple[str, bool, dict[str, str]], answer: tuple[int, str, str | None, dict[str, str]]
+) -> None:
+    code, retryable, details = run_error
+    error = error_for_run(code, "API returned 400: too many tokens", retryable=retryable, details=details)
+    assert (error.status, error.type, error.code, error.headers()) == answer
+    assert "too many tokens" in error.message  # the provider's reason reaches the client
+
+
+def test_a_cut_off_completion_says_why() -> None:
+    completion = Completion(model="m")
+    assert completion.complete("Half", None, "length")["choices"][0]["finish_reason"] == "length"
+    assert completion.complete("All", None)["choices"][0]["finish_reason"] == "stop"
+
+
+HOSTILE_BODIES = {
+    "deep-nesting": b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "deep-object": b'{"messages": [{"role": "user", "content": "hi", "x": '
+    + b'{"a":' * 5000
+    + b"1"
+    + b"}" * 5000
+    + b"}]}",
+    "huge-integer": b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}",
+    "huge-float": b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}',
+    "nan": b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+    "lone-surrogate-content": b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+    "lone-surrogate-model": b'{"model": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
+    "lone-surrogate-key": b'{"messages": [{"role": "user", "content": "hi", "\\ud800": 1}]}',
+    "invalid-utf8": b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+    "oversized-model": json.dumps({"model": "m" * 257, "messages": USER}).encode(),
+    "oversized-user": json.dumps({"user": "u" * 300, "messages": USER}).encode(),
+    "model-number": json.dumps({"model": 5, "messages": USER}).encode(),
+    "temperature-string": json.dumps({"temperature": "hot", "messages": USER}).encode(),
+    "max-tokens-float": json.dumps({"max_tokens": 1.5, "messages": USER}).encode(),
+    "max-tokens-bool": json.dumps({"max_tokens": True, "messages": USER}).encode(),
+    "stop-number": json.dumps({"stop": 5, "messages": USER}).encode(),
+    "n-string": json.dumps({"n": "2", "messages": USER}).encode(),
+    "too-many-messages": json.dumps({"messages": USER * 1025}).encode(),
+    "content-number": json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
+    "role-number": json.dumps({"messages": [{"role": 1, "content": "hi"}]}).encode(),
+    "message-string": json.dumps({"messages": ["hi"]}).encode(),
+    "messages-object": json.dumps({"messages": {"role": "user"}}).encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_BODIES))
+def test_hostile_bodies_are_a_400_never_a_crash(name: str) -> None:
+    with pytest.raises(OpenAiError) as raised:
+        parse_chat_request(HOSTILE_BODIES[name])
+    assert raised.value.status == 400
+    assert set(raised.value.body()["error"]) == {"message", "type", "param", "code"}

@@ -19,13 +19,17 @@ from atmosphere.bus._codec import Headers
 from atmosphere.bus._connect import connect, reconnect_delay
 from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._nats import NatsBus
+from atmosphere.bus._retry import request_retrying
 from atmosphere.bus._router import Handler, MessageContext, Route, Router
 from atmosphere.bus.errors import (
     BusError,
     ConnectError,
+    ConnectionLostError,
     DecodeError,
     Nak,
     NoRespondersError,
+    NoStreamError,
+    PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
     ServiceError,
@@ -38,6 +42,7 @@ __all__ = [
     "Bus",
     "BusError",
     "ConnectError",
+    "ConnectionLostError",
     "Consumer",
     "ConsumerSpec",
     "DecodeError",
@@ -49,6 +54,8 @@ __all__ = [
     "Nak",
     "NatsBus",
     "NoRespondersError",
+    "NoStreamError",
+    "PayloadTooLargeError",
     "PublishAck",
     "RemoteError",
     "RequestTimeoutError",
@@ -63,6 +70,7 @@ __all__ = [
     "WorkItem",
     "connect",
     "reconnect_delay",
+    "request_retrying",
     "runs",
     "subjects",
 ]

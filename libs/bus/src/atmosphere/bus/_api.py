@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -56,6 +57,14 @@ class Subscription(abc.ABC, Generic[M]):
     def __aiter__(self) -> AsyncIterator[Envelope[M]]:
         """Iterate the decoded messages; undecodable ones are logged and skipped."""
 
+    @abc.abstractmethod
+    async def receive(self, timeout: float) -> Envelope[M] | None:
+        """The next message, or None when none arrived within `timeout` seconds.
+
+        Raises:
+            StopAsyncIteration: the subscription has ended.
+        """
+
 
 class Consumer(abc.ABC):
     """A running JetStream pull consumer."""
@@ -86,9 +95,34 @@ class Bus(abc.ABC):
     def is_connected(self) -> bool:
         """Whether the bus currently has a live connection."""
 
+    @property
+    @abc.abstractmethod
+    def max_payload(self) -> int:
+        """The broker's per-message limit, counting the payload and the headers.
+
+        Every send checks it first and raises `PayloadTooLargeError` instead of sending: the
+        server would close the connection. Edges that admit data size it below this limit with
+        room for the envelope; a responder whose answer would not fit replies with an `Error`
+        (`bus.payload_too_large`) instead.
+        """
+
+    @property
+    @abc.abstractmethod
+    def lost(self) -> bool:
+        """Whether the connection closed for good, not by us (nothing can be sent any more)."""
+
+    @abc.abstractmethod
+    async def wait_lost(self) -> None:
+        """Return once the connection has closed for good (see `lost`)."""
+
     @abc.abstractmethod
     async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
-        """Publish without waiting for anything (at most once)."""
+        """Publish without waiting for anything (at most once).
+
+        Raises:
+            PayloadTooLargeError: payload + headers exceed `max_payload` (nothing was sent).
+            ConnectionLostError: the connection closed for good.
+        """
 
     @abc.abstractmethod
     async def request(
@@ -103,6 +137,7 @@ class Bus(abc.ABC):
         """Send a request and wait for its typed reply.
 
         Raises:
+            PayloadTooLargeError: the request exceeds `max_payload` (nothing was sent).
             RequestTimeoutError: no reply in time.
             NoRespondersError: nobody serves the subject.
             RemoteError: the responder answered with an `Error`.
@@ -133,6 +168,18 @@ class Bus(abc.ABC):
 
         `headers.msg_id` de-duplicates: a second publish with the same id is acknowledged
         with `duplicate=True` and not stored again.
+        """
+
+    @abc.abstractmethod
+    async def js_publish_nowait(
+        self, subject: str, message: Message, *, headers: Headers | None = None
+    ) -> asyncio.Future[PublishAck]:
+        """Publish to a JetStream stream; the returned future resolves once it is stored.
+
+        For many small messages in order (a run's events): no round trip per message. The
+        future may never resolve if the connection dies with the message in flight; whoever
+        waits on it bounds the wait and cancels it, then publishes again (with the same
+        `msg_id`, so a message that was stored after all is not stored twice).
         """
 
     @abc.abstractmethod
@@ -185,7 +232,7 @@ class Bus(abc.ABC):
         """The newest message `stream` holds for the exact `subject`, or None."""
 
     @abc.abstractmethod
-    def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+    def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
         """Every message `stream` holds now for the exact `subject`, oldest first; then stop.
 
         Messages stored after the call started may or may not be included; follow a live

@@ -11,7 +11,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from google.protobuf.message import Message
 
-from atmosphere.bus.errors import DecodeError, RemoteError
+from atmosphere.bus.errors import DecodeError, PayloadTooLargeError, RemoteError
 from atmosphere.contracts.common.v1.common_pb2 import Error, Principal
 
 M = TypeVar("M", bound=Message)
@@ -23,6 +23,12 @@ TRACEPARENT_HEADER = "traceparent"
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 _ERROR_TYPE = Error.DESCRIPTOR.full_name
+
+DEFAULT_MAX_PAYLOAD = 1 << 20
+"""nats-server's default `max_payload` (1 MiB), until the server says otherwise."""
+
+_HEADER_BLOCK_FRAMING = len(b"NATS/1.0\r\n") + len(b"\r\n")
+_HEADER_LINE_FRAMING = len(b": \r\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +102,29 @@ def encode(message: Message, headers: Headers | None = None) -> tuple[bytes, dic
     return message.SerializeToString(), wire or None
 
 
+def wire_size(payload: bytes, wire_headers: Mapping[str, str] | None) -> int:
+    """The size the broker counts against `max_payload`: the payload plus the header block.
+
+    The block is a `NATS/1.0` line, one `key: value` line per header and an empty line (each
+    ending in CRLF), as nats-py writes it; the subject and reply subject do not count.
+    """
+    if not wire_headers:
+        return len(payload)
+    lines = sum(
+        len(key.strip().encode()) + len(value.strip().encode()) + _HEADER_LINE_FRAMING
+        for key, value in wire_headers.items()
+        if key.strip()
+    )
+    return len(payload) + _HEADER_BLOCK_FRAMING + lines
+
+
+def check_size(subject: str, payload: bytes, wire_headers: Mapping[str, str] | None, limit: int) -> None:
+    """Raise `PayloadTooLargeError` when the message would exceed `limit` on the wire."""
+    size = wire_size(payload, wire_headers)
+    if size > limit:
+        raise PayloadTooLargeError(subject, size, limit)
+
+
 def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M]) -> M:
     """Parse `data` as `expected`.
 
@@ -113,6 +142,13 @@ def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M
         return expected.FromString(data)
     except _ProtobufDecodeError as exc:
         raise DecodeError(full_name, str(exc)) from exc
+
+
+def error_reply_too_large(exc: PayloadTooLargeError) -> tuple[bytes, dict[str, str] | None]:
+    """The `Error` reply sent instead of an answer too large for the broker."""
+    error = Error(code=PayloadTooLargeError.code, message="The answer is too large to send over the bus")
+    error.details.update({"size": str(exc.size), "limit": str(exc.limit)})
+    return encode(error)
 
 
 def error_from_payload(data: bytes) -> RemoteError:

@@ -50,6 +50,7 @@ async def connect(
     urls = [servers] if isinstance(servers, str) else list(servers)
     connected = asyncio.Event()
     closing = asyncio.Event()
+    buses: list[NatsBus] = []
 
     async def on_error(exc: Exception) -> None:
         # Before the first connection, failures are expected retries: keep the log quiet.
@@ -64,7 +65,14 @@ async def connect(
         log.info("reconnected to nats (%s)", name)
 
     async def on_closed() -> None:
-        log.debug("nats connection closed (%s)", name)
+        if closing.is_set() or not buses:
+            log.debug("nats connection closed (%s)", name)
+            return
+        # nats-py closes for good on any -ERR from the server (an oversized message, an
+        # authorization change): it never reconnects from CLOSED. Say so, so that the service
+        # stops and its supervisor starts it afresh instead of serving errors forever.
+        log.error("nats connection closed for good (%s): %s", name, client.last_error or "no reason given")
+        buses[0].mark_lost()
 
     client = Client()
     try:
@@ -82,6 +90,9 @@ async def connect(
                 reconnected_cb=on_reconnect,
                 closed_cb=on_closed,
                 drain_timeout=int(max(1, drain_timeout)),
+                # A dead or frozen server is noticed within ~30 s, not nats-py's default 4 min.
+                ping_interval=10,
+                max_outstanding_pings=3,
             ),
             timeout=connect_timeout,
         )
@@ -91,8 +102,9 @@ async def connect(
         raise ConnectError(msg) from exc
     connected.set()
     log.info("connected to nats (%s)", name)
+    buses.append(NatsBus(client, namespace=namespace))
     try:
-        yield NatsBus(client, namespace=namespace)
+        yield buses[0]
     finally:
         closing.set()
         await _close(client)

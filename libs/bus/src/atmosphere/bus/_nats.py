@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -30,11 +30,21 @@ from atmosphere.bus._api import (
     WorkItem,
 )
 from atmosphere.bus._batches import FAILED_HANDLER_REDELIVERY_DELAY, BatchPuller, fetch, settle
-from atmosphere.bus._codec import Headers, decode, encode
+from atmosphere.bus._codec import Headers, check_size, decode, encode, error_reply_too_large
 from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
-from atmosphere.bus.errors import BusError, DecodeError, Nak, NoRespondersError, RequestTimeoutError, Term
+from atmosphere.bus.errors import (
+    BusError,
+    ConnectionLostError,
+    DecodeError,
+    Nak,
+    NoRespondersError,
+    NoStreamError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    Term,
+)
 
 M = TypeVar("M", bound=Message)
 
@@ -56,6 +66,7 @@ class NatsBus(Bus):
         self._prefix = f"{namespace}." if namespace else ""
         self._stream_prefix = _stream_prefix(namespace)
         self._kv: dict[str, KeyValue] = {}
+        self._lost = asyncio.Event()
 
     @property
     def client(self) -> Client:
@@ -66,6 +77,30 @@ class NatsBus(Bus):
     def is_connected(self) -> bool:
         """Whether the client is connected right now."""
         return bool(self._nc.is_connected)
+
+    @property
+    def max_payload(self) -> int:
+        """The server's `max_payload` from its INFO (payload plus headers, per message)."""
+        return int(self._nc.max_payload)
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection closed for good without us closing it."""
+        return self._lost.is_set()
+
+    def mark_lost(self) -> None:
+        """Called by `connect` when the client reached CLOSED on its own."""
+        self._lost.set()
+
+    async def wait_lost(self) -> None:
+        """Return once the connection has closed for good (not by us)."""
+        await self._lost.wait()
+
+    def _checked(self, subject: str, data: bytes, wire: dict[str, str] | None) -> None:
+        if self._lost.is_set() or self._nc.is_closed:
+            msg = f"the connection to nats is closed; cannot send on {subject!r}"
+            raise ConnectionLostError(msg)
+        check_size(subject, data, wire, self.max_payload)
 
     def wire_subject(self, subject: str) -> str:
         """The subject as sent to NATS (with the namespace prefix)."""
@@ -82,6 +117,7 @@ class NatsBus(Bus):
         """Publish without waiting (at most once)."""
         data = message.SerializeToString()
         wire = (headers.to_wire() or None) if headers else None
+        self._checked(subject, data, wire)
         try:
             await self._nc.publish(self.wire_subject(subject), data, headers=wire)
         except nats.errors.Error as exc:
@@ -99,6 +135,7 @@ class NatsBus(Bus):
     ) -> M:
         """Send a request and wait for its typed reply."""
         data, wire = encode(message, headers)
+        self._checked(subject, data, wire)
         try:
             reply = await self._nc.request(self.wire_subject(subject), data, timeout=timeout, headers=wire)
         except nats.errors.NoRespondersError as exc:
@@ -166,9 +203,25 @@ class NatsBus(Bus):
             try:
                 reply = await run_route(route, self._logical(msg.subject), msg.data, msg.headers)
                 if reply is not None and msg.reply:
+                    reply = self._fitting_reply(msg.subject, reply)
                     await self._nc.publish(msg.reply, reply[0], headers=reply[1])
             except Exception:
                 log.exception("answering on %s failed", msg.subject)
+
+    def _fitting_reply(
+        self, subject: str, reply: tuple[bytes, dict[str, str] | None]
+    ) -> tuple[bytes, dict[str, str] | None]:
+        """`reply`, or a typed `Error` in its place when it would exceed the broker's limit.
+
+        Sending it would make the server close this connection; the requester gets a clear
+        error instead, and a responder that may answer big (history, files) pages its answers.
+        """
+        try:
+            check_size(subject, reply[0], reply[1], self.max_payload)
+        except PayloadTooLargeError as exc:
+            log.warning("reply on %s refused: %s", subject, exc)
+            return error_reply_too_large(exc)
+        return reply
 
     async def js_publish(
         self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
@@ -176,18 +229,35 @@ class NatsBus(Bus):
         """Publish to JetStream and wait until stored."""
         data = message.SerializeToString()
         wire = (headers.to_wire() or None) if headers else None
+        self._checked(subject, data, wire)
         try:
             ack = await self._js.publish(self.wire_subject(subject), data, timeout=timeout, headers=wire)
         except nats.js.errors.NoStreamResponseError as exc:
-            msg = f"no stream captures {subject!r}"
-            raise BusError(msg) from exc
+            raise NoStreamError(subject) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError(subject, timeout) from exc
         except nats.errors.Error as exc:
             msg = f"jetstream publish to {subject!r} failed: {exc}"
             raise BusError(msg) from exc
+        return self._ack(ack)
+
+    def _ack(self, ack: js_api.PubAck) -> PublishAck:
         stream = ack.stream.removeprefix(self._stream_prefix)
         return PublishAck(stream=stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def js_publish_nowait(
+        self, subject: str, message: Message, *, headers: Headers | None = None
+    ) -> asyncio.Future[PublishAck]:
+        """Publish to JetStream without waiting; the future resolves with the acknowledgement."""
+        data = message.SerializeToString()
+        wire = (headers.to_wire() or None) if headers else None
+        self._checked(subject, data, wire)
+        try:
+            pending = await self._js.publish_async(self.wire_subject(subject), data, headers=wire)
+        except nats.errors.Error as exc:
+            msg = f"jetstream publish to {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return _AckFuture.wrap(pending, subject, self._ack)
 
     @contextlib.asynccontextmanager
     async def consume(
@@ -281,7 +351,7 @@ class NatsBus(Bus):
             raise BusError(msg) from exc
         return decode(raw.data or b"", None, message_type)
 
-    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
         """Every message `stream` holds now for `subject`, oldest first (an ordered consumer)."""
         stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
         try:
@@ -367,7 +437,9 @@ class NatsBus(Bus):
     async def kv_put(self, bucket: str, key: str, message: Message) -> None:
         """Store `message` under `key`."""
         kv = await self._bucket(bucket)
-        await kv.put(key, message.SerializeToString())
+        data = message.SerializeToString()
+        self._checked(f"$KV.{bucket}.{key}", data, None)
+        await kv.put(key, data)
 
     async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
         """The value under `key`, or None."""
@@ -512,6 +584,38 @@ class _Puller(Consumer):
             await settle(msg.nak(delay=FAILED_HANDLER_REDELIVERY_DELAY))
         else:
             await settle(msg.ack_sync(timeout=5.0) if self._spec.confirm_ack else msg.ack())
+
+
+class _AckFuture:
+    """Turns nats-py's publish-ack future into one of `PublishAck`, with our errors.
+
+    Cancelling ours cancels nats-py's, which frees its slot among the pending publishes: an
+    acknowledgement lost with a dead connection never arrives, and its slot must not leak.
+    """
+
+    @staticmethod
+    def wrap(
+        pending: asyncio.Future[js_api.PubAck], subject: str, convert: Callable[[js_api.PubAck], PublishAck]
+    ) -> asyncio.Future[PublishAck]:
+        ours: asyncio.Future[PublishAck] = asyncio.get_running_loop().create_future()
+
+        def on_ack(done: asyncio.Future[js_api.PubAck]) -> None:
+            if ours.done():
+                return
+            if done.cancelled():
+                ours.cancel()
+            elif (exc := done.exception()) is not None:
+                ours.set_exception(BusError(f"jetstream publish to {subject!r} failed: {exc}"))
+            else:
+                ours.set_result(convert(done.result()))
+
+        def on_ours(done: asyncio.Future[PublishAck]) -> None:
+            if done.cancelled() and not pending.done():
+                pending.cancel()
+
+        pending.add_done_callback(on_ack)
+        ours.add_done_callback(on_ours)
+        return ours
 
 
 async def _unsubscribe(sub: NatsSubscription) -> None:

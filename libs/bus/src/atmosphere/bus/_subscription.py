@@ -47,6 +47,25 @@ class QueueSubscription(Subscription[M]):
         """End the iteration once the buffered messages are read."""
         self._queue.put_nowait(_CLOSED)
 
+    async def receive(self, timeout: float) -> Envelope[M] | None:
+        """The next message, or None when none arrived within `timeout` seconds.
+
+        Raises:
+            StopAsyncIteration: the subscription was closed and every buffered message read.
+        """
+        try:
+            # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a cancellation
+            # of the caller that arrives just as the queue yields an item.
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
+        except TimeoutError:
+            return None
+        if item is _CLOSED:
+            self._queue.put_nowait(_CLOSED)  # later calls see the end too
+            raise StopAsyncIteration
+        assert isinstance(item, Envelope)
+        return item
+
     async def __aiter__(self) -> AsyncIterator[Envelope[M]]:
         """Yield messages until `close()`."""
         while True:

@@ -5,6 +5,9 @@
      ├── RequestTimeoutError       no reply within the timeout (also a TimeoutError)
      ├── NoRespondersError         nobody subscribes to the subject
      ├── DecodeError               bytes that are not the expected protobuf (also a ValueError)
+     ├── PayloadTooLargeError      payload + headers exceed the broker's `max_payload` (also a ValueError)
+     ├── ConnectionLostError       the connection closed for good; the service must restart
+     ├── NoStreamError             no JetStream stream captures the subject (a setup error: not retried)
      └── RemoteError               the responder answered with an `Error{code, message, retryable}`
 
     ServiceError                   raised by a handler; the router turns it into an `Error` reply
@@ -50,6 +53,34 @@ class DecodeError(BusError, ValueError):
         self.expected = expected
         self.reason = reason
         super().__init__(f"cannot decode {expected}: {reason}")
+
+
+class PayloadTooLargeError(BusError, ValueError):
+    """A message would exceed the broker's `max_payload`, counted as the broker counts it.
+
+    Raised before anything is sent: nats-server closes a connection that sends an oversized
+    message (and nats-py then stays closed), so the check runs on this side, with the headers.
+    """
+
+    code: ClassVar[str] = "bus.payload_too_large"
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        self.subject = subject
+        self.size = size
+        self.limit = limit
+        super().__init__(f"a message of {size} bytes on {subject!r} exceeds the broker's limit of {limit} bytes")
+
+
+class ConnectionLostError(BusError):
+    """The connection to NATS closed for good (not by us); only a new process can recover."""
+
+
+class NoStreamError(BusError):
+    """No JetStream stream captures the subject: the layout is not provisioned (never retried)."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        super().__init__(f"no stream captures {subject!r}")
 
 
 class RemoteError(BusError):

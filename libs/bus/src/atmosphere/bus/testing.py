@@ -6,6 +6,9 @@ streams that capture matching subjects and de-duplicate by `Nats-Msg-Id`, work-q
 that delete acked messages, durable consumers shared by competing workers, and key-value
 buckets. The contract suite in `tests/contract` runs against it and a real nats-server.
 
+It enforces the broker's `max_payload` (payload plus headers) like `NatsBus`, and
+`close_for_good()` makes it behave like a nats-py client that reached CLOSED.
+
 What it does not model: network failures, ack-wait expiry (a handler always settles its
 message here, so nothing needs a timer), and stream size or age limits.
 """
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,11 +35,21 @@ from atmosphere.bus._api import (
     WorkHandler,
     WorkItem,
 )
-from atmosphere.bus._codec import Headers, decode, encode
+from atmosphere.bus._codec import DEFAULT_MAX_PAYLOAD, Headers, check_size, decode, encode, error_reply_too_large
 from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, Retention, StreamSpec
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
-from atmosphere.bus.errors import BusError, DecodeError, Nak, NoRespondersError, RequestTimeoutError, Term
+from atmosphere.bus.errors import (
+    BusError,
+    ConnectionLostError,
+    DecodeError,
+    Nak,
+    NoRespondersError,
+    NoStreamError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    Term,
+)
 from atmosphere.bus.subjects import matches, overlaps
 
 __all__ = ["FakeBus"]
@@ -91,8 +104,10 @@ class _Durable:
 class FakeBus(Bus):
     """An in-memory `Bus` with real NATS subject, queue-group and JetStream semantics."""
 
-    def __init__(self) -> None:
-        """Start empty and connected."""
+    def __init__(self, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        """Start empty and connected, with the broker limit `max_payload` (nats-server's default)."""
+        self._max_payload = max_payload
+        self._lost = asyncio.Event()
         self._subs: list[_Sub] = []
         self._rr = itertools.count()
         self._inbox = itertools.count(1)
@@ -107,7 +122,31 @@ class FakeBus(Bus):
     @property
     def is_connected(self) -> bool:
         """Whether the fake is marked connected."""
-        return self.connected
+        return self.connected and not self._lost.is_set()
+
+    @property
+    def max_payload(self) -> int:
+        """The broker limit this fake enforces."""
+        return self._max_payload
+
+    @property
+    def lost(self) -> bool:
+        """Whether `close_for_good()` was called."""
+        return self._lost.is_set()
+
+    def close_for_good(self) -> None:
+        """Behave like a nats-py client that reached CLOSED: nothing can be sent any more."""
+        self._lost.set()
+
+    async def wait_lost(self) -> None:
+        """Return once `close_for_good()` was called."""
+        await self._lost.wait()
+
+    def _check(self, subject: str, data: bytes, wire: Mapping[str, str] | None) -> None:
+        if self._lost.is_set():
+            msg = f"the connection to nats is closed; cannot send on {subject!r}"
+            raise ConnectionLostError(msg)
+        check_size(subject, data, wire, self._max_payload)
 
     # -- core NATS -------------------------------------------------------------------------
 
@@ -134,9 +173,11 @@ class FakeBus(Bus):
 
     async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
         """Deliver to every matching subscriber (and capture into matching streams)."""
-        self.published.append((subject, message))
         wire = (headers.to_wire() or None) if headers else None
-        self._route(subject, message.SerializeToString(), wire, None)
+        data = message.SerializeToString()
+        self._check(subject, data, wire)
+        self.published.append((subject, message))
+        self._route(subject, data, wire, None)
         await asyncio.sleep(0)
 
     async def request(
@@ -149,8 +190,9 @@ class FakeBus(Bus):
         headers: Headers | None = None,
     ) -> M:
         """Send a request to one responder and wait for its typed reply."""
-        self.published.append((subject, message))
         data, wire = encode(message, headers)
+        self._check(subject, data, wire)
+        self.published.append((subject, message))
         inbox = f"_INBOX.fake.{next(self._inbox)}"
         answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = asyncio.get_running_loop().create_future()
 
@@ -206,6 +248,10 @@ class FakeBus(Bus):
             async with slots:
                 result = await run_route(route, subject, data, headers)
             if result is not None and reply is not None:
+                try:
+                    check_size(subject, result[0], result[1], self._max_payload)
+                except PayloadTooLargeError as exc:
+                    result = error_reply_too_large(exc)
                 self._route(reply, result[0], result[1], None)
 
         def deliver(subject: str, data: bytes, headers: Mapping[str, str] | None, reply: str | None) -> None:
@@ -238,17 +284,30 @@ class FakeBus(Bus):
         """Store in the capturing stream; a repeated `msg_id` is a duplicate."""
         stream = self._capturing(subject)
         if stream is None:
-            msg = f"no stream captures {subject!r}"
-            raise BusError(msg)
-        self.published.append((subject, message))
+            raise NoStreamError(subject)
         data = message.SerializeToString()
         wire = (headers.to_wire() or None) if headers else None
+        self._check(subject, data, wire)
+        self.published.append((subject, message))
         ack = self._store(stream, subject, data, wire)
         if not ack.duplicate:
             # Core subscribers see a JetStream publish too, exactly as on NATS.
             self._deliver(subject, data, wire, None)
         await asyncio.sleep(0)
         return ack
+
+    async def js_publish_nowait(
+        self, subject: str, message: Message, *, headers: Headers | None = None
+    ) -> asyncio.Future[PublishAck]:
+        """Store at once; the returned future is already resolved (or failed)."""
+        future: asyncio.Future[PublishAck] = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(await self.js_publish(subject, message, headers=headers))
+        except (PayloadTooLargeError, ConnectionLostError):
+            raise  # refused before sending, as `NatsBus` does
+        except BusError as exc:
+            future.set_exception(exc)
+        return future
 
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create the streams and buckets of `layout` (idempotent; overlaps are refused)."""
@@ -277,7 +336,7 @@ class FakeBus(Bus):
                 return decode(stored.data, stored.headers, message_type)
         return None
 
-    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncIterator[M]:
+    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
         """Every message `stream` holds now for `subject`, oldest first."""
         if stream not in self._streams:
             msg = f"stream {stream!r} is not provisioned"
@@ -367,7 +426,9 @@ class FakeBus(Bus):
 
     async def kv_put(self, bucket: str, key: str, message: Message) -> None:
         """Store `message` under `key`."""
-        self._bucket(bucket)[key] = message.SerializeToString()
+        data = message.SerializeToString()
+        self._check(f"$KV.{bucket}.{key}", data, None)
+        self._bucket(bucket)[key] = data
 
     async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
         """The value under `key`, or None."""

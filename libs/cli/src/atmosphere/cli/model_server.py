@@ -9,6 +9,12 @@ the stream with the exact usage llama.cpp counted (`stream_options.include_usage
 Routes: `GET /v1/models`, `POST /v1/chat/completions` (streaming and not). Requests run one at
 a time (a llama.cpp context is single-threaded); tools in a request are ignored — a 135M model
 cannot use them.
+
+It answers the way a well-behaved provider does: a prompt longer than the context window is a
+400 `context_length_exceeded` before any byte of a stream (and, should llama.cpp still refuse
+it, an error event inside the stream, never a broken one); malformed JSON is a 400; a streamed
+request waiting for its turn gets its headers at once and a keep-alive comment every few
+seconds, so a client's first-byte and stall deadlines measure a live server, not the queue.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -36,6 +43,28 @@ Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY = 4 << 20
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+KEEPALIVE_SECONDS = 5.0
+"""Seconds between `: queued` comments while a streamed request waits for the model."""
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS = 32
+"""A generous allowance for the chat template's markup (and a default system prompt)."""
+CONTEXT_OVERFLOW = "context_length_exceeded"
+
+
+class RequestError(ValueError):
+    """A request this server refuses, with the HTTP status and OpenAI error fields to say so."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error shape."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
 def smollm2_path() -> Path | None:
@@ -81,29 +110,51 @@ class ModelServer:
             await _json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "not_found"}})
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if len(raw) > MAX_BODY:
-                await _json(send, 413, {"error": {"message": "request too large", "type": "invalid_request_error"}})
-                return
-            if not message.get("more_body"):
-                break
         try:
-            body = json.loads(raw)
-            messages = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in body["messages"]]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            await _json(send, 400, {"error": {"message": f"invalid request: {exc}", "type": "invalid_request_error"}})
+            body = _parse_body(await _read_body(receive))
+            messages = _messages(body)
+            params = _params(body)
+            await asyncio.to_thread(self._check_context, messages)
+        except RequestError as exc:
+            await _json(send, exc.status, exc.body())
             return
-        params = _params(body)
+        if body.get("stream"):
+            await self._stream(messages, params, body, send, receive)
+            return
         async with self._lock:
-            if body.get("stream"):
-                await self._stream(messages, params, body, send, receive)
-            else:
+            try:
                 result = await asyncio.to_thread(self._llama.create_chat_completion, messages=messages, **params)
-                result["model"] = self.alias
-                await _json(send, 200, result)
+            except Exception as exc:  # any llama.cpp failure becomes an answer
+                failure = _generation_error(exc)
+                await _json(send, failure.status, failure.body())
+                return
+        result["model"] = self.alias
+        await _json(send, 200, result)
+
+    def _check_context(self, messages: list[dict[str, str]]) -> None:
+        """Refuse a prompt that cannot fit the context window (an estimate that errs long)."""
+        n_ctx = int(self._llama.n_ctx())
+        tokens = TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+        for message in messages:
+            tokens += len(self._llama.tokenize(message["content"].encode(), add_bos=False))
+            if tokens >= n_ctx:
+                raise _overflow(n_ctx)
+
+    async def _wait_turn(self, send: Send, gone: asyncio.Task[None]) -> bool:
+        """Take the model, telling the client every few seconds that it is queued; False if it left."""
+        turn = asyncio.ensure_future(self._lock.acquire())
+        while not turn.done():
+            await asyncio.wait({turn, gone}, timeout=KEEPALIVE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                turn.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await turn
+                if turn.done() and not turn.cancelled():
+                    self._lock.release()
+                return False
+            if not turn.done():
+                await send({"type": "http.response.body", "body": b": queued\n\n", "more_body": True})
+        return True
 
     async def _stream(
         self,
@@ -143,6 +194,8 @@ class ModelServer:
             {"type": "http.response.body", "body": chunk({"role": "assistant", "content": ""}), "more_body": True}
         )
         gone = asyncio.create_task(_disconnected(receive))
+        if not await self._wait_turn(send, gone):
+            return
         work = asyncio.create_task(
             asyncio.to_thread(
                 self._llama.create_chat_completion, messages=messages, logits_processor=generator.processors(), **params
@@ -154,14 +207,20 @@ class ModelServer:
             if gone.done():
                 stop.set()
                 return
-            result = await work
+            try:
+                result = await work
+            except Exception as exc:  # reported in the stream, which then ends properly
+                error = json.dumps(_generation_error(exc).body())
+                await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode(), "more_body": False})
+                return
             final = str(result["choices"][0]["message"].get("content") or "")
             if final.startswith(generator.sent):
                 rest = final[len(generator.sent) :]
                 if rest:
                     await send({"type": "http.response.body", "body": chunk({"content": rest}), "more_body": True})
             tail = chunk({}, str(result["choices"][0].get("finish_reason") or "stop"))
-            if (body.get("stream_options") or {}).get("include_usage"):
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
                 usage = {
                     "id": completion_id,
                     "object": "chat.completion.chunk",
@@ -177,6 +236,7 @@ class ModelServer:
             gone.cancel()
             with contextlib.suppress(Exception):
                 await work
+            self._lock.release()
 
 
 class _TextFollower:
@@ -253,15 +313,85 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+async def _read_body(receive: Receive) -> bytes:
+    raw = bytearray()
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if len(raw) > MAX_BODY:
+            raise RequestError(413, f"the request body exceeds {MAX_BODY} bytes", code="payload_too_large")
+        if not message.get("more_body"):
+            return bytes(raw)
+
+
+def _refuse_constant(name: str) -> Any:
+    msg = f"JSON does not allow {name}"
+    raise ValueError(msg)
+
+
+def _finite(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value):
+        msg = f"number out of range: {raw[:40]}"
+        raise ValueError(msg)
+    return value
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite)
+    except RecursionError:
+        raise RequestError(400, "invalid request: JSON nested too deeply") from None
+    except ValueError as exc:  # also UnicodeDecodeError and the integer digit limit
+        raise RequestError(400, f"invalid request: {str(exc)[:200]}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "invalid request: the body must be a JSON object")
+    return body
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise RequestError(400, "invalid request: 'messages' must be a non-empty array", param="messages")
+    messages = []
+    for message in raw:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(400, "invalid request: each message needs a string 'role'", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+        text = content if isinstance(content, str) else ""
+        # Lone surrogates cannot be tokenized (nor encoded): replace them.
+        messages.append({"role": message["role"], "content": text.encode("utf-8", "replace").decode()})
+    return messages
+
+
 def _params(body: dict[str, Any]) -> dict[str, Any]:
     stop = body.get("stop") or []
+    if not isinstance(stop, str | list):
+        raise RequestError(400, "invalid request: 'stop' must be a string or a list", param="stop")
     params: dict[str, Any] = {"stop": [stop] if isinstance(stop, str) else [str(s) for s in stop]}
     for key in ("temperature", "top_p"):
-        if isinstance(body.get(key), int | float):
-            params[key] = float(body[key])
+        value = body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            params[key] = float(value)
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
     params["max_tokens"] = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 512
     return params
+
+
+def _overflow(n_ctx: int) -> RequestError:
+    msg = f"This model's maximum context length is {n_ctx} tokens; the messages are longer."
+    return RequestError(400, msg, code=CONTEXT_OVERFLOW, param="messages")
+
+
+def _generation_error(exc: Exception) -> RequestError:
+    """What to tell the client about a failed generation."""
+    if isinstance(exc, ValueError) and "exceed context window" in str(exc):
+        # llama.cpp's own check (the prompt as its chat template renders it).
+        return RequestError(400, str(exc), code=CONTEXT_OVERFLOW, param="messages")
+    log.error("generation failed", exc_info=exc)
+    return RequestError(500, f"generation failed ({type(exc).__name__})")
 
 
 async def _json(send: Send, status: int, body: dict[str, Any]) -> None:

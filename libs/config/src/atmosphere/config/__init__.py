@@ -1,5 +1,6 @@
 """Settings shared by the Atmosphere services, read once from the environment in `__main__`."""
 
+from atmosphere.config._auth import AuthOptions, TokenGrant
 from atmosphere.config._logging import configure_logging
 from atmosphere.config._settings import (
     JetStreamSettings,
@@ -11,10 +12,12 @@ from atmosphere.config._settings import (
 )
 
 __all__ = [
+    "AuthOptions",
     "JetStreamSettings",
     "LogSettings",
     "NatsSettings",
     "ServiceSettings",
+    "TokenGrant",
     "WorkerSettings",
     "configure_logging",
     "env_names",

@@ -83,9 +83,18 @@ class RuntimeConfig:
     api_key: str | None = None
     model: str = ""
     generation: GenerationOptions = field(default_factory=GenerationOptions)
-    connect_timeout: float = 10.0
-    stall_timeout: float = 60.0
+    connect_timeout: float = 5.0
+    """Seconds to open a connection to the provider (each attempt)."""
+    first_byte_timeout: float = 10.0
+    """Seconds an attempt waits for the first byte of the provider's answer (headers alone do not count)."""
+    stall_timeout: float = 30.0
     """Seconds without a byte from the provider before the call counts as stalled."""
+    call_timeout: float = 300.0
+    """Seconds one model call may take in all, its retries included; a stream that only sends
+    keep-alive comments is cut here."""
+    retry_window: float = 20.0
+    """Seconds after a call began during which a failed attempt may still be retried: a provider
+    that never answers fails within this plus one `first_byte_timeout`."""
     max_concurrency: int = 16
     """Concurrent model calls this process makes (sizes the connection pool)."""
     prompt_cache_key: str = "auto"

@@ -1,8 +1,34 @@
-"""What every Atmosphere service process shares: its lifecycle, health and info responders."""
+"""What every Atmosphere service process shares: its lifecycle, health and info responders, and who is calling."""
 
+from atmosphere.service._auth import (
+    ANONYMOUS,
+    Authenticator,
+    AuthError,
+    Caller,
+    conversation_user_key,
+    presented_token,
+    scoped_conversation,
+    user_key,
+)
 from atmosphere.service._health import Health, health_router
 from atmosphere.service._probes import serve_probes
 from atmosphere.service._run import loop_factory, run
 from atmosphere.service._runtime import ServiceRuntime, open_service
 
-__all__ = ["Health", "ServiceRuntime", "health_router", "loop_factory", "open_service", "run", "serve_probes"]
+__all__ = [
+    "ANONYMOUS",
+    "AuthError",
+    "Authenticator",
+    "Caller",
+    "Health",
+    "ServiceRuntime",
+    "conversation_user_key",
+    "health_router",
+    "loop_factory",
+    "open_service",
+    "presented_token",
+    "run",
+    "scoped_conversation",
+    "serve_probes",
+    "user_key",
+]

@@ -58,6 +58,15 @@ class Health:
         return self._wired and self._bus.is_connected
 
     @property
+    def live(self) -> bool:
+        """Whether the process can still recover on its own (liveness).
+
+        False once the NATS connection closed for good: a disconnected client reconnects by
+        itself, a closed one never does, so only a restart helps.
+        """
+        return not self._bus.lost
+
+    @property
     def uptime(self) -> float:
         """Seconds since the instance started."""
         return time.monotonic() - self._started

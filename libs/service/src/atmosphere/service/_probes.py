@@ -38,6 +38,13 @@ def probe_response(health: Health, method: str, path: str) -> bytes:
     head = method == "HEAD"
     route = path.split("?", 1)[0]
     if route == "/healthz":
+        if not health.live:
+            body: dict[str, object] = {
+                "status": "failed",
+                "service": health.service,
+                "reason": "the NATS connection closed for good",
+            }
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, body, head=head)
         return _response(HTTPStatus.OK, {"status": "ok", "service": health.service}, head=head)
     if route == "/readyz":
         ready = health.ready

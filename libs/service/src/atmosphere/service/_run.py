@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from atmosphere.bus import ConnectError
+from atmosphere.bus import ConnectError, ConnectionLostError
 from atmosphere.config import ServiceSettings, configure_logging
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -33,7 +33,8 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
 
     The first signal sets `stop`, so the service drains and exits cleanly; a second signal
     cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when the
-    settings are invalid or NATS cannot be reached, 130 when cancelled.
+    settings are invalid or NATS cannot be reached, 3 when the NATS connection closed for good
+    (the supervisor restarts the process), 130 when cancelled.
     """
     try:
         settings = load_settings()
@@ -63,6 +64,9 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     except ConnectError as exc:
         log.error("%s", exc)
         return 2
+    except ConnectionLostError as exc:
+        log.error("%s", exc)
+        return 3
     except asyncio.CancelledError:
         return 130
     log.info("%s stopped", service)

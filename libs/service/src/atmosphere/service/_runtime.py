@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from atmosphere.bus import Bus, JetStreamLayout, connect
+from atmosphere.bus import Bus, ConnectionLostError, JetStreamLayout, connect
 from atmosphere.config import ServiceSettings, WorkerSettings
 from atmosphere.service._health import Health, InfoFragment, health_router
 from atmosphere.service._probes import serve_probes
@@ -41,8 +42,13 @@ async def open_service(
     settings: ServiceSettings,
     *,
     info: InfoFragment | None = None,
+    stop: asyncio.Event | None = None,
 ) -> AsyncIterator[ServiceRuntime]:
     """Connect to NATS, provision JetStream, answer health/info, serve HTTP probes.
+
+    If the connection closes for good (nats-py never reconnects from CLOSED), `stop` is set so
+    the service shuts down, and leaving the context raises `ConnectionLostError`: the process
+    exits non-zero and its supervisor (`atmosphere dev`, Kubernetes) starts a fresh one.
 
     Every service provisions the layout (idempotently) so that any of them may start first.
     Workers (`WorkerSettings`) get a probe listener here; a service with its own HTTP server
@@ -67,7 +73,22 @@ async def open_service(
             )
             log.info("%s probes on http://%s:%d/readyz", name, settings.probe_host, probe_port)
         await stack.enter_async_context(bus.serve(health_router(health, info), queue=f"{name}-health"))
+        watcher = asyncio.create_task(_stop_when_lost(name, bus, health, stop))
+        stack.callback(watcher.cancel)
         try:
             yield ServiceRuntime(bus=bus, health=health, probe_port=probe_port)
         finally:
             health.mark_not_ready()
+    # Raised once everything above is closed, so that it reaches the caller as itself (not
+    # wrapped in the exception group of a task group that was still open).
+    if bus.lost:
+        msg = f"{name}: the NATS connection closed for good; exiting so that a fresh process takes over"
+        raise ConnectionLostError(msg)
+
+
+async def _stop_when_lost(name: str, bus: Bus, health: Health, stop: asyncio.Event | None) -> None:
+    await bus.wait_lost()
+    health.mark_not_ready()
+    log.error("%s: the NATS connection closed for good; stopping", name)
+    if stop is not None:
+        stop.set()

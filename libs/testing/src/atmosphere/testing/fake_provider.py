@@ -56,6 +56,15 @@ class Reply:
     timestamps: bool = False
     """Replace each text piece by its send time in ns plus a space (for latency benches)."""
     chunks: tuple[str, ...] = field(default=())
+    finish_reason: str = ""
+    """The last chunk's `finish_reason` (default: `tool_calls` or `stop`)."""
+    error_code: str | None = None
+    error_type: str = "scripted"
+    error_param: str | None = None
+    silence: float = 0.0
+    """Seconds of saying nothing at all (not even headers) before answering."""
+    comment_every: float = 0.0
+    """Send only SSE comments, one every this many seconds, and never finish."""
 
     @classmethod
     def text(
@@ -66,11 +75,18 @@ class Reply:
         chunk_delay: float = 0.0,
         words: bool = True,
         timestamps: bool = False,
+        finish_reason: str = "",
     ) -> Reply:
-        """Stream `text` word by word (or character by character) and finish with `stop`."""
+        """Stream `text` word by word (or character by character) and finish with `finish_reason`."""
         pieces = _words(text) if words else list(text)
         return cls(
-            "text", content=text, usage=usage, chunk_delay=chunk_delay, chunks=tuple(pieces), timestamps=timestamps
+            "text",
+            content=text,
+            usage=usage,
+            chunk_delay=chunk_delay,
+            chunks=tuple(pieces),
+            timestamps=timestamps,
+            finish_reason=finish_reason,
         )
 
     @classmethod
@@ -79,10 +95,52 @@ class Reply:
         return cls("tools", tool_calls=calls, usage=usage, content=text, chunks=tuple(_words(text)) if text else ())
 
     @classmethod
-    def error(cls, status: int, *, message: str = "scripted failure", retry_after: str | float | None = None) -> Reply:
-        """Answer with an HTTP error in OpenAI's JSON shape."""
+    def error(
+        cls,
+        status: int,
+        *,
+        message: str = "scripted failure",
+        retry_after: str | float | None = None,
+        code: str | None = None,
+        error_type: str = "scripted",
+        param: str | None = None,
+    ) -> Reply:
+        """Answer with an HTTP error in OpenAI's JSON shape (`code`, `type`, `param` as given)."""
         after = None if retry_after is None else str(retry_after)
-        return cls("error", status=status, error_message=message, retry_after=after)
+        return cls(
+            "error",
+            status=status,
+            error_message=message,
+            retry_after=after,
+            error_code=code,
+            error_type=error_type,
+            error_param=param,
+        )
+
+    @classmethod
+    def stream_error(cls, *, message: str, code: str | None = None, error_type: str = "server_error") -> Reply:
+        """A 200 stream whose only event is an error (llama.cpp's way of refusing mid-stream)."""
+        return cls("stream_error", error_message=message, error_code=code, error_type=error_type)
+
+    @classmethod
+    def raw(cls, *payloads: str) -> Reply:
+        """A 200 stream of exactly these `data:` payloads, then `[DONE]` (for hostile chunks)."""
+        return cls("raw", chunks=payloads)
+
+    @classmethod
+    def empty(cls) -> Reply:
+        """A 200 stream with nothing but `data: [DONE]`: no text, no tool call, no finish reason."""
+        return cls("empty")
+
+    @classmethod
+    def silent(cls, seconds: float) -> Reply:
+        """Accept the request, then send no byte (not even headers) for `seconds`, then `ok`."""
+        return cls("text", content="ok", chunks=("ok",), silence=seconds)
+
+    @classmethod
+    def comments_only(cls, every: float) -> Reply:
+        """Headers, then only `: keep-alive` comments every `every` seconds, never an answer."""
+        return cls("comments", comment_every=every)
 
     @classmethod
     def truncated(cls, text: str) -> Reply:
@@ -169,9 +227,15 @@ class FakeProvider:
             return
         reply = self.replies.pop(0) if self.replies else self.default
         assert reply is not None
+        await self._reply(reply, request, send, receive)
+
+    async def _reply(self, reply: Reply, request: dict[str, Any], send: Send, receive: Receive) -> None:
+        if reply.silence and await _hung_up_within(receive, reply.silence):
+            self._gone()
+            return
         if reply.kind == "error":
             headers = [(b"retry-after", reply.retry_after.encode())] if reply.retry_after else []
-            await _json(send, reply.status, {"error": {"message": reply.error_message, "type": "scripted"}}, headers)
+            await _json(send, reply.status, _error_body(reply), headers)
             return
         if not request.get("stream"):
             await _json(send, 200, _completion(reply, request))
@@ -195,6 +259,9 @@ class FakeProvider:
         )
         watcher = asyncio.create_task(_wait_disconnect(receive))
         try:
+            if reply.kind == "comments":
+                await self._comments(reply, send, watcher)
+                return
             for event in _events(reply, request):
                 if watcher.done():
                     self._gone()
@@ -209,6 +276,32 @@ class FakeProvider:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+
+    async def _comments(self, reply: Reply, send: Send, watcher: asyncio.Task[bool]) -> None:
+        while not watcher.done():
+            await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+            await asyncio.wait({watcher}, timeout=reply.comment_every)
+        self._gone()
+
+
+async def _hung_up_within(receive: Receive, seconds: float) -> bool:
+    """Wait `seconds` for nothing; True when the client hung up meanwhile."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await _wait_disconnect(receive)
+    except TimeoutError:
+        return False
+
+
+def _error_body(reply: Reply) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": reply.error_message,
+            "type": reply.error_type,
+            "param": reply.error_param,
+            "code": reply.error_code,
+        }
+    }
 
 
 def _stamped(event: str) -> str:
@@ -276,6 +369,12 @@ def _usage(reply: Reply, request: dict[str, Any]) -> str | None:
 
 
 def _events(reply: Reply, request: dict[str, Any]) -> list[str]:
+    if reply.kind == "empty":
+        return ["[DONE]"]
+    if reply.kind == "stream_error":
+        return [json.dumps(_error_body(reply))]
+    if reply.kind == "raw":
+        return [*reply.chunks, "[DONE]"]
     events = [_chunk(request, {"role": "assistant", "content": ""})]
     events += [_chunk(request, {"content": piece}) for piece in reply.chunks]
     if reply.kind == "malformed":
@@ -293,7 +392,7 @@ def _events(reply: Reply, request: dict[str, Any]) -> list[str]:
             events.append(_chunk(request, {"tool_calls": [piece]}))
     if not reply.finish:
         return events
-    events.append(_chunk(request, {}, "tool_calls" if reply.tool_calls else "stop"))
+    events.append(_chunk(request, {}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
     usage = _usage(reply, request)
     if usage:
         events.append(usage)
@@ -319,7 +418,13 @@ def _completion(reply: Reply, request: dict[str, Any]) -> dict[str, Any]:
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "model": request.get("model", "fake-model"),
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"),
+            }
+        ],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from atmosphere.cli.nats_server import find_binary, server_args
@@ -22,11 +23,16 @@ class NatsServer:
     and durable streams survive.
     """
 
-    def __init__(self, store_dir: Path, *, startup_timeout: float = 10.0) -> None:
-        """Prepare (not start) a server storing under `store_dir`."""
+    def __init__(self, store_dir: Path, *, startup_timeout: float = 10.0, extra_args: Sequence[str] = ()) -> None:
+        """Prepare (not start) a server storing under `store_dir`.
+
+        `extra_args` are added to the command line, e.g. `("-c", "limits.conf")` for settings
+        that only a configuration file sets (such as a lower `max_payload`).
+        """
         self.store_dir = store_dir
         self.port: int | None = None
         self._startup_timeout = startup_timeout
+        self._extra_args = tuple(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self.log_path = store_dir / "nats-server.log"
 
@@ -56,7 +62,10 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.store_dir.glob("*.ports"):
             stale.unlink()
-        args = server_args(port=self.port if self.port is not None else -1, store_dir=self.store_dir)
+        args = [
+            *server_args(port=self.port if self.port is not None else -1, store_dir=self.store_dir),
+            *self._extra_args,
+        ]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
                 [str(find_binary()), *args], stdout=log, stderr=subprocess.STDOUT

@@ -21,7 +21,7 @@ from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.settings import DispatchSettings
 from atmosphere.sdk import HarnessSwitch, PromptCache, load_app
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
-from atmosphere.service import open_service
+from atmosphere.service import Authenticator, open_service
 
 WORKERS = "dispatch"
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
@@ -110,7 +110,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for runtime in runtimes:
             stack.push_async_callback(runtime.aclose)
-        service = await stack.enter_async_context(open_service("dispatch", settings, info=info))
+        service = await stack.enter_async_context(open_service("dispatch", settings, info=info, stop=stop))
         bus: Bus = service.bus
         memory = MemoryClient(bus)
         pipeline = ModelPipeline(runtime, ConversationMemory(memory, config, runtime))
@@ -125,6 +125,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
                 governance_timeout=options.governance_timeout,
                 approval_timeout=options.approval_timeout,
                 offload_threshold=config.offload_threshold,
+                max_deliveries=options.max_run_deliveries,
             ),
             harnesses=harnesses,
         )
@@ -137,7 +138,12 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
             for consumer in run_queue_consumers(options.run_ack_wait)
         ]
         grpc_port = await stack.enter_async_context(
-            serve_grpc(DispatchServicer(bus, descriptors, info), host=options.grpc_host, port=options.grpc_port)
+            serve_grpc(
+                DispatchServicer(bus, descriptors, info, authenticator=Authenticator(settings.ingress.auth_tokens)),
+                host=options.grpc_host,
+                port=options.grpc_port,
+                max_message_bytes=bus.max_payload,
+            )
         )
         service.health.mark_ready()
         await stop.wait()

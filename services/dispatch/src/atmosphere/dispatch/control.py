@@ -12,12 +12,22 @@ from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, Contr
 log = logging.getLogger("atmosphere.dispatch")
 
 
-class RunControl:
-    """What a client may ask of a run while it runs; answered by the worker that owns it."""
+NOT_THE_OWNER = "unknown run"
+"""The refusal of a control message from anyone but the run's owner: it reveals nothing."""
 
-    def __init__(self, run_id: str) -> None:
-        """Control run `run_id`."""
+
+class RunControl:
+    """What a client may ask of a run while it runs; answered by the worker that owns it.
+
+    Only the run's owner may cancel it or answer its approvals: ingress checks that already,
+    and the worker checks again (defense in depth), so one faulty edge cannot act on another
+    user's run. A run without an owner (no-auth mode) takes control from anyone.
+    """
+
+    def __init__(self, run_id: str, *, owner: str = "") -> None:
+        """Control run `run_id`, started by the user `owner` ("" for an anonymous run)."""
         self.run_id = run_id
+        self.owner = owner
         self.cancel_reason: str | None = None
         self._on_cancel: Callable[[], object] | None = None
         self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
@@ -41,7 +51,10 @@ class RunControl:
         return future
 
     async def handle(self, message: Control, _ctx: MessageContext) -> ControlAck:
-        """`atmo.run.<id>.ctl`: a cancel, or an approval decision."""
+        """`atmo.run.<id>.ctl`: a cancel, or an approval decision (from the run's owner only)."""
+        if not self.accepts_from(message):
+            log.warning("run %s: refused a control message from someone other than its owner", self.run_id)
+            return ControlAck(accepted=False, detail=NOT_THE_OWNER)
         action = message.WhichOneof("action")
         if action == "cancel":
             if self.cancel_reason is None:
@@ -57,6 +70,10 @@ class RunControl:
             future.set_result(message.approval)
             return ControlAck(accepted=True)
         return ControlAck(accepted=False, detail="empty control message")
+
+    def accepts_from(self, message: Control) -> bool:
+        """Whether `message` comes from the run's owner (always, for a run without one)."""
+        return not self.owner or message.principal.user_id == self.owner
 
     def router(self) -> Router:
         """The run's control subject."""

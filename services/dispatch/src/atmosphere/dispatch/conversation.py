@@ -1,9 +1,11 @@
 """The memory side of a run: history in, the turn recorded, facts recalled and extracted.
 
-- **History**: loaded from memory at the start of a `session.stream()`; with `summarizing`
-  compaction, an over-long history is summarized here with the agent's own runtime (memory
-  has no model) and stored back. Prior turns an OpenAI client sent are staged into memory under
-  the request's fresh conversation key and cleared afterwards.
+- **History**: loaded from memory at the start of a `session.stream()` (in pages; one that
+  cannot be loaded fails the run with `HistoryUnavailableError` instead of running as if the
+  conversation were new); with `summarizing` compaction, an over-long history is summarized
+  here with the agent's own runtime (memory has no model) and stored back. Prior turns an
+  OpenAI client sent are staged into memory under the request's fresh conversation key and
+  cleared afterwards; turns memory cannot take are used as sent.
 - **Capture**: on `complete` the user message and the answer are appended; on an error only
   the user message (Atmosphere's rule); memory applies the compaction bound in the same write.
 - **Long-term memory**: recalled facts go at the END of the system prompt (the stable prefix
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from atmosphere.contracts.memory.v1.memory_pb2 import Compaction, ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
-from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.memory_client import HistoryUnavailableError, MemoryClient
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk import compaction as compacting
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime
@@ -124,15 +126,27 @@ class ConversationMemory:
     async def history(
         self, run: RunRequest, harness: AgentHarness, staged: Sequence[ChatMessage]
     ) -> tuple[ChatMessage, ...]:
-        """The history to send with this run's prompt."""
+        """The history to send with this run's prompt.
+
+        Raises:
+            HistoryUnavailableError: the stored history could not be loaded.
+        """
         if not harness.conversation_memory:
             return tuple(staged)
         if staged:
             # Prior turns from the client (the OpenAI API): staged under this request's key.
-            await self._memory.replace_history(run.agent, run.conversation_id, staged)
-        loaded = await self._memory.load_history(run.agent, run.conversation_id)
-        if loaded is None:
-            return tuple(staged)
+            stored = await self._memory.replace_history(run.agent, run.conversation_id, staged)
+            if not stored:
+                log.warning(
+                    "run %s: memory did not take the client's %d turns; using them as sent", run.run_id, len(staged)
+                )
+                return tuple(staged)
+        try:
+            loaded = await self._memory.load_history(run.agent, run.conversation_id)
+        except HistoryUnavailableError:
+            if staged:
+                return tuple(staged)  # the client's own turns, uncompacted: nothing is lost
+            raise
         if self._config.compaction == "summarizing":
             loaded = await self._summarized(run, harness, loaded)
         return tuple(loaded)
@@ -214,7 +228,11 @@ class FactExtractor:
         user = user_id_of(closed)
         if harness is None or not harness.long_term_memory or not user or self._runtime is None:
             return 0
-        history = await self._memory.load_history(closed.agent, closed.conversation_id)
+        try:
+            history = await self._memory.load_history(closed.agent, closed.conversation_id)
+        except HistoryUnavailableError as exc:
+            log.warning("conversation %s: no facts extracted: %s", closed.conversation_id, exc.reason)
+            return 0
         if not history:
             return 0
         transcript = "\n".join(f"{m.role}: {m.content}" for m in history if m.role in {"user", "assistant"})

@@ -10,6 +10,11 @@ comes back to the model as the tool result.
 `task` spawns the ephemeral general-purpose sub-agent: a fresh conversation, only
 `write_todos` and the file tools, its own workspace (removed on every exit path), nesting
 depth and spawn count bounded, a deadline.
+
+Sizes: a sub-run's request must fit in one bus message (the tool gateway already bounds the
+arguments, so only a message at the very edge can miss); a forwarded event that no longer fits
+with its origin fields is left out of the parent's stream (the sub-run's own stream and the
+tape keep it) with a warning.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import Bus, BusError
+from atmosphere.bus import Bus, BusError, PayloadTooLargeError
 from atmosphere.bus.runs import (
     NESTING_METADATA_KEY,
     RUN_ID_METADATA_KEY,
@@ -38,6 +43,7 @@ from atmosphere.bus.runs import (
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.sizes import data_budget
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -225,6 +231,14 @@ class Delegation:
     async def _follow(self, child: RunRequest) -> _Outcome:
         """Submit `child`, forward its events, and return its answer (or how it ended)."""
         text: list[str] = []
+        if child.ByteSize() > data_budget(self._bus):
+            # Refused before anything is written: a submission that fails half-way would leave
+            # a run-id event behind for a run that never starts.
+            error = RunEvent()
+            error.error.message = (
+                f"the sub-run's request is {child.ByteSize()} bytes; the limit is {data_budget(self._bus)}"
+            )
+            return _Outcome("", error=error)
         events = follow_run(self._bus, child.run_id, submit=child)
         finished = False
         try:
@@ -238,9 +252,13 @@ class Delegation:
                         text.append(event.text_delta.text)
                     if kind == "metadata" and event.metadata.key == RUN_ID_METADATA_KEY:
                         continue  # the client's run id is the parent's; the sub-run's is on every frame
-                    await self._emit(self._forwarded(event))
+                    await self._forward(event)
         except TimeoutError:
             return _Outcome("".join(text), timed_out=True)
+        except PayloadTooLargeError as exc:  # only the submission is large enough to meet this
+            error = RunEvent()
+            error.error.message = f"the sub-run's request is {exc.size} bytes; the limit is {exc.limit}"
+            return _Outcome("".join(text), error=error)
         except BusError as exc:
             log.warning("sub-run %s of run %s: %s", child.run_id, self._parent.run_id, exc)
             error = RunEvent()
@@ -251,10 +269,26 @@ class Delegation:
             if not finished:
                 # Timed out, failed, or the parent was cancelled: the sub-run must not go on alone.
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(cancel_run(self._bus, child.run_id, "the parent run stopped waiting"))
+                    # The owner's principal goes along: the sub-run's worker takes control only from it.
+                    stop = cancel_run(
+                        self._bus, child.run_id, "the parent run stopped waiting", principal=child.principal
+                    )
+                    await asyncio.shield(stop)
         error = RunEvent()
         error.error.message = "the sub-run ended without a terminal event"
         return _Outcome("".join(text), error=error)
+
+    async def _forward(self, event: RunEvent) -> None:
+        try:
+            await self._emit(self._forwarded(event))
+        except PayloadTooLargeError as exc:
+            log.warning(
+                "run %s: event %d of sub-run %s not forwarded (%s); it stays in the sub-run's stream",
+                self._parent.run_id,
+                event.seq,
+                event.run_id,
+                exc,
+            )
 
     @staticmethod
     def _forwarded(event: RunEvent) -> RunEvent:

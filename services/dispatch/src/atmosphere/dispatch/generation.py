@@ -49,7 +49,10 @@ def runtime_config(llm: LlmSettings, *, max_concurrency: int) -> RuntimeConfig:
         model=llm.model,
         generation=generation_options(llm),
         connect_timeout=llm.connect_timeout,
+        first_byte_timeout=llm.first_byte_timeout,
         stall_timeout=llm.stall_timeout,
+        call_timeout=llm.call_timeout,
+        retry_window=llm.retry_window,
         max_concurrency=max_concurrency,
         prompt_cache_key=llm.prompt_cache_key,
     )

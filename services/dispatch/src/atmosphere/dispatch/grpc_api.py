@@ -1,7 +1,11 @@
 """The gRPC `DispatchService`: runs, cancellation, agents and info, plus health and reflection.
 
 A gRPC run takes the same path as a WebSocket run — `ATMO_RUNS`, any dispatch worker,
-governance, tape — so both entry paths behave the same (mode parity).
+governance, tape — so both entry paths behave the same (mode parity). Authentication is the
+agent endpoints' too: with token grants configured (`ATMOSPHERE_INGRESS__AUTH_TOKENS`) every
+`DispatchService` call needs `authorization: Bearer <token>` or `x-api-key: <token>` metadata
+(`UNAUTHENTICATED` otherwise), a grant covering the agent's path (`PERMISSION_DENIED`), and
+`Cancel` reaches only the caller's own runs. Health and reflection stay open for probes.
 """
 
 from __future__ import annotations
@@ -11,18 +15,20 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from atmosphere.bus import Bus, BusError, subjects
-from atmosphere.bus.runs import is_terminal, submit_run
+from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
+from atmosphere.bus.runs import StreamGapError, SubmitError, cancel_run, follow_run, is_terminal
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
+from atmosphere.contracts.dispatch.v1 import dispatch_pb2
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     AgentDescriptor,
     CancelRequest,
@@ -35,92 +41,226 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     RunResponse,
 )
 from atmosphere.contracts.run.v1 import run_pb2
-from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, RunEvent
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.dispatch.sizes import data_budget
+from atmosphere.service import Authenticator, AuthError, Caller, scoped_conversation
 
 log = logging.getLogger("atmosphere.dispatch")
 
 SERVICE_NAME = dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"].full_name
-MAX_MESSAGE_CHARS = 1 << 20
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_KEY_CHARS = 128
+RESERVED_METADATA_PREFIXES = ("atmosphere.", "ai.subagent.", "ai.run.")
+"""Run metadata dispatch sets itself (queue level, sub-agent depth and workspace): not a client's to choose."""
+MAX_REASON_CHARS = 1024
+
+M = TypeVar("M", bound=Message)
 
 
-class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
+class MalformedRequest:
+    """A request whose bytes are not a valid message (e.g. invalid UTF-8 in a string field).
+
+    The deserializer hands this to the method instead of raising, so the client gets
+    `INVALID_ARGUMENT` with a reason rather than gRPC's bare `INTERNAL`.
+    """
+
+    def __init__(self, expected: type[Message], reason: str) -> None:
+        self.expected = expected.DESCRIPTOR.full_name
+        self.reason = reason
+
+
+def _tolerant(cls: type[M]) -> Callable[[bytes], M | MalformedRequest]:
+    def deserialize(data: bytes) -> M | MalformedRequest:
+        try:
+            return cls.FromString(data)
+        except (ProtobufDecodeError, ValueError) as exc:
+            return MalformedRequest(cls, str(exc) or type(exc).__name__)
+
+    return deserialize
+
+
+def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    """The call's text metadata by lower-case key (binary `-bin` entries are not credentials)."""
+    return {key.lower(): value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
+
+class DispatchServicer:
     """Serves the agents described by `descriptors` through the bus."""
 
-    def __init__(self, bus: Bus, descriptors: Sequence[AgentDescriptor], info: Callable[[], dict[str, Any]]) -> None:
-        """Submit runs on `bus`."""
+    def __init__(
+        self,
+        bus: Bus,
+        descriptors: Sequence[AgentDescriptor],
+        info: Callable[[], dict[str, Any]],
+        *,
+        authenticator: Authenticator | None = None,
+    ) -> None:
+        """Submit runs on `bus`; `authenticator` holds the token grants (none: anonymous)."""
         self._bus = bus
         self._agents = {d.name: d for d in descriptors}
         self._info = info
+        self._auth = authenticator or Authenticator(())
+
+    async def _accept(
+        self, request: M | MalformedRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[Caller, M]:
+        """Who calls (from the metadata) and what they asked.
+
+        Aborts with `UNAUTHENTICATED`, or `INVALID_ARGUMENT` for bytes that are not a valid request.
+        """
+        try:
+            caller = self._auth.identify(_metadata(context))
+        except AuthError as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+        if isinstance(request, MalformedRequest):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"Malformed {request.expected}: {request.reason}"[:MAX_REASON_CHARS]
+            )
+        return caller, request
+
+    def _principal(self, caller: Caller, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        if self._auth.enabled:
+            return caller.principal
+        # No-auth mode: who it was is only known by address.
+        return Principal(auth_method="grpc", name=context.peer())
 
     async def Run(  # noqa: N802 - the gRPC method name
-        self, request: RunRequest, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
+        self, received: RunRequest | MalformedRequest, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
     ) -> AsyncIterator[RunResponse]:
         """Start a run and stream its events through the terminal one."""
+        caller, request = await self._accept(received, context)
         agent = self._agents.get(request.agent)
         if agent is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown agent '{request.agent}'")
-        if not request.message.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "message must not be empty")
-        if len(request.message) > MAX_MESSAGE_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"message is longer than {MAX_MESSAGE_CHARS} chars")
-        assert agent is not None
-        run = _run_request(request, agent, context.peer())
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown agent '{request.agent}'"[:MAX_REASON_CHARS])
+        if not caller.may_use(agent.path):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"This token may not use {agent.path}")
+        # The same budget as every run request dispatch sends: the broker's limit less the envelope.
+        problem = _invalid_run(request, limit=data_budget(self._bus))
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        run = _run_request(request, agent, self._principal(caller, context))
+        async for response in self._stream(run, context):
+            yield response
+
+    async def _stream(
+        self, run: run_pb2.RunRequest, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
+    ) -> AsyncIterator[RunResponse]:
         finished = False
+        # The same follower as every other transport: events in seq order, once each, with
+        # gaps (a broker restart, a reconnect) completed from the stream.
+        events = follow_run(self._bus, run.run_id, submit=run)
         try:
-            async with self._bus.subscribe(subjects.run_events(run.run_id), RunEvent) as events:
-                try:
-                    await submit_run(self._bus, run)
-                except BusError as exc:
-                    log.warning("gRPC run %s could not be submitted: %s", run.run_id, exc)
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the run could not be submitted; try again")
-                last_seq = 0
-                async for envelope in events:
-                    event = envelope.message
-                    if event.seq <= last_seq:
-                        continue
-                    last_seq = event.seq
-                    yield RunResponse(event=event)
-                    if is_terminal(event):
-                        finished = True
-                        return
+            async for event in events:
+                yield RunResponse(event=event)
+                if is_terminal(event):
+                    finished = True
+                    return
+        except PayloadTooLargeError:
+            finished = True  # nothing was queued: there is no run to stop
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The request is too large for the bus")
+        except SubmitError as exc:
+            finished = True  # nothing was queued
+            log.warning("gRPC run %s could not be submitted: %s", run.run_id, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the run could not be submitted; try again")
+        except (StreamGapError, BusError) as exc:
+            log.warning("gRPC run %s could not be followed: %s", run.run_id, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the run's stream broke (run {run.run_id})")
         finally:
+            await events.aclose()
             if not finished:
                 # The client went away (or the call was cancelled): stop the run upstream too.
-                await _cancel(self._bus, run.run_id, "the gRPC client cancelled the call")
+                await _cancel(self._bus, run.run_id, "the gRPC client cancelled the call", run.principal)
 
     async def Cancel(  # noqa: N802 - the gRPC method name
-        self, request: CancelRequest, context: grpc.aio.ServicerContext[CancelRequest, CancelResponse]
+        self,
+        received: CancelRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext[CancelRequest, CancelResponse],
     ) -> CancelResponse:
-        """Cancel a running run (false when no worker owns it)."""
+        """Cancel a running run (false when no worker owns it); with auth on, only the caller's own."""
+        caller, request = await self._accept(received, context)
         try:
             subjects.token(request.run_id, what="run id")
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return CancelResponse(accepted=await _cancel(self._bus, request.run_id, request.reason or "cancelled"))
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Malformed run id (1-128 letters, digits, _-:@)")
+        if self._auth.enabled:
+            try:
+                mine = await self._may_control(caller, request.run_id)
+            except BusError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "runs cannot be looked up right now; try again")
+            if not mine:
+                # Someone else's run reads exactly like one that does not exist: ids cannot be probed.
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {request.run_id}")
+        reason = request.reason[:MAX_REASON_CHARS] or "cancelled"
+        return CancelResponse(accepted=await _cancel(self._bus, request.run_id, reason, caller.principal))
+
+    async def _may_control(self, caller: Caller, run_id: str) -> bool:
+        """Whether `caller` owns the stored run `run_id` and may use its agent."""
+        last = await self._bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
+        if last is None:
+            return False
+        known = self._agents.get(last.agent)
+        path = known.path if known is not None else f"/atmosphere/agent/{last.agent}"
+        return caller.may_access(owner=last.owner, path=path)
 
     async def ListAgents(  # noqa: N802 - the gRPC method name
-        self, request: ListAgentsRequest, context: grpc.aio.ServicerContext[ListAgentsRequest, ListAgentsResponse]
+        self,
+        received: ListAgentsRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext[ListAgentsRequest, ListAgentsResponse],
     ) -> ListAgentsResponse:
-        """The agents this deployment serves."""
-        return ListAgentsResponse(agents=list(self._agents.values()))
+        """The agents this deployment serves (with auth on: those the caller's grant covers)."""
+        caller, _ = await self._accept(received, context)
+        return ListAgentsResponse(agents=[a for a in self._agents.values() if caller.may_use(a.path)])
 
     async def GetInfo(  # noqa: N802 - the gRPC method name
-        self, request: GetInfoRequest, context: grpc.aio.ServicerContext[GetInfoRequest, GetInfoResponse]
+        self,
+        received: GetInfoRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext[GetInfoRequest, GetInfoResponse],
     ) -> GetInfoResponse:
         """Dispatch's runtime-truth information."""
+        await self._accept(received, context)
         return GetInfoResponse(info_json=json.dumps(self._info(), sort_keys=True))
 
 
-def _run_request(request: RunRequest, agent: AgentDescriptor, peer: str) -> run_pb2.RunRequest:
+def _invalid_run(request: RunRequest, *, limit: int) -> str:
+    """Why `request` cannot become a run ("" when it can)."""
+    if not request.message.strip():
+        return "message must not be empty"
+    if request.conversation_id:
+        try:
+            subjects.token(request.conversation_id, what="conversation id")
+        except ValueError:
+            return "Malformed conversation_id (1-128 letters, digits, '_', '-', ':', '@')"
+    problem = _invalid_metadata(request.metadata)
+    if problem:
+        return problem
+    size = request.ByteSize()
+    if size > limit:
+        return f"The request is {size} bytes; at most {limit} fit a run"
+    return ""
+
+
+def _invalid_metadata(metadata: Mapping[str, str]) -> str:
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        return f"At most {MAX_METADATA_ENTRIES} metadata entries"
+    for key in metadata:
+        if not key or len(key) > MAX_METADATA_KEY_CHARS:
+            return f"A metadata key must have 1-{MAX_METADATA_KEY_CHARS} characters"
+        if key.startswith(RESERVED_METADATA_PREFIXES):
+            return f"Metadata key '{key}' is reserved"
+    return ""
+
+
+def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Principal) -> run_pb2.RunRequest:
     submitted = Timestamp()
     submitted.FromNanoseconds(time.time_ns())
     return run_pb2.RunRequest(
         run_id=uuid.uuid4().hex,
         session_id=str(uuid.uuid4()),
-        conversation_id=request.conversation_id or uuid.uuid4().hex,
+        # The same scoping as ingress: whatever id is given becomes one of the caller's own.
+        conversation_id=scoped_conversation(request.conversation_id or uuid.uuid4().hex, principal),
         agent=agent.name,
         message=request.message,
-        principal=Principal(auth_method="grpc", name=peer),
+        principal=principal,
         metadata=dict(request.metadata),
         submitted_at=submitted,
         transport="grpc",
@@ -128,21 +268,49 @@ def _run_request(request: RunRequest, agent: AgentDescriptor, peer: str) -> run_
     )
 
 
-async def _cancel(bus: Bus, run_id: str, reason: str) -> bool:
-    try:
-        ack = await bus.request(
-            subjects.run_control(run_id), Control(run_id=run_id, cancel=Cancel(reason=reason)), ControlAck, timeout=2.0
-        )
-    except BusError:
-        return False
-    return ack.accepted
+async def _cancel(bus: Bus, run_id: str, reason: str, principal: Principal) -> bool:
+    # The worker accepts control only from the run's owner: the caller's principal goes along.
+    return await cancel_run(bus, run_id, reason, principal=principal)
+
+
+def _handlers(servicer: DispatchServicer) -> grpc.GenericRpcHandler:
+    """The `DispatchService` methods, with request parsing that reports malformed bytes."""
+    methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "Run": grpc.unary_stream_rpc_method_handler(
+            servicer.Run,
+            request_deserializer=_tolerant(RunRequest),
+            response_serializer=RunResponse.SerializeToString,
+        ),
+        "Cancel": grpc.unary_unary_rpc_method_handler(
+            servicer.Cancel,
+            request_deserializer=_tolerant(CancelRequest),
+            response_serializer=CancelResponse.SerializeToString,
+        ),
+        "ListAgents": grpc.unary_unary_rpc_method_handler(
+            servicer.ListAgents,
+            request_deserializer=_tolerant(ListAgentsRequest),
+            response_serializer=ListAgentsResponse.SerializeToString,
+        ),
+        "GetInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetInfo,
+            request_deserializer=_tolerant(GetInfoRequest),
+            response_serializer=GetInfoResponse.SerializeToString,
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 
 @contextlib.asynccontextmanager
-async def serve_grpc(servicer: DispatchServicer, *, host: str, port: int) -> AsyncIterator[int]:
-    """Run the gRPC server (with health and reflection) while the context is open; yield its port."""
-    server = grpc.aio.server()
-    dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(servicer, server)
+async def serve_grpc(
+    servicer: DispatchServicer, *, host: str, port: int, max_message_bytes: int = 4 << 20
+) -> AsyncIterator[int]:
+    """Run the gRPC server (with health and reflection) while the context is open; yield its port.
+
+    A request larger than `max_message_bytes` is refused by gRPC itself (`RESOURCE_EXHAUSTED`)
+    before it is read into memory.
+    """
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)])
+    server.add_generic_rpc_handlers((_handlers(servicer),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

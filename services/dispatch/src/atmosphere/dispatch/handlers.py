@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atmosphere.bus import Bus, BusError, Headers, WorkItem, subjects
-from atmosphere.bus.runs import WORKER_FIRST_SEQ, RunEventWriter, is_terminal
+from atmosphere.bus import Bus, BusError, Headers, WorkItem, request_retrying, subjects
+from atmosphere.bus.runs import WORKER_FIRST_SEQ, RunEventWriter, is_terminal, stored_events
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, Decision
@@ -81,6 +81,8 @@ class ExecutorOptions:
     approval_timeout: float = 300.0
     offload_threshold: int = 8000
     """Tool results longer than this go to the workspace (0 or less: never)."""
+    max_deliveries: int = 5
+    """A run delivered this many times is ended with an error instead of run again."""
 
 
 class RunExecutor:
@@ -123,6 +125,9 @@ class RunExecutor:
                 log.info("run %s redelivered but already ended; acknowledging", request.run_id)
                 return
             first_seq = resumed
+            if item.delivered >= self._options.max_deliveries:
+                await self._give_up(request, first_seq, item.delivered)
+                return
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )
@@ -130,12 +135,25 @@ class RunExecutor:
 
     async def _resume_point(self, request: RunRequest) -> int | None:
         """The next seq of a redelivered run, or None if it already has its terminal event."""
-        last = await self._bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(request.run_id), RunEvent)
-        if last is None:
-            return WORKER_FIRST_SEQ
-        if is_terminal(last):
+        # Every stored event, not just the newest: an event resent after a broker restart may
+        # be stored behind a later one.
+        stored = await stored_events(self._bus, request.run_id)
+        if any(is_terminal(event) for event in stored.values()):
             return None
-        return max(WORKER_FIRST_SEQ, last.seq + 1)
+        return max(WORKER_FIRST_SEQ, max(stored, default=0) + 1)
+
+    async def _give_up(self, request: RunRequest, first_seq: int, delivered: int) -> None:
+        """End a run that failed or took its worker down on every delivery (poison-run guard)."""
+        log.error(
+            "run %s: delivery %d of at most %d; ending it", request.run_id, delivered, self._options.max_deliveries
+        )
+        writer = RunEventWriter(self._bus, request, first_seq=first_seq)
+        error = Error(
+            code="dispatch.run_abandoned",
+            message=f"The run failed on {delivered} attempts and was stopped; send the prompt again",
+            details={"deliveries": str(delivered)},
+        )
+        await writer.emit(RunEvent(error=error))
 
     async def execute(self, request: RunRequest, *, first_seq: int = WORKER_FIRST_SEQ) -> None:
         """Run `request` to exactly one terminal event; never raises for the agent's failures.
@@ -145,7 +163,7 @@ class RunExecutor:
         handed to another worker.
         """
         writer = RunEventWriter(self._bus, request, first_seq=first_seq)
-        control = RunControl(request.run_id)
+        control = RunControl(request.run_id, owner=request.principal.user_id)
         spec = self._specs.get(request.agent)
         meter = BudgetMeter(spec.budget) if spec is not None and spec.budget and spec.budget.enforced else None
         sink = RunSink(writer, meter)
@@ -273,8 +291,14 @@ class RunExecutor:
         )
         headers = Headers(run_id=request.run_id, principal=request.principal if request.HasField("principal") else None)
         try:
-            decision = await self._bus.request(
-                subjects.governance("admit"), admit, Decision, timeout=self._options.governance_timeout, headers=headers
+            # A check is safe to repeat: a broker restart within the timeout costs a moment, not the run.
+            decision = await request_retrying(
+                self._bus,
+                subjects.governance("admit"),
+                admit,
+                Decision,
+                deadline=self._options.governance_timeout,
+                headers=headers,
             )
         except BusError as exc:
             log.warning("run %s: governance did not answer admission (%s); refusing", request.run_id, exc)

@@ -1,15 +1,32 @@
 """Dispatch's calls to the memory service: history, facts, workspaces.
 
-Memory makes a run better, never possible: when the memory service does not answer, a run goes
-on without history (logged), a turn is not recorded, and nothing is raised into the agent.
+A history that cannot be loaded is an error (`HistoryUnavailableError`): a run must not go on
+as if the conversation were new. Everything else fails soft: a turn that memory does not
+record, facts it does not return, a workspace it does not drop are logged, never raised into
+the agent.
+
+Sizes: every request fits in one bus message. A history is read in pages (memory splits a
+message too large for one page; the parts are joined here); a turn is cut to what memory keeps
+of a message, with memory's marker; facts go in as many requests as they need; a summarized
+history replaces the stored one guarded by a digest of the base instead of the base itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
+from typing import ClassVar
 
-from atmosphere.bus import Bus, BusError, subjects
+from atmosphere.bus import (
+    Bus,
+    BusError,
+    NoRespondersError,
+    PayloadTooLargeError,
+    RemoteError,
+    RequestTimeoutError,
+    subjects,
+)
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
     AppendTurnResponse,
@@ -27,11 +44,60 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsResponse,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.dispatch.sizes import data_budget, head, utf8_len
 from atmosphere.sdk import ChatMessage as SdkMessage
 
 log = logging.getLogger("atmosphere.dispatch")
 
 TIMEOUT = 5.0
+MAX_HISTORY_PAGES = 1024
+"""A history of more pages than this is refused (memory answering the same page forever, say)."""
+HISTORY_ATTEMPTS = 3
+"""Reads of a history that keeps changing between its pages before giving up."""
+MAX_STORED_MESSAGE_BYTES = 256 * 1024
+"""What memory keeps of one message; a longer turn is cut here, with memory's own marker."""
+TRUNCATION_MARKER = "\n…[truncated]"
+_FACT_OVERHEAD = 8
+"""Protobuf framing of one fact in a request."""
+
+
+class HistoryUnavailableError(Exception):
+    """The conversation history could not be loaded; the run must fail instead of forgetting it."""
+
+    code: ClassVar[str] = "memory.history_unavailable"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"The conversation history could not be loaded ({reason}); the run was stopped rather than"
+            " answered without it. Try again."
+        )
+
+
+def _reason(exc: BusError) -> str:
+    if isinstance(exc, RequestTimeoutError):
+        return "memory did not answer in time"
+    if isinstance(exc, NoRespondersError):
+        return "no memory service is running"
+    if isinstance(exc, RemoteError):
+        return f"memory answered {exc.code}: {exc.message}"
+    return f"the request failed: {exc}"
+
+
+def history_digest(messages: Sequence[ChatMessage]) -> str:
+    """Memory's base guard (see `ReplaceHistoryRequest.base_sha256`): role, NUL, content, NUL each."""
+    digest = hashlib.sha256()
+    for message in messages:
+        digest.update(message.role.encode("utf-8", errors="surrogatepass") + b"\0")
+        digest.update(message.content.encode("utf-8", errors="surrogatepass") + b"\0")
+    return digest.hexdigest()
+
+
+def bound_turn(content: str, max_bytes: int) -> str:
+    """`content` cut to `max_bytes` of UTF-8, ending with memory's truncation marker when cut."""
+    if utf8_len(content) <= max_bytes:
+        return content
+    return head(content, max_bytes - utf8_len(TRUNCATION_MARKER)) + TRUNCATION_MARKER
 
 
 def to_proto(messages: Sequence[SdkMessage]) -> list[ChatMessage]:
@@ -56,19 +122,52 @@ class MemoryClient:
         self._bus = bus
         self._timeout = timeout
 
-    async def load_history(self, agent: str, conversation_id: str) -> list[SdkMessage] | None:
-        """The conversation so far; None when memory did not answer."""
-        try:
+    async def load_history(self, agent: str, conversation_id: str) -> list[SdkMessage]:
+        """The conversation so far, read page by page.
+
+        Raises:
+            HistoryUnavailableError: memory did not answer, refused, or the pages did not add up.
+        """
+        failure: BusError
+        for attempt in range(1, HISTORY_ATTEMPTS + 1):
+            try:
+                return from_proto(await self._pages(agent, conversation_id))
+            except RemoteError as exc:
+                if exc.code == "memory.history_changed" and attempt < HISTORY_ATTEMPTS:
+                    continue  # a turn landed between two pages: read it again
+                failure = exc
+            except BusError as exc:
+                failure = exc
+            log.warning("history.load for %s/%s failed: %s", agent, conversation_id, failure)
+            raise HistoryUnavailableError(_reason(failure)) from failure
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def _pages(self, agent: str, conversation_id: str) -> list[ChatMessage]:
+        """Every page of a history, the parts of split messages joined."""
+        messages: list[ChatMessage] = []
+        joining = False
+        token = ""
+        for _ in range(MAX_HISTORY_PAGES):
             reply = await self._bus.request(
                 subjects.memory("history.load"),
-                LoadHistoryRequest(agent=agent, conversation_id=conversation_id),
+                LoadHistoryRequest(agent=agent, conversation_id=conversation_id, page_token=token),
                 LoadHistoryResponse,
                 timeout=self._timeout,
             )
-        except BusError as exc:
-            log.warning("memory did not answer history.load for %s/%s (%s): no history", agent, conversation_id, exc)
-            return None
-        return from_proto(reply.messages)
+            for message in reply.messages:
+                if joining:
+                    messages[-1].content += message.content
+                else:
+                    messages.append(ChatMessage(role=message.role, content=message.content))
+                joining = message.partial
+            if not reply.next_page_token:
+                return messages
+            if reply.next_page_token == token:
+                msg = "memory answered the same history page twice"
+                raise HistoryUnavailableError(msg)
+            token = reply.next_page_token
+        msg = f"the history has more than {MAX_HISTORY_PAGES} pages"
+        raise HistoryUnavailableError(msg)
 
     async def append_turn(
         self,
@@ -80,16 +179,20 @@ class MemoryClient:
         assistant: str | None,
         compaction: Compaction,
     ) -> None:
-        """Record a turn: the user message, and the answer unless the run failed."""
+        """Record a turn: the user message, and the answer unless the run failed.
+
+        Each is cut to what memory keeps of a message (and to half of one bus message).
+        """
+        limit = min(MAX_STORED_MESSAGE_BYTES, data_budget(self._bus) // 2)
         request = AppendTurnRequest(
             agent=agent,
             conversation_id=conversation_id,
             run_id=run_id,
-            user=ChatMessage(role="user", content=user),
+            user=ChatMessage(role="user", content=bound_turn(user, limit)),
             compaction=compaction,
         )
         if assistant is not None:
-            request.assistant.CopyFrom(ChatMessage(role="assistant", content=assistant))
+            request.assistant.CopyFrom(ChatMessage(role="assistant", content=bound_turn(assistant, limit)))
         try:
             await self._bus.request(
                 subjects.memory("history.append"), request, AppendTurnResponse, timeout=self._timeout
@@ -107,15 +210,21 @@ class MemoryClient:
     ) -> bool:
         """Store `messages` as the whole history (a summarized one, or staged prior turns).
 
-        With `base`, only while the stored history still begins with it; False if not replaced.
+        With `base`, only while the stored history still begins with it (checked by digest, so
+        a base larger than one bus message is no obstacle); False if not replaced, also when the
+        replacement itself is too large to send (the stored history then stays as it was).
         """
         request = ReplaceHistoryRequest(agent=agent, conversation_id=conversation_id, messages=to_proto(messages))
         if base is not None:
-            request.base.messages.extend(to_proto(base))
+            request.base_count = len(base)
+            request.base_sha256 = history_digest(to_proto(base))
         try:
             reply = await self._bus.request(
                 subjects.memory("history.replace"), request, ReplaceHistoryResponse, timeout=self._timeout
             )
+        except PayloadTooLargeError as exc:
+            log.warning("history of %s/%s not replaced: %s; it stays as it was", agent, conversation_id, exc)
+            return False
         except BusError as exc:
             log.warning("memory did not answer history.replace for %s/%s (%s)", agent, conversation_id, exc)
             return False
@@ -136,16 +245,30 @@ class MemoryClient:
         return list(reply.facts)
 
     async def save_facts(self, *, user_id: str, facts: Sequence[str], agent: str, conversation_id: str) -> int:
-        """Hand extracted facts to memory (which screens each first); how many it stored."""
+        """Hand extracted facts to memory (which screens each first); how many it stored.
+
+        In as many requests as needed for each to fit in one bus message.
+        """
+        stored = 0
+        limit = data_budget(self._bus)
+        batch = SaveFactsRequest(user_id=user_id, agent=agent, conversation_id=conversation_id)
+        for extracted in facts:
+            fact = head(extracted, limit // 2)  # memory keeps 1,000 characters of a fact anyway
+            if batch.facts and batch.ByteSize() + utf8_len(fact) + _FACT_OVERHEAD > limit:
+                stored += await self._save_batch(batch)
+                batch = SaveFactsRequest(user_id=user_id, agent=agent, conversation_id=conversation_id)
+            batch.facts.append(fact)
+        if batch.facts:
+            stored += await self._save_batch(batch)
+        return stored
+
+    async def _save_batch(self, request: SaveFactsRequest) -> int:
         try:
             reply = await self._bus.request(
-                subjects.memory("facts.save"),
-                SaveFactsRequest(user_id=user_id, facts=list(facts), agent=agent, conversation_id=conversation_id),
-                SaveFactsResponse,
-                timeout=self._timeout * 2,
+                subjects.memory("facts.save"), request, SaveFactsResponse, timeout=self._timeout * 2
             )
         except BusError as exc:
-            log.warning("memory did not store facts of conversation %s (%s)", conversation_id, exc)
+            log.warning("memory did not store facts of conversation %s (%s)", request.conversation_id, exc)
             return 0
         return reply.stored
 

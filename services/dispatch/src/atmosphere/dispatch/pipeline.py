@@ -15,6 +15,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.dispatch.budget import BudgetExceededError, BudgetMeter
 from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.harness import AgentHarness
+from atmosphere.dispatch.memory_client import HistoryUnavailableError
 from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, CacheHint, ChatMessage, PromptCache, StreamingSession
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolSpec
@@ -132,7 +133,11 @@ class ModelPipeline:
         harness = harness or AgentHarness()
         staged = history_of(run)
         memory = self.conversation
-        history = await memory.history(run, harness, staged) if memory is not None else staged
+        try:
+            history = await memory.history(run, harness, staged) if memory is not None else staged
+        except HistoryUnavailableError as exc:  # never answered as if the conversation were new
+            await session.error(str(exc), code=exc.code)
+            return
         request = AiRequest(
             message=message,
             system_prompt=spec.system_prompt,

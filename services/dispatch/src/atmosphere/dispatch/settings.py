@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from atmosphere.config import WorkerSettings
+from atmosphere.config import AuthOptions, WorkerSettings
 
 
 class DispatchOptions(BaseModel):
@@ -28,6 +28,9 @@ class DispatchOptions(BaseModel):
     """Seconds to wait for governance; no answer means the request is refused (fail-closed)."""
     approval_timeout: float = Field(default=300.0, gt=0)
     """Seconds a tool that needs approval waits for the decision."""
+    max_run_deliveries: int = Field(default=5, ge=1, le=100)
+    """Deliveries of one run (its worker died, or failed, each time) after which it is ended
+    with an error instead of being tried again: a run that crashes its worker cannot do so forever."""
 
 
 class LlmSettings(BaseSettings):
@@ -53,10 +56,16 @@ class LlmSettings(BaseSettings):
     """Nucleus sampling, clamped to [0.0, 1.0]."""
     stop: str = ""
     """Comma-separated stop sequences; blank entries are dropped."""
-    connect_timeout: float = Field(default=10.0, gt=0)
-    """Seconds to open a connection to the provider."""
-    stall_timeout: float = Field(default=60.0, gt=0)
-    """Seconds without a byte from the provider before a call counts as stalled."""
+    connect_timeout: float = Field(default=5.0, gt=0)
+    """Seconds to open a connection to the provider (each attempt)."""
+    first_byte_timeout: float = Field(default=10.0, gt=0)
+    """Seconds an attempt waits for the first byte of the provider's answer; no byte: retried."""
+    stall_timeout: float = Field(default=30.0, gt=0)
+    """Seconds without a byte from the provider, once it answers, before a call counts as stalled."""
+    call_timeout: float = Field(default=300.0, gt=0)
+    """Seconds one model call may take in all, retries included (cuts a stream of keep-alive comments)."""
+    retry_window: float = Field(default=20.0, ge=0)
+    """Seconds after a call began in which a failure before any output is still retried (0: never)."""
     planning: str = "auto"
     """Plan surface: `auto` (native when the runtime declares PLANNING, else `write_todos`), `builtin`, `native`."""
     filesystem: str = "auto"
@@ -75,6 +84,8 @@ class DispatchSettings(WorkerSettings):
     app_dir: Path = Path()
     """Directory put first on `sys.path` before importing the app."""
     dispatch: DispatchOptions = DispatchOptions()
+    ingress: AuthOptions = AuthOptions()
+    """The agent endpoints' token grants (`ATMOSPHERE_INGRESS__AUTH_TOKENS`): gRPC accepts the same tokens."""
     llm: LlmSettings = Field(default_factory=LlmSettings)
     ai_harness_enabled: str = ""
     """App-wide harness switch: unset (declarations decide), `true`, or anything else = the kill switch."""

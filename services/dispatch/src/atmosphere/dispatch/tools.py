@@ -8,6 +8,13 @@ the model sees; refusals and failures are JSON (or `Error: ...`) texts, never ex
 Where a call executes: user tools on `atmo.tool.<name>` (the sandbox), the harness's plan and
 file tools on `atmo.mem.tool.<name>` (memory, with the run's workspace), delegation tools in
 this process (they start sub-runs).
+
+Sizes: every call and result travels in one bus message, bounded by the broker's limit less
+room for the envelope (`sizes.data_budget`). Arguments over it are refused before anything is
+sent (an `Error: the arguments of tool X are N bytes; the limit is M` result, never a failed
+send reported as "governance is unavailable"). A result over the offload threshold is saved to
+the workspace in parts that each fit; one that cannot be saved is cut, with a marker saying so
+and how large it was, to what one run event can carry.
 """
 
 from __future__ import annotations
@@ -21,14 +28,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atmosphere.bus import Bus, BusError, Headers, NoRespondersError, RemoteError, RequestTimeoutError, subjects
+from atmosphere.bus import (
+    Bus,
+    BusError,
+    Headers,
+    NoRespondersError,
+    PayloadTooLargeError,
+    RemoteError,
+    RequestTimeoutError,
+    subjects,
+)
 from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired, RunEvent, RunRequest, ToolError, ToolResult, ToolStart
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, WorkspaceScope
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult as ToolReply
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.schema import check_arguments
-from atmosphere.sdk.builtin_tools import offload_path, offload_preview
+from atmosphere.dispatch.sizes import clip, data_budget, head, utf8_len
+from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -38,8 +55,69 @@ LocalTool = Callable[[dict[str, Any]], Awaitable[str]]
 """A tool executed inside dispatch (delegation): arguments in, text for the model out."""
 
 
+OFFLOAD_PART_BYTES = 256 * 1024
+"""The most UTF-8 bytes of a result saved in one workspace file (memory's per-file limit is 512 KiB)."""
+MAX_OFFLOAD_PARTS = 16
+"""A result is saved in at most this many files; beyond them it is cut, and the preview says so."""
+_SAVE_ROOM = 1024
+"""Bytes of a save request besides the part's JSON text (the path, the JSON keys)."""
+
+
 def _text(value: dict[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def _parse_arguments(raw: str) -> dict[str, Any] | None:
+    """The arguments object, or None when they are not one (bad JSON, too deep, a number too long)."""
+    try:
+        arguments = json.loads(raw or "{}")
+    except (ValueError, RecursionError):
+        return None
+    return arguments if isinstance(arguments, dict) else None
+
+
+def _size_failure(call: ToolCallRequest, exc: BusError) -> str | None:
+    """What the model learns when a call or its result was too large for the bus; None otherwise."""
+    if isinstance(exc, PayloadTooLargeError):
+        return f"Error: the call to tool {call.name} is {exc.size} bytes; the limit is {exc.limit}"
+    if isinstance(exc, RemoteError) and exc.code == PayloadTooLargeError.code:
+        size, limit = exc.details.get("size", "?"), exc.details.get("limit", "?")
+        return f"Error: the result of tool {call.name} was too large to send ({size} bytes; the limit is {limit})"
+    return None
+
+
+def _json_len(text: str) -> int:
+    return utf8_len(json.dumps(text, ensure_ascii=False))
+
+
+def split_for_saving(content: str, *, max_json_bytes: int, max_part_bytes: int = OFFLOAD_PART_BYTES) -> list[str]:
+    """`content` in consecutive parts, each at most `max_part_bytes` of UTF-8 and `max_json_bytes` as JSON."""
+    parts: list[str] = []
+    position = 0
+    while position < len(content):
+        piece = head(content[position : position + max_part_bytes], max_part_bytes)
+        while (size := _json_len(piece)) > max_json_bytes:
+            # Escapes make the JSON longer than the text: shrink in proportion, with some slack.
+            piece = piece[: max(1, len(piece) * max_json_bytes // size - 16)]
+        parts.append(piece)
+        position += len(piece)
+    return parts
+
+
+def _parts_preview(content: str, paths: list[str], saved_chars: int) -> str:
+    """What the model sees of a result saved in several files."""
+    hidden = len(content) - OFFLOAD_PREVIEW_CHARS
+    listing = ", ".join(paths)
+    note = (
+        f"[... {hidden} chars truncated. Full output saved in {len(paths)} parts, in order: {listing}"
+        " — use read_file to read them.]"
+    )
+    if saved_chars < len(content):
+        note += (
+            f"\n[Only the first {saved_chars} of {len(content)} chars were saved: at most {MAX_OFFLOAD_PARTS}"
+            " parts are kept.]"
+        )
+    return f"{content[:OFFLOAD_PREVIEW_CHARS]}\n\n{note}"
 
 
 @dataclass
@@ -66,6 +144,11 @@ class ToolGateway:
     def _headers(self) -> Headers:
         return Headers(run_id=self.run.run_id, principal=self.run.principal if self.run.HasField("principal") else None)
 
+    @property
+    def data_limit(self) -> int:
+        """The most bytes of arguments or of a result one call carries."""
+        return data_budget(self.bus)
+
     async def run_tool(self, call: ToolCallRequest) -> str:
         """Run one call; the returned text goes back to the model."""
         spec = self.tools.get(call.name)
@@ -73,11 +156,30 @@ class ToolGateway:
             return _text(
                 {"error": "unknown_tool", "tool": call.name, "message": f"No tool named '{call.name}' is available"}
             )
-        try:
-            arguments = json.loads(call.arguments_json or "{}")
-        except json.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
+        checked = await self._checked_arguments(call, spec)
+        if isinstance(checked, str):
+            return checked
+        arguments, encoded = checked
+        refusal = await self._govern(call)
+        if refusal is not None:
+            return refusal
+        start = ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded)
+        await self.emit(RunEvent(tool_start=start))
+        if spec.requires_approval:
+            outcome = await self._approved(call, arguments)
+            if isinstance(outcome, str):
+                return outcome
+            arguments = outcome
+        return await self._execute(call, spec, arguments)
+
+    async def _checked_arguments(self, call: ToolCallRequest, spec: ToolSpec) -> tuple[dict[str, Any], str] | str:
+        """The arguments and their JSON text, or the refusal the model gets instead."""
+        # Measured before parsing: a 10 MB argument is refused without being parsed or sent.
+        oversized = self._oversized(call, utf8_len(call.arguments_json))
+        if oversized is not None:
+            return await self._fail(call, oversized)
+        arguments = _parse_arguments(call.arguments_json)
+        if arguments is None:
             return _text(
                 {"error": "invalid_arguments", "tool": call.name, "details": ["the arguments are not a JSON object"]}
             )
@@ -86,20 +188,29 @@ class ToolGateway:
         problems = [] if call.name in self.memory_tools else check_arguments(spec.parameters, arguments)
         if problems:
             return _text({"error": "invalid_arguments", "tool": call.name, "details": problems})
-        refusal = await self._govern(call)
-        if refusal is not None:
-            return refusal
-        await self.emit(
-            RunEvent(
-                tool_start=ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=json.dumps(arguments))
-            )
-        )
-        if spec.requires_approval:
-            outcome = await self._approve(call, arguments)
-            if isinstance(outcome, str):
-                return outcome
-            arguments = outcome
-        return await self._execute(call, spec, arguments)
+        encoded = json.dumps(arguments)
+        oversized = self._oversized(call, utf8_len(encoded))  # escapes can make the re-encoding longer
+        if oversized is not None:
+            return await self._fail(call, oversized)
+        return arguments, encoded
+
+    async def _approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any] | str:
+        """The arguments as approved (possibly edited), or the text the model gets instead."""
+        outcome = await self._approve(call, arguments)
+        if isinstance(outcome, str):
+            return outcome
+        oversized = self._oversized(call, utf8_len(json.dumps(outcome)), approved=True)
+        if oversized is not None:
+            return await self._fail(call, oversized)
+        return outcome
+
+    def _oversized(self, call: ToolCallRequest, size: int, *, approved: bool = False) -> str | None:
+        """The refusal of arguments too large for one bus message, or None when they fit."""
+        if size <= self.data_limit:
+            return None
+        which = "approved arguments" if approved else "arguments"
+        log.warning("run %s: the %s of %s are %d bytes; refused", self.run.run_id, which, call.name, size)
+        return f"Error: the {which} of tool {call.name} are {size} bytes; the limit is {self.data_limit}"
 
     async def _govern(self, call: ToolCallRequest) -> str | None:
         request = CheckToolCallRequest(
@@ -117,11 +228,20 @@ class ToolGateway:
                 timeout=self.governance_timeout,
                 headers=self._headers,
             )
+        except PayloadTooLargeError as exc:
+            message = (
+                f"Error: the tool call {call.name} is too large for the governance check ({exc.size} bytes; the"
+                f" limit is {exc.limit}), so it was refused (fail-closed)"
+            )
+            return await self._fail(call, message)
+        except RemoteError as exc:
+            log.warning("run %s: governance refused to check %s (%s)", self.run.run_id, call.name, exc)
+            message = f"Error: governance could not check the tool call {call.name} ({exc.message}), so it was refused"
+            return await self._fail(call, message)
         except BusError as exc:
             log.warning("run %s: governance did not answer for %s (%s); refusing", self.run.run_id, call.name, exc)
             message = f"Error: governance is unavailable, so the tool call {call.name} was refused (fail-closed)"
-            await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=message)))
-            return message
+            return await self._fail(call, message)
         if not decision.allowed:
             policy = decision.policy or "default"
             return _text(
@@ -153,7 +273,7 @@ class ToolGateway:
                 return arguments
             try:
                 edited = json.loads(decision.payload_json)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return cancelled
             edited = edited.get("arguments", edited) if isinstance(edited, dict) else None
             return edited if isinstance(edited, dict) else cancelled
@@ -201,6 +321,9 @@ class ToolGateway:
                     "message": f"Tool execution exceeded the {seconds}s deadline and was cancelled",
                 }
             )
+        too_large = _size_failure(call, exc)
+        if too_large is not None:
+            return too_large
         if isinstance(exc, NoRespondersError):
             if call.name in self.memory_tools:
                 return f"Error: the memory service is not serving {call.name} right now"
@@ -223,42 +346,62 @@ class ToolGateway:
 
     async def _succeed(self, call: ToolCallRequest, content: str) -> str:
         content = await self._maybe_offload(call, content)
+        # The model and the client get the same text, and it must fit in one run event.
+        content = clip(content, self.data_limit, f"the result of {call.name}")
         await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=content)))
         return content
 
     async def _maybe_offload(self, call: ToolCallRequest, content: str) -> str:
-        """An over-long result goes to a workspace file; the model gets a preview and the path.
+        """An over-long result goes to the workspace; the model gets a preview and the path(s).
 
-        Never loses data: with no workspace, a disabled threshold, or any failure to save, the
-        whole result stays inline.
+        A result too large for one save request or one file is saved in parts, in order. With
+        no workspace, a disabled threshold, or any failure to save, the result stays inline
+        (and is then cut to what one run event carries, with a marker).
         """
         if not self.offload or self.workspace is None or self.offload_threshold <= 0:
             return content
         if len(content) <= self.offload_threshold:
             return content
+        parts = split_for_saving(content, max_json_bytes=self.data_limit - _SAVE_ROOM)
         path = offload_path(call.name)
-        save = ToolCall(
-            call_id=uuid.uuid4().hex,
-            name="write_file",
-            arguments_json=json.dumps({"path": path, "content": content}),
-            run_id=self.run.run_id,
-            conversation_id=self.run.conversation_id,
-            agent=self.run.agent,
-            principal=self.run.principal,
-            workspace=self.workspace,
-        )
+        if len(parts) == 1:
+            return offload_preview(content, path) if await self._save(call, path, content) else content
+        kept = parts[:MAX_OFFLOAD_PARTS]
+        paths = [f"{path.removesuffix('.txt')}.part{index}.txt" for index in range(1, len(kept) + 1)]
+        for part_path, part in zip(paths, kept, strict=True):
+            if not await self._save(call, part_path, part):
+                return content
+        return _parts_preview(content, paths, sum(len(part) for part in kept))
+
+    async def _save(self, call: ToolCallRequest, path: str, content: str) -> bool:
+        """Write one offload file through memory's `write_file`; whether it was stored."""
+        try:
+            save = ToolCall(
+                call_id=uuid.uuid4().hex,
+                name="write_file",
+                # Not ASCII-escaped: a non-Latin result would be up to six times longer on the wire.
+                arguments_json=json.dumps({"path": path, "content": content}, ensure_ascii=False),
+                run_id=self.run.run_id,
+                conversation_id=self.run.conversation_id,
+                agent=self.run.agent,
+                principal=self.run.principal,
+                workspace=self.workspace,
+            )
+        except ValueError:  # a lone surrogate cannot travel unescaped; the result stays inline
+            return False
         try:
             reply = await self.bus.request(
                 subjects.memory_tool("write_file"), save, ToolReply, timeout=10.0, headers=self._headers
             )
         except BusError as exc:
             log.debug("run %s: offload of %s failed (%s); inline", self.run.run_id, call.name, exc)
-            return content
+            return False
         if reply.is_error:
             log.debug("run %s: offload of %s refused (%s); inline", self.run.run_id, call.name, reply.content)
-            return content
-        return offload_preview(content, path)
+            return False
+        return True
 
     async def _fail(self, call: ToolCallRequest, message: str) -> str:
+        message = clip(message, self.data_limit, f"the error of {call.name}")
         await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=message)))
         return message

@@ -25,8 +25,10 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event) -> None:
     )
     async with (
         DecisionLog.open(settings.db_path) as decisions,
-        open_service("governance", settings, info=lambda: runtime_info(safety)) as runtime,
-        runtime.bus.serve(GovernanceHandlers(decisions, safety).router(), queue="governance"),
+        open_service("governance", settings, info=lambda: runtime_info(safety), stop=stop) as runtime,
+        runtime.bus.serve(
+            GovernanceHandlers(decisions, safety, max_payload=runtime.bus.max_payload).router(), queue="governance"
+        ),
     ):
         runtime.health.mark_ready()
         await stop.wait()

@@ -4,6 +4,11 @@ The policy plane (YAML policies, guardrails) arrives later; until then the one a
 policy in force is `admit-all`, and it says so in the decision log and the runtime info. Facts
 bound for long-term memory are screened by the rule-based injection classifier (on by
 default, fail-closed); every non-safe verdict is logged.
+
+Bounds: ids and names longer than `MAX_FIELD_CHARS` are refused (`governance.bad_request`)
+before anything is decided or logged; every answer fits in one bus message (`max_payload`):
+facts the screen's answer has no room for are refused (never passed unscreened), and the
+decision log is returned newest first as far as it fits (`truncated`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import MessageContext, Router, subjects
+from atmosphere.bus import MessageContext, Router, ServiceError, subjects
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
@@ -28,7 +33,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ScreenFactsRequest,
     ScreenFactsResponse,
 )
-from atmosphere.governance.injection import Breach, screen_fact
+from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
 from atmosphere.governance.store import DecisionLog, DecisionRow
 
 POLICY = "admit-all"
@@ -37,6 +42,33 @@ TIER = "RULE_BASED"
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_FACTS_PER_REQUEST = 100
+MAX_FIELD_CHARS = 1024
+"""The longest id or name accepted (run ids, agent and tool names, the principal's fields)."""
+DEFAULT_MAX_PAYLOAD = 1 << 20
+"""nats-server's default `max_payload` (1 MiB), for handlers built without a bus."""
+REPLY_ROOM = 1024
+"""Bytes of a reply kept free for its own fields besides the data."""
+_ITEM_OVERHEAD = 16
+"""Protobuf framing of one screened fact or decision record in a reply."""
+
+
+class BadRequestError(ServiceError):
+    """A malformed request: an id or a name too long to be one."""
+
+    code = "governance.bad_request"
+
+
+def _check_fields(**fields: str) -> None:
+    for name, value in fields.items():
+        if len(value) > MAX_FIELD_CHARS:
+            msg = f"{name} is {len(value)} characters; the limit is {MAX_FIELD_CHARS}"
+            raise BadRequestError(msg)
+
+
+def _check_principal(principal: Principal) -> None:
+    _check_fields(
+        principal_user_id=principal.user_id, principal_name=principal.name, principal_auth=principal.auth_method
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +95,13 @@ def _principal(principal: Principal) -> str:
 class GovernanceHandlers:
     """Admission, tool-call checks and the decision log query."""
 
-    def __init__(self, log: DecisionLog, safety: MemorySafety | None = None) -> None:
-        """Record every decision in `log`; screen memory facts per `safety`."""
+    def __init__(
+        self, log: DecisionLog, safety: MemorySafety | None = None, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    ) -> None:
+        """Record every decision in `log`; screen memory facts per `safety`; answer within `max_payload`."""
         self._log = log
         self._safety = safety or MemorySafety()
+        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
 
     async def _decide(self, *, run_id: str, operation: str, subject: str, principal: Principal) -> Decision:
         decision = Decision(
@@ -89,36 +124,38 @@ class GovernanceHandlers:
 
     async def admit(self, request: AdmitRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.admit`: may this run start?"""
+        _check_fields(run_id=request.run_id, agent=request.agent, transport=request.transport)
+        _check_principal(request.principal)
         return await self._decide(
             run_id=request.run_id, operation="admit", subject=request.agent, principal=request.principal
         )
 
     async def check_tool(self, request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.check_tool`: may this tool call run?"""
+        _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
+        _check_principal(request.principal)
         return await self._decide(
             run_id=request.run_id, operation="check_tool", subject=request.tool_name, principal=request.principal
         )
 
     async def screen_facts(self, request: ScreenFactsRequest, _ctx: MessageContext) -> ScreenFactsResponse:
         """`atmo.gov.screen_facts`: which facts may enter long-term memory, and as what text."""
+        _check_fields(user_id=request.user_id, conversation_id=request.conversation_id)
         safety = self._safety
         screened: list[ScreenedFact] = []
+        room = self._reply_bytes
         for fact in request.facts[:MAX_FACTS_PER_REQUEST]:
-            if not safety.enabled:
-                screened.append(ScreenedFact(store=True, text=fact, verdict="SAFE", reason="screen disabled"))
-                continue
-            outcome = screen_fact(fact, safety.breach, fail_open=safety.fail_open)
-            verdict = outcome.classification
-            screened.append(
-                ScreenedFact(
-                    store=outcome.store,
-                    text=outcome.text or "",
-                    verdict=verdict.verdict.value,
-                    probe=verdict.probe or "",
-                    reason=verdict.reason,
+            answer, outcome = self._screen_one(fact)
+            room -= answer.ByteSize() + _ITEM_OVERHEAD
+            if room < 0:
+                # No room left in one answer: refused, never passed on unscreened.
+                answer = ScreenedFact(
+                    store=False, verdict="ERROR", reason="no room left in the answer; send fewer facts"
                 )
-            )
-            if outcome.audited:
+                outcome = None
+            screened.append(answer)
+            if outcome is not None and outcome.audited:
+                verdict = outcome.classification
                 await self._log.append(
                     DecisionRow(
                         decision_id=uuid.uuid4().hex,
@@ -135,13 +172,33 @@ class GovernanceHandlers:
         # Facts past the cap are refused (none stored), never silently passed unscreened.
         for _ in request.facts[MAX_FACTS_PER_REQUEST:]:
             screened.append(ScreenedFact(store=False, verdict="ERROR", reason="too many facts in one request"))
-        return ScreenFactsResponse(facts=screened, tier=TIER, breach=safety.breach.value)
+        response = ScreenFactsResponse(facts=screened, tier=TIER, breach=safety.breach.value)
+        if response.ByteSize() > self._reply_bytes:  # even the refusals do not fit: refuse the request
+            msg = f"{len(request.facts)} facts in one request; at most {MAX_FACTS_PER_REQUEST} are screened at once"
+            raise BadRequestError(msg)
+        return response
+
+    def _screen_one(self, fact: str) -> tuple[ScreenedFact, ScreenOutcome | None]:
+        if not self._safety.enabled:
+            return ScreenedFact(store=True, text=fact, verdict="SAFE", reason="screen disabled"), None
+        outcome = screen_fact(fact, self._safety.breach, fail_open=self._safety.fail_open)
+        verdict = outcome.classification
+        answer = ScreenedFact(
+            store=outcome.store,
+            text=outcome.text or "",
+            verdict=verdict.verdict.value,
+            probe=verdict.probe or "",
+            reason=verdict.reason,
+        )
+        return answer, outcome
 
     async def decisions(self, request: ListDecisionsRequest, _ctx: MessageContext) -> ListDecisionsResponse:
-        """`atmo.gov.decisions`: the newest decisions, optionally of one run."""
+        """`atmo.gov.decisions`: the newest decisions, optionally of one run, as many as fit in one reply."""
+        _check_fields(run_id=request.run_id)
         limit = request.limit if 0 < request.limit <= MAX_LIMIT else DEFAULT_LIMIT
         rows = await self._log.recent(run_id=request.run_id, limit=limit)
         records = []
+        room = self._reply_bytes
         for row in rows:
             decided = Timestamp()
             decided.FromMilliseconds(row.decided_at)
@@ -158,6 +215,10 @@ class GovernanceHandlers:
                     principal=row.principal,
                 )
             )
+            room -= records[-1].ByteSize() + _ITEM_OVERHEAD
+            if room < 0:
+                records.pop()
+                return ListDecisionsResponse(decisions=records, truncated=True)
         return ListDecisionsResponse(decisions=records)
 
     def router(self) -> Router:

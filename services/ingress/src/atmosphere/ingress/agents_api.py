@@ -15,35 +15,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import functools
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from atmosphere.bus import BusError, subjects
+from atmosphere.bus import BusError, PayloadTooLargeError, subjects
 from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run, is_terminal, submit_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
-from atmosphere.ingress.auth import AuthError
+from atmosphere.ingress.auth import AuthError, Caller
+from atmosphere.ingress.bodies import BodyError, read_body, read_text
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.frames import Frame, to_frame
 from atmosphere.ingress.handlers import (
     ApprovalReply,
     InboundError,
     Prompt,
+    close_reason,
+    message_limit,
     new_run_request,
     parse_approval,
     parse_inbound,
+    require_fits,
     send_approval,
 )
 from atmosphere.ingress.state import IngressState
+from atmosphere.service import scoped_conversation
 
 RUN_ID_HEADER = "x-atmosphere-run-id"
 LAST_SEQ_HEADER = "x-atmosphere-last-seq"
@@ -56,6 +63,7 @@ POLL_QUIET = 0.05
 """A long-poll answer goes out once no further frame arrived for this long."""
 
 router = APIRouter()
+log = logging.getLogger("atmosphere.ingress")
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
 RunId = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID_PATTERN})]
@@ -116,21 +124,17 @@ class ControlResult(BaseModel):
 def conversation_of(given: str | None, principal: Principal) -> str:
     """The conversation a request belongs to: the client's id (validated), else a fresh one.
 
-    An authenticated user's conversations are keyed under their user id, so knowing someone
-    else's conversation id never reaches their history or files.
+    An authenticated user's conversations are keyed under their user id (`scoped_conversation`,
+    shared with gRPC), so knowing someone else's conversation id never reaches their history or
+    files; a fresh id is scoped too, so it counts against its own user's quotas.
     """
-    if not given:
-        return uuid.uuid4().hex
-    try:
-        subjects.token(given, what="conversation id")
-    except ValueError as exc:
-        msg = "Malformed conversation id (1-128 letters, digits, '_', '-', ':', '@')"
-        raise InboundError(msg) from exc
-    user = principal.user_id.strip()
-    if user.lower() in {"", "anonymous"}:
-        return given
-    # A fixed-length digest of the user id: any user id is safe in a path, and keys never collide.
-    return f"{hashlib.sha256(user.encode()).hexdigest()[:16]}--{given}"
+    if given:
+        try:
+            subjects.token(given, what="conversation id")
+        except ValueError as exc:
+            msg = "Malformed conversation id (1-128 letters, digits, '_', '-', ':', '@')"
+            raise InboundError(msg) from exc
+    return scoped_conversation(given or uuid.uuid4().hex, principal)
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
@@ -169,10 +173,7 @@ async def _sse_frames(events: AsyncIterator[RunEvent]) -> AsyncIterator[bytes]:
         yield f"data: {json.dumps(body)}\n\n".encode()
 
 
-def _prompt_of(raw: bytes, limit: int) -> Prompt:
-    if len(raw) > limit:
-        msg = f"The prompt exceeds {limit} bytes"
-        raise ValueError(msg)
+def _prompt_of(raw: bytes) -> Prompt:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -197,12 +198,38 @@ async def _descriptor(
     return await state.directory.by_path(path or "")
 
 
-async def _run_agent(state: IngressState, run_id: str) -> AgentDescriptor | None:
-    """The agent a stored run belongs to (None for an unknown run)."""
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """What a run's last stored event says about it: who owns it and which agent runs it."""
+
+    owner: str
+    agent: AgentDescriptor
+
+
+async def _run_agent(state: IngressState, run_id: str) -> StoredRun | None:
+    """The owner and agent of a stored run (None for an unknown run, or an agent no longer served).
+
+    Every event carries the owner, so the last one stored is enough.
+    """
     last = await state.bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
     if last is None:
         return None
-    return await state.directory.lookup(last.agent)
+    descriptor = await state.directory.lookup(last.agent)
+    return None if descriptor is None else StoredRun(owner=last.owner, agent=descriptor)
+
+
+def _resume_guard(state: IngressState, caller: Caller, agent: AgentDescriptor) -> Callable[[str], Awaitable[bool]]:
+    """Whether a WebSocket of `caller` at `agent`'s route may resume a run: its owner, same agent.
+
+    Another agent's run is refused even when the grant covers that agent too: a route reads only
+    its own agent's runs.
+    """
+
+    async def may_resume(run_id: str) -> bool:
+        stored = await _run_agent(state, run_id)
+        return stored is not None and stored.agent.name == agent.name and caller.owns(stored.owner)
+
+    return may_resume
 
 
 # -- WebSocket ---------------------------------------------------------------------------------
@@ -213,13 +240,14 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
     state = state_of(websocket)
     await websocket.accept()
     if descriptor is None:
-        await websocket.close(CLOSE_UNKNOWN, f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'")
+        await websocket.close(CLOSE_UNKNOWN, close_reason(f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'"))
         return
     try:
-        principal = state.authenticator.principal(descriptor.path, websocket.headers, websocket.query_params)
+        caller = state.authenticator.caller(descriptor.path, websocket.headers, websocket.query_params)
     except AuthError as exc:
-        await websocket.close(CLOSE_AUTH[exc.status], exc.message)
+        await websocket.close(CLOSE_AUTH[exc.status], close_reason(exc.message))
         return
+    principal = caller.principal
     headers, query = websocket.headers, websocket.query_params
     resume_id = headers.get(RUN_ID_HEADER) or query.get("X-Atmosphere-Run-Id") or query.get("runId")
     resume: tuple[str, int] | None = None
@@ -233,7 +261,7 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
     try:
         conversation_id = conversation_of(headers.get(CONVERSATION_HEADER) or query.get("conversationId"), principal)
     except InboundError as exc:
-        await websocket.close(1008, str(exc))
+        await websocket.close(1008, close_reason(str(exc)))
         return
     connection = Connection(
         bus=state.bus,
@@ -242,9 +270,25 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
         conversations=state.conversations,
         principal=principal,
         transport="websocket",
+        may_resume=_resume_guard(state, caller, descriptor) if state.authenticator.enabled else None,
         max_prompts=state.settings.ingress.max_prompts_per_connection,
         send_queue_frames=state.settings.ingress.send_queue_frames,
+        max_message_bytes=_message_limit(state),
     )
+
+    close = functools.partial(_close_socket, websocket)
+    try:
+        await connection.serve(
+            _receiver(websocket, connection), functools.partial(_send_frame, websocket), close, resume=resume
+        )
+    except Exception:
+        # Never drop the socket without a close frame: its client learns the connection ended.
+        log.exception("a WebSocket connection failed")
+        await close(1011, "Internal error; reconnect with X-Atmosphere-Run-Id to resume")
+
+
+def _receiver(websocket: WebSocket, connection: Connection) -> Callable[[], Awaitable[str | Closed]]:
+    """The next text message of `websocket`; a binary one must be UTF-8 or it is answered with an error frame."""
 
     async def receive() -> str | Closed:
         while True:
@@ -257,19 +301,27 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
                 try:
                     return bytes(message["bytes"]).decode("utf-8")
                 except UnicodeDecodeError:
-                    return " "  # becomes an "Empty prompt" error frame; the connection stays usable
+                    connection.reject("A binary frame must hold UTF-8 text")
 
-    async def send(frame: Frame) -> None:
-        try:
-            await websocket.send_text(json.dumps(frame, separators=(",", ":")))
-        except (RuntimeError, OSError) as exc:
-            raise ClientGoneError from exc
+    return receive
 
-    async def close(code: int, reason: str) -> None:
-        with contextlib.suppress(RuntimeError):
-            await websocket.close(code, reason)
 
-    await connection.serve(receive, send, close, resume=resume)
+async def _send_frame(websocket: WebSocket, frame: Frame) -> None:
+    try:
+        await websocket.send_text(json.dumps(frame, separators=(",", ":")))
+    except (RuntimeError, OSError) as exc:
+        raise ClientGoneError from exc
+
+
+async def _close_socket(websocket: WebSocket, code: int, reason: str) -> None:
+    # A reason over the protocol's 123 bytes would make the close itself fail.
+    with contextlib.suppress(RuntimeError, OSError):
+        await websocket.close(code, close_reason(reason))
+
+
+def _message_limit(state: IngressState) -> int:
+    """The largest prompt ingress admits: the setting, within the broker's limit with room for the envelope."""
+    return message_limit(state.settings.ingress.max_message_bytes, state.bus.max_payload)
 
 
 @router.websocket("/atmosphere/agent/{name}")
@@ -282,27 +334,33 @@ async def agent_socket(websocket: WebSocket, name: str) -> None:
 
 
 async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunRequest | JSONResponse:
-    """Authenticate a POSTed prompt and build its run, or say in JSON why it was refused."""
+    """Authenticate a POSTed prompt and build its run, or say in JSON why it was refused.
+
+    Everything the headers decide (credentials, the conversation id) is checked before a byte
+    of the body is read, and the body is read within the message limit as it arrives.
+    """
     state = state_of(request)
     try:
         principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
-        prompt = _prompt_of(await request.body(), state.settings.ingress.max_message_bytes)
         conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
+        prompt = _prompt_of(await read_body(request, limit=_message_limit(state)))
+        run = new_run_request(
+            agent=descriptor.name,
+            prompt=prompt,
+            conversation_id=conversation_id,
+            principal=principal,
+            transport=transport,
+            path=descriptor.path,
+        )
+        require_fits(run, state.bus.max_payload)
     except AuthError as exc:
         return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
+    except BodyError as exc:
+        return error(exc.status, exc.message, f"ingress.{exc.code}")
     except InboundError as exc:
-        return error(400, str(exc), "ingress.bad_request")
-    except ValueError as exc:
-        return error(413, str(exc), "ingress.too_large")
+        return error(exc.status, str(exc), exc.code)
     state.conversations.touch(descriptor.name, conversation_id, principal)
-    return new_run_request(
-        agent=descriptor.name,
-        prompt=prompt,
-        conversation_id=conversation_id,
-        principal=principal,
-        transport=transport,
-        path=descriptor.path,
-    )
+    return run
 
 
 async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse | JSONResponse:
@@ -314,9 +372,34 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     if isinstance(run, JSONResponse):
         return run
     headers = {**SSE_HEADERS, "X-Atmosphere-Run-Id": run.run_id}
+    events = follow_run(state.bus, run.run_id, submit=run)
+    # The first event (the run id, seq 1) is read before answering, so a run that could not be
+    # queued is a 413 or 503 the client can act on, not a 200 stream with an error in it.
+    try:
+        first = await anext(events)
+    except PayloadTooLargeError as exc:
+        return error(413, f"The prompt is too large: {exc}", "ingress.too_large")
+    except BusError as exc:
+        log.warning("SSE run %s not submitted: %s", run.run_id, exc)
+        return _unavailable()
     return StreamingResponse(
-        _sse_frames(follow_run(state.bus, run.run_id, submit=run)), media_type="text/event-stream", headers=headers
+        _sse_frames(_starting_with(first, events)), media_type="text/event-stream", headers=headers
     )
+
+
+async def _starting_with(first: RunEvent, rest: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
+    yield first
+    async for event in rest:
+        yield event
+
+
+def _unavailable() -> JSONResponse:
+    """The run was not queued: the broker is unreachable; nothing will run, so try again."""
+    response = error(
+        503, "The run could not be submitted (the message broker is unavailable); try again", "ingress.unavailable"
+    )
+    response.headers["Retry-After"] = "2"
+    return response
 
 
 @router.post(
@@ -337,7 +420,7 @@ async def agent_sse(request: Request, name: str) -> StreamingResponse | JSONResp
     summary="Resume a run's frames after Last-Event-ID (Server-Sent Events)",
     response_class=StreamingResponse,
     response_model=None,
-    responses={200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 403, 404)},
+    responses={200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 503)},
 )
 async def run_events(
     request: Request,
@@ -363,14 +446,23 @@ async def run_events(
 
 
 async def _authorize_run(state: IngressState, request: Request, run_id: str) -> Principal | JSONResponse:
-    """The caller's principal for a stored run's agent, or the error to answer."""
-    descriptor = await _run_agent(state, run_id)
-    if descriptor is None:
-        return error(404, f"Unknown run {run_id}", "ingress.unknown_run")
+    """The caller's principal when it may read, cancel or answer this stored run, else the error to answer.
+
+    Authentication comes first, so a 401 says nothing about the run. A run the caller does not
+    own, or whose agent its grant does not cover, is answered exactly like one that does not
+    exist (404), so run ids cannot be probed. No-auth mode: every caller may use every run.
+    """
     try:
-        return state.authenticator.principal(descriptor.path, request.headers, request.query_params)
+        caller = state.authenticator.identify(request.headers, request.query_params)
     except AuthError as exc:
-        return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
+        return error(exc.status, exc.message, "ingress.unauthorized")
+    try:
+        stored = await _run_agent(state, run_id)
+    except BusError:
+        return error(503, "Runs cannot be looked up right now; try again", "ingress.unavailable")
+    if stored is None or not caller.may_access(owner=stored.owner, path=stored.agent.path):
+        return error(404, f"Unknown run {run_id}", "ingress.unknown_run")
+    return caller.principal
 
 
 # -- long-poll -----------------------------------------------------------------------------------
@@ -395,8 +487,10 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResp
         return run
     try:
         await submit_run(state.bus, run)
+    except PayloadTooLargeError as exc:
+        return error(413, f"The prompt is too large: {exc}", "ingress.too_large")
     except BusError:
-        return error(503, "The run could not be submitted; try again", "ingress.unavailable")
+        return _unavailable()
     return RunStarted(runId=run.run_id, sessionId=run.session_id, next=f"/atmosphere/runs/{run.run_id}/poll?after=0")
 
 
@@ -404,7 +498,7 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResp
     "/atmosphere/runs/{run_id}/poll",
     response_model=PollResult,
     summary="Frames of a run after a seq (long-poll)",
-    responses=_errors(400, 401, 403, 404),
+    responses=_errors(400, 401, 404, 503),
 )
 async def run_poll(
     request: Request,
@@ -452,7 +546,7 @@ async def run_poll(
     "/atmosphere/runs/{run_id}/cancel",
     response_model=ControlResult,
     summary="Cancel a run",
-    responses=_errors(400, 401, 403, 404),
+    responses=_errors(400, 401, 404, 503),
 )
 async def run_cancel(request: Request, run_id: RunId) -> ControlResult | JSONResponse:
     """False when no worker owns the run any more (it already ended)."""
@@ -472,18 +566,24 @@ async def run_cancel(request: Request, run_id: RunId) -> ControlResult | JSONRes
     response_model=ControlResult,
     summary="Answer an approval request",
     openapi_extra=APPROVAL_BODY,
-    responses=_errors(400, 401, 403, 404),
+    responses=_errors(400, 401, 404, 413, 503),
 )
 async def run_approval(request: Request, run_id: RunId) -> ControlResult | JSONResponse:
     """The body is `/__approval/<id>/<approve|yes|deny|respond> [payload]`."""
     state = state_of(request)
     try:
         subjects.token(run_id, what="run id")
-        reply = parse_approval((await request.body()).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        return error(400, str(exc) or "Malformed approval", "ingress.bad_request")
+    except ValueError:
+        return error(400, "Malformed run id", "ingress.bad_request")
+    # Who asks, and whether the run is theirs, is settled before the body is read at all.
     principal = await _authorize_run(state, request, run_id)
     if isinstance(principal, JSONResponse):
         return principal
-    ack = await send_approval(state.bus, run_id, reply, principal=principal)
+    try:
+        reply = parse_approval(await read_text(request, limit=_message_limit(state)))
+        ack = await send_approval(state.bus, run_id, reply, principal=principal)
+    except BodyError as exc:
+        return error(exc.status, exc.message, f"ingress.{exc.code}")
+    except InboundError as exc:
+        return error(exc.status, str(exc), exc.code)
     return ControlResult(accepted=ack.accepted, detail=ack.detail)

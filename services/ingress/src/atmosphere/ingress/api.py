@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -38,12 +39,56 @@ def _methods_serving(routes: Sequence[Route], request: Request) -> set[str]:
     return methods
 
 
-def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
-    """The ingress ASGI app; its lifespan connects to NATS and answers health and info."""
+def _describe(error: Any) -> str:
+    """One validation error, short: where and what (never the offending value itself)."""
+    where = ".".join(str(part) for part in error.get("loc", ()))[:80]
+    return f"{where}: {str(error.get('msg', 'invalid'))[:120]}"
+
+
+def _answer_errors_in_json(app: FastAPI) -> None:
+    """Every error ingress answers itself is JSON: `{"error", "code"}`, or OpenAI's shape under its prefix."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own 404/405 answers, in the same shape as every other ingress error.
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        if request.url.path.startswith(openai_api.router.prefix):
+            # The OpenAI API answers in OpenAI's error shape, whatever went wrong.
+            body = OpenAiError(exc.status_code, str(exc.detail), code=code).body()
+            return JSONResponse(body, exc.status_code, headers=exc.headers)
+        return JSONResponse({"error": str(exc.detail), "code": f"ingress.{code}"}, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # A malformed path, query or header value: 400 in the ingress shape, not FastAPI's 422.
+        message = "Invalid request: " + "; ".join(_describe(error) for error in exc.errors()[:5])
+        if request.url.path.startswith(openai_api.router.prefix):
+            return JSONResponse(OpenAiError(400, message).body(), 400)
+        return JSONResponse({"error": message, "code": "ingress.bad_request"}, 400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # The last resort: a bug answers JSON 500 (and is logged), never a plain-text page.
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        if request.url.path.startswith(openai_api.router.prefix):
+            return JSONResponse(OpenAiError(500, "Internal error", type_="server_error").body(), 500)
+        return JSONResponse({"error": "Internal error", "code": "ingress.internal"}, 500)
+
+
+def create_app(
+    settings: IngressSettings,
+    *,
+    info: Callable[[], dict[str, Any]] | None = None,
+    stop: asyncio.Event | None = None,
+) -> FastAPI:
+    """The ingress ASGI app; its lifespan connects to NATS and answers health and info.
+
+    `stop` is set when the NATS connection closes for good, so the server shuts down.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_service("ingress", settings, info=info) as runtime:
+        async with open_service("ingress", settings, info=info, stop=stop) as runtime:
             app.state.ingress = state = IngressState.build(settings, runtime)
             sweeping = asyncio.Event()
             sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
@@ -76,20 +121,15 @@ def create_app(settings: IngressSettings, *, info: Callable[[], dict[str, Any]] 
             expose_headers=["X-Atmosphere-Run-Id"],
         )
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Starlette's own 404/405 answers, in the same shape as every other ingress error.
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
-        if request.url.path.startswith(openai_api.router.prefix):
-            # The OpenAI API answers in OpenAI's error shape, whatever went wrong.
-            body = OpenAiError(exc.status_code, str(exc.detail), code=code).body()
-            return JSONResponse(body, exc.status_code, headers=exc.headers)
-        return JSONResponse({"error": str(exc.detail), "code": f"ingress.{code}"}, exc.status_code, headers=exc.headers)
+    _answer_errors_in_json(app)
 
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> dict[str, str]:
-        """The process answers."""
-        return {"status": "ok", "service": "ingress"}
+    @app.get("/healthz", summary="Liveness", responses={503: {"description": "the NATS connection closed for good"}})
+    async def healthz(request: Request) -> JSONResponse:
+        """The process answers and can still recover on its own."""
+        if not state_of(request).runtime.health.live:
+            body = {"status": "failed", "service": "ingress", "reason": "the NATS connection closed for good"}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ok", "service": "ingress"})
 
     @app.get("/readyz", summary="Readiness", responses={503: {"description": "not connected to NATS"}})
     async def readyz(request: Request) -> JSONResponse:

@@ -10,7 +10,9 @@ from typing import Any
 
 import uvicorn
 
+from atmosphere.bus import ConnectionLostError
 from atmosphere.ingress.api import create_app
+from atmosphere.ingress.limits import HttpLimits, bounded_protocol
 from atmosphere.ingress.settings import IngressSettings
 
 log = logging.getLogger("atmosphere.ingress")
@@ -31,16 +33,23 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
         return {"ingress": {"http": _address(server, settings)}, **surfaces(settings)}
 
     options = settings.ingress
+    app = create_app(settings, info=info, stop=stop)
     config = uvicorn.Config(
-        create_app(settings, info=info),
+        app,
         host=options.host,
         port=options.port,
         lifespan="on",
         log_config=None,
         access_log=False,
+        # h11, bounded (`limits.py`): head sizes, deadlines, a connection cap, JSON refusals.
+        http=bounded_protocol(http_limits(settings)),
+        h11_max_incomplete_event_size=options.max_header_bytes,
+        timeout_keep_alive=max(1, round(options.keep_alive_timeout)),  # the protocol keeps the exact value
         # Per-message deflate keeps a zlib context per socket: costly for idle connections.
         ws_per_message_deflate=False,
-        ws_max_size=options.max_message_bytes,
+        # Messages up to twice the limit are still read and refused with an error frame (the
+        # socket stays open); beyond that the protocol closes the socket with 1009.
+        ws_max_size=2 * options.max_message_bytes,
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
@@ -54,6 +63,25 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
     if not server.started:
         msg = "ingress failed to start (see the log above)"
         raise RuntimeError(msg)
+    state = getattr(app.state, "ingress", None)
+    if state is not None and state.bus.lost:
+        # The lifespan already logged it; exit non-zero so that the supervisor starts afresh.
+        msg = "ingress: the NATS connection closed for good"
+        raise ConnectionLostError(msg)
+
+
+def http_limits(settings: IngressSettings) -> HttpLimits:
+    """The HTTP server bounds from the settings."""
+    options = settings.ingress
+    return HttpLimits(
+        max_header_bytes=options.max_header_bytes,
+        max_request_line_bytes=min(options.max_request_line_bytes, options.max_header_bytes),
+        first_byte_timeout=options.first_byte_timeout,
+        header_timeout=options.header_timeout,
+        body_timeout=options.body_timeout,
+        keep_alive_timeout=options.keep_alive_timeout,
+        max_connections=options.max_connections,
+    )
 
 
 def surfaces(settings: IngressSettings) -> dict[str, Any]:

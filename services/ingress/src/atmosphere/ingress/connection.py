@@ -13,8 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from atmosphere.bus import Bus, BusError
-from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run
+from atmosphere.bus import Bus, BusError, PayloadTooLargeError
+from atmosphere.bus.runs import StreamGapError, SubmitError, UnknownRunError, cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
@@ -26,6 +26,8 @@ from atmosphere.ingress.handlers import (
     Prompt,
     new_run_request,
     parse_inbound,
+    require_fits,
+    require_message_size,
     send_approval,
 )
 
@@ -74,6 +76,10 @@ class Connection:
     max_prompts: int
     send_queue_frames: int
     conversations: ConversationTracker | None = None
+    max_message_bytes: int = 1 << 20
+    """Largest inbound message; a larger one is answered with an `ingress.too_large` error frame."""
+    may_resume: Callable[[str], Awaitable[bool]] | None = None
+    """Whether this connection's principal may resume a run by id (None: anyone may, no-auth mode)."""
     runs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     approvals: dict[str, str] = field(default_factory=dict)
     """approval id → run id, for routing the client's answers."""
@@ -92,14 +98,16 @@ class Connection:
             self.conversations.socket_opened(self.agent.name, self.conversation_id, self.principal)
         try:
             if resume is not None:
-                self._follow(resume[0], after_seq=resume[1])
+                await self._resume(*resume)
             while not isinstance(received := await receive(), Closed):
                 await self._handle(received)
             closed = received
         finally:
             unfinished = [run_id for run_id, task in self.runs.items() if not task.done()]
             if closed is not None and closed.clean and not self._closing:
-                await asyncio.gather(*(cancel_run(self.bus, r, "the client disconnected") for r in unfinished))
+                await asyncio.gather(
+                    *(cancel_run(self.bus, r, "the client disconnected", principal=self.principal) for r in unfinished)
+                )
             elif unfinished:
                 log.info("connection dropped with %d run(s) still going; they stay resumable", len(unfinished))
             for task in list(self.runs.values()):
@@ -110,16 +118,45 @@ class Connection:
             if self.conversations is not None:
                 self.conversations.socket_closed(self.agent.name, self.conversation_id)
 
-    async def _handle(self, raw: str) -> None:
+    async def _resume(self, run_id: str, after_seq: int) -> None:
+        """Follow a run the client asked to resume, if it is theirs.
+
+        Someone else's run is answered exactly like a run that does not exist, so run ids
+        cannot be probed; the socket stays open for new prompts either way.
+        """
         try:
+            allowed = self.may_resume is None or await self.may_resume(run_id)
+        except BusError as exc:
+            log.warning("resuming run %s: the owner check failed: %s", run_id, exc)
+            self._enqueue(error_frame("The run could not be followed; reconnect to resume", code="ingress.unavailable"))
+            return
+        if not allowed:
+            self._enqueue(error_frame(f"Unknown run {run_id}", code="ingress.unknown_run"))
+            return
+        self._follow(run_id, after_seq=after_seq)
+
+    def reject(self, message: str, *, code: str = "ingress.bad_request") -> None:
+        """Answer an unusable inbound message with an error frame; the socket stays open."""
+        self._enqueue(error_frame(message, code=code))
+
+    async def _handle(self, raw: str) -> None:
+        # The last resort: whatever one message does, the socket and its other runs carry on.
+        try:
+            await self._handle_inbound(raw)
+        except Exception:
+            log.exception("an inbound message could not be handled")
+            self.reject("The message could not be handled", code="ingress.internal")
+
+    async def _handle_inbound(self, raw: str) -> None:
+        try:
+            require_message_size(raw, self.max_message_bytes)
             inbound = parse_inbound(raw)
+            if isinstance(inbound, ApprovalReply):
+                await self._approve(inbound)
+            else:
+                self._start(inbound)
         except InboundError as exc:
-            self._enqueue(error_frame(str(exc)))
-            return
-        if isinstance(inbound, ApprovalReply):
-            await self._approve(inbound)
-            return
-        self._start(inbound)
+            self.reject(str(exc), code=exc.code)
 
     async def _approve(self, reply: ApprovalReply) -> None:
         run_id = self.approvals.get(reply.approval_id)
@@ -139,8 +176,6 @@ class Connection:
         if active >= self.max_prompts:
             self._enqueue(error_frame(f"At most {self.max_prompts} prompts may run at once on one connection"))
             return
-        if self.conversations is not None:
-            self.conversations.touch(self.agent.name, self.conversation_id, self.principal)
         request = new_run_request(
             agent=self.agent.name,
             prompt=prompt,
@@ -149,6 +184,9 @@ class Connection:
             transport=self.transport,
             path=self.agent.path,
         )
+        require_fits(request, self.bus.max_payload)
+        if self.conversations is not None:
+            self.conversations.touch(self.agent.name, self.conversation_id, self.principal)
         self._follow(request.run_id, submit=request)
 
     def _follow(self, run_id: str, *, after_seq: int = 0, submit: RunRequest | None = None) -> None:
@@ -174,15 +212,23 @@ class Connection:
                     "Part of the stream is no longer available", session_id=session_id, code="ingress.stream_gap"
                 )
             )
+        except PayloadTooLargeError as exc:
+            self._enqueue(
+                error_frame(f"The prompt is too large: {exc}", session_id=session_id, code="ingress.too_large")
+            )
+        except SubmitError as exc:
+            # Nothing was queued: the client may simply send the prompt again.
+            log.warning("%s", exc)
+            message = "The run was not started (the message broker is unavailable); send the prompt again"
+            self._enqueue(error_frame(message, session_id=session_id, code="ingress.unavailable"))
         except BusError as exc:
             log.warning("following run %s failed: %s", run_id, exc)
-            self._enqueue(
-                error_frame(
-                    "The run could not be followed; reconnect to resume",
-                    session_id=session_id,
-                    code="ingress.unavailable",
-                )
+            frame = error_frame(
+                f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume",
+                session_id=session_id,
+                code="ingress.unavailable",
             )
+            self._enqueue({**frame, "runId": run_id})
 
     def _enqueue(self, frame: Frame) -> None:
         if self._closing:

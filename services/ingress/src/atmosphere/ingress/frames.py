@@ -6,9 +6,11 @@ Two families share the channel, as in Atmosphere: legacy `type` frames (`streami
 exactly one frame, so `seq` is the event's own and a resumed stream lines up with it.
 
 Deliberate differences from the Java original: error frames keep `code` and `recoverable`
-beside `data` (Java dropped them), and usage / confidence travel as typed `usage` /
-`confidence` events instead of several `ai.tokens.*` metadata frames, so that one event
-stays one frame.
+beside `data` (Java dropped them), plus `details` when the run's error has any (e.g. the model
+provider's `status` and `provider_code`); `complete` frames carry `finishReason` (`stop`,
+`length`, `content_filter`) when the model said why it stopped; and usage / confidence travel
+as typed `usage` / `confidence` events instead of several `ai.tokens.*` metadata frames, so
+that one event stays one frame.
 """
 
 from __future__ import annotations
@@ -69,12 +71,19 @@ def _complete(e: RunEvent) -> Frame:
     frame: Frame = {"type": "complete"}
     if e.complete.summary:
         frame["data"] = e.complete.summary
+    if e.complete.finish_reason:
+        # `stop`, or why the answer is cut short (`length`, `content_filter`): a truncated
+        # answer must never pass for a finished one.
+        frame["finishReason"] = e.complete.finish_reason
     return frame
 
 
 def _error(e: RunEvent) -> Frame:
     err = e.error
-    return {"type": "error", "data": err.message, "code": err.code, "recoverable": err.retryable}
+    frame: Frame = {"type": "error", "data": err.message, "code": err.code, "recoverable": err.retryable}
+    if err.details:
+        frame["details"] = dict(err.details)
+    return frame
 
 
 def _tool_call_delta(e: RunEvent) -> Frame:

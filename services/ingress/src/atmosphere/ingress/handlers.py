@@ -13,6 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import Bus, subjects
@@ -25,16 +26,76 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ControlAck,
     RunRequest,
 )
+from atmosphere.ingress.bodies import MalformedJsonError, UnusableJsonError, has_lone_surrogate, parse_json
 
 log = logging.getLogger("atmosphere.ingress")
 
 APPROVAL_PREFIX = "/__approval/"
+MAX_APPROVAL_HEAD = 256
+"""`<apr_id>/<action>` of an approval reply is short; anything longer is not one."""
 HISTORY_METADATA_KEY = "ai.request.history"
 """Request metadata carrying prior turns (JSON list of `{role, content}`) when memory is absent."""
 
 
+ENVELOPE_BYTES = 16 * 1024
+"""Room kept under the broker's `max_payload` for what wraps a client's message: the other
+`RunRequest` fields (ids, principal, path, hints re-encoded as metadata) and the headers."""
+HEADER_BYTES = 2 * 1024
+"""A generous bound on the headers a run submission or control request carries."""
+MAX_HINTS = 64
+MAX_HINT_NAME = 128
+CLOSE_REASON_BYTES = 123
+"""A WebSocket close frame's payload is at most 125 bytes, two of them the code."""
+
+
 class InboundError(ValueError):
     """An inbound frame that is not a usable prompt or command."""
+
+    code = "ingress.bad_request"
+    status = 400
+
+
+class TooLargeError(InboundError):
+    """An inbound message larger than ingress (or the broker behind it) accepts."""
+
+    code = "ingress.too_large"
+    status = 413
+
+
+def message_limit(configured: int, max_payload: int) -> int:
+    """The largest client message ingress admits.
+
+    The setting, or less when the broker's `max_payload` leaves no room for the envelope around
+    a message that large.
+    """
+    return max(1024, min(configured, max_payload - ENVELOPE_BYTES))
+
+
+def require_message_size(raw: str | bytes, limit: int) -> None:
+    """Raise `TooLargeError` when `raw` is over `limit` bytes (as UTF-8)."""
+    # Encoding is only needed when the character count alone cannot decide.
+    oversized = len(raw) > limit or (
+        isinstance(raw, str) and len(raw) * 4 > limit and len(raw.encode("utf-8", "surrogatepass")) > limit
+    )
+    if oversized:
+        msg = f"The message exceeds {limit} bytes"
+        raise TooLargeError(msg)
+
+
+def require_fits(message: Message, max_payload: int, *, what: str = "The prompt") -> None:
+    """Raise `TooLargeError` unless `message` and its headers fit the broker's `max_payload`."""
+    size = message.ByteSize() + HEADER_BYTES
+    if size > max_payload:
+        msg = f"{what} is too large for the message broker ({size} of at most {max_payload} bytes)"
+        raise TooLargeError(msg)
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to fit a WebSocket close frame (123 bytes of UTF-8), never mid-character."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= CLOSE_REASON_BYTES:
+        return encoded.decode("utf-8")
+    return encoded[: CLOSE_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +123,13 @@ def parse_approval(raw: str) -> ApprovalReply:
     unparseable arguments deny. `respond` needs a payload (JSON or text) or it denies. Any other
     action denies.
     """
-    head, _, payload = raw.strip()[len(APPROVAL_PREFIX) :].partition(" ")
+    text = raw.strip()
+    if not text.startswith(APPROVAL_PREFIX):
+        msg = "An approval reply looks like /__approval/<apr_id>/<approve|deny|respond> [payload]"
+        raise InboundError(msg)
+    head, _, payload = text[len(APPROVAL_PREFIX) :].partition(" ")
     approval_id, _, action = head.partition("/")
-    if not approval_id.startswith("apr_") or not action:
+    if not approval_id.startswith("apr_") or not action or len(head) > MAX_APPROVAL_HEAD:
         msg = "An approval reply looks like /__approval/<apr_id>/<approve|deny|respond> [payload]"
         raise InboundError(msg)
     payload = payload.strip()
@@ -73,14 +138,16 @@ def parse_approval(raw: str) -> ApprovalReply:
         if not payload:
             return ApprovalReply(approval_id, "approve")
         try:
-            edited = json.loads(payload)
-        except json.JSONDecodeError:
+            edited = parse_json(payload)
+        except MalformedJsonError:
             return deny
         return ApprovalReply(approval_id, "approve", json.dumps(edited)) if isinstance(edited, dict) else deny
     if action == "respond" and payload:
         try:
-            json.loads(payload)
-        except json.JSONDecodeError:
+            parse_json(payload)
+        except UnusableJsonError:
+            return deny
+        except MalformedJsonError:
             payload = json.dumps(payload)
         return ApprovalReply(approval_id, "respond", payload)
     return deny
@@ -89,31 +156,45 @@ def parse_approval(raw: str) -> ApprovalReply:
 def parse_inbound(raw: str) -> Prompt | ApprovalReply:
     """Parse plain text, `{"prompt": "...", "hints": {...}}` or an approval reply.
 
-    Text that merely starts with `{` but is not JSON is taken as a plain prompt.
+    Text that merely starts with `{` but is not JSON is taken as a plain prompt. JSON that
+    parses but cannot be used (nested too deep, a number past Python's digit limit, a lone
+    surrogate protobuf would refuse) is an `InboundError`, as is any unusable field.
     """
     text = raw.strip()
     if not text:
         raise InboundError("Empty prompt")
+    if has_lone_surrogate(text):
+        raise InboundError("The message contains a lone UTF-16 surrogate, which is not valid Unicode")
     if text.startswith(APPROVAL_PREFIX):
         return parse_approval(text)
     if not text.startswith("{"):
         return Prompt(text=raw)
     try:
-        envelope = json.loads(text)
-    except json.JSONDecodeError:
+        envelope = parse_json(text)
+    except UnusableJsonError as exc:
+        raise InboundError(str(exc)) from None
+    except MalformedJsonError:
         return Prompt(text=raw)
     if not isinstance(envelope, dict):
         return Prompt(text=raw)
     prompt = envelope.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InboundError('A JSON frame needs a non-empty "prompt" string')
-    hints = envelope.get("hints")
+    return Prompt(text=prompt, metadata=_hint_metadata(envelope.get("hints")))
+
+
+def _hint_metadata(hints: object) -> dict[str, str]:
     if hints is None:
-        hints = {}
+        return {}
     if not isinstance(hints, dict):
         raise InboundError('"hints" must be an object')
-    metadata = {f"hints.{k}": json.dumps(v) for k, v in hints.items() if isinstance(k, str)}
-    return Prompt(text=prompt, metadata=metadata)
+    if len(hints) > MAX_HINTS:
+        msg = f"At most {MAX_HINTS} hints are accepted"
+        raise InboundError(msg)
+    if any(not name or len(name) > MAX_HINT_NAME for name in hints):
+        msg = f"A hint name must have 1 to {MAX_HINT_NAME} characters"
+        raise InboundError(msg)
+    return {f"hints.{name}": json.dumps(value) for name, value in hints.items()}
 
 
 def new_run_request(
@@ -155,13 +236,15 @@ class AgentDirectory:
         self._bus = bus
         self._ttl = ttl
         self._miss_ttl = miss_ttl
-        self._loaded = 0.0
+        self._loaded: float | None = None
+        """When the bucket was last read (None: never; not 0.0, which is "recent" on a fresh boot)."""
         self._by_name: dict[str, AgentDescriptor] = {}
         self._lock = asyncio.Lock()
 
     async def _refresh(self, ttl: float | None = None) -> None:
         async with self._lock:
-            if time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl):
+            fresh = self._loaded is not None and time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl)
+            if fresh:
                 return
             self._by_name = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
             self._loaded = time.monotonic()
@@ -191,10 +274,14 @@ class AgentDirectory:
 async def send_approval(
     bus: Bus, run_id: str, reply: ApprovalReply, *, principal: Principal | None = None
 ) -> ControlAck:
-    """Route an approval reply to the worker running `run_id`."""
+    """Route an approval reply to the worker running `run_id`.
+
+    Raises `TooLargeError` when the reply (its edited arguments) cannot fit the broker's limit.
+    """
     control = Control(
         run_id=run_id,
         principal=principal,
         approval=ApprovalDecision(approval_id=reply.approval_id, action=reply.action, payload_json=reply.payload_json),
     )
+    require_fits(control, bus.max_payload, what="The approval")
     return await send_control(bus, control)

@@ -24,24 +24,29 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import BusError
+from atmosphere.bus import BusError, PayloadTooLargeError
 from atmosphere.bus.runs import cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.ingress.agents_api import state_of
-from atmosphere.ingress.handlers import HISTORY_METADATA_KEY
+from atmosphere.ingress.auth import AuthError
+from atmosphere.ingress.bodies import BodyError, read_body
+from atmosphere.ingress.handlers import HISTORY_METADATA_KEY, message_limit
 from atmosphere.ingress.openai_wire import (
     ChatRequest,
     Completion,
     OpenAiError,
+    body_error,
     error_for_run,
     model_list,
     parse_chat_request,
     resolve_target,
     sse_data,
+    unavailable,
 )
 from atmosphere.ingress.state import IngressState
+from atmosphere.service import scoped_conversation
 
 log = logging.getLogger("atmosphere.ingress")
 
@@ -56,19 +61,44 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return dict.fromkeys(statuses, ERROR_SCHEMA)
 
 
+MISSING_KEY = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'."
+
+
 def _answer(exc: OpenAiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+def _run_error(event: RunEvent) -> OpenAiError:
+    error = event.error
+    return error_for_run(error.code, error.message, retryable=error.retryable, details=error.details)
 
 
 def _authorize(state: IngressState, request: Request) -> None:
     key = state.settings.ai_openai_api_key
     if not key:
+        # Without a key of its own the endpoint takes the agent endpoints' token grants, if any.
+        _grant_principal(state, request, path=None)
         return
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), key.encode()):
-        raise OpenAiError(
-            401, "Incorrect or missing API key. Send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-        )
+        raise OpenAiError(401, MISSING_KEY, code="invalid_api_key")
+
+
+def _grant_principal(state: IngressState, request: Request, *, path: str | None) -> Principal | None:
+    """The token grant's principal (None with no grants configured), checked against `path` if given.
+
+    With token grants configured, a completion runs for (and is owned by) the grant's user,
+    exactly as a WebSocket run would (mode parity).
+    """
+    if not state.authenticator.enabled:
+        return None
+    try:
+        caller = state.authenticator.identify(request.headers)
+    except AuthError:
+        raise OpenAiError(401, MISSING_KEY, code="invalid_api_key") from None
+    if path is not None and not caller.may_use(path):
+        raise OpenAiError(403, "This key may not use that model.", type_="permission_error", code="permission_denied")
+    return caller.principal
 
 
 @router.get("/models", summary="The agents exposed as models", responses=_errors(401, 503))
@@ -81,9 +111,7 @@ async def list_models(request: Request) -> JSONResponse:
     except OpenAiError as exc:
         return _answer(exc)
     except BusError:
-        return _answer(
-            OpenAiError(503, "The agent directory is unavailable.", type_="server_error", code="service_unavailable")
-        )
+        return _answer(unavailable("The agent directory is unavailable."))
     return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
 
 
@@ -135,7 +163,9 @@ class _Run:
             await self.events.aclose()
         if not self.finished:
             # An OpenAI client that went away (or timed out) does not come back for the rest.
-            await cancel_run(self.state.bus, self.run.run_id, "the OpenAI client went away")
+            await cancel_run(
+                self.state.bus, self.run.run_id, "the OpenAI client went away", principal=self.run.principal
+            )
         self.state.openai_permits.release()
 
 
@@ -143,11 +173,13 @@ def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal)
     submitted = Timestamp()
     submitted.FromNanoseconds(time.time_ns())
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
-    metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior)} if chat.prior else {}
+    # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
+    metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)} if chat.prior else {}
     return RunRequest(
         run_id=uuid.uuid4().hex,
         session_id=str(uuid.uuid4()),
-        conversation_id=key,
+        # Scoped like every user's conversation, so it counts against its user's quotas only.
+        conversation_id=scoped_conversation(key, principal),
         agent=agent,
         message=chat.prompt,
         principal=principal,
@@ -164,11 +196,19 @@ async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, Ru
     _authorize(state, request)
     if "application/json" not in request.headers.get("content-type", "").lower():
         raise OpenAiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
-    chat = parse_chat_request(await request.body())
+    try:
+        # Read as it arrives, within the broker's limit with room for the envelope: 413 early.
+        raw = await read_body(request, limit=message_limit(settings.ingress.max_message_bytes, state.bus.max_payload))
+    except BodyError as exc:
+        raise body_error(exc) from None
+    chat = parse_chat_request(raw)
     target, agents = await _resolve(state, chat)
     if state.openai_permits.locked():
         raise _unavailable("Too many completions in flight; try again.")
-    principal = Principal(auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or "")
+    granted = None if settings.ai_openai_api_key else _grant_principal(state, request, path=agents[target].path)
+    principal = granted or Principal(
+        auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or ""
+    )
     return chat, _run_request(chat, target, agents[target].path, principal)
 
 
@@ -199,7 +239,7 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
 
 
 def _unavailable(message: str) -> OpenAiError:
-    return OpenAiError(503, message, type_="server_error", code="service_unavailable")
+    return unavailable(message)
 
 
 @router.post(
@@ -238,7 +278,7 @@ def _unavailable(message: str) -> OpenAiError:
     },
     responses={
         200: {"content": {"application/json": {}, "text/event-stream": {}}},
-        **_errors(400, 401, 403, 404, 413, 415, 429, 500, 503),
+        **_errors(400, 401, 403, 404, 413, 415, 429, 500, 502, 503),
     },
 )
 async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
@@ -258,22 +298,13 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
     )
     handed_over = False
     try:
-        # Wait for the first text (or the end) before answering: a run that fails at once gets a
-        # proper HTTP error instead of a 200 with an error inside.
-        first = await active.next()
-        if first is None or first.WhichOneof("kind") == "error":
-            code, message = (first.error.code, first.error.message) if first else ("internal", "no answer")
-            return _answer(error_for_run(code, message))
-        if not chat.stream:
-            return await _whole(active, first)
-        handed_over = True
-        return StreamingResponse(
-            _stream(active, first),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        response = await _respond(active, chat)
+        handed_over = isinstance(response, StreamingResponse)
+        return response
     except TimeoutError:
         return _answer(_unavailable("The agent did not answer in time."))
+    except PayloadTooLargeError:
+        return _answer(OpenAiError(413, "The request is too large to run.", code="payload_too_large"))
     except BusError:
         return _answer(_unavailable("The agent is unavailable right now; try again."))
     finally:
@@ -281,20 +312,40 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
             await active.close()
 
 
+async def _respond(active: _Run, chat: ChatRequest) -> JSONResponse | StreamingResponse:
+    # Wait for the first text (or the end) before answering: a run that fails at once gets a
+    # proper HTTP error (the provider's 4xx, a 503 with Retry-After) instead of a 200 with an
+    # error inside.
+    first = await active.next()
+    if first is None:
+        return _answer(error_for_run("internal", "no answer"))
+    if first.WhichOneof("kind") == "error":
+        return _answer(_run_error(first))
+    if not chat.stream:
+        return await _whole(active, first)
+    return StreamingResponse(
+        _stream(active, first),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
 async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
     summary = ""
+    finish_reason = "stop"
     while event is not None:
         kind = event.WhichOneof("kind")
         if kind == "text_delta":
             active.text.append(event.text_delta.text)
         elif kind == "error":
-            return _answer(error_for_run(event.error.code, event.error.message))
+            return _answer(_run_error(event))
         elif kind == "complete":
             summary = event.complete.summary
+            finish_reason = event.complete.finish_reason or "stop"
             break
         event = await active.next()
     content = "".join(active.text) or summary
-    return JSONResponse(active.completion.complete(content, active.counted_usage))
+    return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
 
 
 async def _stream(active: _Run, first: RunEvent) -> AsyncIterator[bytes]:
@@ -302,27 +353,29 @@ async def _stream(active: _Run, first: RunEvent) -> AsyncIterator[bytes]:
     try:
         yield sse_data(completion.chunk({"role": "assistant", "content": ""}))
         event: RunEvent | None = first
+        finish_reason = "stop"
         while event is not None:
             kind = event.WhichOneof("kind")
             if kind == "text_delta":
                 active.text.append(event.text_delta.text)
                 yield sse_data(completion.chunk({"content": event.text_delta.text}))
             elif kind == "error":
-                yield sse_data(error_for_run(event.error.code, event.error.message).body())
+                yield sse_data(_run_error(event).body())
                 yield sse_data("[DONE]")
                 return
             elif kind == "complete":
                 if not active.text and event.complete.summary:
                     yield sse_data(completion.chunk({"content": event.complete.summary}))
+                finish_reason = event.complete.finish_reason or "stop"
                 break
             event = await active.next()
-        yield sse_data(completion.chunk({}, "stop"))
+        yield sse_data(completion.chunk({}, finish_reason))
         usage = active.counted_usage
         if usage:
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
     except (TimeoutError, BusError) as exc:
-        failure = OpenAiError(503, "The agent stopped answering.", type_="server_error", code="service_unavailable")
+        failure = unavailable("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())
         yield sse_data("[DONE]")

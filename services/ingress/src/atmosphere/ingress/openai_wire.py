@@ -2,20 +2,37 @@
 
 Atmosphere's rules (reference §10): anything we cannot honour exactly is refused with
 `unsupported_parameter` rather than half-supported; prior turns travel with the request;
-sampling parameters are accepted and ignored (the agent's configuration decides).
+sampling parameters are accepted (when well-typed) and ignored (the agent's configuration
+decides).
+
+Errors say whether retrying helps, in the way OpenAI's clients read it: a 5xx (or 429) comes
+with `Retry-After` only when a later retry can succeed; every other error that a client would
+retry by default (408, 409, 429, 5xx) carries `x-should-retry: false`, so the official client
+does not multiply runs that cannot succeed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atmosphere.ingress.bodies import BodyError, parse_json
+
 MAX_BODY_CHARS = 1_048_576
+MAX_MODEL_CHARS = 256
+"""Longest `model` (and `user`) accepted; model ids are short names."""
+MAX_MESSAGES = 1024
 UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+DEFAULT_RETRY_AFTER = 5
+"""Seconds suggested in `Retry-After` when nobody upstream said when to come back."""
+MAX_RETRY_AFTER = 3600
+RETRIED_BY_CLIENTS = frozenset({408, 409, 429})
+"""Statuses (besides 5xx) OpenAI's clients retry unless told not to."""
 
 
 class OpenAiError(Exception):
@@ -29,17 +46,40 @@ class OpenAiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         self.status = status
         self.message = message
         self.type = type_
         self.param = param
         self.code = code
+        self.retry_after = retry_after
+        """Seconds after which the same request may succeed; None: retrying does not help."""
         super().__init__(message)
 
     def body(self) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """`Retry-After` when a retry can help; `x-should-retry: false` when a client would retry in vain."""
+        if self.retry_after is not None:
+            return {"Retry-After": str(self.retry_after)}
+        if self.status >= 500 or self.status in RETRIED_BY_CLIENTS:
+            return {"x-should-retry": "false"}
+        return {}
+
+
+def unavailable(message: str, *, retry_after: int = DEFAULT_RETRY_AFTER) -> OpenAiError:
+    """A 503 the client may retry after `retry_after` seconds."""
+    return OpenAiError(503, message, type_="server_error", code="service_unavailable", retry_after=retry_after)
+
+
+def body_error(exc: BodyError) -> OpenAiError:
+    """A body that could not be read (too large, not UTF-8, cut off) in OpenAI's shape."""
+    if exc.status == 413:
+        return OpenAiError(413, exc.message + ".", code="payload_too_large")
+    return OpenAiError(exc.status, exc.message + ".")
 
 
 def unsupported(param: str, what: str) -> OpenAiError:
@@ -80,6 +120,8 @@ def _text(content: Any, index: int) -> str:
 def _messages(raw: Any) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
         raise OpenAiError(400, "'messages' must be a non-empty array.", param="messages")
+    if len(raw) > MAX_MESSAGES:
+        raise OpenAiError(400, f"'messages' may hold at most {MAX_MESSAGES} messages.", param="messages")
     messages = []
     for index, message in enumerate(raw):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -97,32 +139,74 @@ def _messages(raw: Any) -> list[dict[str, str]]:
     return messages
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a request body; `OpenAiError` for anything not acceptable."""
+def _json_body(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise OpenAiError(400, "Request body is empty.")
-    text = raw.decode("utf-8", errors="replace")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OpenAiError(400, "Request body must be UTF-8 text.") from None
     if len(text) > MAX_BODY_CHARS:
         raise OpenAiError(413, f"Request body exceeds {MAX_BODY_CHARS} characters.", code="payload_too_large")
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        raise OpenAiError(400, "Invalid JSON payload.") from None
+        # Total: deep nesting, 5,000-digit numbers, NaN and lone surrogates are all a 400.
+        body = parse_json(text)
+    except BodyError as exc:
+        raise OpenAiError(400, f"Invalid JSON payload ({exc.message}).") from None
     if not isinstance(body, dict):
         raise OpenAiError(400, "Request body must be a JSON object.")
+    return body
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """Sampling parameters are ignored, but only when they are what OpenAI's API would accept."""
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None and not _is_number(value):
+            raise OpenAiError(400, f"'{name}' must be a number.", param=name)
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise OpenAiError(400, f"'{name}' must be an integer.", param=name)
+    stop = body.get("stop")
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise OpenAiError(400, "'stop' must be a string or a list of strings.", param="stop")
+
+
+def _check_names(body: dict[str, Any]) -> None:
+    for name in ("model", "user"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise OpenAiError(400, f"'{name}' must be a string.", param=name)
+        if len(value) > MAX_MODEL_CHARS:
+            raise OpenAiError(400, f"'{name}' is longer than {MAX_MODEL_CHARS} characters.", param=name)
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a request body; `OpenAiError` for anything not acceptable."""
+    body = _json_body(raw)
     for name in UNSUPPORTED_FIELDS:
         value = body.get(name)
         if value is not None and value not in ([], ""):
             raise unsupported(name, f"'{name}'")
+    _check_sampling(body)
     n = body.get("n")
-    if isinstance(n, int | float) and not isinstance(n, bool) and n != 1:
+    if n is not None and n != 1:
         raise unsupported("n", "'n' other than 1")
     response_format = body.get("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise unsupported("response_format", "A 'response_format' other than text")
-    for name in ("model", "user"):
-        if name in body and body[name] is not None and not isinstance(body[name], str):
-            raise OpenAiError(400, f"'{name}' must be a string.", param=name)
+    _check_names(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise OpenAiError(400, "'stream' must be a boolean.", param="stream")
@@ -159,12 +243,7 @@ def resolve_target(
             code="model_not_found",
         )
     if target not in registered:
-        raise OpenAiError(
-            503,
-            f"The agent behind '{model}' is not available right now.",
-            type_="server_error",
-            code="service_unavailable",
-        )
+        raise unavailable(f"The agent behind '{model}' is not available right now.")
     return target
 
 
@@ -178,17 +257,66 @@ def model_list(models: Mapping[str, str], registered: Sequence[str]) -> dict[str
     }
 
 
-def error_for_run(code: str, message: str) -> OpenAiError:
-    """The HTTP error for a run that ended in an error before any text was sent."""
+def error_for_run(
+    code: str, message: str, *, retryable: bool = False, details: Mapping[str, str] | None = None
+) -> OpenAiError:
+    """The HTTP error for a run that ended in an error (the run's `Error` fields)."""
+    details = details or {}
     if code == "budget.exceeded":
         return OpenAiError(429, message, type_="rate_limit_error", code="budget_exceeded")
     if code == "governance.denied":
         return OpenAiError(403, message, code="request_blocked")
-    if code.endswith(".unavailable"):
-        return OpenAiError(
-            503, "The agent is unavailable right now; try again.", type_="server_error", code="service_unavailable"
-        )
+    if code.startswith("provider."):
+        return _provider_error(code, message, retryable=retryable, details=details)
+    if retryable or code.endswith(".unavailable"):
+        return unavailable("The agent is unavailable right now; try again.", retry_after=_retry_after(details))
     return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")
+
+
+PROVIDER_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "insufficient_quota"}
+
+
+def _provider_error(code: str, message: str, *, retryable: bool, details: Mapping[str, str]) -> OpenAiError:
+    """A model provider's failure, as close to what the provider itself said as is honest.
+
+    Its 4xx is the client's 4xx (same status, the provider's reason and code); a rate limit is a
+    429 and an outage a 503, each with `Retry-After`; a provider that answered nonsense (an
+    empty or malformed answer) is a 502 that no retry is asked for.
+    """
+    status = _status(details.get("status"))
+    provider_code = details.get("provider_code") or None
+    param = details.get("provider_param") or None
+    if code == "provider.rejected" and status is not None and 400 <= status < 500:
+        kind = PROVIDER_ERROR_TYPES.get(status, "invalid_request_error")
+        return OpenAiError(status, message, type_=kind, param=param, code=provider_code)
+    if code == "provider.rate_limited":
+        return OpenAiError(
+            429,
+            message,
+            type_="rate_limit_error",
+            code=provider_code or "rate_limit_exceeded",
+            retry_after=_retry_after(details),
+        )
+    if retryable:
+        return unavailable(f"The model provider is unavailable: {message}", retry_after=_retry_after(details))
+    if code == "provider.misconfigured":
+        return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")
+    return OpenAiError(502, f"The model provider failed: {message}", type_="server_error", code="bad_gateway")
+
+
+def _status(raw: str | None) -> int | None:
+    return int(raw) if raw and raw.isdigit() and 100 <= int(raw) <= 599 else None
+
+
+def _retry_after(details: Mapping[str, str]) -> int:
+    raw = details.get("retry_after", "")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return DEFAULT_RETRY_AFTER
+    if not math.isfinite(seconds):
+        return DEFAULT_RETRY_AFTER
+    return min(MAX_RETRY_AFTER, max(1, math.ceil(seconds)))
 
 
 @dataclass
@@ -220,14 +348,16 @@ class Completion:
             "usage": usage,
         }
 
-    def complete(self, content: str, usage: dict[str, int] | None) -> dict[str, Any]:
+    def complete(self, content: str, usage: dict[str, int] | None, finish_reason: str = "stop") -> dict[str, Any]:
         """A non-streamed `chat.completion`."""
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
+            ],
         }
         if usage:
             body["usage"] = usage

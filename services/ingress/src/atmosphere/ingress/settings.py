@@ -13,24 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
-from atmosphere.config import ServiceSettings
-
-
-class TokenGrant(BaseModel):
-    """A bearer token or API key, the principal it stands for, and where it may be used."""
-
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
-
-    token: str = Field(min_length=8)
-    """The secret the client sends (`Authorization: Bearer <token>` or `X-API-Key`)."""
-    user_id: str
-    """The principal's user id (carried on every run it starts)."""
-    name: str = ""
-    """A display name or key label."""
-    roles: tuple[str, ...] = ()
-    """Roles granted to the principal."""
-    paths: tuple[str, ...] = ("*",)
-    """Agent paths it may use: exact paths, or prefixes ending in `*`."""
+from atmosphere.config import ServiceSettings, TokenGrant
 
 
 class IngressOptions(BaseModel):
@@ -51,11 +34,25 @@ class IngressOptions(BaseModel):
     long_poll_max_wait: float = Field(default=30.0, gt=0, le=120)
     """The longest a long-poll request waits for frames."""
     auth_tokens: tuple[TokenGrant, ...] = ()
-    """JSON list of token grants; when empty, agent endpoints are anonymous."""
+    """JSON list of token grants (dispatch's gRPC reads it too); when empty, agent endpoints are anonymous."""
     cors_origins: tuple[str, ...] = ()
     """JSON list of origins allowed to call from a browser (`["*"]` for any)."""
     conversation_idle_timeout: float = Field(default=1800.0, gt=0)
     """Seconds without a prompt after which a conversation counts as closed (long-term facts are extracted)."""
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1 << 20)
+    """Largest request head (request line and headers together); a larger one is answered 431."""
+    max_request_line_bytes: int = Field(default=8 * 1024, ge=256, le=1 << 20)
+    """Largest request line (method, path and query); a longer one is answered 414."""
+    first_byte_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a new connection may stay silent before it is closed."""
+    header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds from a request's first byte until its headers must be complete (slow clients get 408)."""
+    body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds from a request's headers until its body must be complete (slow clients get 408)."""
+    keep_alive_timeout: float = Field(default=5.0, gt=0)
+    """Seconds an idle keep-alive HTTP connection stays open."""
+    max_connections: int = Field(default=4096, ge=1)
+    """Open connections (HTTP and WebSocket) per ingress process; beyond it requests get 503."""
 
 
 class IngressSettings(ServiceSettings):

@@ -29,10 +29,10 @@ async def serve(settings: MemorySettings, *, stop: asyncio.Event) -> None:
 
     async with (
         MemoryStore.open(settings.db_path) as store,
-        open_service("memory", settings, info=lambda: runtime_info(workspaces)) as runtime,
+        open_service("memory", settings, info=lambda: runtime_info(workspaces), stop=stop) as runtime,
     ):
         bus = runtime.bus
-        handlers = MemoryHandlers(store, workspaces, screen)
+        handlers = MemoryHandlers(store, workspaces, screen, max_payload=bus.max_payload)
         async with bus.serve(handlers.router(), queue=QUEUE):
             runtime.health.mark_ready()
             await stop.wait()

@@ -9,15 +9,21 @@ raw errors back to the model).
 
 Argument coercion: a string is used as is; an int or float is stringified (models sometimes send
 `"path": 2024`); any other value (bool, list, object) is `Error: '<name>' must be a string`.
+
+Reading in pages: a file may be larger than one bus message can carry (the broker's limit can
+be below the store's per-file limit). Then `read_file` returns the part that fits and a marker
+naming the `offset` to read on from; `offset` (characters, default 0) is accepted on every read.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
 from atmosphere.memory.filesystem import FileSystem, WorkspaceError
+from atmosphere.memory.sizes import head, utf8_len
 
 log = logging.getLogger("atmosphere.memory.file_tools")
 
@@ -65,8 +71,47 @@ def _ls(fs: FileSystem, arguments: Mapping[str, object]) -> str:
     return "\n".join(f"{entry.path}/" if entry.directory else f"{entry.path} ({entry.size} bytes)" for entry in entries)
 
 
-def _read_file(fs: FileSystem, arguments: Mapping[str, object]) -> str:
-    return fs.read(_required(arguments, "path"))
+def _offset(arguments: Mapping[str, object]) -> int:
+    """The `offset` argument: a non-negative whole number of characters (0 when absent)."""
+    value = arguments.get("offset")
+    if value is None:
+        return 0
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError
+        offset = int(value)  # a digit string too; over 4300 digits is a ValueError
+    except ValueError:
+        raise _ArgumentError("'offset' must be a non-negative whole number of characters") from None
+    if offset < 0:
+        raise _ArgumentError("'offset' must be a non-negative whole number of characters")
+    return offset
+
+
+def _read_file(fs: FileSystem, arguments: Mapping[str, object], *, max_bytes: int | None = None) -> str:
+    path = _required(arguments, "path")
+    offset = _offset(arguments)
+    content = fs.read(path)
+    if offset > len(content):
+        raise _ArgumentError(f"offset {offset} is past the end of {path} ({len(content)} characters)")
+    rest = content[offset:] if offset else content
+    if max_bytes is None or utf8_len(rest) <= max_bytes:
+        return rest
+    return _page(path, content, offset, rest, max_bytes)
+
+
+def _page(path: str, content: str, offset: int, rest: str, max_bytes: int) -> str:
+    """The part of `rest` that fits in `max_bytes`, with a marker saying where to read on."""
+
+    def marker(end: int) -> str:
+        return (
+            f"\n…[truncated: {path} is {len(content)} characters; this shows characters {offset} to {end}."
+            f" Call read_file with offset={end} to read on.]"
+        )
+
+    piece = head(rest, max_bytes - utf8_len(marker(len(content))))
+    if not piece:
+        raise _ArgumentError(f"{path} cannot be read: not even one character fits in a reply")
+    return piece + marker(offset + len(piece))
 
 
 def _write_file(fs: FileSystem, arguments: Mapping[str, object]) -> str:
@@ -119,18 +164,23 @@ _HANDLERS: Final[Mapping[str, Callable[[FileSystem, Mapping[str, object]], str]]
 }
 
 
-def run_file_tool(fs: FileSystem | None, name: str, arguments: Mapping[str, object]) -> str:
+def run_file_tool(
+    fs: FileSystem | None, name: str, arguments: Mapping[str, object], *, max_bytes: int | None = None
+) -> str:
     """Run one file tool and return the text the model sees; never raises for bad input.
 
     Echoed paths in success texts are the model's own strings. Unexpected OS errors become
     `Error: <strerror>` (no file names, so nothing outside the store leaks); anything else is
-    logged and reported as a generic failure.
+    logged and reported as a generic failure. `max_bytes` bounds what `read_file` returns at
+    once (the rest is read with `offset`).
     """
     handler = _HANDLERS.get(name)
     if handler is None:
         return f"Error: unknown file tool '{name}'"
     if fs is None:
         return UNAVAILABLE
+    if handler is _read_file:
+        handler = functools.partial(_read_file, max_bytes=max_bytes)
     try:
         return handler(fs, arguments)
     except (_ArgumentError, WorkspaceError) as exc:

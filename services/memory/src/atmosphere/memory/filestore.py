@@ -56,7 +56,7 @@ class Limits:
     max_files: int = 256
     max_total_bytes: int = 16 * MIB
     max_conversations: int = 256
-    """Conversation stores per owner; the least recently modified idle ones are deleted past it."""
+    """Conversation stores per user of an owner; that user's least recently modified idle ones go past it."""
     max_grep_hits: int = 500
     grep_line_chars: int = 500
     max_pattern_chars: int = 512

@@ -3,6 +3,11 @@
 Blocking disk work (plans, files) runs in threads; the stores bound and validate everything
 they are given, and a tool failure is an `Error: ...` (or `write_todos failed: ...`) result
 for the model, never an exception on the bus.
+
+Every answer fits in one bus message (`max_payload`, see `sizes`): a history is read in pages
+(`page_token`), file listings and admin reads too (`offset`), the facts recalled are the newest
+that fit, and a tool's text that would not fit is cut with a marker saying so. Facts are sent
+to governance's screen in requests that fit, never as one that cannot be sent.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
 from atmosphere.memory.file_tools import run_file_tool
 from atmosphere.memory.filesystem import WorkspaceError
 from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
-from atmosphere.memory.store import MemoryStore
+from atmosphere.memory.sizes import DEFAULT_MAX_PAYLOAD, ENVELOPE_ROOM, REPLY_ROOM, clip, head, utf8_len
+from atmosphere.memory.store import HistoryChangedError, MemoryStore, bound_fact
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
 from atmosphere.sdk.compaction import Message, parse_strategy
@@ -65,6 +71,17 @@ class NotFoundError(ServiceError):
     code = "memory.not_found"
 
 
+class StalePageError(ServiceError):
+    """The history changed between two pages of one read: read it again from the start."""
+
+    code = "memory.history_changed"
+    retryable = True
+
+
+_ENTRY_OVERHEAD = 24
+"""Protobuf framing of one `FileEntry` or fact in a reply (tags, lengths, the size varint)."""
+
+
 def runtime_info(workspaces: Workspaces | None = None) -> dict[str, Any]:
     """Memory's runtime-truth fragment: what it serves now."""
     if workspaces is None:
@@ -77,10 +94,6 @@ def runtime_info(workspaces: Workspaces | None = None) -> dict[str, Any]:
             "tools": [WRITE_TODOS.name, *sorted(FILE_TOOL_NAMES)],
         }
     }
-
-
-def _messages(messages: list[Message]) -> list[ChatMessage]:
-    return [ChatMessage(role=m.role, content=m.content) for m in messages]
 
 
 def _from_wire(messages: Any) -> list[Message]:
@@ -106,23 +119,41 @@ class MemoryHandlers:
     """Every `atmo.mem.*` responder."""
 
     def __init__(
-        self, store: MemoryStore, workspaces: Workspaces, screen: ScreenFacts, *, recent_window: int = 6
+        self,
+        store: MemoryStore,
+        workspaces: Workspaces,
+        screen: ScreenFacts,
+        *,
+        recent_window: int = 6,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> None:
-        """Serve history and facts from `store`, plans and files from `workspaces`; `screen` asks governance."""
+        """Serve history and facts from `store`, plans and files from `workspaces`; `screen` asks governance.
+
+        `max_payload` is the broker's message limit: every answer is sized to fit in it.
+        """
         self._store = store
         self._workspaces = workspaces
         self._screen = screen
         self._recent_window = recent_window
+        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
+        self._tool_bytes = max(4 * REPLY_ROOM, max_payload - ENVELOPE_ROOM)
 
     # -- conversation history ------------------------------------------------------------------
 
     async def load_history(self, request: LoadHistoryRequest, _ctx: MessageContext) -> LoadHistoryResponse:
-        """`atmo.mem.history.load`."""
+        """`atmo.mem.history.load`: one page of the history (`next_page_token` says if more follow)."""
         try:
-            messages = await self._store.load_history(request.agent, request.conversation_id)
+            page = await self._store.history_page(
+                request.agent, request.conversation_id, request.page_token, max_bytes=self._reply_bytes
+            )
+        except HistoryChangedError as exc:
+            raise StalePageError(str(exc)) from exc
         except ValueError as exc:
             raise BadRequestError(str(exc)) from exc
-        return LoadHistoryResponse(messages=_messages(messages))
+        return LoadHistoryResponse(
+            messages=[ChatMessage(role=m.role, content=m.content, partial=m.partial) for m in page.messages],
+            next_page_token=page.next_token,
+        )
 
     async def append_turn(self, request: AppendTurnRequest, _ctx: MessageContext) -> AppendTurnResponse:
         """`atmo.mem.history.append`: the user turn, and the answer unless the run failed."""
@@ -145,12 +176,17 @@ class MemoryHandlers:
     async def replace_history(self, request: ReplaceHistoryRequest, _ctx: MessageContext) -> ReplaceHistoryResponse:
         """`atmo.mem.history.replace`: a summarized history, staged turns, or empty to clear."""
         base = _from_wire(request.base.messages) if request.HasField("base") else None
+        digest = (request.base_count, request.base_sha256) if request.base_sha256 else None
+        if request.base_count < 0:
+            raise BadRequestError(f"base_count must not be negative, got {request.base_count}")
         messages = _from_wire(request.messages)
         try:
-            if not messages and base is None:
+            if not messages and base is None and digest is None:
                 await self._store.clear_history(request.agent, request.conversation_id)
                 return ReplaceHistoryResponse(stored_messages=0, replaced=True)
-            replaced = await self._store.replace_history(request.agent, request.conversation_id, messages, base=base)
+            replaced = await self._store.replace_history(
+                request.agent, request.conversation_id, messages, base=base, base_digest=digest
+            )
         except ValueError as exc:
             raise BadRequestError(str(exc)) from exc
         return ReplaceHistoryResponse(stored_messages=len(messages) if replaced else 0, replaced=replaced)
@@ -158,39 +194,81 @@ class MemoryHandlers:
     # -- long-term facts -----------------------------------------------------------------------
 
     async def save_facts(self, request: SaveFactsRequest, _ctx: MessageContext) -> SaveFactsResponse:
-        """`atmo.mem.facts.save`: every fact is screened by governance first; no answer stores none."""
-        facts = [f for f in request.facts[:MAX_FACTS] if f.strip()]
+        """`atmo.mem.facts.save`: every fact is screened by governance first; no answer stores none.
+
+        Facts are bounded as the store keeps them BEFORE the screen (what is screened is what is
+        stored), and screened in requests that fit in one bus message.
+        """
+        facts = [fact for fact in (bound_fact(f) for f in request.facts[:MAX_FACTS]) if fact]
         if not request.user_id.strip():
             raise BadRequestError("facts need a user id")
-        if not facts:
-            return SaveFactsResponse()
-        try:
-            screened = await self._screen(
-                ScreenFactsRequest(facts=facts, user_id=request.user_id, conversation_id=request.conversation_id)
-            )
-        except Exception as exc:  # any failure of the screen: fail-closed
-            log.warning("the fact screen did not answer (%s): %d fact(s) not stored", exc, len(facts))
-            return SaveFactsResponse(dropped=len(facts))
-        keep = [s.text for s in screened.facts if s.store and s.text.strip()]
-        flagged = sum(1 for s in screened.facts if s.store and s.verdict != "SAFE")
-        dropped = len(facts) - len(keep)
+        keep: list[str] = []
+        flagged = 0
+        for batch in self._screen_batches(facts, request):
+            try:
+                screened = await self._screen(batch)
+            except Exception as exc:  # any failure of the screen: fail-closed
+                log.warning("the fact screen did not answer (%s): %d fact(s) not stored", exc, len(batch.facts))
+                continue
+            keep += [s.text for s in screened.facts[: len(batch.facts)] if s.store and s.text.strip()]
+            flagged += sum(1 for s in screened.facts[: len(batch.facts)] if s.store and s.verdict != "SAFE")
         stored = await self._store.save_facts(request.user_id, keep) if keep else 0
-        return SaveFactsResponse(stored=stored, dropped=dropped, flagged=flagged)
+        return SaveFactsResponse(stored=stored, dropped=len(facts) - len(keep), flagged=flagged)
+
+    def _screen_batches(self, facts: list[str], request: SaveFactsRequest) -> list[ScreenFactsRequest]:
+        """`facts` as screen requests that each fit in one bus message."""
+        batches: list[ScreenFactsRequest] = []
+        batch = ScreenFactsRequest(user_id=request.user_id, conversation_id=request.conversation_id)
+        for fact in facts:
+            cost = utf8_len(fact) + _ENTRY_OVERHEAD
+            if batch.facts and batch.ByteSize() + cost > self._tool_bytes:
+                batches.append(batch)
+                batch = ScreenFactsRequest(user_id=request.user_id, conversation_id=request.conversation_id)
+            batch.facts.append(fact)
+        if batch.facts:
+            batches.append(batch)
+        return batches
 
     async def get_facts(self, request: GetFactsRequest, _ctx: MessageContext) -> GetFactsResponse:
-        """`atmo.mem.facts.get`: the newest facts, oldest first."""
+        """`atmo.mem.facts.get`: the newest facts that fit in one reply, oldest first."""
         if not request.user_id.strip():
             return GetFactsResponse()
         facts = await self._store.get_facts(request.user_id, request.max_facts or 20)
-        return GetFactsResponse(facts=facts)
+        room = self._reply_bytes
+        kept = 0
+        for fact in reversed(facts):  # the newest matter most: they are kept first
+            room -= utf8_len(fact) + _ENTRY_OVERHEAD
+            if room < 0:
+                break
+            kept += 1
+        if kept < len(facts):
+            left_out = len(facts) - kept
+            log.warning("facts of %s: the %d oldest of %d left out of one reply", request.user_id, left_out, len(facts))
+        return GetFactsResponse(facts=facts[len(facts) - kept :], truncated=kept < len(facts))
 
     # -- the harness tools ---------------------------------------------------------------------
 
-    async def tool(self, call: ToolCall, _ctx: MessageContext) -> ToolResult:
-        """`atmo.mem.tool.<name>`: `write_todos` and the eight file tools."""
+    async def tool(self, call: ToolCall, ctx: MessageContext) -> ToolResult:
+        """`atmo.mem.tool.<name>`: `write_todos` and the eight file tools, answered within one message."""
+        return self._fitting(await self._tool(call, ctx))
+
+    def _fitting(self, result: ToolResult) -> ToolResult:
+        """`result` cut to fit in one bus message with room for dispatch's run event around it."""
+        if result.ByteSize() <= self._tool_bytes:
+            return result
+        if result.events and sum(e.ByteSize() for e in result.events) > self._tool_bytes // 2:
+            # A plan too large to stream; it is stored all the same, and the model is told.
+            del result.events[:]
+            result.content += "\n(The plan-update event was too large to send; the plan is stored.)"
+        # The rest of the result, plus the `truncated` flag and a longer length prefix at most.
+        room = self._tool_bytes - (result.ByteSize() - utf8_len(result.content)) - 8
+        result.content, result.truncated = clip(result.content, room)
+        return result
+
+    async def _tool(self, call: ToolCall, _ctx: MessageContext) -> ToolResult:
         try:
             arguments = json.loads(call.arguments_json or "{}")
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, nested too deep, or a number too long
             arguments = None
         if not isinstance(arguments, dict):
             return ToolResult(call_id=call.call_id, content="Error: the arguments are not a JSON object", is_error=True)
@@ -231,7 +309,8 @@ class MemoryHandlers:
             files = self._workspaces.files(call.workspace)
         except WorkspaceError as exc:
             return ToolResult(call_id=call.call_id, content=f"Error: {exc}", is_error=True)
-        text = run_file_tool(files, call.name, arguments)
+        # The page of a read leaves room for the rest of the reply, so its own marker survives.
+        text = run_file_tool(files, call.name, arguments, max_bytes=self._tool_bytes - REPLY_ROOM)
         return ToolResult(call_id=call.call_id, content=text, is_error=text.startswith("Error: "))
 
     # -- workspaces ----------------------------------------------------------------------------
@@ -260,26 +339,46 @@ class MemoryHandlers:
         return GetPlanResponse(found=True, plan=update)
 
     async def list_files(self, request: ListFilesRequest, _ctx: MessageContext) -> ListFilesResponse:
-        """`atmo.mem.files.list` (admin)."""
+        """`atmo.mem.files.list` (admin): the entries from `offset` that fit in one reply."""
+        if request.offset < 0:
+            raise BadRequestError(f"offset must not be negative, got {request.offset}")
 
         def listing() -> ListFilesResponse:
             files = self._workspaces.files(request.workspace)
             directory = None if request.path in {"", "."} else request.path
-            entries = files.ls(directory)
-            return ListFilesResponse(
-                entries=[FileEntry(path=e.path, size=e.size, directory=e.directory) for e in entries]
-            )
+            return self._listing_page(files.ls(directory), request.offset)
 
         try:
             return await asyncio.to_thread(listing)
         except WorkspaceError as exc:
             raise BadRequestError(str(exc)) from exc
 
+    def _listing_page(self, entries: list[Any], offset: int) -> ListFilesResponse:
+        """The entries from `offset` that fit in one reply; `next_offset` when more follow."""
+        response = ListFilesResponse()
+        room = self._reply_bytes
+        for index in range(offset, len(entries)):
+            entry = entries[index]
+            room -= utf8_len(entry.path) + _ENTRY_OVERHEAD
+            if room < 0:
+                response.next_offset = index
+                break
+            response.entries.append(FileEntry(path=entry.path, size=entry.size, directory=entry.directory))
+        return response
+
     async def read_file(self, request: ReadFileRequest, _ctx: MessageContext) -> ReadFileResponse:
-        """`atmo.mem.files.read` (admin)."""
+        """`atmo.mem.files.read` (admin): the content from `offset` that fits in one reply."""
+        if request.offset < 0:
+            raise BadRequestError(f"offset must not be negative, got {request.offset}")
 
         def reading() -> ReadFileResponse:
-            return ReadFileResponse(content=self._workspaces.files(request.workspace).read(request.path))
+            content = self._workspaces.files(request.workspace).read(request.path)
+            if request.offset > len(content):
+                msg = f"offset {request.offset} is past the end of {request.path} ({len(content)} characters)"
+                raise BadRequestError(msg)
+            piece = head(content[request.offset :], self._reply_bytes)
+            end = request.offset + len(piece)
+            return ReadFileResponse(content=piece, length=len(content), next_offset=end if end < len(content) else 0)
 
         try:
             return await asyncio.to_thread(reading)

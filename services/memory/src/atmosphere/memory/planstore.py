@@ -22,13 +22,14 @@ from typing import NamedTuple
 
 from atmosphere.memory.dirfd import DIR_FLAGS, is_link_at, read_all, replace_atomically
 from atmosphere.memory.plans import MAX_STEPS, AgentPlan, PlanError, PlanStatus, PlanStep
+from atmosphere.service import conversation_user_key
 
 log = logging.getLogger("atmosphere.memory.plans")
 
 MAX_PLAN_BYTES = 128 * 1024
 """Serialized (UTF-8) size of one plan document."""
 MAX_PLAN_FILES = 1024
-"""Plan documents one store keeps; writing a new one at the cap evicts the least recently modified."""
+"""Plan documents one store keeps per user; a user's new one at the cap evicts their least recently modified."""
 MAX_CACHED_LOCKS = 256
 """Per-file write locks kept (keys come from external input, so the cache is bounded)."""
 
@@ -219,8 +220,8 @@ class PlanStore:
                 else:
                     with self._create_lock:
                         # Bounded, never bricked: make room by evicting the least recently
-                        # modified plans instead of refusing every new conversation forever.
-                        self._evict_for_one_more()
+                        # modified plans (of this user) instead of refusing every new conversation.
+                        self._evict_for_one_more(conversation_user_key(conversation_id))
                         self._write(agent_id, path.name, data)
         except OSError as exc:
             raise PlanError(f"Failed to persist plan {agent_id}/{conversation_id}: {exc.strerror or exc}") from exc
@@ -314,9 +315,17 @@ class PlanStore:
             log.warning("cannot list plans of %s: %s", agent, exc)
             return []
 
-    def _evict_for_one_more(self) -> None:
-        """Delete least-recently-modified plan files until one more fits under the cap."""
-        files = sorted((mtime, agent, name) for agent in self._agents() for name, mtime in self._plan_files(agent))
+    def _evict_for_one_more(self, user: str) -> None:
+        """Delete `user`'s least-recently-modified plan files until one more of theirs fits under the cap.
+
+        The cap counts per user (`conversation_user_key`), so one user's plans never evict another's.
+        """
+        files = sorted(
+            (mtime, agent, name)
+            for agent in self._agents()
+            for name, mtime in self._plan_files(agent)
+            if conversation_user_key(name.removesuffix(".json")) == user
+        )
         excess = len(files) - (self._max_plan_files - 1)
         # No per-file locks here: a writer holding one may be waiting for the create lock we hold.
         # Deleting under a concurrent rewrite is benign — the rewrite simply recreates the file.

@@ -2,9 +2,10 @@
 
 Layout: `{owner_root}/files/{conversation_id}/` per conversation; each route of
 `LLM_FILESYSTEM_ROUTES` is a store at `{dir}/files/shared/`, shared by every conversation and
-mounted through a `CompositeFileSystem`. The provider also bounds how many conversation stores an
-owner keeps: past `max_conversations`, the least recently modified idle ones are deleted (bounded,
-never bricked: a new conversation always gets a store).
+mounted through a `CompositeFileSystem`. The provider also bounds how many conversation stores each
+user keeps under an owner: past `max_conversations`, that user's least recently modified idle ones
+are deleted (bounded, never bricked: a new conversation always gets a store; and per user, so one
+user's conversations never evict another's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits, WorkspaceFileSys
 from atmosphere.memory.filesystem import FileSystem
 from atmosphere.memory.paths import check_conversation_id, keyed_routes
 from atmosphere.memory.storeroot import live_state, root_key
+from atmosphere.service import conversation_user_key
 
 # The workspace modules share one logger name, the one operators already filter on.
 log = logging.getLogger("atmosphere.memory.workspace")
@@ -33,9 +35,9 @@ class FileSystemProvider:
     """Per-owner file stores: one per conversation, plus routed stores shared by all of them.
 
     Views are cached (LRU); an evicted view loses nothing (the state lives on disk and in the
-    per-root registry). When a new conversation store is about to be created and the owner already
-    has `max_conversations`, the least recently modified conversation stores that are not live
-    (no view of them exists in this process) are deleted.
+    per-root registry). When a new conversation store is about to be created and its user already
+    has `max_conversations` under this owner, that user's least recently modified conversation
+    stores that are not live (no view of them exists in this process) are deleted.
     """
 
     def __init__(
@@ -123,15 +125,24 @@ class FileSystemProvider:
         return found
 
     def _make_room(self, new_conversation: str) -> None:
-        """Delete idle conversation stores until a new one fits under `max_conversations`."""
+        """Delete idle conversation stores of the same user until a new one fits under `max_conversations`.
+
+        The cap is per user (`conversation_user_key`): one user's new conversations only ever
+        evict that user's own idle ones, never another user's files.
+        """
+        user = conversation_user_key(new_conversation)
         with self._lock:
-            existing = [(mtime, name) for name, mtime in self._conversation_dirs() if name != new_conversation]
+            existing = [
+                (mtime, name)
+                for name, mtime in self._conversation_dirs()
+                if name != new_conversation and conversation_user_key(name) == user
+            ]
             excess = len(existing) - (self._limits.max_conversations - 1)
             if excess <= 0:
                 return
             idle = sorted(item for item in existing if live_state(root_key(self._files_dir / item[1])) is None)
             for _, name in idle[:excess]:
-                log.info("Evicting conversation store %s (owner at %d conversations)", name, len(existing))
+                log.info("Evicting conversation store %s (its user at %d conversations)", name, len(existing))
                 self._remove_conversation_dir(name)
             if len(idle) < excess:
                 log.warning(

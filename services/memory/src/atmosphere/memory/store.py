@@ -15,14 +15,22 @@ summary (model, or `local_summary`), `apply_summary` and `replace_history(..., b
 `base` makes that replacement safe against a turn appended meanwhile (it is kept, after the
 summary). As a backstop, a history the caller never summarizes is summarized locally inside
 the append once it reaches twice `max_messages`.
+
+Reading in pages: a history can be larger than one bus message (20 messages of up to 256 KiB),
+so `history_page` hands it out in pages of a given size, splitting a message that does not fit
+(`PageMessage.partial`). The page token names where the next page starts and the history's
+version (count and seq range): a history that changed between two pages is refused
+(`HistoryChangedError`) rather than stitched from two different states.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -89,6 +97,11 @@ def bound_content(text: str) -> str:
     return data[:budget].decode(errors="ignore") + TRUNCATION_MARKER
 
 
+def bound_fact(fact: str) -> str:
+    """`fact` as it is stored: whitespace collapsed, at most `MAX_FACT_CHARS` characters."""
+    return _bound_fact(fact)
+
+
 def _bound_fact(fact: str) -> str:
     fact = " ".join(fact.split())
     if len(fact) <= MAX_FACT_CHARS:
@@ -111,6 +124,79 @@ def _check_conversation(conversation_id: str) -> None:
     if not conversation_id.strip():
         msg = "a blank conversation id has no history"
         raise ValueError(msg)
+
+
+def history_digest(messages: Sequence[Message]) -> str:
+    """The hex SHA-256 that `replace_history(base_digest=...)` compares: role, NUL, content, NUL each."""
+    digest = hashlib.sha256()
+    for message in messages:
+        digest.update(message.role.encode("utf-8", errors="surrogatepass") + b"\0")
+        digest.update(message.content.encode("utf-8", errors="surrogatepass") + b"\0")
+    return digest.hexdigest()
+
+
+class HistoryChangedError(ValueError):
+    """The history changed since the page token was issued (read it again from the start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageMessage:
+    """One message of a history page, or a part of one."""
+
+    role: str
+    content: str
+    partial: bool = False
+    """The content goes on in the next `PageMessage` (this page's or the next page's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    """Messages of one page and where the next page starts ("" after the last one)."""
+
+    messages: list[PageMessage]
+    next_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Cursor:
+    seq: int
+    """The seq of the next message to send."""
+    skip: int
+    """Characters of that message already sent."""
+    version: str
+
+    def token(self) -> str:
+        return f"{self.seq}:{self.skip}:{self.version}"
+
+    @classmethod
+    def parse(cls, token: str) -> _Cursor:
+        parts = token.split(":")
+        try:
+            if len(parts) != 3 or len(token) > 200:
+                raise ValueError
+            seq, skip = int(parts[0]), int(parts[1])
+        except ValueError:
+            msg = "the history page token is malformed"
+            raise ValueError(msg) from None
+        if seq < 0 or skip < 0:
+            msg = "the history page token is malformed"
+            raise ValueError(msg)
+        return cls(seq, skip, parts[2])
+
+
+MIN_PAGE_PIECE: Final = 256
+"""Bytes of room below which a page ends instead of starting another message part."""
+_MESSAGE_OVERHEAD: Final = 16
+"""Protobuf framing of one `ChatMessage` in a page (tags, lengths, the partial flag)."""
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", errors="surrogatepass"))
+
+
+def _head(text: str, max_bytes: int) -> str:
+    """The longest prefix of `text` of at most `max_bytes` UTF-8 bytes (whole characters)."""
+    return text.encode("utf-8", errors="surrogatepass")[:max_bytes].decode("utf-8", errors="ignore")
 
 
 class _Opening:
@@ -219,6 +305,63 @@ class MemoryStore:
         async with self._lock:
             return await self._messages(agent, conversation_id)
 
+    async def history_page(self, agent: str, conversation_id: str, token: str, *, max_bytes: int) -> HistoryPage:
+        """One page of the history, of at most about `max_bytes` of message content.
+
+        `token` is "" for the first page, else the previous page's `next_token`. A message that
+        does not fit in the room left is split (its first part marked `partial`), so any history
+        can be read whatever the page size.
+
+        Raises:
+            ValueError: a malformed token or a page size too small to make progress.
+            HistoryChangedError: the history changed since `token` was issued.
+        """
+        if max_bytes < MIN_PAGE_PIECE:
+            msg = f"a history page must hold at least {MIN_PAGE_PIECE} bytes, not {max_bytes}"
+            raise ValueError(msg)
+        async with self._lock:
+            version, first_seq = await self._version(agent, conversation_id)
+            cursor = _Cursor.parse(token) if token else _Cursor(first_seq, 0, version)
+            if cursor.version != version:
+                msg = "the conversation history changed while it was being read in pages; read it again"
+                raise HistoryChangedError(msg)
+            return await self._fill_page(agent, conversation_id, cursor, max_bytes)
+
+    async def _version(self, agent: str, conversation_id: str) -> tuple[str, int]:
+        """The history's version (count and seq range: any append, deletion or rewrite moves it) and first seq."""
+        async with self._db.execute(
+            "SELECT COUNT(*), MIN(seq), MAX(seq) FROM conversation_message WHERE agent = ? AND conversation_id = ?",
+            (agent, conversation_id),
+        ) as cursor:
+            row = await cursor.fetchone()
+        count, low, high = (0, None, None) if row is None else row
+        return f"{count}-{low or 0}-{high or 0}", int(low or 0)
+
+    async def _fill_page(self, agent: str, conversation_id: str, cursor: _Cursor, max_bytes: int) -> HistoryPage:
+        messages: list[PageMessage] = []
+        room = max_bytes
+        skip = cursor.skip
+        async with self._db.execute(
+            "SELECT seq, role, content FROM conversation_message"
+            " WHERE agent = ? AND conversation_id = ? AND seq >= ? ORDER BY seq",
+            (agent, conversation_id, cursor.seq),
+        ) as rows:
+            async for seq, role, content in rows:
+                rest = content[skip:] if skip else content
+                cost = _utf8_len(rest) + _utf8_len(role) + _MESSAGE_OVERHEAD
+                if cost <= room:
+                    messages.append(PageMessage(role, rest))
+                    room -= cost
+                    skip = 0
+                    continue
+                piece_room = room - _utf8_len(role) - _MESSAGE_OVERHEAD
+                if piece_room < MIN_PAGE_PIECE and messages:
+                    return HistoryPage(messages, _Cursor(seq, skip, cursor.version).token())
+                piece = _head(rest, max(piece_room, MIN_PAGE_PIECE // 2))
+                messages.append(PageMessage(role, piece, partial=True))
+                return HistoryPage(messages, _Cursor(seq, skip + len(piece), cursor.version).token())
+        return HistoryPage(messages, "")
+
     async def _messages(self, agent: str, conversation_id: str) -> list[Message]:
         async with self._db.execute(
             "SELECT role, content FROM conversation_message WHERE agent = ? AND conversation_id = ? ORDER BY seq",
@@ -323,14 +466,16 @@ class MemoryStore:
         messages: Sequence[Message],
         *,
         base: Sequence[Message] | None = None,
+        base_digest: tuple[int, str] | None = None,
     ) -> bool:
         """Replace the stored history with `messages` (after a summarizing compaction).
 
         Stored as given (contents bounded, not compacted).
         With `base` (the history the replacement was computed from), only replace if the stored
         history still begins with `base`; messages appended after it are kept after `messages`.
-        False, and nothing written, when the stored history no longer begins with `base`
-        (another compaction or a clear got there first).
+        `base_digest` (count, `history_digest` of those messages) is the same guard for a base
+        too large to send. False, and nothing written, when the stored history no longer begins
+        with the base (another compaction or a clear got there first).
         """
         _check_conversation(conversation_id)
         async with self._transaction() as db:
@@ -341,6 +486,12 @@ class MemoryStore:
                 if current[: len(bounded_base)] != bounded_base:
                     return False
                 replacement += current[len(bounded_base) :]
+            elif base_digest is not None:
+                count, digest = base_digest
+                current = await self._messages(agent, conversation_id)
+                if count < 0 or len(current) < count or history_digest(current[:count]) != digest:
+                    return False
+                replacement += current[count:]
             await self._rewrite(db, agent, conversation_id, replacement)
             return True
 

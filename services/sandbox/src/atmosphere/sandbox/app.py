@@ -14,10 +14,10 @@ from atmosphere.service import open_service
 async def serve(settings: SandboxSettings, *, stop: asyncio.Event) -> None:
     """Run sandbox until `stop` is set."""
     tools = load_app(settings.app, app_dir=settings.app_dir).tools
-    async with open_service("sandbox", settings, info=lambda: runtime_info(tools)) as runtime:
+    async with open_service("sandbox", settings, info=lambda: runtime_info(tools), stop=stop) as runtime:
         for descriptor in descriptors(tools):
             await runtime.bus.kv_put(subjects.TOOLS_BUCKET, descriptor.name, descriptor)
-        host = ToolHost(tools)
+        host = ToolHost(tools, max_payload=runtime.bus.max_payload)
         async with runtime.bus.serve(
             host.router(), queue="sandbox", max_inflight=settings.sandbox.max_concurrent_calls
         ):

@@ -22,8 +22,11 @@ async def serve(settings: TapeSettings, *, stop: asyncio.Event) -> None:
     def info() -> dict[str, Any]:
         return {"tape": {"enabled": True, "store": "sqlite"}}
 
-    async with TapeStore.open(settings.db_path) as store, open_service("tape", settings, info=info) as runtime:
-        handlers = TapeHandlers(store)
+    async with (
+        TapeStore.open(settings.db_path) as store,
+        open_service("tape", settings, info=info, stop=stop) as runtime,
+    ):
+        handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload)
         recorder = ConsumerSpec(
             stream=subjects.EVENTS_STREAM, durable=RECORDER, filter_subject=subjects.run_events_all()
         )

@@ -1,4 +1,10 @@
-"""Turning run events into tape steps, and answering tape queries."""
+"""Turning run events into tape steps, and answering tape queries.
+
+Every answer fits in one bus message (`max_payload`): a run's steps come in pages (as many as
+fit; `next_from_seq` says where the next page starts), a step whose payload alone would not fit
+is sent with a stand-in payload naming its size (`payload_truncated`), and the run list is the
+newest runs that fit (`truncated`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from atmosphere.bus import MessageContext, Router, WorkItem, subjects
+from atmosphere.bus import MessageContext, Router, ServiceError, WorkItem, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsRequest,
@@ -28,6 +34,29 @@ MAX_STEPS = 5000
 DEFAULT_MAX_RUNS = 100
 MAX_RUNS = 1000
 STATUSES = frozenset({"OPEN", "COMPLETED", "ERROR", "CANCELLED", "ABANDONED"})
+MAX_ID_CHARS = 1024
+"""The longest run or tape id accepted in a query."""
+MAX_SEQ = (1 << 63) - 1
+"""The largest seq SQLite can compare with (a larger `from_seq` is refused)."""
+DEFAULT_MAX_PAYLOAD = 1 << 20
+"""nats-server's default `max_payload` (1 MiB), for handlers built without a bus."""
+REPLY_ROOM = 2048
+"""Bytes of a reply kept free for its own fields besides the steps or runs (the run, counters)."""
+_ITEM_OVERHEAD = 16
+"""Protobuf framing of one step or run in a reply."""
+
+
+class BadRequestError(ServiceError):
+    """A query that cannot be answered as asked (an id too long, a seq out of range)."""
+
+    code = "tape.bad_request"
+
+
+def _check_id(name: str, value: str) -> None:
+    if len(value) > MAX_ID_CHARS:
+        msg = f"{name} is {len(value)} characters; the limit is {MAX_ID_CHARS}"
+        raise BadRequestError(msg)
+
 
 # Step kinds use the wire's event names; text deltas are recorded as "text" steps.
 _KIND_NAMES = {"text_delta": "text"}
@@ -100,9 +129,10 @@ def _run_message(row: RunRow) -> TapeRun:
 class TapeHandlers:
     """The recorder (fed by `ATMO_EVENTS`) and the query responders."""
 
-    def __init__(self, store: TapeStore) -> None:
-        """Record into and answer from `store`."""
+    def __init__(self, store: TapeStore, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        """Record into and answer from `store`, each answer within `max_payload` bytes."""
         self._store = store
+        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
 
     async def record(self, items: list[WorkItem[RunEvent]]) -> None:
         """Record a batch of events in one transaction; a redelivered event is stored once.
@@ -124,27 +154,55 @@ class TapeHandlers:
         await self._store.record_many(records)
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
-        """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped)."""
+        """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped), as many as fit in one reply."""
+        _check_id("run_id", request.run_id)
+        if request.from_seq > MAX_SEQ:
+            msg = f"from_seq {request.from_seq} is out of range (at most {MAX_SEQ})"
+            raise BadRequestError(msg)
         limit = min(request.max or DEFAULT_MAX_STEPS, MAX_STEPS)
         if limit < 0:
             limit = DEFAULT_MAX_STEPS
         steps = await self._store.steps(request.run_id, from_seq=request.from_seq, limit=limit)
-        response = GetStepsResponse(
-            run_id=request.run_id,
-            steps=[TapeStep(seq=s.seq, kind=s.kind, payload_json=s.payload, ts=s.ts) for s in steps],
-            count=len(steps),
-        )
+        response = GetStepsResponse(run_id=request.run_id)
         run = await self._store.run(request.run_id)
         if run is not None:
             response.run.CopyFrom(_run_message(run))
+        room = self._reply_bytes - response.ByteSize()
+        for step in steps:
+            message = self._step_message(step)
+            room -= message.ByteSize() + _ITEM_OVERHEAD
+            if room < 0 and response.steps:  # the first step always goes (its payload fits alone)
+                response.next_from_seq = step.seq
+                break
+            response.steps.append(message)
+        response.count = len(response.steps)
         return response
 
+    def _step_message(self, step: Step) -> TapeStep:
+        """`step` as sent; a payload too large for a reply of its own is replaced by its size."""
+        message = TapeStep(seq=step.seq, kind=step.kind, payload_json=step.payload, ts=step.ts)
+        if message.ByteSize() + _ITEM_OVERHEAD > self._reply_bytes - REPLY_ROOM:
+            size = len(step.payload.encode("utf-8", errors="surrogatepass"))
+            message.payload_json = json.dumps({"truncated": True, "bytes": size})
+            message.payload_truncated = True
+        return message
+
     async def list_runs(self, request: ListRunsRequest, _ctx: MessageContext) -> ListRunsResponse:
-        """`atmo.tape.runs`: newest first; an unknown status filter means no filter."""
+        """`atmo.tape.runs`: newest first, as many as fit in one reply; an unknown status filter means no filter."""
+        _check_id("tape_id", request.tape_id)
         limit = request.limit if 0 < request.limit <= MAX_RUNS else DEFAULT_MAX_RUNS
         status = request.status.upper() if request.status.upper() in STATUSES else ""
         rows = await self._store.runs(tape_id=request.tape_id, status=status, limit=limit)
-        return ListRunsResponse(runs=[_run_message(r) for r in rows])
+        response = ListRunsResponse()
+        room = self._reply_bytes
+        for row in rows:
+            message = _run_message(row)
+            room -= message.ByteSize() + _ITEM_OVERHEAD
+            if room < 0:
+                response.truncated = True
+                break
+            response.runs.append(message)
+        return response
 
     def router(self) -> Router:
         """The tape's request/reply subjects."""

@@ -16,7 +16,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.run.v1.run_pb2 import (
+    Complete,
     EntityComplete,
     EntityStart,
     RunEvent,
@@ -25,6 +27,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 )
 from atmosphere.dispatch.runtime import structured
 from atmosphere.dispatch.runtime.provider import (
+    CallLimits,
     ProviderError,
     RoundHooks,
     RoundResult,
@@ -104,8 +107,13 @@ class BuiltInAgentRuntime(AgentRuntime):
             size = max(1, config.max_concurrency)
             self._client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                # The read timeout is the stall timeout; the first-byte and whole-call deadlines
+                # are enforced per call by `stream_round`.
                 timeout=httpx.Timeout(
-                    connect=config.connect_timeout, read=config.stall_timeout, write=30.0, pool=config.stall_timeout
+                    connect=config.connect_timeout,
+                    read=config.stall_timeout,
+                    write=config.stall_timeout,
+                    pool=config.first_byte_timeout,
                 ),
             )
         return self._client
@@ -134,10 +142,11 @@ class BuiltInAgentRuntime(AgentRuntime):
             if ctx.request.response_format is not None:
                 await self._structured(ctx, session, ctx.request.response_format)
             else:
-                await self._conversation(ctx, session, _messages(ctx), forward_text=True)
-                await session.complete()
+                answer = await self._conversation(ctx, session, _messages(ctx), forward_text=True)
+                await session.emit(RunEvent(complete=Complete(finish_reason=finish_reason(answer))))
         except ProviderError as exc:
-            await session.error(str(exc), code=exc.code)
+            error = Error(code=exc.code, message=str(exc), retryable=exc.retryable, details=exc.details())
+            await session.emit(RunEvent(error=error))
         except ToolLoopExhaustedError as exc:
             await session.error(str(exc), code="runtime.tool_loop_exhausted")
 
@@ -178,15 +187,16 @@ class BuiltInAgentRuntime(AgentRuntime):
         *,
         forward_text: bool,
         extra: dict[str, Any] | None = None,
-    ) -> str:
-        """Rounds until the model answers without tools; returns the final round's text."""
+    ) -> RoundResult:
+        """Rounds until the model answers without tools (or is cut off); returns the final round."""
         iterations = 0
         offer_tools = True
         while True:
             body = {**self._body(ctx, messages, tools=offer_tools), **(extra or {})}
             result = await self._round(ctx, session, body, forward_text=forward_text)
-            if not result.tool_calls or not offer_tools:
-                return result.text
+            if not result.tool_calls or not offer_tools or result.cut_off:
+                # A cut-off round's tool calls may be truncated mid-argument: never run them.
+                return result
             if iterations >= ctx.tool_loop.cap:
                 if ctx.tool_loop.on_max_iterations is OnMaxIterations.FAIL:
                     msg = f"Tool loop exhausted after {ctx.tool_loop.cap} iterations"
@@ -222,7 +232,8 @@ class BuiltInAgentRuntime(AgentRuntime):
             body=body,
             headers=self._headers(),
             retry=ctx.retry,
-            hooks=RoundHooks(on_text=on_text, on_tool_delta=on_tool_delta),
+            hooks=RoundHooks(on_text=on_text, on_tool_delta=on_tool_delta, on_retry=session.progress),
+            limits=CallLimits.of(self.config),
         )
         if result.usage is not None:
             await session.usage(result.usage)
@@ -253,7 +264,7 @@ class BuiltInAgentRuntime(AgentRuntime):
         error = ""
         for attempt in range(attempts):
             try:
-                text = await self._conversation(ctx, session, messages, forward_text=False, extra=native)
+                text = (await self._conversation(ctx, session, messages, forward_text=False, extra=native)).text
             except ProviderError as exc:
                 if native is None or exc.status not in {400, 422}:
                     raise
@@ -261,7 +272,7 @@ class BuiltInAgentRuntime(AgentRuntime):
                 log.info("run %s: native structured output refused (%s); using prompt instructions", ctx.run_id, exc)
                 native = None
                 messages = _with_instructions(messages, model)
-                text = await self._conversation(ctx, session, messages, forward_text=False)
+                text = (await self._conversation(ctx, session, messages, forward_text=False)).text
             try:
                 entity = structured.parse(model, text)
             except ValueError as exc:
@@ -274,12 +285,21 @@ class BuiltInAgentRuntime(AgentRuntime):
                 ]
                 continue
             await _emit_entity(session, model, entity, text)
-            await session.complete()
+            await session.emit(RunEvent(complete=Complete(finish_reason="stop")))
             return
         await session.error(
             f"structured output did not match schema after {attempts} attempt(s): {error}",
             code="runtime.structured_output_invalid",
         )
+
+
+def finish_reason(answer: RoundResult) -> str:
+    """The terminal's finish reason: the provider's when it cut the answer short, else `stop`.
+
+    A last round that still asked for tools (the tool-loop cap refused them) ended its answer
+    all the same, so it is a `stop` too: `tool_calls` would promise calls the answer lacks.
+    """
+    return answer.finish_reason if answer.cut_off and answer.finish_reason else "stop"
 
 
 def _messages(ctx: AgentExecutionContext) -> list[dict[str, Any]]:

@@ -196,16 +196,20 @@ class ListDecisionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DECISIONS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """Older decisions were left out so the reply fits in one bus message."""
     @_builtins.property
     def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DecisionRecord]: ...
     def __init__(
         self,
         *,
         decisions: _abc.Iterable[Global___DecisionRecord] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

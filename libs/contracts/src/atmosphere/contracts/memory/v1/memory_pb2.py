@@ -27,7 +27,7 @@ from atmosphere.contracts.run.v1 import run_pb2 as atmosphere_dot_contracts_dot_
 from atmosphere.contracts.tool.v1 import tool_pb2 as atmosphere_dot_contracts_dot_tool_dot_v1_dot_tool__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+atmosphere/contracts/memory/v1/memory.proto\x12\x1e\x61tmosphere.contracts.memory.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a%atmosphere/contracts/run/v1/run.proto\x1a\'atmosphere/contracts/tool/v1/tool.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"C\n\nCompaction\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\"P\n\x12LoadHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\tJ\x04\x08\x03\x10\x04R\x0cmax_messages\"T\n\x13LoadHistoryResponse\x12=\n\x08messages\x18\x01 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\"\x86\x02\n\x11\x41ppendTurnRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x39\n\x04user\x18\x04 \x01(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12>\n\tassistant\x18\x05 \x01(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12>\n\ncompaction\x18\x06 \x01(\x0b\x32*.atmosphere.contracts.memory.v1.Compaction\"-\n\x12\x41ppendTurnResponse\x12\x17\n\x0fstored_messages\x18\x01 \x01(\x05\"\xb5\x01\n\x15ReplaceHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12=\n\x08messages\x18\x03 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12\x35\n\x04\x62\x61se\x18\x04 \x01(\x0b\x32\'.atmosphere.contracts.memory.v1.History\"H\n\x07History\x12=\n\x08messages\x18\x01 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\"C\n\x16ReplaceHistoryResponse\x12\x17\n\x0fstored_messages\x18\x01 \x01(\x05\x12\x10\n\x08replaced\x18\x02 \x01(\x08\"Z\n\x10SaveFactsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x61\x63ts\x18\x02 \x03(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"E\n\x11SaveFactsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\x05\x12\x0f\n\x07\x66lagged\x18\x03 \x01(\x05\"5\n\x0fGetFactsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\tmax_facts\x18\x02 \x01(\x05\"!\n\x10GetFactsResponse\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\"\x8a\x01\n\x12\x43onversationClosed\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x0e\n\x06reason\x18\x04 \x01(\t\"r\n\x14\x44ropWorkspaceRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x19\n\x11\x63onversation_only\x18\x02 \x01(\x08\"(\n\x15\x44ropWorkspaceResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"Q\n\x0eGetPlanRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\"W\n\x0fGetPlanResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x35\n\x04plan\x18\x02 \x01(\x0b\x32\'.atmosphere.contracts.run.v1.PlanUpdate\"a\n\x10ListFilesRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x0c\n\x04path\x18\x02 \x01(\t\":\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x11\n\tdirectory\x18\x03 \x01(\x08\"O\n\x11ListFilesResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).atmosphere.contracts.memory.v1.FileEntry\"`\n\x0fReadFileRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x0c\n\x04path\x18\x02 \x01(\t\"#\n\x10ReadFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+atmosphere/contracts/memory/v1/memory.proto\x12\x1e\x61tmosphere.contracts.memory.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a%atmosphere/contracts/run/v1/run.proto\x1a\'atmosphere/contracts/tool/v1/tool.proto\"=\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"C\n\nCompaction\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\"d\n\x12LoadHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x12\n\npage_token\x18\x04 \x01(\tJ\x04\x08\x03\x10\x04R\x0cmax_messages\"m\n\x13LoadHistoryResponse\x12=\n\x08messages\x18\x01 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x86\x02\n\x11\x41ppendTurnRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x39\n\x04user\x18\x04 \x01(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12>\n\tassistant\x18\x05 \x01(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12>\n\ncompaction\x18\x06 \x01(\x0b\x32*.atmosphere.contracts.memory.v1.Compaction\"-\n\x12\x41ppendTurnResponse\x12\x17\n\x0fstored_messages\x18\x01 \x01(\x05\"\xde\x01\n\x15ReplaceHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12=\n\x08messages\x18\x03 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\x12\x35\n\x04\x62\x61se\x18\x04 \x01(\x0b\x32\'.atmosphere.contracts.memory.v1.History\x12\x12\n\nbase_count\x18\x05 \x01(\x05\x12\x13\n\x0b\x62\x61se_sha256\x18\x06 \x01(\t\"H\n\x07History\x12=\n\x08messages\x18\x01 \x03(\x0b\x32+.atmosphere.contracts.memory.v1.ChatMessage\"C\n\x16ReplaceHistoryResponse\x12\x17\n\x0fstored_messages\x18\x01 \x01(\x05\x12\x10\n\x08replaced\x18\x02 \x01(\x08\"Z\n\x10SaveFactsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x61\x63ts\x18\x02 \x03(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"E\n\x11SaveFactsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\x05\x12\x0f\n\x07\x66lagged\x18\x03 \x01(\x05\"5\n\x0fGetFactsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\tmax_facts\x18\x02 \x01(\x05\"4\n\x10GetFactsResponse\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\x8a\x01\n\x12\x43onversationClosed\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x0e\n\x06reason\x18\x04 \x01(\t\"r\n\x14\x44ropWorkspaceRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x19\n\x11\x63onversation_only\x18\x02 \x01(\x08\"(\n\x15\x44ropWorkspaceResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"Q\n\x0eGetPlanRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\"W\n\x0fGetPlanResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x35\n\x04plan\x18\x02 \x01(\x0b\x32\'.atmosphere.contracts.run.v1.PlanUpdate\"q\n\x10ListFilesRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x05\":\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x11\n\tdirectory\x18\x03 \x01(\x08\"d\n\x11ListFilesResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).atmosphere.contracts.memory.v1.FileEntry\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x05\"p\n\x0fReadFileRequest\x12?\n\tworkspace\x18\x01 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"H\n\x10ReadFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,49 +35,49 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atmosphere.contracts.memory
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHATMESSAGE']._serialized_start=204
-  _globals['_CHATMESSAGE']._serialized_end=248
-  _globals['_COMPACTION']._serialized_start=250
-  _globals['_COMPACTION']._serialized_end=317
-  _globals['_LOADHISTORYREQUEST']._serialized_start=319
-  _globals['_LOADHISTORYREQUEST']._serialized_end=399
-  _globals['_LOADHISTORYRESPONSE']._serialized_start=401
-  _globals['_LOADHISTORYRESPONSE']._serialized_end=485
-  _globals['_APPENDTURNREQUEST']._serialized_start=488
-  _globals['_APPENDTURNREQUEST']._serialized_end=750
-  _globals['_APPENDTURNRESPONSE']._serialized_start=752
-  _globals['_APPENDTURNRESPONSE']._serialized_end=797
-  _globals['_REPLACEHISTORYREQUEST']._serialized_start=800
-  _globals['_REPLACEHISTORYREQUEST']._serialized_end=981
-  _globals['_HISTORY']._serialized_start=983
-  _globals['_HISTORY']._serialized_end=1055
-  _globals['_REPLACEHISTORYRESPONSE']._serialized_start=1057
-  _globals['_REPLACEHISTORYRESPONSE']._serialized_end=1124
-  _globals['_SAVEFACTSREQUEST']._serialized_start=1126
-  _globals['_SAVEFACTSREQUEST']._serialized_end=1216
-  _globals['_SAVEFACTSRESPONSE']._serialized_start=1218
-  _globals['_SAVEFACTSRESPONSE']._serialized_end=1287
-  _globals['_GETFACTSREQUEST']._serialized_start=1289
-  _globals['_GETFACTSREQUEST']._serialized_end=1342
-  _globals['_GETFACTSRESPONSE']._serialized_start=1344
-  _globals['_GETFACTSRESPONSE']._serialized_end=1377
-  _globals['_CONVERSATIONCLOSED']._serialized_start=1380
-  _globals['_CONVERSATIONCLOSED']._serialized_end=1518
-  _globals['_DROPWORKSPACEREQUEST']._serialized_start=1520
-  _globals['_DROPWORKSPACEREQUEST']._serialized_end=1634
-  _globals['_DROPWORKSPACERESPONSE']._serialized_start=1636
-  _globals['_DROPWORKSPACERESPONSE']._serialized_end=1676
-  _globals['_GETPLANREQUEST']._serialized_start=1678
-  _globals['_GETPLANREQUEST']._serialized_end=1759
-  _globals['_GETPLANRESPONSE']._serialized_start=1761
-  _globals['_GETPLANRESPONSE']._serialized_end=1848
-  _globals['_LISTFILESREQUEST']._serialized_start=1850
-  _globals['_LISTFILESREQUEST']._serialized_end=1947
-  _globals['_FILEENTRY']._serialized_start=1949
-  _globals['_FILEENTRY']._serialized_end=2007
-  _globals['_LISTFILESRESPONSE']._serialized_start=2009
-  _globals['_LISTFILESRESPONSE']._serialized_end=2088
-  _globals['_READFILEREQUEST']._serialized_start=2090
-  _globals['_READFILEREQUEST']._serialized_end=2186
-  _globals['_READFILERESPONSE']._serialized_start=2188
-  _globals['_READFILERESPONSE']._serialized_end=2223
+  _globals['_CHATMESSAGE']._serialized_end=265
+  _globals['_COMPACTION']._serialized_start=267
+  _globals['_COMPACTION']._serialized_end=334
+  _globals['_LOADHISTORYREQUEST']._serialized_start=336
+  _globals['_LOADHISTORYREQUEST']._serialized_end=436
+  _globals['_LOADHISTORYRESPONSE']._serialized_start=438
+  _globals['_LOADHISTORYRESPONSE']._serialized_end=547
+  _globals['_APPENDTURNREQUEST']._serialized_start=550
+  _globals['_APPENDTURNREQUEST']._serialized_end=812
+  _globals['_APPENDTURNRESPONSE']._serialized_start=814
+  _globals['_APPENDTURNRESPONSE']._serialized_end=859
+  _globals['_REPLACEHISTORYREQUEST']._serialized_start=862
+  _globals['_REPLACEHISTORYREQUEST']._serialized_end=1084
+  _globals['_HISTORY']._serialized_start=1086
+  _globals['_HISTORY']._serialized_end=1158
+  _globals['_REPLACEHISTORYRESPONSE']._serialized_start=1160
+  _globals['_REPLACEHISTORYRESPONSE']._serialized_end=1227
+  _globals['_SAVEFACTSREQUEST']._serialized_start=1229
+  _globals['_SAVEFACTSREQUEST']._serialized_end=1319
+  _globals['_SAVEFACTSRESPONSE']._serialized_start=1321
+  _globals['_SAVEFACTSRESPONSE']._serialized_end=1390
+  _globals['_GETFACTSREQUEST']._serialized_start=1392
+  _globals['_GETFACTSREQUEST']._serialized_end=1445
+  _globals['_GETFACTSRESPONSE']._serialized_start=1447
+  _globals['_GETFACTSRESPONSE']._serialized_end=1499
+  _globals['_CONVERSATIONCLOSED']._serialized_start=1502
+  _globals['_CONVERSATIONCLOSED']._serialized_end=1640
+  _globals['_DROPWORKSPACEREQUEST']._serialized_start=1642
+  _globals['_DROPWORKSPACEREQUEST']._serialized_end=1756
+  _globals['_DROPWORKSPACERESPONSE']._serialized_start=1758
+  _globals['_DROPWORKSPACERESPONSE']._serialized_end=1798
+  _globals['_GETPLANREQUEST']._serialized_start=1800
+  _globals['_GETPLANREQUEST']._serialized_end=1881
+  _globals['_GETPLANRESPONSE']._serialized_start=1883
+  _globals['_GETPLANRESPONSE']._serialized_end=1970
+  _globals['_LISTFILESREQUEST']._serialized_start=1972
+  _globals['_LISTFILESREQUEST']._serialized_end=2085
+  _globals['_FILEENTRY']._serialized_start=2087
+  _globals['_FILEENTRY']._serialized_end=2145
+  _globals['_LISTFILESRESPONSE']._serialized_start=2147
+  _globals['_LISTFILESRESPONSE']._serialized_end=2247
+  _globals['_READFILEREQUEST']._serialized_start=2249
+  _globals['_READFILEREQUEST']._serialized_end=2361
+  _globals['_READFILERESPONSE']._serialized_start=2363
+  _globals['_READFILERESPONSE']._serialized_end=2435
 # @@protoc_insertion_point(module_scope)

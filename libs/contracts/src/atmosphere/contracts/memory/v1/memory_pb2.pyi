@@ -29,18 +29,24 @@ class ChatMessage(_message.Message):
 
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"system", "user", "assistant" or "tool"."""
     content: _builtins.str
+    partial: _builtins.bool
+    """The content goes on in the next `ChatMessage` (of the same page or the next one): a message
+    too large for one reply is split across pages; the reader joins the parts.
+    """
     def __init__(
         self,
         *,
         role: _builtins.str = ...,
         content: _builtins.str = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "partial", b"partial", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -78,23 +84,31 @@ Global___Compaction: _TypeAlias = Compaction  # noqa: Y015
 
 @_typing.final
 class LoadHistoryRequest(_message.Message):
-    """Asked on `atmo.mem.history.load`."""
+    """Asked on `atmo.mem.history.load`. A history larger than one bus message comes in pages:
+    ask again with `page_token` = the last reply's `next_page_token` until that is empty.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     agent: _builtins.str
+    page_token: _builtins.str
+    """Empty for the first page. A token whose history changed since (a turn appended, a
+    compaction) is answered with the error `memory.history_changed`: start again.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         agent: _builtins.str = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -105,16 +119,20 @@ class LoadHistoryResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when this is the last page."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -190,8 +208,16 @@ class ReplaceHistoryRequest(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     BASE_FIELD_NUMBER: _builtins.int
+    BASE_COUNT_FIELD_NUMBER: _builtins.int
+    BASE_SHA256_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     agent: _builtins.str
+    base_count: _builtins.int
+    """The same guard without resending the messages (a history may be larger than one bus
+    message): replace only if the first `base_count` stored messages hash to `base_sha256`, the
+    hex SHA-256 over each message's UTF-8 `role`, a NUL byte, its `content` and a NUL byte.
+    """
+    base_sha256: _builtins.str
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
     @_builtins.property
@@ -207,10 +233,12 @@ class ReplaceHistoryRequest(_message.Message):
         agent: _builtins.str = ...,
         messages: _abc.Iterable[Global___ChatMessage] | None = ...,
         base: Global___History | None = ...,
+        base_count: _builtins.int = ...,
+        base_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "base", b"base", "conversation_id", b"conversation_id", "messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "base", b"base", "base_count", b"base_count", "base_sha256", b"base_sha256", "conversation_id", b"conversation_id", "messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -346,6 +374,9 @@ class GetFactsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FACTS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """Older facts were left out so the reply fits in one bus message."""
     @_builtins.property
     def facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Oldest first, at most `max_facts` of the newest."""
@@ -354,10 +385,11 @@ class GetFactsResponse(_message.Message):
         self,
         *,
         facts: _abc.Iterable[_builtins.str] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -497,8 +529,11 @@ class ListFilesRequest(_message.Message):
 
     WORKSPACE_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """A directory relative to the conversation's root; empty or "." for the root."""
+    offset: _builtins.int
+    """Skip this many entries (the last reply's `next_offset`)."""
     @_builtins.property
     def workspace(self) -> _tool_pb2.WorkspaceScope: ...
     def __init__(
@@ -506,10 +541,11 @@ class ListFilesRequest(_message.Message):
         *,
         workspace: _tool_pb2.WorkspaceScope | None = ...,
         path: _builtins.str = ...,
+        offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "path", b"path", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -545,16 +581,20 @@ class ListFilesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    next_offset: _builtins.int
+    """More entries follow: ask again with `offset` = this. 0 when the listing is complete."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___FileEntry] | None = ...,
+        next_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_offset", b"next_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -568,7 +608,10 @@ class ReadFileRequest(_message.Message):
 
     WORKSPACE_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     path: _builtins.str
+    offset: _builtins.int
+    """Start at this character of the file (the last reply's `next_offset`)."""
     @_builtins.property
     def workspace(self) -> _tool_pb2.WorkspaceScope: ...
     def __init__(
@@ -576,10 +619,11 @@ class ReadFileRequest(_message.Message):
         *,
         workspace: _tool_pb2.WorkspaceScope | None = ...,
         path: _builtins.str = ...,
+        offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "path", b"path", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -590,15 +634,24 @@ class ReadFileResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTENT_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
     content: _builtins.str
+    """The file's content from `offset`: all of it, or as much as fits in one bus message."""
+    length: _builtins.int
+    """The file's length in characters."""
+    next_offset: _builtins.int
+    """More content follows: ask again with `offset` = this. 0 when `content` reaches the end."""
     def __init__(
         self,
         *,
         content: _builtins.str = ...,
+        length: _builtins.int = ...,
+        next_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "length", b"length", "next_offset", b"next_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

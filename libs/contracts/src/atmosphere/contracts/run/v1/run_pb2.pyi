@@ -125,6 +125,7 @@ class RunEvent(_message.Message):
     TIMESTAMP_FIELD_NUMBER: _builtins.int
     ORIGIN_RUN_ID_FIELD_NUMBER: _builtins.int
     ORIGIN_AGENT_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     TEXT_DELTA_FIELD_NUMBER: _builtins.int
     TEXT_COMPLETE_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
@@ -160,6 +161,10 @@ class RunEvent(_message.Message):
     sub-run that produced it and its agent. The event's own `seq` is this stream's.
     """
     origin_agent: _builtins.str
+    owner: _builtins.str
+    """The user id of the principal that started the run (empty for anonymous runs). Every event
+    carries it, so a reader holding any one event (the last stored one) can check ownership.
+    """
     @_builtins.property
     def timestamp(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -226,6 +231,7 @@ class RunEvent(_message.Message):
         timestamp: _timestamp_pb2.Timestamp | None = ...,
         origin_run_id: _builtins.str = ...,
         origin_agent: _builtins.str = ...,
+        owner: _builtins.str = ...,
         text_delta: Global___TextDelta | None = ...,
         text_complete: Global___TextComplete | None = ...,
         progress: Global___Progress | None = ...,
@@ -253,7 +259,7 @@ class RunEvent(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "origin_agent", b"origin_agent", "origin_run_id", b"origin_run_id", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "origin_agent", b"origin_agent", "origin_run_id", b"origin_run_id", "owner", b"owner", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text_delta", "text_complete", "progress", "metadata", "content", "tool_start", "tool_result", "tool_error", "tool_call_delta", "plan_update", "agent_step", "approval_required", "usage", "confidence", "reasoning_delta", "reasoning_complete", "handoff", "structured_field", "entity_start", "entity_complete", "routing_decision", "citation", "complete", "error"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -831,8 +837,13 @@ class Complete(_message.Message):
 
     SUMMARY_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
     summary: _builtins.str
     """Optional closing summary (`data` of the `complete` frame)."""
+    finish_reason: _builtins.str
+    """Why the answer ended, as the model provider said it: "stop" (or empty: a finished answer),
+    "length" (cut off at the token limit) or "content_filter" (cut off by the provider's filter).
+    """
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
     def __init__(
@@ -840,10 +851,11 @@ class Complete(_message.Message):
         *,
         summary: _builtins.str = ...,
         usage: _common_pb2.Usage | None = ...,
+        finish_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "summary", b"summary", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

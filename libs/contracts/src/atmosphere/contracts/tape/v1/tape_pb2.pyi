@@ -28,6 +28,7 @@ class TapeStep(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
     TS_FIELD_NUMBER: _builtins.int
+    PAYLOAD_TRUNCATED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     kind: _builtins.str
     """The event kind as it appears on the wire, e.g. "text", "tool-start", "complete"."""
@@ -35,6 +36,10 @@ class TapeStep(_message.Message):
     """The step's payload as a JSON object text."""
     ts: _builtins.int
     """Epoch milliseconds."""
+    payload_truncated: _builtins.bool
+    """The payload alone was larger than one bus message: `payload_json` is then
+    `{"truncated": true, "bytes": <its size>}` instead.
+    """
     def __init__(
         self,
         *,
@@ -42,10 +47,11 @@ class TapeStep(_message.Message):
         kind: _builtins.str = ...,
         payload_json: _builtins.str = ...,
         ts: _builtins.int = ...,
+        payload_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "payload_json", b"payload_json", "seq", b"seq", "ts", b"ts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "payload_json", b"payload_json", "payload_truncated", b"payload_truncated", "seq", b"seq", "ts", b"ts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -134,8 +140,13 @@ class GetStepsResponse(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
+    NEXT_FROM_SEQ_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     count: _builtins.int
+    next_from_seq: _builtins.int
+    """More steps follow that did not fit in one bus message: ask again with `from_seq` = this.
+    0 when the reply holds every step asked for.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___TapeStep]: ...
     @_builtins.property
@@ -149,10 +160,11 @@ class GetStepsResponse(_message.Message):
         steps: _abc.Iterable[Global___TapeStep] | None = ...,
         count: _builtins.int = ...,
         run: Global___TapeRun | None = ...,
+        next_from_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "run", b"run", "run_id", b"run_id", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "next_from_seq", b"next_from_seq", "run", b"run", "run_id", b"run_id", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -190,16 +202,20 @@ class ListRunsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUNS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """Older runs were left out so the reply fits in one bus message."""
     @_builtins.property
     def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TapeRun]: ...
     def __init__(
         self,
         *,
         runs: _abc.Iterable[Global___TapeRun] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -176,9 +176,14 @@ class ToolResult(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     IS_ERROR_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     content: _builtins.str
     is_error: _builtins.bool
+    truncated: _builtins.bool
+    """`content` was cut to fit in one bus message (it ends with a marker saying so and how large
+    the whole result was).
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.RunEvent]:
         """Events the caller emits into the run's stream before the tool result (e.g. `plan_update`
@@ -192,10 +197,11 @@ class ToolResult(_message.Message):
         content: _builtins.str = ...,
         is_error: _builtins.bool = ...,
         events: _abc.Iterable[_run_pb2.RunEvent] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,191 @@
+"""A run's events reach the stream exactly once, whatever happens to their acknowledgements."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from google.protobuf.message import Message
+
+from atmosphere.bus import BusError, Headers, JetStreamLayout, PayloadTooLargeError, PublishAck, runs, subjects
+from atmosphere.bus.runs import RunEventWriter, follow_run, submit_run
+from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.common.v1.common_pb2 import Principal
+from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunRequest, TextDelta, ToolCallDelta
+
+
+class FlakyBroker(FakeBus):
+    """Loses the first copy of chosen events, or only their acknowledgements, like a broker restart."""
+
+    def __init__(self, *, lose: set[int] = frozenset(), lose_ack: set[int] = frozenset(), **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.lose = set(lose)
+        self.lose_ack = set(lose_ack)
+        self.sends: list[int] = []
+
+    async def js_publish_nowait(
+        self, subject: str, message: Message, *, headers: Headers | None = None
+    ) -> asyncio.Future[PublishAck]:
+        seq = message.seq if isinstance(message, RunEvent) else 0
+        self.sends.append(seq)
+        if seq in self.lose:
+            self.lose.discard(seq)
+            return asyncio.get_running_loop().create_future()  # never stored, never acknowledged
+        stored = await super().js_publish_nowait(subject, message, headers=headers)
+        if seq in self.lose_ack:
+            self.lose_ack.discard(seq)
+            return asyncio.get_running_loop().create_future()  # stored, but the ack is gone
+        return stored
+
+
+def request(run_id: str = "r1", user: str = "alice") -> RunRequest:
+    return RunRequest(run_id=run_id, agent="echo", principal=Principal(user_id=user))
+
+
+def stored_seqs(bus: FakeBus, run_id: str = "r1") -> list[int]:
+    return [
+        RunEvent.FromString(data).seq
+        for subject, data in bus.stream_messages(subjects.EVENTS_STREAM)
+        if subject == subjects.run_events(run_id)
+    ]
+
+
+async def write(writer: RunEventWriter, texts: int) -> None:
+    for n in range(texts):
+        await writer.emit(RunEvent(text_delta=TextDelta(text=f"t{n}")))
+    await writer.emit(RunEvent(complete=Complete()))
+
+
+@pytest.mark.parametrize(
+    ("lose", "lose_ack"),
+    [({3}, set()), ({2, 3, 4}, set()), (set(), {2, 5}), ({2}, {3})],
+    ids=["one-lost", "several-lost", "acks-lost", "mixed"],
+)
+async def test_every_event_is_stored_exactly_once(lose: set[int], lose_ack: set[int]) -> None:
+    bus = FlakyBroker(lose=lose, lose_ack=lose_ack)
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    await write(writer, 5)
+    seqs = stored_seqs(bus)
+    assert sorted(seqs) == list(range(2, 8))  # 5 texts and the terminal, each once
+    assert writer.unacknowledged == 0
+    for seq in lose | lose_ack:
+        assert bus.sends.count(seq) == 2  # sent again with the same id
+
+
+async def test_a_resent_event_may_be_stored_late_but_followers_read_it_in_order() -> None:
+    bus = FlakyBroker(lose={3})
+    await bus.provision(JetStreamLayout())
+    await write(RunEventWriter(bus, request(), ack_patience=0.05), 3)
+    assert stored_seqs(bus) == [2, 4, 3, 5]
+    assert [e.seq async for e in follow_run(bus, "r1", after_seq=1)] == [2, 3, 4, 5]
+
+
+async def test_every_event_names_the_runs_owner() -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    await write(RunEventWriter(bus, request(user="bob")), 2)
+    owners = {RunEvent.FromString(data).owner for _, data in bus.stream_messages(subjects.EVENTS_STREAM)}
+    assert owners == {"bob"}
+
+
+async def test_an_event_that_cannot_be_stored_in_time_fails_the_flush() -> None:
+    bus = FlakyBroker(lose={2})
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05, store_deadline=0.2)
+    await writer.emit(RunEvent(text_delta=TextDelta(text="x")))
+    bus.lose = {2, 3}
+    bus.lose_ack = set()
+
+    async def never_stores(
+        subject: str, message: Message, *, headers: Headers | None = None
+    ) -> asyncio.Future[PublishAck]:
+        return asyncio.get_running_loop().create_future()
+
+    bus.js_publish_nowait = never_stores  # type: ignore[method-assign]
+    with pytest.raises(BusError, match="not stored"):
+        await writer.flush()
+
+
+async def test_an_event_too_large_for_the_broker_is_refused_without_using_a_seq() -> None:
+    bus = FakeBus(max_payload=512)
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request())
+    with pytest.raises(PayloadTooLargeError):
+        await writer.emit(RunEvent(text_delta=TextDelta(text="x" * 600)))
+    await writer.emit(RunEvent(complete=Complete()))
+    assert stored_seqs(bus) == [2]
+
+
+async def test_a_submission_without_a_connection_is_refused_at_once() -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    bus.connected = False
+    with pytest.raises(runs.SubmitError, match="unreachable"):
+        await submit_run(bus, request())
+    assert stored_seqs(bus) == []
+
+
+async def test_a_quiet_follower_finds_events_it_never_saw_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runs, "IDLE_CHECK", 0.05)
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    stream = bus._streams[subjects.EVENTS_STREAM]
+
+    async def follow() -> list[int]:
+        return [e.seq async for e in follow_run(bus, "r1")]
+
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.05)
+    # Stored while this follower's connection was down: no live copy ever arrives.
+    for event in (RunEvent(run_id="r1", seq=2), RunEvent(run_id="r1", seq=3, complete=Complete())):
+        bus._store(stream, subjects.run_events("r1"), event.SerializeToString(), None)
+    assert await asyncio.wait_for(task, 3) == [1, 2, 3]
+
+
+async def test_live_events_out_of_order_are_put_back_in_order() -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+
+    async def follow() -> list[int]:
+        return [e.seq async for e in follow_run(bus, "r1")]
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.05)
+    for seq in (3, 2):
+        await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=seq))
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=4, complete=Complete()))
+    assert await asyncio.wait_for(task, 3) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kind", ["text_delta", "tool_call_delta"])
+async def test_a_streamed_piece_too_big_for_one_message_goes_as_several(kind: str) -> None:
+    bus = FakeBus(max_payload=4096)
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request())
+    text = "é" * 3000 + "x" * 5000  # 11,000 bytes, multi-byte characters at the cuts
+    if kind == "text_delta":
+        await writer.emit(RunEvent(text_delta=TextDelta(text=text)))
+    else:
+        await writer.emit(RunEvent(tool_call_delta=ToolCallDelta(call_id="c1", arguments_fragment=text)))
+    await writer.emit(RunEvent(complete=Complete()))
+    events = [RunEvent.FromString(data) for _, data in bus.stream_messages(subjects.EVENTS_STREAM)]
+    pieces = [e for e in events if e.WhichOneof("kind") == kind]
+    assert len(pieces) >= 3
+    joined = "".join(
+        e.text_delta.text if kind == "text_delta" else e.tool_call_delta.arguments_fragment for e in pieces
+    )
+    assert joined == text
+    assert [e.seq for e in events] == list(range(2, 2 + len(events)))
+
+
+async def test_a_run_request_too_big_to_queue_leaves_nothing_behind() -> None:
+    bus = FakeBus(max_payload=4096)
+    await bus.provision(JetStreamLayout())
+    big = request()
+    big.message = "x" * 5000
+    with pytest.raises(PayloadTooLargeError):
+        await submit_run(bus, big)
+    assert bus.stream_messages(subjects.EVENTS_STREAM) == []

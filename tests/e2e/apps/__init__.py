@@ -1,0 +1,1 @@
+"""Apps that exist only for the end-to-end tests."""
