@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 import websockets
@@ -52,6 +53,7 @@ from .wsclient import read_run, ws_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+ADMIN_TOKEN = "payload-limits-admin"
 LIMIT = 64 * 1024
 """The broker's `max_payload` in this suite."""
 ENVELOPE_ROOM = 16 * 1024
@@ -110,6 +112,7 @@ async def world(limited_nats: NatsServer, tmp_path_factory: pytest.TempPathFacto
             Path(tmp_path_factory.mktemp("payload-limits")) / "data",
             app="tests.e2e.apps.payload_app:app",
             llm_base_url=provider.base_url,
+            ingress={"admin_token": ADMIN_TOKEN},
         )
         try:
             async with run_stack(services, bus=bus) as stack:
@@ -388,4 +391,15 @@ async def test_tape_steps_one_byte_over_come_in_pages(world: World) -> None:
         from_seq = page.next_from_seq
     assert len(pages) >= 2
     assert [s for p in pages for s in p.steps] == list(whole.steps)  # type: ignore[attr-defined]
+    # The admin API hands the pages on: `nextFromSeq` says where the next one starts.
+    seqs: list[int] = []
+    params: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=world.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+        while True:
+            answer = (await http.get(f"/api/admin/tape/runs/{run_id}/steps", params=params)).json()
+            seqs += [step["seq"] for step in answer["steps"]]
+            if "nextFromSeq" not in answer:
+                break
+            params = {"fromSeq": answer["nextFromSeq"]}
+    assert seqs == [1, 2, 3, 4]
     await assert_still_serving(world, "tape")

@@ -1,9 +1,17 @@
 import asyncio
 import json
 
-from atmosphere.bus import JetStreamLayout, subjects
+from atmosphere.bus import Envelope, Headers, JetStreamLayout, WorkItem, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Control, ControlAck, RunEvent, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import (
+    ApprovalDecision,
+    Cancel,
+    Control,
+    ControlAck,
+    RunEvent,
+    RunRequest,
+    TextDelta,
+)
 from atmosphere.dispatch.handlers import RESUMED_METADATA_KEY, agent_descriptors
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline
 from atmosphere.sdk import (
@@ -336,3 +344,27 @@ def test_descriptors_carry_runtime_truth() -> None:
     assert without["model"].capabilities == []
     assert list(without["model"].tools) == ["weather", "slow", "delete_file"]
     assert without["echo"].path == "/atmosphere/agent/echo"
+
+
+def work_item(run: RunRequest, delivered: int) -> WorkItem[RunRequest]:
+    return WorkItem(Envelope(subjects.run_submit(run.agent), run, Headers()), stream_seq=1, delivered=delivered)
+
+
+async def test_a_run_that_failed_on_every_delivery_is_ended_not_tried_again(harness: Harness) -> None:
+    executor = harness.executor(APP, max_deliveries=3)
+    await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+    await executor.on_work(work_item(request("model", "hi"), delivered=3))
+    events = harness.events()
+    assert kinds(events) == ["", "error"]
+    assert events[-1].error.code == "dispatch.run_abandoned"
+    assert events[-1].error.details["deliveries"] == "3"
+    assert harness.provider.requests == []  # the poison run never reached the model again
+
+
+async def test_a_run_below_the_delivery_bound_is_re_driven(harness: Harness) -> None:
+    executor = harness.executor(APP, max_deliveries=3)
+    await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+    await executor.on_work(work_item(request("echo", "again"), delivered=2))
+    events = harness.events()
+    assert kinds(events)[-1] == "complete"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))

@@ -27,6 +27,7 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     ListRunsRequest,
     ListRunsResponse,
     TapeRun,
+    TapeStep,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.ingress.agents_api import ErrorBody, error, state_of
@@ -177,6 +178,13 @@ async def admin_tape_runs(
     return await admin_call(request, "tape", ask)
 
 
+def _step(step: TapeStep) -> dict[str, Any]:
+    shown: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "payload": step.payload_json, "ts": step.ts}
+    if step.payload_truncated:
+        shown["payloadTruncated"] = True
+    return shown
+
+
 @router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=ERRORS)
 async def admin_tape_steps(
     request: Request,
@@ -184,7 +192,11 @@ async def admin_tape_steps(
     fromSeq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,  # noqa: N803
     max: Annotated[int, Query(ge=1, le=5000)] = 500,
 ) -> Any:
-    """`{runId, steps: [{seq, kind, payload, ts}], count}`."""
+    """`{runId, steps: [{seq, kind, payload, ts}], count, nextFromSeq?}`.
+
+    A reply holds what fits in one bus message: `nextFromSeq`, when present, is the `fromSeq` of
+    the next page. A step too large for any page has `payloadTruncated: true`.
+    """
     if not valid_id(run_id):
         return error(400, "Malformed run id", "admin.bad_request")
 
@@ -197,8 +209,11 @@ async def admin_tape_steps(
         )
         if not reply.HasField("run"):
             return error(404, f"The tape has no run {run_id}", "admin.unknown_run")
-        steps = [{"seq": s.seq, "kind": s.kind, "payload": s.payload_json, "ts": s.ts} for s in reply.steps]
-        return {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
+        steps = [_step(s) for s in reply.steps]
+        page: dict[str, Any] = {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
+        if reply.next_from_seq:
+            page["nextFromSeq"] = reply.next_from_seq
+        return page
 
     return await admin_call(request, "tape", ask)
 

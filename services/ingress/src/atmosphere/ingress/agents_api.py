@@ -327,7 +327,23 @@ def _message_limit(state: IngressState) -> int:
 @router.websocket("/atmosphere/agent/{name}")
 async def agent_socket(websocket: WebSocket, name: str) -> None:
     """Prompts in (text or JSON, or approval replies), Atmosphere frames out."""
-    await serve_socket(websocket, await _descriptor(state_of(websocket), name=name))
+    await serve_socket_at(websocket, _descriptor(state_of(websocket), name=name))
+
+
+async def serve_socket_at(websocket: WebSocket, lookup: Awaitable[AgentDescriptor | None]) -> None:
+    """Serve the agent `lookup` finds; if the directory cannot be read, refuse with a close code.
+
+    Unhandled, the lookup's `BusError` would make the server reject the handshake with a bare
+    500; a client should learn that it may try again.
+    """
+    try:
+        descriptor = await lookup
+    except BusError as exc:
+        log.warning("agent directory unavailable for %s: %s", websocket.url.path, exc)
+        await websocket.accept()
+        await websocket.close(CLOSE_UNAVAILABLE, "The agent directory is unavailable; try again")
+        return
+    await serve_socket(websocket, descriptor)
 
 
 # -- SSE -----------------------------------------------------------------------------------------

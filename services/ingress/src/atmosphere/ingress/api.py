@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
+from atmosphere.bus import BusError
 from atmosphere.ingress import admin_api, agents_api, openai_api, workspace_api
 from atmosphere.ingress.agents_api import start_sse, state_of
 from atmosphere.ingress.openai_wire import OpenAiError
@@ -65,6 +66,20 @@ def _answer_errors_in_json(app: FastAPI) -> None:
         if request.url.path.startswith(openai_api.router.prefix):
             return JSONResponse(OpenAiError(400, message).body(), 400)
         return JSONResponse({"error": message, "code": "ingress.bad_request"}, 400)
+
+    @app.exception_handler(BusError)
+    async def bus_unavailable(request: Request, exc: BusError) -> JSONResponse:
+        # The broker (or the service behind it) did not answer: a retry may help, a 500 would lie.
+        log.warning("bus unavailable on %s %s: %s", request.method, request.url.path, exc)
+        headers = {"Retry-After": "2"}
+        if request.url.path.startswith(openai_api.router.prefix):
+            body = OpenAiError(503, "Service unavailable; try again", type_="server_error").body()
+            return JSONResponse(body, 503, headers=headers)
+        body = {
+            "error": "Service unavailable (the message broker did not answer); try again",
+            "code": "ingress.unavailable",
+        }
+        return JSONResponse(body, 503, headers=headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -161,8 +176,7 @@ def create_app(
     # the routes above.
     @app.websocket("/{path:path}")
     async def endpoint_socket(websocket: WebSocket, path: str) -> None:
-        descriptor = await state_of(websocket).directory.by_path("/" + path)
-        await agents_api.serve_socket(websocket, descriptor)
+        await agents_api.serve_socket_at(websocket, state_of(websocket).directory.by_path("/" + path))
 
     @app.post(
         "/{path:path}",
@@ -181,6 +195,9 @@ def create_app(
         if allowed := _methods_serving(fixed, request):
             # Shaped like every other 405 by the handler above (OpenAI's shape under its prefix).
             raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+        if settings.ai_openai_enabled and request.url.path.startswith(openai_api.router.prefix + "/"):
+            # Under the OpenAI prefix an unknown operation is OpenAI's 404, not an agent endpoint.
+            raise StarletteHTTPException(404, f"Unknown operation {request.url.path}")
         return await start_sse(request, await state_of(request).directory.by_path("/" + path))
 
     return app

@@ -1,0 +1,64 @@
+"""Errors ingress answers itself: the broker not answering (503 / close 4503), unknown OpenAI operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from atmosphere.bus import BusError, JetStreamLayout
+from atmosphere.bus.testing import FakeBus
+from atmosphere.config import NatsSettings
+from atmosphere.ingress.api import create_app
+from atmosphere.ingress.settings import IngressSettings
+from atmosphere.ingress.state import IngressState
+from atmosphere.service import Health, ServiceRuntime
+
+
+class SilentBroker(FakeBus):
+    """Connected, but every key-value read fails as during a broker restart."""
+
+    async def kv_items(self, bucket: str, message_type: Any) -> Any:
+        msg = "listing bucket failed: nats: timeout"
+        raise BusError(msg)
+
+
+@pytest.fixture
+async def client() -> TestClient:
+    bus = SilentBroker()
+    await bus.provision(JetStreamLayout())
+    settings = IngressSettings(nats=NatsSettings(url="nats://127.0.0.1:1"), ai_openai_enabled=True)
+    app = create_app(settings)
+    # The lifespan would connect to NATS; the routes only need the state it builds.
+    app.state.ingress = IngressState.build(
+        settings, ServiceRuntime(bus=bus, health=Health("ingress", bus), probe_port=0)
+    )
+    return TestClient(app)
+
+
+def test_an_http_route_answers_503_with_retry_after(client: TestClient) -> None:
+    response = client.post("/atmosphere/agent/echo", content="hello")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "2"
+    assert response.json()["code"] == "ingress.unavailable"
+
+
+def test_the_openai_api_answers_503_in_its_own_shape(client: TestClient) -> None:
+    response = client.get("/atmosphere/v1/models")
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "server_error"
+
+
+def test_a_websocket_is_accepted_then_closed_with_4503(client: TestClient) -> None:
+    with client.websocket_connect("/atmosphere/agent/echo") as ws, pytest.raises(WebSocketDisconnect) as closed:
+        ws.receive_text()
+    assert closed.value.code == 4503
+    assert "try again" in closed.value.reason
+
+
+def test_an_unknown_operation_under_the_openai_prefix_is_openais_404(client: TestClient) -> None:
+    response = client.post("/atmosphere/v1/embeddings", json={"input": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
