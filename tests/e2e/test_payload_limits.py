@@ -28,6 +28,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from atmosphere.bus import NatsBus, PayloadTooLargeError, connect, subjects
 from atmosphere.bus._codec import wire_size
 from atmosphere.bus.runs import follow_run
+from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -56,8 +57,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 ADMIN_TOKEN = "payload-limits-admin"
 LIMIT = 64 * 1024
 """The broker's `max_payload` in this suite."""
-ENVELOPE_ROOM = 16 * 1024
-"""What dispatch, memory and sandbox keep free around data (`sizes.ENVELOPE_ROOM`)."""
 SCOPE = WorkspaceScope(category="agents", owner="chat", agent_id="chat", conversation_id="files")
 
 
@@ -212,7 +211,7 @@ async def test_dispatch_a_tool_call_one_byte_over_is_a_tool_error_for_the_model(
 # -- sandbox ----------------------------------------------------------------------------------------
 
 
-async def test_sandbox_a_result_one_byte_over_is_cut_with_a_marker(world: World) -> None:
+async def test_sandbox_a_result_one_byte_over_travels_whole_as_a_stored_object(world: World) -> None:
     def result(n: int) -> tuple[Message, int]:
         reply = ToolResult(call_id="call-2", content="r" * n)
         return reply, wire_size(reply.SerializeToString(), None)
@@ -220,15 +219,57 @@ async def test_sandbox_a_result_one_byte_over_is_cut_with_a_marker(world: World)
     _, n = sized_text(result, LIMIT + 1)
     call = ToolCall(call_id="call-2", name="produce", arguments_json=json.dumps({"size": n, "char": "r"}))
     reply = await world.bus.request(subjects.tool("produce"), call, ToolResult, timeout=10)
-    assert reply.truncated
     assert not reply.is_error
-    assert reply.ByteSize() <= LIMIT
-    kept, _, marker = reply.content.partition("\n")
-    assert kept == "r" * len(kept)
-    assert len(kept) > LIMIT // 2
-    assert marker == f"…[truncated: the result of produce is {n} bytes; only the first {len(kept)} bytes are kept]"
+    assert not reply.truncated
+    assert (reply.content, bool(reply.result_object)) == ("", True)
+    stored = await world.bus.object_get(subjects.TOOL_RESULTS_BUCKET, reply.result_object)
+    await world.bus.object_delete(subjects.TOOL_RESULTS_BUCKET, reply.result_object)
+    assert stored == b"r" * n  # nothing cut
     small = ToolCall(call_id="call-3", name="produce", arguments_json='{"size": 3}')
     assert (await world.bus.request(subjects.tool("produce"), small, ToolResult)).content == "xxx"
+    await assert_still_serving(world, "sandbox")
+
+
+async def read_whole_file(world: World, scope: WorkspaceScope, path: str) -> str:
+    """A workspace file as memory's admin read pages it (`next_offset`)."""
+    content, offset = "", 0
+    for _ in range(100):
+        reply = await world.bus.request(
+            subjects.memory("files.read"), ReadFileRequest(workspace=scope, path=path, offset=offset), ReadFileResponse
+        )
+        content += reply.content
+        if not reply.next_offset:
+            return content
+        offset = reply.next_offset
+    raise AssertionError(f"{path} did not end within 100 pages")
+
+
+async def stored_chunks(world: World) -> dict[str, int]:
+    """The chunk subjects the tool-results bucket still holds (none once every result was read)."""
+    name = world.bus.stream_name(subjects.TOOL_RESULTS_BUCKET)
+    info = await world.bus.client.jetstream().stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.C.>")
+    return dict(info.state.subjects or {})
+
+
+async def test_sandbox_a_result_several_times_the_limit_reaches_the_workspace_whole(world: World) -> None:
+    size = 4 * LIMIT + 123  # characters of two bytes each: about eight times the broker limit
+    conversation = uuid.uuid4().hex
+    world.provider.script(Reply.tools(ToolCallScript("produce", {"size": size, "char": "é"})), Reply.text("saved"))
+    events = await world.run("filer", "go", conversation_id=conversation)
+    assert events[-1].WhichOneof("kind") == "complete"
+    [preview] = [e.tool_result.result for e in events if e.WhichOneof("kind") == "tool_result"]
+    told = world.provider.requests[-1]["messages"][-1]
+    assert (told["role"], told["content"]) == ("tool", preview)  # the model gets the preview, bounded
+    assert preview.startswith("é" * 1500)
+    assert len(preview.encode()) < 8 * 1024
+    listing = preview.split(" parts, in order: ", 1)[1].split(" — use read_file", 1)[0]
+    paths = listing.split(", ")
+    assert len(paths) > 1
+    scope = WorkspaceScope(category="agents", owner="filer", agent_id="filer", conversation_id=conversation)
+    saved = "".join([await read_whole_file(world, scope, path) for path in paths])
+    assert saved == "é" * size  # whole: nothing past the broker limit was lost
+    assert "Only the first" not in preview
+    assert await stored_chunks(world) == {}  # dispatch deleted the object it read
     await assert_still_serving(world, "sandbox")
 
 

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from atmosphere.bus import subjects
+from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
@@ -24,7 +25,6 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     RunRequest,
     RunResponse,
 )
-from atmosphere.dispatch.sizes import ENVELOPE_ROOM
 from tests.e2e.hostile.conftest import HostileStack
 
 SERVICE = "/atmosphere.contracts.dispatch.v1.DispatchService"

@@ -298,9 +298,12 @@ def capped(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 async def test_connections_over_the_cap_are_refused_with_503(capped: HostileStack) -> None:
     held = [socket.create_connection(capped.host_port, timeout=15) for _ in range(2)]
     try:
-        answer = await asyncio.to_thread(exchange, capped, [b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"])
+        answer = await asyncio.to_thread(exchange, capped, [b"GET /api/console/info HTTP/1.1\r\nHost: x\r\n\r\n"])
         assert (answer.status, answer.json()["code"]) == (503, "ingress.busy")
         assert answer.headers["retry-after"] == "1"
+        # The probes are answered all the same: a busy ingress must not be restarted for it.
+        probe = await asyncio.to_thread(exchange, capped, [b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"])
+        assert (probe.status, probe.json()["status"]) == (200, "ok")
         with pytest.raises(websockets.InvalidStatus) as refused:
             async with websockets.connect(f"{capped.ws}/atmosphere/agent/echo"):
                 pass

@@ -22,6 +22,7 @@ def test_public_api_is_pinned() -> None:
         "NatsBus",
         "NoRespondersError",
         "NoStreamError",
+        "ObjectBucketSpec",
         "PayloadTooLargeError",
         "PublishAck",
         "RemoteError",
@@ -39,10 +40,33 @@ def test_public_api_is_pinned() -> None:
         "reconnect_delay",
         "request_retrying",
         "runs",
+        "sizes",
         "subjects",
+        "text",
     ]
     for name in atmosphere.bus.__all__:
         assert getattr(atmosphere.bus, name) is not None
+
+
+def test_the_sizes_and_text_modules_are_pinned() -> None:
+    # One owner for the sizes of bus messages and for text protobuf accepts: every service uses these.
+    assert sorted(atmosphere.bus.sizes.__all__) == [
+        "DEFAULT_MAX_PAYLOAD",
+        "ENVELOPE_ROOM",
+        "MAX_OBJECT_BYTES",
+        "MIN_DATA_BYTES",
+        "MIN_REPLY_BYTES",
+        "REPLY_ROOM",
+        "clip",
+        "data_budget",
+        "head",
+        "reply_budget",
+        "utf8_len",
+    ]
+    assert sorted(atmosphere.bus.text.__all__) == ["has_lone_surrogate", "replace_lone_surrogates"]
+    for module in (atmosphere.bus.sizes, atmosphere.bus.text):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
 
 
 def test_reconnect_delay_backs_off_with_jitter_and_a_cap() -> None:

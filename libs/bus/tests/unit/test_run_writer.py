@@ -11,17 +11,50 @@ from atmosphere.bus import BusError, Headers, JetStreamLayout, PayloadTooLargeEr
 from atmosphere.bus.runs import RunEventWriter, follow_run, submit_run
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunRequest, TextDelta, ToolCallDelta
+from atmosphere.contracts.run.v1.run_pb2 import (
+    ApprovalRequired,
+    Complete,
+    Progress,
+    RunEvent,
+    RunRequest,
+    TextDelta,
+    ToolCallDelta,
+)
+from atmosphere.testing import wait_until
 
 
 class FlakyBroker(FakeBus):
-    """Loses the first copy of chosen events, or only their acknowledgements, like a broker restart."""
+    """Loses chosen events as a broker restart would.
+
+    `lose` drops the first copy of those seqs — a plain publish (a stream piece) is then lost
+    with the session, which ends (the epoch moves); an acknowledged publish just never gets its
+    acknowledgement. `lose_ack` stores the event but loses its acknowledgement.
+    """
 
     def __init__(self, *, lose: set[int] = frozenset(), lose_ack: set[int] = frozenset(), **kwargs: int) -> None:
         super().__init__(**kwargs)
         self.lose = set(lose)
         self.lose_ack = set(lose_ack)
         self.sends: list[int] = []
+        self.probes = 0
+
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        seq = message.seq if isinstance(message, RunEvent) else 0
+        self.sends.append(seq)
+        if seq in self.lose:
+            self.lose.discard(seq)
+            self.disconnect()  # the session it went out on died with it
+            return
+        await super().publish(subject, message, headers=headers)
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        if subject.endswith(".probe"):
+            self.probes += 1
+        else:
+            self.sends.append(message.seq if isinstance(message, RunEvent) else 0)
+        return await super().js_publish(subject, message, headers=headers, timeout=timeout)
 
     async def js_publish_nowait(
         self, subject: str, message: Message, *, headers: Headers | None = None
@@ -31,11 +64,13 @@ class FlakyBroker(FakeBus):
         if seq in self.lose:
             self.lose.discard(seq)
             return asyncio.get_running_loop().create_future()  # never stored, never acknowledged
-        stored = await super().js_publish_nowait(subject, message, headers=headers)
+        stored = await FakeBus.js_publish(self, subject, message, headers=headers)
+        ack: asyncio.Future[PublishAck] = asyncio.get_running_loop().create_future()
         if seq in self.lose_ack:
-            self.lose_ack.discard(seq)
-            return asyncio.get_running_loop().create_future()  # stored, but the ack is gone
-        return stored
+            self.lose_ack.discard(seq)  # stored, but the acknowledgement is gone
+        else:
+            ack.set_result(stored)
+        return ack
 
 
 def request(run_id: str = "r1", user: str = "alice") -> RunRequest:
@@ -50,52 +85,98 @@ def stored_seqs(bus: FakeBus, run_id: str = "r1") -> list[int]:
     ]
 
 
-async def write(writer: RunEventWriter, texts: int) -> None:
-    for n in range(texts):
-        await writer.emit(RunEvent(text_delta=TextDelta(text=f"t{n}")))
+def text(n: int) -> RunEvent:
+    return RunEvent(text_delta=TextDelta(text=f"t{n}"))
+
+
+def progress(n: int) -> RunEvent:
+    return RunEvent(progress=Progress(message=f"p{n}"))
+
+
+async def write(writer: RunEventWriter, events: list[RunEvent]) -> None:
+    for event in events:
+        await writer.emit(event)
     await writer.emit(RunEvent(complete=Complete()))
+    await writer.close()
+
+
+MIXED = [text(0), text(1), progress(2), text(3), progress(4)]
+"""Seqs 2-6: stream pieces (plain publishes) and other events (acknowledged publishes)."""
 
 
 @pytest.mark.parametrize(
     ("lose", "lose_ack"),
-    [({3}, set()), ({2, 3, 4}, set()), (set(), {2, 5}), ({2}, {3})],
-    ids=["one-lost", "several-lost", "acks-lost", "mixed"],
+    [({3}, set()), ({2, 3, 5}, set()), ({4}, set()), (set(), {4, 6}), ({2}, {4}), ({3, 4, 6}, set())],
+    ids=["a-piece", "several-pieces", "an-acked-event", "acks", "mixed", "all-kinds"],
 )
 async def test_every_event_is_stored_exactly_once(lose: set[int], lose_ack: set[int]) -> None:
     bus = FlakyBroker(lose=lose, lose_ack=lose_ack)
     await bus.provision(JetStreamLayout())
     writer = RunEventWriter(bus, request(), ack_patience=0.05)
-    await write(writer, 5)
-    seqs = stored_seqs(bus)
-    assert sorted(seqs) == list(range(2, 8))  # 5 texts and the terminal, each once
+    await write(writer, MIXED)
+    assert sorted(stored_seqs(bus)) == list(range(2, 8))  # five events and the terminal, each once
     assert writer.unacknowledged == 0
     for seq in lose | lose_ack:
         assert bus.sends.count(seq) == 2  # sent again with the same id
 
 
+async def test_pieces_of_an_unbroken_session_are_confirmed_without_a_probe() -> None:
+    bus = FlakyBroker()
+    await bus.provision(JetStreamLayout())
+    await write(RunEventWriter(bus, request(), ack_patience=0.05), [text(n) for n in range(50)])
+    assert bus.probes == 0  # the terminal's own acknowledgement proved them
+    assert bus.sends.count(10) == 1
+
+
 async def test_a_resent_event_may_be_stored_late_but_followers_read_it_in_order() -> None:
     bus = FlakyBroker(lose={3})
     await bus.provision(JetStreamLayout())
-    await write(RunEventWriter(bus, request(), ack_patience=0.05), 3)
-    assert stored_seqs(bus) == [2, 4, 3, 5]
+    await write(RunEventWriter(bus, request(), ack_patience=0.05), [text(0), text(1), text(2)])
+    assert stored_seqs(bus) == [2, 4, 5, 3]
     assert [e.seq async for e in follow_run(bus, "r1", after_seq=1)] == [2, 3, 4, 5]
+
+
+async def test_a_lost_event_before_a_quiet_spell_is_sent_again_while_the_run_waits() -> None:
+    bus = FlakyBroker(lose={2, 3})
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    await writer.emit(text(0))  # a piece lost with its session
+    approval = RunEvent(approval_required=ApprovalRequired(approval_id="apr_000000000001", tool_name="rm"))
+    await writer.emit(approval)  # lost too; then the run waits for a human, emitting nothing
+    await wait_until(lambda: _stored(bus, {2, 3}), timeout=3, what="the watchdog to send them again")
+    await writer.close()
+
+
+async def test_pieces_sent_while_disconnected_are_sent_once_connected_again() -> None:
+    bus = FlakyBroker()
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    bus.connected = False
+    await writer.emit(text(0))
+    await writer.emit(text(1))
+    assert stored_seqs(bus) == []
+    bus.disconnect()
+    bus.connected = True
+    await wait_until(lambda: _stored(bus, {2, 3}), timeout=3, what="the pieces to be sent once back")
+    await writer.close()
+
+
+async def _stored(bus: FakeBus, seqs: set[int]) -> bool:
+    return set(stored_seqs(bus)) >= seqs
 
 
 async def test_every_event_names_the_runs_owner() -> None:
     bus = FakeBus()
     await bus.provision(JetStreamLayout())
-    await write(RunEventWriter(bus, request(user="bob")), 2)
+    await write(RunEventWriter(bus, request(user="bob")), [text(0), progress(1)])
     owners = {RunEvent.FromString(data).owner for _, data in bus.stream_messages(subjects.EVENTS_STREAM)}
     assert owners == {"bob"}
 
 
 async def test_an_event_that_cannot_be_stored_in_time_fails_the_flush() -> None:
-    bus = FlakyBroker(lose={2})
+    bus = FakeBus()
     await bus.provision(JetStreamLayout())
     writer = RunEventWriter(bus, request(), ack_patience=0.05, store_deadline=0.2)
-    await writer.emit(RunEvent(text_delta=TextDelta(text="x")))
-    bus.lose = {2, 3}
-    bus.lose_ack = set()
 
     async def never_stores(
         subject: str, message: Message, *, headers: Headers | None = None
@@ -103,8 +184,10 @@ async def test_an_event_that_cannot_be_stored_in_time_fails_the_flush() -> None:
         return asyncio.get_running_loop().create_future()
 
     bus.js_publish_nowait = never_stores  # type: ignore[method-assign]
+    await writer.emit(progress(0))
     with pytest.raises(BusError, match="not stored"):
         await writer.flush()
+    await writer.close()
 
 
 async def test_an_event_too_large_for_the_broker_is_refused_without_using_a_seq() -> None:
@@ -112,7 +195,7 @@ async def test_an_event_too_large_for_the_broker_is_refused_without_using_a_seq(
     await bus.provision(JetStreamLayout())
     writer = RunEventWriter(bus, request())
     with pytest.raises(PayloadTooLargeError):
-        await writer.emit(RunEvent(text_delta=TextDelta(text="x" * 600)))
+        await writer.emit(RunEvent(progress=Progress(message="x" * 600)))
     await writer.emit(RunEvent(complete=Complete()))
     assert stored_seqs(bus) == [2]
 
@@ -189,3 +272,31 @@ async def test_a_run_request_too_big_to_queue_leaves_nothing_behind() -> None:
     with pytest.raises(PayloadTooLargeError):
         await submit_run(bus, big)
     assert bus.stream_messages(subjects.EVENTS_STREAM) == []
+
+
+async def test_a_resume_after_the_end_of_a_live_run_ends_with_the_run() -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+
+    async def follow() -> list[int]:
+        return [e.seq async for e in follow_run(bus, "r1", after_seq=999_999)]
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.05)
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=2, complete=Complete()))
+    assert await asyncio.wait_for(task, 3) == []  # nothing past the seq asked for, and done
+
+
+async def test_garbage_on_a_runs_subject_does_not_make_the_run_unreadable() -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    stream = bus._streams[subjects.EVENTS_STREAM]
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+    bus._store(stream, subjects.run_events("r1"), b"\xff\xfe not a protobuf", None)
+    await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=2, complete=Complete()))
+    bus._store(stream, subjects.run_events("r1"), b"\xff\xfe garbage after the end", None)
+    assert [e.seq async for e in follow_run(bus, "r1")] == [1, 2]
+    last = await runs.last_event(bus, "r1")
+    assert last is not None
+    assert last.seq == 2

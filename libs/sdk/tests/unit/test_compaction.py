@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from atmosphere.contracts.memory.v1.memory_pb2 import ChatMessage
 from atmosphere.sdk.compaction import (
     DEFAULT_WINDOW,
     LOCAL_SUMMARY_MAX_CHARS,
@@ -14,6 +15,7 @@ from atmosphere.sdk.compaction import (
     apply_summary,
     compact,
     estimate_tokens,
+    history_digest,
     local_summary,
     model_window,
     parse_strategy,
@@ -306,3 +308,13 @@ def test_compact_is_always_bounded(roles: list[str], max_messages: int, strategy
     if strategy != "summarizing":  # a subsequence in the original order
         it = iter(messages)
         assert all(any(m is c for m in it) for c in compacted)
+
+
+def test_history_digest_is_one_wire_contract_for_every_message_type() -> None:
+    # Dispatch digests memory's wire messages, memory its stored ones: both must agree, bit for bit.
+    turns = [("user", "hi"), ("assistant", "hé")]
+    expected = "e18930cf37f9bebc19edcfe8236fdc71e0afcb234709b6ada50aae0cfbe18fff"  # sha256 of role NUL content NUL ...
+    assert history_digest([Message(r, c) for r, c in turns]) == expected
+    assert history_digest([ChatMessage(role=r, content=c) for r, c in turns]) == expected
+    assert history_digest([]) == history_digest(iter([]))
+    assert history_digest([Message("user", "a\ud800")]) != history_digest([Message("user", "a?")])

@@ -93,3 +93,12 @@ def test_grants_parse_from_json() -> None:
     options = AuthOptions.model_validate_json('{"auth_tokens": [{"token": "abcdefgh", "user_id": " ada "}]}')
     assert options.auth_tokens[0].user_id == "ada"
     assert options.auth_tokens[0].allows("/atmosphere/agent/anything")
+
+
+def test_an_anonymous_caller_cannot_choose_a_users_quota_bucket() -> None:
+    anonymous = Principal(auth_method="anonymous")
+    forged = f"{user_key('ada')}--notes"
+    scoped = scoped_conversation(forged, anonymous)
+    assert conversation_user_key(scoped) == ""  # counted with the other anonymous conversations
+    assert scoped != forged
+    assert scoped_conversation("plain-id", anonymous) == "plain-id"  # ordinary ids are untouched

@@ -1,7 +1,10 @@
 import asyncio
 import json
 
-from atmosphere.bus import Envelope, Headers, JetStreamLayout, WorkItem, subjects
+import pytest
+
+from atmosphere.bus import Envelope, Headers, JetStreamLayout, Term, WorkItem, subjects
+from atmosphere.bus.runs import EVENT_LOST_METADATA_KEY, RESUMED_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalDecision,
@@ -12,7 +15,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     RunRequest,
     TextDelta,
 )
-from atmosphere.dispatch.handlers import RESUMED_METADATA_KEY, agent_descriptors
+from atmosphere.dispatch.handlers import agent_descriptors
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline
 from atmosphere.sdk import (
     AiBudget,
@@ -347,7 +350,7 @@ def test_descriptors_carry_runtime_truth() -> None:
 
 
 def work_item(run: RunRequest, delivered: int) -> WorkItem[RunRequest]:
-    return WorkItem(Envelope(subjects.run_submit(run.agent), run, Headers()), stream_seq=1, delivered=delivered)
+    return WorkItem(Envelope(subjects.run_submit("echo"), run, Headers()), stream_seq=1, delivered=delivered)
 
 
 async def test_a_run_that_failed_on_every_delivery_is_ended_not_tried_again(harness: Harness) -> None:
@@ -368,3 +371,19 @@ async def test_a_run_below_the_delivery_bound_is_re_driven(harness: Harness) -> 
     events = harness.events()
     assert kinds(events)[-1] == "complete"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+async def test_events_lost_with_a_dead_worker_are_marked_so_readers_go_on(harness: Harness) -> None:
+    executor = harness.executor(APP)
+    for seq in (1, 2, 5):  # 3 and 4 were in flight when the worker and the broker both died
+        await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=seq))
+    assert await executor._resume_point(request("echo")) == 6
+    markers = {e.seq: e.metadata.key for e in harness.events() if e.WhichOneof("kind") == "metadata"}
+    assert markers == {3: EVENT_LOST_METADATA_KEY, 4: EVENT_LOST_METADATA_KEY}
+
+
+@pytest.mark.parametrize(("run_id", "agent"), [("", "echo"), ("a b", "echo"), ("r1", ""), ("r1", "x.>")])
+async def test_a_malformed_run_request_is_dropped_for_good(harness: Harness, run_id: str, agent: str) -> None:
+    executor = harness.executor(APP)
+    with pytest.raises(Term):
+        await executor.on_work(work_item(RunRequest(run_id=run_id, agent=agent, message="hi"), delivered=1))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from atmosphere.bus import JetStreamLayout, MessageContext, Router, ServiceError, subjects
+from atmosphere.bus.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
@@ -34,7 +35,6 @@ from atmosphere.dispatch.memory_client import (
 )
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
-from atmosphere.dispatch.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.sdk import App, agent
 from atmosphere.sdk import ChatMessage as SdkMessage
 from atmosphere.sdk.runtime import RuntimeConfig

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from atmosphere.bus import MessageContext, Router, ServiceError, subjects
+from atmosphere.bus import JetStreamLayout, MessageContext, Router, ServiceError, subjects
+from atmosphere.bus.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.dispatch.tools import MAX_OFFLOAD_PARTS, ToolGateway, split_for_saving
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
@@ -38,6 +38,8 @@ class World:
     saves: list[ToolCall] = field(default_factory=list)
     result: str = "ok"
     refuse_saves: bool = False
+    stored: str | None = None
+    """A result the sandbox stored as an object (too large for its reply), when set."""
 
     async def emit(self, event: RunEvent) -> None:
         # What the run's event writer would do: the event must fit in one bus message.
@@ -76,6 +78,7 @@ class World:
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
     bus = FakeBus(max_payload=LIMIT)
+    await bus.provision(JetStreamLayout())
     state = World(bus)
     router = Router()
 
@@ -87,6 +90,9 @@ async def world() -> AsyncIterator[World]:
         state.calls.append(call)
         if state.result == "too-large":
             raise TooLargeReplyError("The answer is too large", details={"size": "70000", "limit": str(LIMIT)})
+        if state.stored is not None:  # what the sandbox does with a result one reply cannot carry
+            await bus.object_put(subjects.TOOL_RESULTS_BUCKET, "obj-1", state.stored.encode())
+            return ToolResult(call_id=call.call_id, result_object="obj-1")
         return ToolResult(call_id=call.call_id, content=state.result)
 
     async def save(call: ToolCall, _ctx: MessageContext) -> ToolResult:
@@ -239,3 +245,48 @@ def test_split_for_saving_keeps_every_character_in_order() -> None:
     assert "".join(parts) == content
     assert all(utf8_len(json.dumps(p, ensure_ascii=False)) <= 4096 and utf8_len(p) <= 3000 for p in parts)
     assert split_for_saving("", max_json_bytes=4096) == []
+    assert len(split_for_saving(content, max_json_bytes=4096, max_part_bytes=3000, max_parts=3)) == 4
+
+
+async def test_a_result_stored_as_an_object_is_read_whole_offloaded_and_deleted(world: World) -> None:
+    world.stored = "".join(f"line {i:06d} ünïcödé\n" for i in range(12_000))  # ~270 KB: 4x the broker limit
+    text = await world.gateway(offload=True).run_tool(call('{"text": "a"}'))
+    parts = [json.loads(s.arguments_json) for s in world.saves]
+    assert len(parts) > 1
+    assert "".join(p["content"] for p in parts) == world.stored  # whole, in order
+    assert all(save.ByteSize() <= DATA for save in world.saves)
+    assert text.startswith(world.stored[:1500])  # the model gets the preview and the paths
+    assert f"Full output saved in {len(parts)} parts, in order: " in text
+    assert world.bus.object_names(subjects.TOOL_RESULTS_BUCKET) == []  # read once, then deleted
+    [result] = [e.tool_result for e in world.events if e.WhichOneof("kind") == "tool_result"]
+    assert result.result == text
+
+
+async def test_a_stored_result_without_a_workspace_is_cut_with_its_whole_size(world: World) -> None:
+    world.stored = "#" * (5 * LIMIT)
+    text = await world.gateway(offload=False).run_tool(call('{"text": "a"}'))
+    assert utf8_len(text) <= DATA
+    kept = text.count("#")
+    assert text.endswith(
+        f"…[truncated: the result of echo is {5 * LIMIT} bytes; only the first {kept} bytes are shown]"
+    )
+    assert world.bus.object_names(subjects.TOOL_RESULTS_BUCKET) == []
+
+
+async def test_a_stored_result_that_is_gone_is_a_tool_error(world: World) -> None:
+    world.stored = "gone"
+    gateway = world.gateway()
+
+    async def expire_first(call: ToolCall, _ctx: MessageContext) -> ToolResult:
+        return ToolResult(call_id=call.call_id, result_object="expired-before-it-was-read")
+
+    router = Router()
+    router.add(subjects.tool("late"), ToolCall, expire_first)
+    gateway.tools = {**gateway.tools, "late": ToolSpec(name="late", description="", parameters=SCHEMA)}
+    async with world.bus.serve(router):
+        text = await gateway.run_tool(call('{"text": "a"}', "late"))
+    assert text == (
+        "Error: the result of tool late was too large for one message and could not be read back"
+        " (it is no longer stored)"
+    )
+    assert world.kinds()[-1] == "tool_error"

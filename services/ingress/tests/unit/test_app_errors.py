@@ -1,7 +1,9 @@
-"""Errors ingress answers itself: the broker not answering (503 / close 4503), unknown OpenAI operations."""
+"""Errors ingress answers itself: the broker not answering, unknown OpenAI operations, runs that started over."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -9,9 +11,13 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from atmosphere.bus import BusError, JetStreamLayout
+from atmosphere.bus.runs import RESUMED_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.config import NatsSettings
+from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest, TextDelta
 from atmosphere.ingress.api import create_app
+from atmosphere.ingress.openai_api import RunRestartedError, _Run
+from atmosphere.ingress.openai_wire import Completion
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import Health, ServiceRuntime
@@ -62,3 +68,18 @@ def test_an_unknown_operation_under_the_openai_prefix_is_openais_404(client: Tes
     response = client.post("/atmosphere/v1/embeddings", json={"input": "x"})
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_an_openai_completion_whose_run_started_over_is_an_error_not_a_doubled_answer() -> None:
+    async def events() -> AsyncGenerator[RunEvent, None]:
+        yield RunEvent(seq=2, text_delta=TextDelta(text="w0 w1 "))
+        # The worker died; the redelivered run starts its answer again from the beginning.
+        yield RunEvent(seq=3, metadata=Metadata(key=RESUMED_METADATA_KEY, value_json='{"fromSeq": 3}'))
+        yield RunEvent(seq=4, text_delta=TextDelta(text="w0 w1 w2"))
+
+    active = _Run(None, RunRequest(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
+    first = await active.next()
+    assert first is not None
+    active.text.append(first.text_delta.text)
+    with pytest.raises(RunRestartedError):
+        await active.next()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from atmosphere.bus import JetStreamLayout, subjects
+import asyncio
+from typing import Any
+
+from atmosphere.bus import BusError, JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.handlers import AgentDirectory
@@ -42,3 +45,45 @@ async def test_all_rereads_after_a_miss_the_caller_reports() -> None:
     await bus.kv_put(subjects.AGENTS_BUCKET, "late", AgentDescriptor(name="late", path="/late"))
     assert [d.name for d in await directory.all()] == ["echo"]  # within the TTL
     assert [d.name for d in await directory.all(after_miss=True)] == ["echo", "late"]
+
+
+class CountingBroker(FakeBus):
+    """Counts bucket reads; `fail` makes them fail as a broker that does not answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.fail = False
+
+    async def kv_items(self, bucket: str, message_type: Any) -> Any:
+        self.reads += 1
+        await asyncio.sleep(0.05)  # a read in flight while other callers arrive
+        if self.fail:
+            msg = "nats: timeout"
+            raise BusError(msg)
+        return await super().kv_items(bucket, message_type)
+
+
+async def test_callers_who_arrive_together_share_one_read() -> None:
+    bus = CountingBroker()
+    await bus.provision(JetStreamLayout())
+    await bus.kv_put(subjects.AGENTS_BUCKET, "echo", AgentDescriptor(name="echo", path="/atmosphere/agent/echo"))
+    directory = AgentDirectory(bus, ttl=HOUR, miss_ttl=HOUR)
+    found = await asyncio.gather(*(directory.lookup("echo") for _ in range(20)))
+    assert all(d is not None for d in found)
+    assert bus.reads == 1
+
+
+async def test_an_unreadable_bucket_fails_every_waiter_once_then_the_last_copy_serves() -> None:
+    bus = CountingBroker()
+    await bus.provision(JetStreamLayout())
+    await bus.kv_put(subjects.AGENTS_BUCKET, "echo", AgentDescriptor(name="echo", path="/atmosphere/agent/echo"))
+    directory = AgentDirectory(bus, ttl=0, miss_ttl=0)
+    bus.fail = True
+    results = await asyncio.gather(*(directory.lookup("echo") for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(r, BusError) for r in results)
+    assert bus.reads == 1  # ten waiters, one timeout
+    bus.fail = False
+    assert await directory.lookup("echo") is not None
+    bus.fail = True  # the broker goes away again: the agents read before still resolve
+    assert await directory.lookup("echo") is not None

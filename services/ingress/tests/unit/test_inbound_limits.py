@@ -9,6 +9,7 @@ import json
 import pytest
 
 from atmosphere.bus import JetStreamLayout
+from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
@@ -16,7 +17,6 @@ from atmosphere.ingress import connection as connection_module
 from atmosphere.ingress.connection import Closed, Connection
 from atmosphere.ingress.frames import Frame
 from atmosphere.ingress.handlers import (
-    ENVELOPE_BYTES,
     ApprovalReply,
     InboundError,
     Prompt,
@@ -59,9 +59,9 @@ def test_close_reasons_fit_the_protocol_and_stay_valid_utf8(text: str) -> None:
 
 
 def test_message_limit_leaves_room_for_the_envelope_under_the_broker_limit() -> None:
-    assert message_limit(1 << 20, 1 << 20) == (1 << 20) - ENVELOPE_BYTES
+    assert message_limit(1 << 20, 1 << 20) == (1 << 20) - ENVELOPE_ROOM
     assert message_limit(64 * 1024, 1 << 20) == 64 * 1024
-    assert message_limit(8 << 20, 8 << 20) == (8 << 20) - ENVELOPE_BYTES
+    assert message_limit(8 << 20, 8 << 20) == (8 << 20) - ENVELOPE_ROOM
 
 
 @pytest.mark.parametrize(

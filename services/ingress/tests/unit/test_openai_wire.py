@@ -134,7 +134,15 @@ PROVIDER_CASES = [
         (400, "invalid_request_error", "context_length_exceeded", {}),
     ),
     (("provider.rejected", False, {"status": "404"}), (404, "invalid_request_error", None, {})),
-    (("provider.rejected", False, {"status": "401"}), (401, "authentication_error", None, {})),
+    # The provider refused the platform's own key: not the client's fault, and no retry helps.
+    (
+        ("provider.rejected", False, {"status": "401"}),
+        (502, "server_error", "bad_gateway", {"x-should-retry": "false"}),
+    ),
+    (
+        ("provider.rejected", False, {"status": "403"}),
+        (502, "server_error", "bad_gateway", {"x-should-retry": "false"}),
+    ),
     (
         ("provider.rejected", False, {"status": "429", "provider_code": "insufficient_quota"}),
         (429, "insufficient_quota", "insufficient_quota", {"x-should-retry": "false"}),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from atmosphere.bus import RemoteError, subjects
+from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenedFact, ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -29,10 +30,9 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
 from atmosphere.memory.handlers import MemoryHandlers
-from atmosphere.memory.sizes import ENVELOPE_ROOM, clip, head, utf8_len
-from atmosphere.memory.store import HistoryChangedError, MemoryStore, history_digest
+from atmosphere.memory.store import HistoryChangedError, MemoryStore
 from atmosphere.memory.workspaces import Workspaces
-from atmosphere.sdk.compaction import Message
+from atmosphere.sdk.compaction import Message, history_digest
 
 LIMIT = 64 * 1024
 
@@ -317,15 +317,3 @@ async def test_facts_are_screened_in_requests_that_fit_and_recalled_within_one_r
     few = await memory.ask("facts.get", GetFactsRequest(user_id="ada", max_facts=3), GetFactsResponse)
     assert not few.truncated
     assert list(few.facts) == facts[-3:]
-
-
-def test_clip_and_head_cut_between_characters() -> None:
-    assert head("aé😀", 4) == "aé"
-    assert head("aé😀", 0) == ""
-    text, cut = clip("ü" * 1000, 200)
-    assert cut
-    assert utf8_len(text) <= 200
-    assert text.endswith(
-        f"…[truncated: the output is 2000 bytes; only the first {text.count('ü') * 2} bytes are shown]"
-    )
-    assert clip("short", 200) == ("short", False)

@@ -4,7 +4,7 @@ This package is the only code in the system that imports `nats`. Services talk t
 the `Bus` interface; unit tests use `atmosphere.bus.testing.FakeBus`.
 """
 
-from atmosphere.bus import runs, subjects
+from atmosphere.bus import runs, sizes, subjects, text
 from atmosphere.bus._api import (
     BatchHandler,
     Bus,
@@ -17,7 +17,14 @@ from atmosphere.bus._api import (
 )
 from atmosphere.bus._codec import Headers
 from atmosphere.bus._connect import connect, reconnect_delay
-from atmosphere.bus._jetstream import BucketSpec, ConsumerSpec, JetStreamLayout, Retention, StreamSpec
+from atmosphere.bus._jetstream import (
+    BucketSpec,
+    ConsumerSpec,
+    JetStreamLayout,
+    ObjectBucketSpec,
+    Retention,
+    StreamSpec,
+)
 from atmosphere.bus._nats import NatsBus
 from atmosphere.bus._retry import request_retrying
 from atmosphere.bus._router import Handler, MessageContext, Route, Router
@@ -55,6 +62,7 @@ __all__ = [
     "NatsBus",
     "NoRespondersError",
     "NoStreamError",
+    "ObjectBucketSpec",
     "PayloadTooLargeError",
     "PublishAck",
     "RemoteError",
@@ -72,5 +80,7 @@ __all__ = [
     "reconnect_delay",
     "request_retrying",
     "runs",
+    "sizes",
     "subjects",
+    "text",
 ]

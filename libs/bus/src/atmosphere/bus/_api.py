@@ -108,6 +108,16 @@ class Bus(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def epoch(self) -> int:
+        """A counter that moves on every disconnect.
+
+        Two messages sent with the same epoch went over one connection session, in order; so
+        the acknowledgement of a JetStream publish whose epoch did not move between send and
+        ack proves the server processed everything sent before it in that session.
+        """
+
+    @property
+    @abc.abstractmethod
     def lost(self) -> bool:
         """Whether the connection closed for good, not by us (nothing can be sent any more)."""
 
@@ -235,6 +245,8 @@ class Bus(abc.ABC):
     def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
         """Every message `stream` holds now for the exact `subject`, oldest first; then stop.
 
+        Undecodable messages are logged and left out, as subscriptions leave them out.
+
         Messages stored after the call started may or may not be included; follow a live
         subscription for those.
         """
@@ -254,3 +266,29 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
         """Every key and value of a bucket."""
+
+    @abc.abstractmethod
+    async def object_put(self, bucket: str, name: str, data: bytes) -> None:
+        """Store `data` under `name` in a provisioned object bucket (replacing what was there).
+
+        For data too large for one message: it travels in chunks that each fit in one, so its
+        size is bounded only by `sizes.MAX_OBJECT_BYTES` and the bucket's own limit.
+
+        Raises:
+            PayloadTooLargeError: `data` exceeds `sizes.MAX_OBJECT_BYTES` (nothing was sent).
+            ConnectionLostError: the connection closed for good.
+            BusError: the bucket is not provisioned, is full, or the broker did not store it.
+        """
+
+    @abc.abstractmethod
+    async def object_get(self, bucket: str, name: str) -> bytes | None:
+        """The whole object under `name`, or None when there is none (never stored, deleted, expired).
+
+        Raises:
+            BusError: the bucket is not provisioned, the object is larger than
+                `sizes.MAX_OBJECT_BYTES`, or its chunks did not arrive whole.
+        """
+
+    @abc.abstractmethod
+    async def object_delete(self, bucket: str, name: str) -> None:
+        """Delete the object under `name`; nothing happens when there is none."""

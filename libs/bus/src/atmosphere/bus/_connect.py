@@ -58,6 +58,8 @@ async def connect(
         log.log(level, "nats error (%s): %s", name, exc)
 
     async def on_disconnect() -> None:
+        if buses:
+            buses[0].note_disconnected()
         if connected.is_set() and not closing.is_set():
             log.warning("disconnected from nats (%s); reconnecting", name)
 
@@ -118,7 +120,8 @@ async def _close(client: Client) -> None:
             await client.drain()
         else:
             await client.close()
-    except (TimeoutError, nats.errors.Error) as exc:
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        # Closing while the connection is broken (pending data to a dead socket) is not an error.
         log.debug("closing nats: %s", exc)
-        with contextlib.suppress(nats.errors.Error):
+        with contextlib.suppress(OSError, nats.errors.Error):
             await client.close()

@@ -64,12 +64,32 @@ class BucketSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectBucketSpec:
+    """An object-store bucket to provision: named blobs of any size, stored in chunks."""
+
+    name: str
+    max_age_seconds: float = 0
+    """Objects older than this are removed (0: kept until deleted)."""
+    max_bytes: int = -1
+    """-1 means no size limit; a full bucket refuses new objects."""
+
+
+@dataclass(frozen=True, slots=True)
 class JetStreamLayout:
-    """The system's JetStream layout: `ATMO_RUNS`, `ATMO_EVENTS` and the descriptor buckets."""
+    """The system's JetStream layout: its streams, key-value buckets and object buckets.
+
+    `ATMO_RUNS`, `ATMO_EVENTS`, the descriptor buckets `ATMO_AGENTS` and `ATMO_TOOLS`, and the
+    object bucket `ATMO_TOOL_RESULTS` (tool results too large for one message).
+    """
 
     events_max_age_seconds: float = 24 * 3600
     events_max_bytes: int = 1 << 30
     runs_max_age_seconds: float = 24 * 3600
+    tool_results_max_age_seconds: float = 3600
+    """A result is read (and deleted) right after its call; this only clears what a crash left."""
+    tool_results_max_bytes: int = 256 << 20
+    """JetStream reserves this much of the server's storage; a full bucket refuses new results
+    (the sandbox then cuts a result to fit in one message, with a marker)."""
     extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
 
     def streams(self) -> tuple[StreamSpec, ...]:
@@ -82,7 +102,7 @@ class JetStreamLayout:
         )
         events = StreamSpec(
             name=subjects.EVENTS_STREAM,
-            subjects=(subjects.run_events_all(),),
+            subjects=(subjects.run_events_all(), subjects.run_probes_all()),
             max_age_seconds=self.events_max_age_seconds,
             max_bytes=self.events_max_bytes,
         )
@@ -91,3 +111,12 @@ class JetStreamLayout:
     def buckets(self) -> tuple[BucketSpec, ...]:
         """Every key-value bucket of the layout."""
         return (BucketSpec(subjects.AGENTS_BUCKET), BucketSpec(subjects.TOOLS_BUCKET))
+
+    def object_buckets(self) -> tuple[ObjectBucketSpec, ...]:
+        """Every object-store bucket of the layout."""
+        results = ObjectBucketSpec(
+            subjects.TOOL_RESULTS_BUCKET,
+            max_age_seconds=self.tool_results_max_age_seconds,
+            max_bytes=self.tool_results_max_bytes,
+        )
+        return (results,)

@@ -41,6 +41,8 @@ RUNS_STREAM = "ATMO_RUNS"
 EVENTS_STREAM = "ATMO_EVENTS"
 AGENTS_BUCKET = "ATMO_AGENTS"
 TOOLS_BUCKET = "ATMO_TOOLS"
+TOOL_RESULTS_BUCKET = "ATMO_TOOL_RESULTS"
+"""Object bucket: tool results too large for one message, from sandbox to dispatch."""
 
 # A token is what sits between two dots: no dot, no wildcard, no whitespace, bounded length.
 _TOKEN = re.compile(r"[A-Za-z0-9_\-:@]{1,128}")
@@ -102,6 +104,16 @@ def run_events(run_id: str) -> str:
 def run_events_all() -> str:
     """The filter of every run's events."""
     return f"{ROOT}.run.*.evt"
+
+
+def run_probe(run_id: str) -> str:
+    """Where a run's event writer checks that what it sent was stored (`ATMO_EVENTS`, not events)."""
+    return f"{ROOT}.run.{token(run_id, what='run id')}.probe"
+
+
+def run_probes_all() -> str:
+    """The filter of every run's probes."""
+    return f"{ROOT}.run.*.probe"
 
 
 def run_control(run_id: str) -> str:

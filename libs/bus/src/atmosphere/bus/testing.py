@@ -10,7 +10,8 @@ It enforces the broker's `max_payload` (payload plus headers) like `NatsBus`, an
 `close_for_good()` makes it behave like a nats-py client that reached CLOSED.
 
 What it does not model: network failures, ack-wait expiry (a handler always settles its
-message here, so nothing needs a timer), and stream size or age limits.
+message here, so nothing needs a timer), stream size or age limits, and the chunks of an
+object-store object (an object is kept whole; its size limit is enforced).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from atmosphere.bus.errors import (
     RequestTimeoutError,
     Term,
 )
+from atmosphere.bus.sizes import MAX_OBJECT_BYTES
 from atmosphere.bus.subjects import matches, overlaps
 
 __all__ = ["FakeBus"]
@@ -108,12 +110,14 @@ class FakeBus(Bus):
         """Start empty and connected, with the broker limit `max_payload` (nats-server's default)."""
         self._max_payload = max_payload
         self._lost = asyncio.Event()
+        self._epoch = 0
         self._subs: list[_Sub] = []
         self._rr = itertools.count()
         self._inbox = itertools.count(1)
         self._streams: dict[str, _Stream] = {}
         self._durables: dict[tuple[str, str], _Durable] = {}
         self._buckets: dict[str, dict[str, bytes]] = {}
+        self._objects: dict[str, dict[str, bytes]] = {}
         self.connected = True
         """Set to False to make readiness checks see a disconnected bus."""
         self.published: list[tuple[str, Message]] = []
@@ -128,6 +132,15 @@ class FakeBus(Bus):
     def max_payload(self) -> int:
         """The broker limit this fake enforces."""
         return self._max_payload
+
+    @property
+    def epoch(self) -> int:
+        """Moved by `disconnect()`."""
+        return self._epoch
+
+    def disconnect(self) -> None:
+        """Count a disconnect (what a broker restart does to the connection's epoch)."""
+        self._epoch += 1
 
     @property
     def lost(self) -> bool:
@@ -325,6 +338,8 @@ class FakeBus(Bus):
                 existing.spec = spec
         for bucket in layout.buckets():
             self._buckets.setdefault(bucket.name, {})
+        for objects in layout.object_buckets():
+            self._objects.setdefault(objects.name, {})
 
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for `subject`, or None."""
@@ -344,7 +359,12 @@ class FakeBus(Bus):
         snapshot = sorted(self._streams[stream].messages.items())
         for _, stored in snapshot:
             if stored.subject == subject:
-                yield decode(stored.data, stored.headers, message_type)
+                try:
+                    message = decode(stored.data, stored.headers, message_type)
+                except DecodeError as exc:
+                    log.warning("skipping an undecodable message of %s: %s", subject, exc)
+                    continue
+                yield message
 
     def stream_messages(self, stream: str) -> list[tuple[str, bytes]]:
         """The subjects and payloads a stream holds now, in order (for assertions)."""
@@ -438,6 +458,37 @@ class FakeBus(Bus):
     async def kv_items(self, bucket: str, message_type: type[M]) -> dict[str, M]:
         """Every key and value of a bucket."""
         return {k: decode(v, None, message_type) for k, v in self._bucket(bucket).items()}
+
+    # -- object store ------------------------------------------------------------------------
+
+    def _object_bucket(self, bucket: str) -> dict[str, bytes]:
+        try:
+            return self._objects[bucket]
+        except KeyError:
+            msg = f"object bucket {bucket!r} is not provisioned"
+            raise BusError(msg) from None
+
+    async def object_put(self, bucket: str, name: str, data: bytes) -> None:
+        """Store `data` under `name` (whole: chunking is the broker's business)."""
+        if self._lost.is_set():
+            msg = f"the connection to nats is closed; cannot store {name!r} in {bucket!r}"
+            raise ConnectionLostError(msg)
+        if len(data) > MAX_OBJECT_BYTES:
+            raise PayloadTooLargeError(f"object {bucket}/{name}", len(data), MAX_OBJECT_BYTES)
+        self._object_bucket(bucket)[name] = bytes(data)
+        await asyncio.sleep(0)
+
+    async def object_get(self, bucket: str, name: str) -> bytes | None:
+        """The object under `name`, or None."""
+        return self._object_bucket(bucket).get(name)
+
+    async def object_delete(self, bucket: str, name: str) -> None:
+        """Delete the object under `name` if there is one."""
+        self._object_bucket(bucket).pop(name, None)
+
+    def object_names(self, bucket: str) -> list[str]:
+        """The names a bucket holds now (for assertions)."""
+        return sorted(self._object_bucket(bucket))
 
 
 class _FakeWorker(Consumer):

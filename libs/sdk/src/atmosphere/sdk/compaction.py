@@ -17,11 +17,12 @@ Everything here is pure: no I/O, no model calls.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final, Literal, Protocol, get_args
 
 _log = logging.getLogger(__name__)
 
@@ -380,3 +381,36 @@ def compact(
             return apply_summary(plan, summary)
         case _:
             return sliding_window(messages, max_messages)
+
+
+# --------------------------------------------------------------------------------------------
+# Replacing a stored history
+# --------------------------------------------------------------------------------------------
+
+
+class RoleAndContent(Protocol):
+    """A message as any side holds it: this module's `Message`, or memory's wire `ChatMessage`."""
+
+    @property
+    def role(self) -> str:
+        """`system`, `user`, `assistant` or `tool`."""
+        ...
+
+    @property
+    def content(self) -> str:
+        """The message's text."""
+        ...
+
+
+def history_digest(messages: Iterable[RoleAndContent]) -> str:
+    """The hex SHA-256 that guards the replacement of a stored history by its compacted form.
+
+    Dispatch sends it (`ReplaceHistoryRequest.base_sha256`) for the history it compacted, and
+    memory compares it with the stored one, so both must compute it the same way: role, NUL,
+    content, NUL for each message, UTF-8 (a lone surrogate as its surrogate-pass bytes).
+    """
+    digest = hashlib.sha256()
+    for message in messages:
+        digest.update(message.role.encode("utf-8", errors="surrogatepass") + b"\0")
+        digest.update(message.content.encode("utf-8", errors="surrogatepass") + b"\0")
+    return digest.hexdigest()

@@ -54,6 +54,10 @@ def presented_token(headers: Mapping[str, str], query: Mapping[str, str]) -> tup
     return "", ""
 
 
+ANONYMOUS_SCOPE = "anon"
+"""The prefix an anonymous caller's scoped-looking conversation id gets (never a `user_key`)."""
+
+
 def user_key(user_id: str) -> str:
     """A fixed-length digest of a user id: safe in any path or subject, and never colliding in practice."""
     return hashlib.sha256(user_id.encode()).hexdigest()[:USER_KEY_CHARS]
@@ -68,6 +72,10 @@ def scoped_conversation(conversation_id: str, principal: Principal) -> str:
     """
     user = principal.user_id.strip()
     if not user or user.lower() == "anonymous":
+        if _SCOPED.match(conversation_id):
+            # An anonymous caller must not pick a user's quota (or a fresh one per made-up
+            # prefix): an id shaped like a scoped one stays in the anonymous bucket.
+            return f"{ANONYMOUS_SCOPE}{SCOPE_SEPARATOR}{conversation_id}"
         return conversation_id
     return f"{user_key(user)}{SCOPE_SEPARATOR}{conversation_id}"
 

@@ -85,12 +85,12 @@ async def nats_bus(nats_url: str, bus_namespace: str) -> AsyncIterator[NatsBus]:
 
 
 async def delete_namespace_streams(bus: NatsBus, namespace: str) -> None:
-    """Delete every stream (and bucket) created under `namespace`."""
+    """Delete every stream (and key-value or object bucket) created under `namespace`."""
     js = bus.client.jetstream()
     prefix = bus.stream_name("")
     for info in await js.streams_info():
         name = info.config.name or ""
-        if name.startswith(prefix) or name.startswith(f"KV_{prefix}"):
+        if name.startswith((prefix, f"KV_{prefix}", f"OBJ_{prefix}")):
             await js.delete_stream(name)
 
 

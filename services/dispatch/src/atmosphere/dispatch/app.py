@@ -27,7 +27,7 @@ WORKERS = "dispatch"
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
 
 
-def run_queue_consumers(run_ack_wait: float) -> list[ConsumerSpec]:
+def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5) -> list[ConsumerSpec]:
     """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`).
 
     Each level gets its own `max_concurrent_runs` slots, so a coordinator waiting on its
@@ -40,6 +40,9 @@ def run_queue_consumers(run_ack_wait: float) -> list[ConsumerSpec]:
             durable=WORKERS if level == 0 else f"{WORKERS}-nested-{level}",
             filter_subject=subjects.run_submit_level(level),
             ack_wait_seconds=run_ack_wait,
+            # A backstop behind the executor's own guard (which ends the run with an error at
+            # `max_deliveries`): a run that fails before even that is not delivered forever.
+            max_deliver=max_deliveries * 2,
             confirm_ack=True,
             # A run is handed over the moment it is queued, not when a batch pull expires.
             batch_fetch=False,
@@ -135,7 +138,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
             await stack.enter_async_context(
                 bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
-            for consumer in run_queue_consumers(options.run_ack_wait)
+            for consumer in run_queue_consumers(options.run_ack_wait, max_deliveries=options.max_run_deliveries)
         ]
         grpc_port = await stack.enter_async_context(
             serve_grpc(

@@ -40,10 +40,10 @@ from atmosphere.bus.runs import (
     is_terminal,
     nesting_of,
 )
+from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.sizes import data_budget
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -231,12 +231,12 @@ class Delegation:
     async def _follow(self, child: RunRequest) -> _Outcome:
         """Submit `child`, forward its events, and return its answer (or how it ended)."""
         text: list[str] = []
-        if child.ByteSize() > data_budget(self._bus):
+        if child.ByteSize() > data_budget(self._bus.max_payload):
             # Refused before anything is written: a submission that fails half-way would leave
             # a run-id event behind for a run that never starts.
             error = RunEvent()
             error.error.message = (
-                f"the sub-run's request is {child.ByteSize()} bytes; the limit is {data_budget(self._bus)}"
+                f"the sub-run's request is {child.ByteSize()} bytes; the limit is {data_budget(self._bus.max_payload)}"
             )
             return _Outcome("", error=error)
         events = follow_run(self._bus, child.run_id, submit=child)

@@ -26,7 +26,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
-from atmosphere.bus.runs import StreamGapError, SubmitError, cancel_run, follow_run, is_terminal
+from atmosphere.bus.runs import StreamGapError, SubmitError, cancel_run, follow_run, is_terminal, last_event
+from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
@@ -41,8 +42,6 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     RunResponse,
 )
 from atmosphere.contracts.run.v1 import run_pb2
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.dispatch.sizes import data_budget
 from atmosphere.service import Authenticator, AuthError, Caller, scoped_conversation
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -135,7 +134,7 @@ class DispatchServicer:
         if not caller.may_use(agent.path):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"This token may not use {agent.path}")
         # The same budget as every run request dispatch sends: the broker's limit less the envelope.
-        problem = _invalid_run(request, limit=data_budget(self._bus))
+        problem = _invalid_run(request, limit=data_budget(self._bus.max_payload))
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         run = _run_request(request, agent, self._principal(caller, context))
@@ -195,7 +194,7 @@ class DispatchServicer:
 
     async def _may_control(self, caller: Caller, run_id: str) -> bool:
         """Whether `caller` owns the stored run `run_id` and may use its agent."""
-        last = await self._bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
+        last = await last_event(self._bus, run_id)
         if last is None:
             return False
         known = self._agents.get(last.agent)

@@ -10,8 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atmosphere.bus import Bus, BusError, Headers, WorkItem, request_retrying, subjects
-from atmosphere.bus.runs import WORKER_FIRST_SEQ, RunEventWriter, is_terminal, stored_events
+from atmosphere.bus import Bus, BusError, Headers, Term, WorkItem, request_retrying, subjects
+from atmosphere.bus.runs import (
+    EVENT_LOST_METADATA_KEY,
+    RESUMED_METADATA_KEY,
+    WORKER_FIRST_SEQ,
+    RunEventWriter,
+    is_terminal,
+    stored_events,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, Decision
@@ -29,8 +36,6 @@ from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
-
-RESUMED_METADATA_KEY = "ai.run.resumed"
 
 
 def agent_descriptors(
@@ -118,6 +123,12 @@ class RunExecutor:
     async def on_work(self, item: WorkItem[RunRequest]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
         request = item.envelope.message
+        try:
+            subjects.token(request.run_id, what="run id")
+            subjects.token(request.agent, what="agent name")
+        except ValueError as exc:
+            # No run can come of it (nothing can even be written for it): drop it for good.
+            raise Term(f"malformed run request: {exc}") from None
         first_seq = WORKER_FIRST_SEQ
         if item.delivered > 1:
             resumed = await self._resume_point(request)
@@ -134,12 +145,23 @@ class RunExecutor:
         await self.execute(request, first_seq=first_seq)
 
     async def _resume_point(self, request: RunRequest) -> int | None:
-        """The next seq of a redelivered run, or None if it already has its terminal event."""
+        """The next seq of a redelivered run, or None if it already has its terminal event.
+
+        Seqs below it that the stream lacks (events the dead worker had in flight when the
+        broker lost them too) are filled with an `ai.run.event_lost` marker, so that readers
+        go on instead of waiting for an event nobody will write.
+        """
         # Every stored event, not just the newest: an event resent after a broker restart may
         # be stored behind a later one.
         stored = await stored_events(self._bus, request.run_id)
         if any(is_terminal(event) for event in stored.values()):
             return None
+        holes = [seq for seq in range(WORKER_FIRST_SEQ, max(stored, default=0)) if seq not in stored]
+        for seq in holes:
+            marker = RunEvent(metadata=Metadata(key=EVENT_LOST_METADATA_KEY, value_json="true"))
+            await RunEventWriter(self._bus, request, first_seq=seq).emit(marker, durable=True)
+        if holes:
+            log.warning("run %s: %d event(s) were lost with their worker; marked %s", request.run_id, len(holes), holes)
         return max(WORKER_FIRST_SEQ, max(stored, default=0) + 1)
 
     async def _give_up(self, request: RunRequest, first_seq: int, delivered: int) -> None:
@@ -163,6 +185,12 @@ class RunExecutor:
         handed to another worker.
         """
         writer = RunEventWriter(self._bus, request, first_seq=first_seq)
+        try:
+            await self._execute(request, writer, first_seq=first_seq)
+        finally:
+            await writer.close()
+
+    async def _execute(self, request: RunRequest, writer: RunEventWriter, *, first_seq: int) -> None:
         control = RunControl(request.run_id, owner=request.principal.user_id)
         spec = self._specs.get(request.agent)
         meter = BudgetMeter(spec.budget) if spec is not None and spec.budget and spec.budget.enforced else None

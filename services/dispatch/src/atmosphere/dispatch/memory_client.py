@@ -13,7 +13,6 @@ history replaces the stored one guarded by a digest of the base instead of the b
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import ClassVar
@@ -27,6 +26,7 @@ from atmosphere.bus import (
     RequestTimeoutError,
     subjects,
 )
+from atmosphere.bus.sizes import data_budget, head, utf8_len
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
     AppendTurnResponse,
@@ -44,8 +44,8 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsResponse,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.dispatch.sizes import data_budget, head, utf8_len
 from atmosphere.sdk import ChatMessage as SdkMessage
+from atmosphere.sdk.compaction import history_digest
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -82,15 +82,6 @@ def _reason(exc: BusError) -> str:
     if isinstance(exc, RemoteError):
         return f"memory answered {exc.code}: {exc.message}"
     return f"the request failed: {exc}"
-
-
-def history_digest(messages: Sequence[ChatMessage]) -> str:
-    """Memory's base guard (see `ReplaceHistoryRequest.base_sha256`): role, NUL, content, NUL each."""
-    digest = hashlib.sha256()
-    for message in messages:
-        digest.update(message.role.encode("utf-8", errors="surrogatepass") + b"\0")
-        digest.update(message.content.encode("utf-8", errors="surrogatepass") + b"\0")
-    return digest.hexdigest()
 
 
 def bound_turn(content: str, max_bytes: int) -> str:
@@ -183,7 +174,7 @@ class MemoryClient:
 
         Each is cut to what memory keeps of a message (and to half of one bus message).
         """
-        limit = min(MAX_STORED_MESSAGE_BYTES, data_budget(self._bus) // 2)
+        limit = min(MAX_STORED_MESSAGE_BYTES, data_budget(self._bus.max_payload) // 2)
         request = AppendTurnRequest(
             agent=agent,
             conversation_id=conversation_id,
@@ -250,7 +241,7 @@ class MemoryClient:
         In as many requests as needed for each to fit in one bus message.
         """
         stored = 0
-        limit = data_budget(self._bus)
+        limit = data_budget(self._bus.max_payload)
         batch = SaveFactsRequest(user_id=user_id, agent=agent, conversation_id=conversation_id)
         for extracted in facts:
             fact = head(extracted, limit // 2)  # memory keeps 1,000 characters of a fact anyway

@@ -9,12 +9,14 @@ Where a call executes: user tools on `atmo.tool.<name>` (the sandbox), the harne
 file tools on `atmo.mem.tool.<name>` (memory, with the run's workspace), delegation tools in
 this process (they start sub-runs).
 
-Sizes: every call and result travels in one bus message, bounded by the broker's limit less
-room for the envelope (`sizes.data_budget`). Arguments over it are refused before anything is
+Sizes: every call travels in one bus message, bounded by the broker's limit less room for the
+envelope (`atmosphere.bus.sizes.data_budget`). Arguments over it are refused before anything is
 sent (an `Error: the arguments of tool X are N bytes; the limit is M` result, never a failed
-send reported as "governance is unavailable"). A result over the offload threshold is saved to
-the workspace in parts that each fit; one that cannot be saved is cut, with a marker saying so
-and how large it was, to what one run event can carry.
+send reported as "governance is unavailable"). A result too large for one message arrives
+whole all the same: the sandbox stores it in the object bucket `ATMO_TOOL_RESULTS` and names it
+in its reply, and it is read back here (then deleted). A result over the offload threshold is
+saved to the workspace in parts that each fit; one that cannot be saved is cut, with a marker
+saying so and how large it was, to what one run event can carry.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from atmosphere.bus import (
     RequestTimeoutError,
     subjects,
 )
+from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
 from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired, RunEvent, RunRequest, ToolError, ToolResult, ToolStart
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, WorkspaceScope
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult as ToolReply
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.schema import check_arguments
-from atmosphere.dispatch.sizes import clip, data_budget, head, utf8_len
 from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
@@ -90,11 +92,21 @@ def _json_len(text: str) -> int:
     return utf8_len(json.dumps(text, ensure_ascii=False))
 
 
-def split_for_saving(content: str, *, max_json_bytes: int, max_part_bytes: int = OFFLOAD_PART_BYTES) -> list[str]:
-    """`content` in consecutive parts, each at most `max_part_bytes` of UTF-8 and `max_json_bytes` as JSON."""
+def split_for_saving(
+    content: str,
+    *,
+    max_json_bytes: int,
+    max_part_bytes: int = OFFLOAD_PART_BYTES,
+    max_parts: int | None = None,
+) -> list[str]:
+    """`content` in consecutive parts, each at most `max_part_bytes` of UTF-8 and `max_json_bytes` as JSON.
+
+    With `max_parts`, at most that many parts plus one: whether more followed is all the caller
+    needs to know of the rest, and a large result is not split further for nothing.
+    """
     parts: list[str] = []
     position = 0
-    while position < len(content):
+    while position < len(content) and (max_parts is None or len(parts) <= max_parts):
         piece = head(content[position : position + max_part_bytes], max_part_bytes)
         while (size := _json_len(piece)) > max_json_bytes:
             # Escapes make the JSON longer than the text: shrink in proportion, with some slack.
@@ -147,7 +159,7 @@ class ToolGateway:
     @property
     def data_limit(self) -> int:
         """The most bytes of arguments or of a result one call carries."""
-        return data_budget(self.bus)
+        return data_budget(self.bus.max_payload)
 
     async def run_tool(self, call: ToolCallRequest) -> str:
         """Run one call; the returned text goes back to the model."""
@@ -307,7 +319,36 @@ class ToolGateway:
             await self.emit(side_event)
         if reply.is_error:
             return await self._fail(call, reply.content)
-        return await self._succeed(call, reply.content)
+        if not reply.result_object:
+            return await self._succeed(call, reply.content)
+        try:
+            content = await self._stored_result(reply.result_object)
+        except BusError as exc:
+            log.warning("run %s: the stored result of %s could not be read (%s)", self.run.run_id, call.name, exc)
+            message = (
+                f"Error: the result of tool {call.name} was too large for one message and could not be read"
+                f" back ({exc})"
+            )
+            return await self._fail(call, message)
+        return await self._succeed(call, content)
+
+    async def _stored_result(self, name: str) -> str:
+        """A result the sandbox stored as an object because one message could not carry it.
+
+        Read once, then deleted: nobody else needs it (the bucket's max age clears what a crash
+        between the two leaves behind).
+        """
+        try:
+            data = await self.bus.object_get(subjects.TOOL_RESULTS_BUCKET, name)
+        finally:
+            try:
+                await self.bus.object_delete(subjects.TOOL_RESULTS_BUCKET, name)
+            except BusError as exc:
+                log.debug("run %s: the stored result %s was not deleted (%s)", self.run.run_id, name, exc)
+        if data is None:
+            msg = "it is no longer stored"
+            raise BusError(msg)
+        return data.decode("utf-8", errors="replace")
 
     def _failure_text(self, call: ToolCallRequest, spec: ToolSpec, exc: BusError) -> str:
         """What the model learns when the bus could not deliver a tool call."""
@@ -362,7 +403,7 @@ class ToolGateway:
             return content
         if len(content) <= self.offload_threshold:
             return content
-        parts = split_for_saving(content, max_json_bytes=self.data_limit - _SAVE_ROOM)
+        parts = split_for_saving(content, max_json_bytes=self.data_limit - _SAVE_ROOM, max_parts=MAX_OFFLOAD_PARTS)
         path = offload_path(call.name)
         if len(parts) == 1:
             return offload_preview(content, path) if await self._save(call, path, content) else content

@@ -21,6 +21,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import MessageContext, Router, ServiceError, subjects
+from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, reply_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
@@ -44,10 +45,6 @@ MAX_LIMIT = 1000
 MAX_FACTS_PER_REQUEST = 100
 MAX_FIELD_CHARS = 1024
 """The longest id or name accepted (run ids, agent and tool names, the principal's fields)."""
-DEFAULT_MAX_PAYLOAD = 1 << 20
-"""nats-server's default `max_payload` (1 MiB), for handlers built without a bus."""
-REPLY_ROOM = 1024
-"""Bytes of a reply kept free for its own fields besides the data."""
 _ITEM_OVERHEAD = 16
 """Protobuf framing of one screened fact or decision record in a reply."""
 
@@ -101,7 +98,7 @@ class GovernanceHandlers:
         """Record every decision in `log`; screen memory facts per `safety`; answer within `max_payload`."""
         self._log = log
         self._safety = safety or MemorySafety()
-        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
+        self._reply_bytes = reply_budget(max_payload)
 
     async def _decide(self, *, run_id: str, operation: str, subject: str, principal: Principal) -> Decision:
         decision = Decision(

@@ -29,7 +29,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from atmosphere.bus import BusError, PayloadTooLargeError, subjects
-from atmosphere.bus.runs import StreamGapError, UnknownRunError, cancel_run, follow_run, is_terminal, submit_run
+from atmosphere.bus.runs import (
+    StreamGapError,
+    UnknownRunError,
+    cancel_run,
+    follow_run,
+    is_terminal,
+    last_event,
+    submit_run,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
@@ -211,7 +219,7 @@ async def _run_agent(state: IngressState, run_id: str) -> StoredRun | None:
 
     Every event carries the owner, so the last one stored is enough.
     """
-    last = await state.bus.last_message(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)
+    last = await last_event(state.bus, run_id)
     if last is None:
         return None
     descriptor = await state.directory.lookup(last.agent)

@@ -19,6 +19,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from atmosphere.bus.text import has_lone_surrogate
+
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects `parse_json` accepts (no client needs more)."""
 
@@ -128,15 +130,6 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise UnusableJsonError(msg) from None
     require_usable(value, max_depth=max_depth)
     return value
-
-
-def has_lone_surrogate(text: str) -> bool:
-    """Whether `text` holds a surrogate code point (valid in Python, refused by UTF-8 and protobuf)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def require_usable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> None:

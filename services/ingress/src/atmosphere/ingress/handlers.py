@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import Bus, subjects
+from atmosphere.bus import Bus, BusError, subjects
 from atmosphere.bus.runs import send_control
+from atmosphere.bus.sizes import ENVELOPE_ROOM
+from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import (
@@ -26,7 +28,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ControlAck,
     RunRequest,
 )
-from atmosphere.ingress.bodies import MalformedJsonError, UnusableJsonError, has_lone_surrogate, parse_json
+from atmosphere.ingress.bodies import MalformedJsonError, UnusableJsonError, parse_json
 
 log = logging.getLogger("atmosphere.ingress")
 
@@ -37,9 +39,6 @@ HISTORY_METADATA_KEY = "ai.request.history"
 """Request metadata carrying prior turns (JSON list of `{role, content}`) when memory is absent."""
 
 
-ENVELOPE_BYTES = 16 * 1024
-"""Room kept under the broker's `max_payload` for what wraps a client's message: the other
-`RunRequest` fields (ids, principal, path, hints re-encoded as metadata) and the headers."""
 HEADER_BYTES = 2 * 1024
 """A generous bound on the headers a run submission or control request carries."""
 MAX_HINTS = 64
@@ -66,9 +65,10 @@ def message_limit(configured: int, max_payload: int) -> int:
     """The largest client message ingress admits.
 
     The setting, or less when the broker's `max_payload` leaves no room for the envelope around
-    a message that large.
+    a message that large (the other `RunRequest` fields: ids, principal, path, hints re-encoded
+    as metadata; and the headers).
     """
-    return max(1024, min(configured, max_payload - ENVELOPE_BYTES))
+    return max(1024, min(configured, max_payload - ENVELOPE_ROOM))
 
 
 def require_message_size(raw: str | bytes, limit: int) -> None:
@@ -239,15 +239,28 @@ class AgentDirectory:
         self._loaded: float | None = None
         """When the bucket was last read (None: never; not 0.0, which is "recent" on a fresh boot)."""
         self._by_name: dict[str, AgentDescriptor] = {}
-        self._lock = asyncio.Lock()
+        self._reading: asyncio.Task[None] | None = None
 
     async def _refresh(self, ttl: float | None = None) -> None:
-        async with self._lock:
-            fresh = self._loaded is not None and time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl)
-            if fresh:
-                return
+        fresh = self._loaded is not None and time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl)
+        if fresh:
+            return
+        # One read for everyone who needs it now: while the broker does not answer, a hundred
+        # handshakes wait out one timeout together, not a hundred timeouts in turn.
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.create_task(self._read())
+        await asyncio.shield(self._reading)
+
+    async def _read(self) -> None:
+        try:
             self._by_name = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
-            self._loaded = time.monotonic()
+        except BusError:
+            if self._loaded is None:
+                raise
+            # What was read before still names the agents: better than refusing everyone.
+            log.warning("the agent directory could not be re-read; using the last copy")
+            return
+        self._loaded = time.monotonic()
 
     async def all(self, *, after_miss: bool = False) -> list[AgentDescriptor]:
         """Every agent, by name; `after_miss` when the caller did not find what it looked for."""

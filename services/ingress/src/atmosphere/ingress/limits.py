@@ -11,7 +11,8 @@ connections:
   within `body_timeout` of its head is answered 408; an idle keep-alive connection is closed
   after `keep_alive_timeout`;
 - beyond `max_connections` open connections (HTTP and WebSocket) a request is answered 503,
-  a WebSocket handshake refused with a 503, both with a JSON body.
+  a WebSocket handshake refused with a 503, both with a JSON body; `/healthz` and `/readyz`
+  are still answered, so a busy ingress is not restarted for it.
 
 Every refusal is `{"error", "code"}` JSON with `Connection: close`. After it the connection
 *lingers*: its write side is shut and whatever the client still sends is read and dropped
@@ -68,8 +69,24 @@ def refusal(status: int, message: str, code: str) -> bytes:
     return head.encode("ascii") + body
 
 
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+"""Answered even over the connection cap: a kubelet must not restart an ingress for being busy."""
+
+
+def over_capacity(app: Any) -> Any:
+    """The app a connection over the cap is served by: the probes as usual, anything else 503."""
+
+    async def gate(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope.get("type") == "http" and scope.get("path") in PROBE_PATHS:
+            await app(scope, receive, send)
+        else:
+            await refuse_over_capacity(scope, receive, send)
+
+    return gate
+
+
 async def refuse_over_capacity(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-    """The app a connection over the cap is served by: 503, JSON, then close."""
+    """503, JSON, then close."""
     body = json.dumps({"error": "Too many connections to this ingress; retry shortly", "code": "ingress.busy"})
     await send(
         {
@@ -102,13 +119,15 @@ class BoundedH11Protocol(H11Protocol):
         self._deadline_for: str = ""
         self._lingering = False
         self._upgraded = False
+        self._over_capacity = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            self.app = refuse_over_capacity
+        self._over_capacity = len(self.connections) > self.limits.max_connections
+        if self._over_capacity:
+            self.app = over_capacity(self.app)
         self._arm("first-byte", self.limits.first_byte_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -152,7 +171,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._disarm()
-        if self.app is refuse_over_capacity:
+        if self._over_capacity:
             self._refuse(503, "Too many connections to this ingress; retry shortly", "busy")
             return
         if too_big := self._websocket_head_too_big(event):

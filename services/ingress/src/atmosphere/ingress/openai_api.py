@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import BusError, PayloadTooLargeError
-from atmosphere.bus.runs import cancel_run, follow_run
+from atmosphere.bus.runs import RESUMED_METADATA_KEY, StreamGapError, cancel_run, follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
@@ -115,6 +115,10 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
 
 
+class RunRestartedError(Exception):
+    """The run's worker died after part of the answer was produced, and the run started over."""
+
+
 @dataclass
 class _Run:
     """A completion being produced."""
@@ -137,12 +141,19 @@ class _Run:
             if remaining <= 0:
                 raise TimeoutError
             try:
-                event = await asyncio.wait_for(anext(self.events), remaining)
+                # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow the
+                # cancellation of a client that went away.
+                async with asyncio.timeout(remaining):
+                    event = await anext(self.events)
             except StopAsyncIteration:
                 return None
             if event.origin_run_id:
                 continue  # a sub-agent's activity has no OpenAI representation; its report does
             kind = event.WhichOneof("kind")
+            if kind == "metadata" and event.metadata.key == RESUMED_METADATA_KEY and self.text:
+                # Its worker died mid-answer and the run starts over: what was already collected
+                # would be followed by a second beginning. Honest is an error a retry can fix.
+                raise RunRestartedError
             if kind == "usage":
                 self.usage["prompt_tokens"] += event.usage.input_tokens
                 self.usage["completion_tokens"] += event.usage.output_tokens
@@ -305,8 +316,10 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         return _answer(_unavailable("The agent did not answer in time."))
     except PayloadTooLargeError:
         return _answer(OpenAiError(413, "The request is too large to run.", code="payload_too_large"))
-    except BusError:
+    except (BusError, StreamGapError):
         return _answer(_unavailable("The agent is unavailable right now; try again."))
+    except RunRestartedError:
+        return _answer(_unavailable("The agent restarted in the middle of the answer; send the request again."))
     finally:
         if not handed_over:
             await active.close()
@@ -374,7 +387,7 @@ async def _stream(active: _Run, first: RunEvent) -> AsyncIterator[bytes]:
         if usage:
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
-    except (TimeoutError, BusError) as exc:
+    except (TimeoutError, BusError, StreamGapError, RunRestartedError) as exc:
         failure = unavailable("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())

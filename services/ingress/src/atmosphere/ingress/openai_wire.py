@@ -273,7 +273,7 @@ def error_for_run(
     return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")
 
 
-PROVIDER_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "insufficient_quota"}
+PROVIDER_ERROR_TYPES = {429: "insufficient_quota"}
 
 
 def _provider_error(code: str, message: str, *, retryable: bool, details: Mapping[str, str]) -> OpenAiError:
@@ -286,6 +286,15 @@ def _provider_error(code: str, message: str, *, retryable: bool, details: Mappin
     status = _status(details.get("status"))
     provider_code = details.get("provider_code") or None
     param = details.get("provider_param") or None
+    if code == "provider.rejected" and status in {401, 403}:
+        # The provider refused the platform's own credentials (LLM_API_KEY), not the client's:
+        # telling the client its key is wrong would send it looking in the wrong place.
+        return OpenAiError(
+            502,
+            f"The model provider refused this server's credentials: {message}",
+            type_="server_error",
+            code="bad_gateway",
+        )
     if code == "provider.rejected" and status is not None and 400 <= status < 500:
         kind = PROVIDER_ERROR_TYPES.get(status, "invalid_request_error")
         return OpenAiError(status, message, type_=kind, param=param, code=provider_code)

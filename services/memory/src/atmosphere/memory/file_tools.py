@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from atmosphere.bus.sizes import head, utf8_len
 from atmosphere.memory.filesystem import FileSystem, WorkspaceError
-from atmosphere.memory.sizes import head, utf8_len
 
 log = logging.getLogger("atmosphere.memory.file_tools")
 

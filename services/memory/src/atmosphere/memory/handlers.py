@@ -4,10 +4,11 @@ Blocking disk work (plans, files) runs in threads; the stores bound and validate
 they are given, and a tool failure is an `Error: ...` (or `write_todos failed: ...`) result
 for the model, never an exception on the bus.
 
-Every answer fits in one bus message (`max_payload`, see `sizes`): a history is read in pages
-(`page_token`), file listings and admin reads too (`offset`), the facts recalled are the newest
-that fit, and a tool's text that would not fit is cut with a marker saying so. Facts are sent
-to governance's screen in requests that fit, never as one that cannot be sent.
+Every answer fits in one bus message (`max_payload`, budgets from `atmosphere.bus.sizes`): a
+history is read in pages (`page_token`), file listings and admin reads too (`offset`), the facts
+recalled are the newest that fit, and a tool's text that would not fit is cut with a marker
+saying so. Facts are sent to governance's screen in requests that fit, never as one that cannot
+be sent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from atmosphere.bus import MessageContext, Router, ServiceError, subjects
+from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, clip, data_budget, head, reply_budget, utf8_len
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
@@ -47,7 +49,6 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
 from atmosphere.memory.file_tools import run_file_tool
 from atmosphere.memory.filesystem import WorkspaceError
 from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
-from atmosphere.memory.sizes import DEFAULT_MAX_PAYLOAD, ENVELOPE_ROOM, REPLY_ROOM, clip, head, utf8_len
 from atmosphere.memory.store import HistoryChangedError, MemoryStore, bound_fact
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
@@ -135,8 +136,8 @@ class MemoryHandlers:
         self._workspaces = workspaces
         self._screen = screen
         self._recent_window = recent_window
-        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
-        self._tool_bytes = max(4 * REPLY_ROOM, max_payload - ENVELOPE_ROOM)
+        self._reply_bytes = reply_budget(max_payload)
+        self._tool_bytes = data_budget(max_payload)
 
     # -- conversation history ------------------------------------------------------------------
 
@@ -262,7 +263,9 @@ class MemoryHandlers:
             result.content += "\n(The plan-update event was too large to send; the plan is stored.)"
         # The rest of the result, plus the `truncated` flag and a longer length prefix at most.
         room = self._tool_bytes - (result.ByteSize() - utf8_len(result.content)) - 8
-        result.content, result.truncated = clip(result.content, room)
+        if utf8_len(result.content) > room:
+            result.content = clip(result.content, room, "the output")
+            result.truncated = True
         return result
 
     async def _tool(self, call: ToolCall, _ctx: MessageContext) -> ToolResult:

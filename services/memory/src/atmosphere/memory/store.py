@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass
@@ -37,10 +36,12 @@ from typing import Any, Final
 
 import aiosqlite
 
+from atmosphere.bus.sizes import head, utf8_len
 from atmosphere.sdk.compaction import (
     DEFAULT_RECENT_WINDOW,
     Message,
     apply_summary,
+    history_digest,
     model_window,
     parse_strategy,
     sliding_window_keep,
@@ -126,15 +127,6 @@ def _check_conversation(conversation_id: str) -> None:
         raise ValueError(msg)
 
 
-def history_digest(messages: Sequence[Message]) -> str:
-    """The hex SHA-256 that `replace_history(base_digest=...)` compares: role, NUL, content, NUL each."""
-    digest = hashlib.sha256()
-    for message in messages:
-        digest.update(message.role.encode("utf-8", errors="surrogatepass") + b"\0")
-        digest.update(message.content.encode("utf-8", errors="surrogatepass") + b"\0")
-    return digest.hexdigest()
-
-
 class HistoryChangedError(ValueError):
     """The history changed since the page token was issued (read it again from the start)."""
 
@@ -188,15 +180,6 @@ MIN_PAGE_PIECE: Final = 256
 """Bytes of room below which a page ends instead of starting another message part."""
 _MESSAGE_OVERHEAD: Final = 16
 """Protobuf framing of one `ChatMessage` in a page (tags, lengths, the partial flag)."""
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", errors="surrogatepass"))
-
-
-def _head(text: str, max_bytes: int) -> str:
-    """The longest prefix of `text` of at most `max_bytes` UTF-8 bytes (whole characters)."""
-    return text.encode("utf-8", errors="surrogatepass")[:max_bytes].decode("utf-8", errors="ignore")
 
 
 class _Opening:
@@ -348,16 +331,16 @@ class MemoryStore:
         ) as rows:
             async for seq, role, content in rows:
                 rest = content[skip:] if skip else content
-                cost = _utf8_len(rest) + _utf8_len(role) + _MESSAGE_OVERHEAD
+                cost = utf8_len(rest) + utf8_len(role) + _MESSAGE_OVERHEAD
                 if cost <= room:
                     messages.append(PageMessage(role, rest))
                     room -= cost
                     skip = 0
                     continue
-                piece_room = room - _utf8_len(role) - _MESSAGE_OVERHEAD
+                piece_room = room - utf8_len(role) - _MESSAGE_OVERHEAD
                 if piece_room < MIN_PAGE_PIECE and messages:
                     return HistoryPage(messages, _Cursor(seq, skip, cursor.version).token())
-                piece = _head(rest, max(piece_room, MIN_PAGE_PIECE // 2))
+                piece = head(rest, max(piece_room, MIN_PAGE_PIECE // 2))
                 messages.append(PageMessage(role, piece, partial=True))
                 return HistoryPage(messages, _Cursor(seq, skip + len(piece), cursor.version).token())
         return HistoryPage(messages, "")

@@ -17,7 +17,12 @@ async def serve(settings: SandboxSettings, *, stop: asyncio.Event) -> None:
     async with open_service("sandbox", settings, info=lambda: runtime_info(tools), stop=stop) as runtime:
         for descriptor in descriptors(tools):
             await runtime.bus.kv_put(subjects.TOOLS_BUCKET, descriptor.name, descriptor)
-        host = ToolHost(tools, max_payload=runtime.bus.max_payload)
+        host = ToolHost(
+            tools,
+            max_payload=runtime.bus.max_payload,
+            objects=runtime.bus,
+            max_result_bytes=settings.sandbox.max_result_bytes,
+        )
         async with runtime.bus.serve(
             host.router(), queue="sandbox", max_inflight=settings.sandbox.max_concurrent_calls
         ):

@@ -3,9 +3,13 @@
 A failing tool is an answer, not a crash: bad arguments, exceptions and timeouts come back as
 `ToolResult(is_error=True)` with an `Error: ...` text for the model — never a traceback.
 
-A result must fit in one bus message (nats-server closes a connection that sends more than its
-`max_payload`), with room for the run event dispatch wraps around it: a longer result is cut,
-ending with a marker that says so and how large it was (`ToolResult.truncated`).
+A result travels whole. One that fits in one bus message, with room for the run event dispatch
+wraps around it (`atmosphere.bus.sizes.data_budget`), is the reply's `content`; a larger one is
+stored in the object bucket `ATMO_TOOL_RESULTS` and the reply names it
+(`ToolResult.result_object`), for dispatch to read back, offload to the workspace or cut for
+the model, and delete. Only a result over `max_result_bytes`
+(`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`), or one that cannot be stored, is cut, ending with a
+marker that says so and how large it was (`ToolResult.truncated`).
 """
 
 from __future__ import annotations
@@ -13,19 +17,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from atmosphere.bus import MessageContext, Router, subjects
+from atmosphere.bus import Bus, BusError, MessageContext, Router, subjects
+from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget, utf8_len
+from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolResult
 from atmosphere.sdk import Tool, ToolArgumentsError
 
 log = logging.getLogger("atmosphere.sandbox")
 
-DEFAULT_MAX_PAYLOAD = 1 << 20
-"""nats-server's default `max_payload` (1 MiB), for a host built without a bus."""
-ENVELOPE_ROOM = 16 * 1024
-"""Bytes kept free in a result for dispatch's run event around it (ids, principal, timestamps)."""
+DEFAULT_MAX_RESULT_BYTES: Final = 16 * 1024 * 1024
+"""The largest result passed on whole (`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`); a longer one is cut."""
 
 
 def runtime_info(tools: Mapping[str, Tool[Any, Any]]) -> dict[str, Any]:
@@ -41,10 +46,23 @@ def descriptors(tools: Mapping[str, Tool[Any, Any]]) -> list[ToolDescriptor]:
 class ToolHost:
     """Answers tool calls for the tools of one app."""
 
-    def __init__(self, tools: Mapping[str, Tool[Any, Any]], *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        """Host `tools` (by name); results are sized to fit in a bus message of `max_payload` bytes."""
+    def __init__(
+        self,
+        tools: Mapping[str, Tool[Any, Any]],
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        objects: Bus | None = None,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    ) -> None:
+        """Host `tools` (by name), answering within bus messages of `max_payload` bytes.
+
+        A result larger than one message is stored through `objects` (up to `max_result_bytes`);
+        without it, such a result is cut to fit in the reply.
+        """
         self._tools = dict(tools)
-        self._max_result_bytes = max(1024, max_payload - ENVELOPE_ROOM)
+        self._inline_bytes = data_budget(max_payload)
+        self._objects = objects
+        self._max_result_bytes = max_result_bytes
 
     def _handler(self, tool: Tool[Any, Any]) -> Callable[[ToolCall, MessageContext], Awaitable[ToolResult]]:
         async def handle(call: ToolCall, _ctx: MessageContext) -> ToolResult:
@@ -53,9 +71,30 @@ class ToolHost:
         return handle
 
     async def call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolResult:
-        """Run one call within the tool's deadline; its result cut to fit in one bus message."""
+        """Run one call within the tool's deadline; a result too large for the reply is stored."""
         result = await self._call(tool, call)
-        return _fitted(result, tool.name, self._max_result_bytes)
+        if utf8_len(result.content) <= self._inline_bytes:
+            return result
+        if result.is_error or self._objects is None:
+            return _cut(result, tool.name, self._inline_bytes)
+        return await self._stored(result, tool.name, self._objects)
+
+    async def _stored(self, result: ToolResult, tool: str, objects: Bus) -> ToolResult:
+        """`result` with its content moved to an object (cut first if over `max_result_bytes`)."""
+        over = utf8_len(result.content) > self._max_result_bytes
+        kept = clip(result.content, self._max_result_bytes, f"the result of {tool}")
+        name = uuid.uuid4().hex
+        try:
+            await objects.object_put(subjects.TOOL_RESULTS_BUCKET, name, kept.encode("utf-8"))
+        except BusError as exc:
+            log.warning("tool %s: its result could not be stored (%s); cut to fit in one message", tool, exc)
+            return _cut(result, tool, self._inline_bytes)
+        if over:
+            log.warning("tool %s returned more than %d bytes; cut", tool, self._max_result_bytes)
+            result.truncated = True
+        result.content = ""
+        result.result_object = name
+        return result
 
     async def _call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolResult:
         try:
@@ -73,7 +112,7 @@ class ToolHost:
         except Exception as exc:
             log.warning("tool %s failed on run %s", tool.name, call.run_id, exc_info=True)
             return _failure(call, f"Error: {str(exc) or type(exc).__name__}")
-        return ToolResult(call_id=call.call_id, content=_text(content))
+        return ToolResult(call_id=call.call_id, content=replace_lone_surrogates(content))
 
     def router(self) -> Router:
         """One subject per hosted tool."""
@@ -83,27 +122,13 @@ class ToolHost:
         return router
 
 
-def _text(content: str) -> str:
-    """`content` as protobuf accepts it: a lone surrogate (from a tool's own text) becomes `?`."""
-    try:
-        content.encode("utf-8")
-    except UnicodeEncodeError:
-        return content.encode("utf-8", errors="replace").decode("utf-8")
-    return content
-
-
 def _failure(call: ToolCall, message: str) -> ToolResult:
-    return ToolResult(call_id=call.call_id, content=_text(message), is_error=True)
+    return ToolResult(call_id=call.call_id, content=replace_lone_surrogates(message), is_error=True)
 
 
-def _fitted(result: ToolResult, tool: str, max_bytes: int) -> ToolResult:
-    """`result` with its content cut to `max_bytes` of UTF-8."""
-    data = result.content.encode("utf-8")
-    if len(data) <= max_bytes:
-        return result
-    marker = f"\n…[truncated: the result of {tool} is {len(data)} bytes; only the first {{kept}} bytes are kept]"
-    kept = data[: max_bytes - len(marker.format(kept=len(data)).encode())].decode("utf-8", errors="ignore")
-    log.warning("tool %s returned %d bytes; cut to fit in one bus message", tool, len(data))
-    result.content = kept + marker.format(kept=len(kept.encode()))
+def _cut(result: ToolResult, tool: str, max_bytes: int) -> ToolResult:
+    """`result` with its content cut to `max_bytes` of UTF-8, ending with the marker."""
+    log.warning("tool %s returned %d bytes; cut to fit in one bus message", tool, utf8_len(result.content))
+    result.content = clip(result.content, max_bytes, f"the result of {tool}")
     result.truncated = True
     return result

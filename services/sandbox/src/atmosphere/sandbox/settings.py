@@ -1,4 +1,4 @@
-"""Sandbox's settings: the app whose tools it hosts."""
+"""Sandbox's settings: the app whose tools it hosts, and how many calls and how large a result."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from atmosphere.bus.sizes import MAX_OBJECT_BYTES
 from atmosphere.config import WorkerSettings
+from atmosphere.sandbox.handlers import DEFAULT_MAX_RESULT_BYTES
 
 
 class SandboxOptions(BaseModel):
@@ -16,6 +18,11 @@ class SandboxOptions(BaseModel):
 
     max_concurrent_calls: int = Field(default=64, ge=1, le=4096)
     """Tool calls this instance runs at once."""
+    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024, le=MAX_OBJECT_BYTES)
+    """The largest tool result (UTF-8 bytes) passed on whole; a longer one is cut, with a marker.
+
+    A result too large for one bus message travels through the object bucket `ATMO_TOOL_RESULTS`.
+    """
 
 
 class SandboxSettings(WorkerSettings):

@@ -16,6 +16,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from atmosphere.bus import MessageContext, Router, ServiceError, WorkItem, subjects
+from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, reply_budget, utf8_len
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsRequest,
@@ -38,10 +39,6 @@ MAX_ID_CHARS = 1024
 """The longest run or tape id accepted in a query."""
 MAX_SEQ = (1 << 63) - 1
 """The largest seq SQLite can compare with (a larger `from_seq` is refused)."""
-DEFAULT_MAX_PAYLOAD = 1 << 20
-"""nats-server's default `max_payload` (1 MiB), for handlers built without a bus."""
-REPLY_ROOM = 2048
-"""Bytes of a reply kept free for its own fields besides the steps or runs (the run, counters)."""
 _ITEM_OVERHEAD = 16
 """Protobuf framing of one step or run in a reply."""
 
@@ -132,7 +129,7 @@ class TapeHandlers:
     def __init__(self, store: TapeStore, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         """Record into and answer from `store`, each answer within `max_payload` bytes."""
         self._store = store
-        self._reply_bytes = max(4 * REPLY_ROOM, max_payload - REPLY_ROOM)
+        self._reply_bytes = reply_budget(max_payload)
 
     async def record(self, items: list[WorkItem[RunEvent]]) -> None:
         """Record a batch of events in one transaction; a redelivered event is stored once.
@@ -182,7 +179,7 @@ class TapeHandlers:
         """`step` as sent; a payload too large for a reply of its own is replaced by its size."""
         message = TapeStep(seq=step.seq, kind=step.kind, payload_json=step.payload, ts=step.ts)
         if message.ByteSize() + _ITEM_OVERHEAD > self._reply_bytes - REPLY_ROOM:
-            size = len(step.payload.encode("utf-8", errors="surrogatepass"))
+            size = utf8_len(step.payload)
             message.payload_json = json.dumps({"truncated": True, "bytes": size})
             message.payload_truncated = True
         return message

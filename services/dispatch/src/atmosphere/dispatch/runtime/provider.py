@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.dispatch.runtime.sse import SseError, sse_data
 from atmosphere.sdk import RetryPolicy, TokenUsage
 from atmosphere.sdk.runtime import RuntimeConfig
@@ -169,15 +170,6 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
-def clean_text(text: str) -> str:
-    """`text` with lone surrogates replaced: protobuf refuses to serialize them."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode()
-    return text
-
-
 def _token(value: Any) -> str:
     """An identifier-like field of a provider error (code, type, param), or "" when it is not one."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -186,7 +178,7 @@ def _token(value: Any) -> str:
 
 
 def _bounded(text: str, limit: int = MAX_PROVIDER_MESSAGE) -> str:
-    return clean_text(text[:limit]).strip()
+    return replace_lone_surrogates(text[:limit]).strip()
 
 
 def provider_fault(raw: bytes | str) -> ProviderFault:
@@ -498,7 +490,7 @@ async def _delta(delta: dict[str, Any], state: _RoundState) -> None:
     content = delta.get("content")
     if isinstance(content, str) and content:
         _count(state, len(content))
-        content = clean_text(content)
+        content = replace_lone_surrogates(content)
         state.text.append(content)
         state.forwarded = True
         await state.hooks.on_text(content)
@@ -527,7 +519,7 @@ async def _tool_delta(piece: Any, state: _RoundState) -> None:
     fragment = function.get("arguments")
     if isinstance(fragment, str) and fragment:
         _count(state, len(fragment))
-        fragment = clean_text(fragment)
+        fragment = replace_lone_surrogates(fragment)
         call.fragments.append(fragment)
         state.forwarded = True
         await state.hooks.on_tool_delta(call.call_id or f"call_{index}", call.name, fragment)

@@ -177,12 +177,19 @@ class ToolResult(_message.Message):
     IS_ERROR_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    RESULT_OBJECT_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     content: _builtins.str
     is_error: _builtins.bool
     truncated: _builtins.bool
-    """`content` was cut to fit in one bus message (it ends with a marker saying so and how large
-    the whole result was).
+    """The result was cut (it ends with a marker saying so and how large the whole result was):
+    to fit in one bus message, or, when stored in `result_object`, to the sandbox's maximum
+    result size.
+    """
+    result_object: _builtins.str
+    """A result too large for one bus message is stored whole in the object bucket
+    `ATMO_TOOL_RESULTS` under this name, and `content` is empty: the caller reads the object
+    (UTF-8 text) and deletes it.
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.RunEvent]:
@@ -198,10 +205,11 @@ class ToolResult(_message.Message):
         is_error: _builtins.bool = ...,
         events: _abc.Iterable[_run_pb2.RunEvent] | None = ...,
         truncated: _builtins.bool = ...,
+        result_object: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error", "result_object", b"result_object", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,443 @@
+"""Writing one run's events to `ATMO_EVENTS`: each stored exactly once, at no round trip per token.
+
+A run's events split in two by how often they come:
+
+- Stream pieces (text, reasoning and tool-argument deltas: nearly every event) are plain
+  publishes, with no headers and no reply, as cheap for every subscriber as before. They are
+  confirmed in bulk: JetStream stores a stream's messages in the order the server received
+  them, so an acknowledged publish proves that every piece sent before it *on the same
+  connection session* was stored. A piece sent in a session that ended before its
+  confirmation is uncertain: once a later confirmation holds, the writer looks up which of
+  them the stream has and sends the missing ones again (with a message id, so a retry is
+  stored once).
+- Every other event (tool calls, plans, approvals, progress…) is a JetStream publish with
+  `Nats-Msg-Id` = `<run_id>:<seq>` whose acknowledgement is tracked without waiting; one that
+  is late is sent again with the same id. Its acknowledgement confirms the pieces before it.
+
+A quiet run still gets confirmed: a watchdog resends what is late and, after a disconnect or
+when many pieces wait, confirms with a probe (`atmo.run.<id>.probe`, kept in `ATMO_EVENTS` but
+no event). Before a durable event (a terminal above all) everything before it is confirmed,
+so a run's record is complete before its work item is acked. A resent event may be stored
+behind a later one: readers order by `seq` (`follow_run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from atmosphere.bus import subjects
+from atmosphere.bus._api import Bus, PublishAck
+from atmosphere.bus._codec import Headers, wire_size
+from atmosphere.bus._retry import FINAL_ERRORS
+from atmosphere.bus.errors import BusError, PayloadTooLargeError
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+
+log = logging.getLogger("atmosphere.bus")
+
+WORKER_FIRST_SEQ = 2
+"""The first seq the owning worker writes; seq 1 belongs to the submitter."""
+
+TERMINAL_KINDS = frozenset({"complete", "error"})
+
+ACK_PATIENCE = 2.0
+"""Seconds an acknowledgement may be late before its event is sent again."""
+
+STORE_DEADLINE = 60.0
+"""Seconds a writer keeps trying to store its events (a broker restart) before giving up."""
+
+MAX_IN_FLIGHT = 1024
+"""Events a run may have sent but not yet confirmed; at this many, it waits for the broker."""
+
+CONFIRM_EVERY = 256
+"""Stream pieces after which the watchdog confirms them, even while the run goes on."""
+
+STREAM_PIECES = {"text_delta": "text", "reasoning_delta": "text", "tool_call_delta": "arguments_fragment"}
+"""Event kinds that are a piece of a stream, and the field that holds the piece."""
+
+_SPLIT_SLACK = 64
+"""Bytes left spare per split piece for its length prefix and the stamped fields."""
+
+
+def is_terminal(event: RunEvent) -> bool:
+    """Whether `event` ends its run."""
+    return event.WhichOneof("kind") in TERMINAL_KINDS
+
+
+def _now() -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(time.time_ns())
+    return ts
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A stream piece sent as a plain publish, not yet confirmed stored."""
+
+    event: RunEvent
+    epoch: int
+    """The bus epoch it was sent in; -1 when it could not be sent at all."""
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """An acknowledged-publish event whose acknowledgement has not arrived yet."""
+
+    event: RunEvent
+    ack: asyncio.Future[PublishAck] | None
+    """None when the publish itself failed (no connection): send again."""
+    sent_at: float
+    epoch: int
+
+
+class RunEventWriter:
+    """Numbers, stamps and stores one run's events in `ATMO_EVENTS`, each exactly once (see the module)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        request: RunRequest,
+        *,
+        first_seq: int = WORKER_FIRST_SEQ,
+        ack_patience: float = ACK_PATIENCE,
+        store_deadline: float = STORE_DEADLINE,
+    ) -> None:
+        """Write `request`'s events starting at `first_seq`.
+
+        `ack_patience`: how long an acknowledgement may be late before the event is sent
+        again. `store_deadline`: how long the writer keeps trying to store an event before
+        `BusError` ends its attempt (the broker is gone for longer than a restart).
+        """
+        self._bus = bus
+        self._request = request
+        self._subject = subjects.run_events(request.run_id)
+        self._owner = request.principal.user_id if request.HasField("principal") else ""
+        self._next_seq = first_seq
+        self._patience = ack_patience
+        self._deadline = store_deadline
+        self._pieces: list[_Piece] = []
+        self._in_flight: dict[int, _InFlight] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self._repair = asyncio.Lock()
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event will get."""
+        return self._next_seq
+
+    @property
+    def unacknowledged(self) -> int:
+        """How many events were sent but not yet confirmed stored."""
+        return len(self._in_flight) + len(self._pieces)
+
+    async def emit(self, event: RunEvent, *, durable: bool | None = None) -> RunEvent:
+        """Stamp `event` (ids, owner, seq, timestamp) and publish it; return the stamped event.
+
+        A durable publish returns once JetStream stored the event and every event before it.
+        Terminal events are always durable: once the work item is acked, its outcome must
+        already be on record. A stream piece too large for one message goes as several.
+
+        Raises:
+            PayloadTooLargeError: the event does not fit in one message (its seq is not used).
+            BusError: the events could not be stored within the store deadline.
+        """
+        self._stamp(event)
+        # Checked before the seq is taken (synchronously: concurrent emits of one run, such as
+        # a sub-run's forwarded events, must not see a seq that is then given back).
+        size = event.ByteSize() + wire_size(b"", self._headers(event.seq).to_wire())
+        if size > self._bus.max_payload:
+            pieces = _split_stream_piece(event, size - self._bus.max_payload)
+            if not pieces:
+                raise PayloadTooLargeError(self._subject, size, self._bus.max_payload)
+            for piece in pieces:
+                stamped = await self.emit(piece, durable=durable)
+            return stamped
+        self._next_seq += 1
+        if durable or (durable is None and is_terminal(event)):
+            give_up = time.monotonic() + self._deadline
+            await self._flush_acknowledged(give_up)
+            # The durable event's own acknowledgement confirms the pieces sent before it in
+            # its session; only pieces of an earlier session need looking up.
+            self._confirmed_by(await self._store(event), event.seq)
+            if self._pieces:
+                await self._confirm_pieces(give_up)
+            return event
+        if event.WhichOneof("kind") in STREAM_PIECES:
+            await self._send_piece(event)
+        else:
+            await self._send(event)
+        if self.unacknowledged >= MAX_IN_FLIGHT:
+            await self.flush()  # the broker is not keeping up: hold the run back, never drop
+        self._watch()
+        return event
+
+    async def flush(self) -> None:
+        """Return once every event sent so far is stored.
+
+        Raises:
+            BusError: some could not be stored within the store deadline.
+        """
+        give_up = time.monotonic() + self._deadline
+        await self._flush_acknowledged(give_up)
+        if self._pieces:
+            await self._confirm_pieces(give_up)
+
+    async def _flush_acknowledged(self, give_up: float) -> None:
+        while self._in_flight:
+            pending = [e.ack for e in self._in_flight.values() if e.ack is not None and not e.ack.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=self._patience)
+            else:
+                # Only unsent events are left (or acks whose callbacks have not run yet): give
+                # the callbacks a turn and the broker a moment.
+                await asyncio.sleep(min(0.25, self._patience) if self._unsent() else 0)
+            self._check_deadline(give_up)
+            await self._resend_late()
+
+    async def close(self) -> None:
+        """Stop the watchdog and forget acknowledgements still awaited (the run is over)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        for entry in self._in_flight.values():
+            if entry.ack is not None:
+                entry.ack.cancel()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _stamp(self, event: RunEvent) -> None:
+        request = self._request
+        event.run_id = request.run_id
+        event.session_id = request.session_id
+        event.conversation_id = request.conversation_id
+        event.agent = request.agent
+        event.parent_run_id = request.parent_run_id
+        event.owner = self._owner
+        event.seq = self._next_seq
+        event.timestamp.CopyFrom(_now())
+
+    def _headers(self, seq: int) -> Headers:
+        return Headers(msg_id=f"{self._request.run_id}:{seq}")
+
+    async def _send_piece(self, event: RunEvent) -> None:
+        epoch = self._bus.epoch
+        if not self._bus.is_connected:
+            epoch = -1  # not handed to a client that would buffer it: sent once we are back
+        else:
+            try:
+                await self._bus.publish(self._subject, event)
+            except FINAL_ERRORS:
+                raise
+            except BusError:
+                epoch = -1
+        self._pieces.append(_Piece(event, epoch))
+
+    async def _send(self, event: RunEvent) -> None:
+        epoch = self._bus.epoch
+        ack: asyncio.Future[PublishAck] | None
+        try:
+            ack = await self._bus.js_publish_nowait(self._subject, event, headers=self._headers(event.seq))
+        except FINAL_ERRORS:
+            raise
+        except BusError as exc:
+            log.info("run %s: event %d not sent (%s); will send again", self._request.run_id, event.seq, exc)
+            ack = None
+        entry = _InFlight(event, ack, time.monotonic(), epoch)
+        self._in_flight[event.seq] = entry
+        if ack is not None:
+            ack.add_done_callback(lambda done: self._settled(entry, done))
+
+    def _settled(self, entry: _InFlight, done: asyncio.Future[PublishAck]) -> None:
+        if self._in_flight.get(entry.event.seq) is not entry:
+            return  # sent again meanwhile
+        if done.cancelled() or done.exception() is not None:
+            # Refused (e.g. JetStream not ready after a restart): send again after the patience.
+            entry.ack = None
+            entry.sent_at = time.monotonic()
+            return
+        del self._in_flight[entry.event.seq]
+        self._confirmed_by(entry.epoch if self._bus.epoch == entry.epoch else None, entry.event.seq)
+
+    def _confirmed_by(self, epoch: int | None, seq: int) -> None:
+        """Event `seq` was stored in session `epoch` (None: unknown): so was every piece before it there."""
+        if epoch is not None:
+            self._pieces = [p for p in self._pieces if p.epoch != epoch or p.event.seq > seq]
+
+    def _unsent(self) -> bool:
+        return any(e.ack is None for e in self._in_flight.values())
+
+    async def _resend_late(self) -> None:
+        """Send again every acknowledged-publish event whose acknowledgement is overdue."""
+        if not self._in_flight or not self._bus.is_connected:
+            return
+        overdue = time.monotonic() - self._patience
+        for entry in sorted(self._in_flight.values(), key=lambda e: e.event.seq):
+            if entry.sent_at > overdue or self._in_flight.get(entry.event.seq) is not entry:
+                continue
+            if entry.ack is not None:
+                entry.ack.cancel()
+            del self._in_flight[entry.event.seq]
+            await self._send(entry.event)
+
+    async def _store(self, event: RunEvent) -> int | None:
+        """Publish `event` and wait until stored, trying again (same id) until the deadline.
+
+        Returns the epoch of the session that stored it, or None if that session ended
+        between the send and the acknowledgement.
+        """
+        give_up = time.monotonic() + self._deadline
+        attempt = 0
+        while True:
+            epoch = self._bus.epoch
+            try:
+                await self._bus.js_publish(
+                    self._subject, event, headers=self._headers(event.seq), timeout=self._patience
+                )
+                return epoch if self._bus.epoch == epoch else None
+            except FINAL_ERRORS:
+                raise
+            except BusError as exc:
+                if time.monotonic() >= give_up:
+                    raise
+                log.info("run %s: storing event %d failed (%s); trying again", self._request.run_id, event.seq, exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            attempt += 1
+
+    def _check_deadline(self, give_up: float) -> None:
+        if time.monotonic() >= give_up:
+            msg = f"run {self._request.run_id}: {self.unacknowledged} event(s) not stored in {self._deadline:g}s"
+            raise BusError(msg)
+
+    # -- confirming stream pieces --------------------------------------------------------------
+
+    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True) -> None:
+        """Make sure the pieces sent so far are stored: probe, then send again what is missing.
+
+        A piece stays listed until it is known stored, so whoever flushes meanwhile waits for
+        this repair instead of finding nothing to do. `until_none`: go on while pieces keep
+        coming (a flush); else settle what was sent before the call (the watchdog, while the
+        run streams on).
+        """
+        async with self._repair:
+            while self._pieces:
+                self._check_deadline(give_up)
+                sent = list(self._pieces)  # pieces sent after the probe are not proven by it
+                epoch = await self._probe(give_up)
+                if epoch is None:
+                    continue  # the session ended during the probe: it proves nothing
+                proven = {id(p) for p in sent if p.epoch == epoch}
+                self._pieces = [p for p in self._pieces if id(p) not in proven]
+                uncertain = [p for p in sent if p.epoch != epoch]
+                if uncertain:
+                    await self._send_missing(uncertain, give_up)
+                if not until_none:
+                    return
+
+    async def _probe(self, give_up: float) -> int | None:
+        """The epoch in which a probe was stored, or None if the session ended meanwhile.
+
+        Everything sent before the probe in that session is stored too; what was sent in an
+        earlier session was either stored or lost by then (a client flushes what it buffered
+        before anything sent after it).
+        """
+        epoch = self._bus.epoch
+        probe = RunEvent(run_id=self._request.run_id)
+        while True:
+            try:
+                await self._bus.js_publish(subjects.run_probe(self._request.run_id), probe, timeout=self._patience)
+                break
+            except FINAL_ERRORS:
+                raise
+            except BusError:
+                self._check_deadline(give_up)
+                await asyncio.sleep(min(1.0, self._patience / 4))
+                epoch = self._bus.epoch
+        return epoch if self._bus.epoch == epoch else None
+
+    async def _send_missing(self, uncertain: list[_Piece], give_up: float) -> None:
+        stored = await _stored_seqs(self._bus, self._request.run_id)
+        missing = [p for p in uncertain if p.event.seq not in stored]
+        if missing:
+            log.info("run %s: sending %d event(s) again after a lost connection", self._request.run_id, len(missing))
+        for piece in missing:
+            self._check_deadline(give_up)
+            await self._store(piece.event)
+            self._forget(piece)
+        for piece in uncertain:
+            self._forget(piece)
+
+    def _forget(self, piece: _Piece) -> None:
+        self._pieces = [p for p in self._pieces if p is not piece]
+
+    # -- the watchdog --------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._keep_watch(), name=f"events-{self._request.run_id}")
+
+    async def _keep_watch(self) -> None:
+        """While anything is unconfirmed: resend what is late, confirm pieces that may be lost."""
+        while self.unacknowledged:
+            await asyncio.sleep(self._patience)
+            try:
+                await self._resend_late()
+                if self._pieces and self._needs_confirmation():
+                    await self._confirm_pieces(time.monotonic() + self._deadline, until_none=False)
+            except BusError as exc:
+                # Nothing is dropped: the run's next durable event flushes (and fails) for real.
+                log.warning("run %s: confirming events failed: %s", self._request.run_id, exc)
+                return
+
+    def _needs_confirmation(self) -> bool:
+        epoch = self._bus.epoch
+        return len(self._pieces) >= CONFIRM_EVERY or any(p.epoch != epoch for p in self._pieces)
+
+
+async def _stored_seqs(bus: Bus, run_id: str) -> set[int]:
+    return {e.seq async for e in bus.replay(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)}
+
+
+def _split_stream_piece(event: RunEvent, excess: int) -> list[RunEvent]:
+    """`event` cut into pieces that each fit, when it is a stream piece (else none).
+
+    A provider may send one huge chunk of text or tool arguments; the client sees it as
+    several consecutive deltas, which concatenate to the same thing.
+    """
+    kind = event.WhichOneof("kind")
+    field = STREAM_PIECES.get(kind or "")
+    if kind is None or field is None:
+        return []
+    body = getattr(event, kind)
+    data = getattr(body, field).encode()
+    room = len(data) - excess - _SPLIT_SLACK
+    if room < 1024:
+        return []
+    pieces: list[RunEvent] = []
+    start = 0
+    while start < len(data):
+        end = min(len(data), start + room)
+        while end < len(data) and (data[end] & 0xC0) == 0x80:
+            end -= 1  # never cut inside a UTF-8 character
+        piece = RunEvent()
+        piece.CopyFrom(event)
+        setattr(getattr(piece, kind), field, data[start:end].decode())
+        pieces.append(piece)
+        start = end
+    return pieces
+
+
+__all__ = [
+    "ACK_PATIENCE",
+    "MAX_IN_FLIGHT",
+    "STORE_DEADLINE",
+    "TERMINAL_KINDS",
+    "WORKER_FIRST_SEQ",
+    "RunEventWriter",
+    "is_terminal",
+]
