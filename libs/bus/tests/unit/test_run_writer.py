@@ -24,17 +24,15 @@ from atmosphere.testing import wait_until
 
 
 class FlakyBroker(FakeBus):
-    """Loses chosen events as a broker restart would.
+    """Loses the first copy of chosen events with the connection session they went out on.
 
-    `lose` drops the first copy of those seqs — a plain publish (a stream piece) is then lost
-    with the session, which ends (the epoch moves); an acknowledged publish just never gets its
-    acknowledgement. `lose_ack` stores the event but loses its acknowledgement.
+    The broker restarts with them in flight: they are never stored, and the session ends (the
+    epoch moves), as a real client notices a dead connection.
     """
 
-    def __init__(self, *, lose: set[int] = frozenset(), lose_ack: set[int] = frozenset(), **kwargs: int) -> None:
+    def __init__(self, *, lose: set[int] = frozenset(), **kwargs: int) -> None:
         super().__init__(**kwargs)
         self.lose = set(lose)
-        self.lose_ack = set(lose_ack)
         self.sends: list[int] = []
         self.probes = 0
 
@@ -43,7 +41,7 @@ class FlakyBroker(FakeBus):
         self.sends.append(seq)
         if seq in self.lose:
             self.lose.discard(seq)
-            self.disconnect()  # the session it went out on died with it
+            self.disconnect()
             return
         await super().publish(subject, message, headers=headers)
 
@@ -55,22 +53,6 @@ class FlakyBroker(FakeBus):
         else:
             self.sends.append(message.seq if isinstance(message, RunEvent) else 0)
         return await super().js_publish(subject, message, headers=headers, timeout=timeout)
-
-    async def js_publish_nowait(
-        self, subject: str, message: Message, *, headers: Headers | None = None
-    ) -> asyncio.Future[PublishAck]:
-        seq = message.seq if isinstance(message, RunEvent) else 0
-        self.sends.append(seq)
-        if seq in self.lose:
-            self.lose.discard(seq)
-            return asyncio.get_running_loop().create_future()  # never stored, never acknowledged
-        stored = await FakeBus.js_publish(self, subject, message, headers=headers)
-        ack: asyncio.Future[PublishAck] = asyncio.get_running_loop().create_future()
-        if seq in self.lose_ack:
-            self.lose_ack.discard(seq)  # stored, but the acknowledgement is gone
-        else:
-            ack.set_result(stored)
-        return ack
 
 
 def request(run_id: str = "r1", user: str = "alice") -> RunRequest:
@@ -101,23 +83,21 @@ async def write(writer: RunEventWriter, events: list[RunEvent]) -> None:
 
 
 MIXED = [text(0), text(1), progress(2), text(3), progress(4)]
-"""Seqs 2-6: stream pieces (plain publishes) and other events (acknowledged publishes)."""
+"""Seqs 2-6: stream pieces and other events."""
 
 
 @pytest.mark.parametrize(
-    ("lose", "lose_ack"),
-    [({3}, set()), ({2, 3, 5}, set()), ({4}, set()), (set(), {4, 6}), ({2}, {4}), ({3, 4, 6}, set())],
-    ids=["a-piece", "several-pieces", "an-acked-event", "acks", "mixed", "all-kinds"],
+    "lose", [{3}, {2, 3, 5}, {4}, {3, 4, 6}, {2, 3, 4, 5, 6}], ids=["one", "several", "other-kind", "mixed", "all"]
 )
-async def test_every_event_is_stored_exactly_once(lose: set[int], lose_ack: set[int]) -> None:
-    bus = FlakyBroker(lose=lose, lose_ack=lose_ack)
+async def test_every_event_is_stored_exactly_once(lose: set[int]) -> None:
+    bus = FlakyBroker(lose=lose)
     await bus.provision(JetStreamLayout())
     writer = RunEventWriter(bus, request(), ack_patience=0.05)
     await write(writer, MIXED)
     assert sorted(stored_seqs(bus)) == list(range(2, 8))  # five events and the terminal, each once
     assert writer.unacknowledged == 0
-    for seq in lose | lose_ack:
-        assert bus.sends.count(seq) == 2  # sent again with the same id
+    for seq in lose:
+        assert bus.sends.count(seq) == 2  # sent again, with its message id
 
 
 async def test_pieces_of_an_unbroken_session_are_confirmed_without_a_probe() -> None:
@@ -174,17 +154,17 @@ async def test_every_event_names_the_runs_owner() -> None:
 
 
 async def test_an_event_that_cannot_be_stored_in_time_fails_the_flush() -> None:
-    bus = FakeBus()
+    bus = FlakyBroker(lose={2})
     await bus.provision(JetStreamLayout())
     writer = RunEventWriter(bus, request(), ack_patience=0.05, store_deadline=0.2)
+    await writer.emit(progress(0))  # lost with its session
 
     async def never_stores(
-        subject: str, message: Message, *, headers: Headers | None = None
-    ) -> asyncio.Future[PublishAck]:
-        return asyncio.get_running_loop().create_future()
+        subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        raise BusError("nats: timeout")
 
-    bus.js_publish_nowait = never_stores  # type: ignore[method-assign]
-    await writer.emit(progress(0))
+    bus.js_publish = never_stores  # type: ignore[method-assign]  # and the broker does not come back
     with pytest.raises(BusError, match="not stored"):
         await writer.flush()
     await writer.close()

@@ -1,24 +1,17 @@
-"""Writing one run's events to `ATMO_EVENTS`: each stored exactly once, at no round trip per token.
+"""Writing one run's events to `ATMO_EVENTS`: each stored exactly once, at no round trip per event.
 
-A run's events split in two by how often they come:
-
-- Stream pieces (text, reasoning and tool-argument deltas: nearly every event) are plain
-  publishes, with no headers and no reply, as cheap for every subscriber as before. They are
-  confirmed in bulk: JetStream stores a stream's messages in the order the server received
-  them, so an acknowledged publish proves that every piece sent before it *on the same
-  connection session* was stored. A piece sent in a session that ended before its
-  confirmation is uncertain: once a later confirmation holds, the writer looks up which of
-  them the stream has and sends the missing ones again (with a message id, so a retry is
-  stored once).
-- Every other event (tool calls, plans, approvals, progress…) is a JetStream publish with
-  `Nats-Msg-Id` = `<run_id>:<seq>` whose acknowledgement is tracked without waiting; one that
-  is late is sent again with the same id. Its acknowledgement confirms the pieces before it.
-
-A quiet run still gets confirmed: a watchdog resends what is late and, after a disconnect or
-when many pieces wait, confirms with a probe (`atmo.run.<id>.probe`, kept in `ATMO_EVENTS` but
-no event). Before a durable event (a terminal above all) everything before it is confirmed,
-so a run's record is complete before its work item is acked. A resent event may be stored
-behind a later one: readers order by `seq` (`follow_run`).
+Every event but a durable one is a plain publish, with no headers and no reply, as cheap for
+every subscriber as a publish can be. Events are confirmed in bulk instead: JetStream stores a
+stream's messages in the order the server received them, so an acknowledged publish proves
+that every event sent before it *on the same connection session* was stored (the bus's
+`epoch` tells sessions apart). A durable event (a terminal above all) is such a publish; so is
+a probe (`atmo.run.<id>.probe`, kept in `ATMO_EVENTS` but no event) that a watchdog sends while
+the run is quiet or after a disconnect. Events sent in a session that ended before they were
+confirmed are uncertain: once a later confirmation holds, the writer looks up which of them
+the stream has and sends the missing ones again, with `Nats-Msg-Id` = `<run_id>:<seq>` (a retry
+is stored once). Before a durable event everything before it is confirmed, so a run's record is
+complete before its work item is acked. A resent event is stored behind later ones: readers
+order by `seq` (`follow_run`).
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from dataclasses import dataclass
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import subjects
-from atmosphere.bus._api import Bus, PublishAck
+from atmosphere.bus._api import Bus
 from atmosphere.bus._codec import Headers, wire_size
 from atmosphere.bus._retry import FINAL_ERRORS
 from atmosphere.bus.errors import BusError, PayloadTooLargeError
@@ -55,7 +48,7 @@ MAX_IN_FLIGHT = 1024
 """Events a run may have sent but not yet confirmed; at this many, it waits for the broker."""
 
 CONFIRM_EVERY = 256
-"""Stream pieces after which the watchdog confirms them, even while the run goes on."""
+"""Unconfirmed events after which the watchdog confirms them, even while the run goes on."""
 
 STREAM_PIECES = {"text_delta": "text", "reasoning_delta": "text", "tool_call_delta": "arguments_fragment"}
 """Event kinds that are a piece of a stream, and the field that holds the piece."""
@@ -77,22 +70,11 @@ def _now() -> Timestamp:
 
 @dataclass(eq=False)
 class _Piece:
-    """A stream piece sent as a plain publish, not yet confirmed stored."""
+    """An event sent as a plain publish, not yet confirmed stored."""
 
     event: RunEvent
     epoch: int
     """The bus epoch it was sent in; -1 when it could not be sent at all."""
-
-
-@dataclass(eq=False)
-class _InFlight:
-    """An acknowledged-publish event whose acknowledgement has not arrived yet."""
-
-    event: RunEvent
-    ack: asyncio.Future[PublishAck] | None
-    """None when the publish itself failed (no connection): send again."""
-    sent_at: float
-    epoch: int
 
 
 class RunEventWriter:
@@ -121,9 +103,11 @@ class RunEventWriter:
         self._patience = ack_patience
         self._deadline = store_deadline
         self._pieces: list[_Piece] = []
-        self._in_flight: dict[int, _InFlight] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._repair = asyncio.Lock()
+        # The most an event's headers can add (a message id with the longest seq), measured once.
+        self._header_room = wire_size(b"", Headers(msg_id=f"{request.run_id}:{'9' * 20}").to_wire())
 
     @property
     def next_seq(self) -> int:
@@ -133,7 +117,7 @@ class RunEventWriter:
     @property
     def unacknowledged(self) -> int:
         """How many events were sent but not yet confirmed stored."""
-        return len(self._in_flight) + len(self._pieces)
+        return len(self._pieces)
 
     async def emit(self, event: RunEvent, *, durable: bool | None = None) -> RunEvent:
         """Stamp `event` (ids, owner, seq, timestamp) and publish it; return the stamped event.
@@ -149,7 +133,7 @@ class RunEventWriter:
         self._stamp(event)
         # Checked before the seq is taken (synchronously: concurrent emits of one run, such as
         # a sub-run's forwarded events, must not see a seq that is then given back).
-        size = event.ByteSize() + wire_size(b"", self._headers(event.seq).to_wire())
+        size = event.ByteSize() + self._header_room
         if size > self._bus.max_payload:
             pieces = _split_stream_piece(event, size - self._bus.max_payload)
             if not pieces:
@@ -160,17 +144,13 @@ class RunEventWriter:
         self._next_seq += 1
         if durable or (durable is None and is_terminal(event)):
             give_up = time.monotonic() + self._deadline
-            await self._flush_acknowledged(give_up)
-            # The durable event's own acknowledgement confirms the pieces sent before it in
-            # its session; only pieces of an earlier session need looking up.
+            # The durable event's own acknowledgement confirms the events sent before it in
+            # its session; only events of an earlier session need looking up.
             self._confirmed_by(await self._store(event), event.seq)
             if self._pieces:
                 await self._confirm_pieces(give_up)
             return event
-        if event.WhichOneof("kind") in STREAM_PIECES:
-            await self._send_piece(event)
-        else:
-            await self._send(event)
+        await self._send_piece(event)
         if self.unacknowledged >= MAX_IN_FLIGHT:
             await self.flush()  # the broker is not keeping up: hold the run back, never drop
         self._watch()
@@ -182,32 +162,18 @@ class RunEventWriter:
         Raises:
             BusError: some could not be stored within the store deadline.
         """
-        give_up = time.monotonic() + self._deadline
-        await self._flush_acknowledged(give_up)
         if self._pieces:
-            await self._confirm_pieces(give_up)
-
-    async def _flush_acknowledged(self, give_up: float) -> None:
-        while self._in_flight:
-            pending = [e.ack for e in self._in_flight.values() if e.ack is not None and not e.ack.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=self._patience)
-            else:
-                # Only unsent events are left (or acks whose callbacks have not run yet): give
-                # the callbacks a turn and the broker a moment.
-                await asyncio.sleep(min(0.25, self._patience) if self._unsent() else 0)
-            self._check_deadline(give_up)
-            await self._resend_late()
+            await self._confirm_pieces(time.monotonic() + self._deadline)
 
     async def close(self) -> None:
-        """Stop the watchdog and forget acknowledgements still awaited (the run is over)."""
+        """Stop the watchdog (the run is over)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._watchdog is not None:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
-        for entry in self._in_flight.values():
-            if entry.ack is not None:
-                entry.ack.cancel()
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -238,52 +204,10 @@ class RunEventWriter:
                 epoch = -1
         self._pieces.append(_Piece(event, epoch))
 
-    async def _send(self, event: RunEvent) -> None:
-        epoch = self._bus.epoch
-        ack: asyncio.Future[PublishAck] | None
-        try:
-            ack = await self._bus.js_publish_nowait(self._subject, event, headers=self._headers(event.seq))
-        except FINAL_ERRORS:
-            raise
-        except BusError as exc:
-            log.info("run %s: event %d not sent (%s); will send again", self._request.run_id, event.seq, exc)
-            ack = None
-        entry = _InFlight(event, ack, time.monotonic(), epoch)
-        self._in_flight[event.seq] = entry
-        if ack is not None:
-            ack.add_done_callback(lambda done: self._settled(entry, done))
-
-    def _settled(self, entry: _InFlight, done: asyncio.Future[PublishAck]) -> None:
-        if self._in_flight.get(entry.event.seq) is not entry:
-            return  # sent again meanwhile
-        if done.cancelled() or done.exception() is not None:
-            # Refused (e.g. JetStream not ready after a restart): send again after the patience.
-            entry.ack = None
-            entry.sent_at = time.monotonic()
-            return
-        del self._in_flight[entry.event.seq]
-        self._confirmed_by(entry.epoch if self._bus.epoch == entry.epoch else None, entry.event.seq)
-
     def _confirmed_by(self, epoch: int | None, seq: int) -> None:
-        """Event `seq` was stored in session `epoch` (None: unknown): so was every piece before it there."""
+        """Event `seq` was stored in session `epoch` (None: unknown): so was every event before it there."""
         if epoch is not None:
             self._pieces = [p for p in self._pieces if p.epoch != epoch or p.event.seq > seq]
-
-    def _unsent(self) -> bool:
-        return any(e.ack is None for e in self._in_flight.values())
-
-    async def _resend_late(self) -> None:
-        """Send again every acknowledged-publish event whose acknowledgement is overdue."""
-        if not self._in_flight or not self._bus.is_connected:
-            return
-        overdue = time.monotonic() - self._patience
-        for entry in sorted(self._in_flight.values(), key=lambda e: e.event.seq):
-            if entry.sent_at > overdue or self._in_flight.get(entry.event.seq) is not entry:
-                continue
-            if entry.ack is not None:
-                entry.ack.cancel()
-            del self._in_flight[entry.event.seq]
-            await self._send(entry.event)
 
     async def _store(self, event: RunEvent) -> int | None:
         """Publish `event` and wait until stored, trying again (same id) until the deadline.
@@ -378,21 +302,26 @@ class RunEventWriter:
     # -- the watchdog --------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        if self._watchdog is None or self._watchdog.done():
+        # A timer first, a task only when it finds work: most runs end (and flush) before it fires.
+        if self._timer is None and (self._watchdog is None or self._watchdog.done()):
+            self._timer = asyncio.get_running_loop().call_later(self._patience, self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None
+        if self.unacknowledged and (self._watchdog is None or self._watchdog.done()):
             self._watchdog = asyncio.create_task(self._keep_watch(), name=f"events-{self._request.run_id}")
 
     async def _keep_watch(self) -> None:
-        """While anything is unconfirmed: resend what is late, confirm pieces that may be lost."""
+        """While anything is unconfirmed: confirm the events that may be lost (or are many)."""
         while self.unacknowledged:
-            await asyncio.sleep(self._patience)
             try:
-                await self._resend_late()
-                if self._pieces and self._needs_confirmation():
+                if self._needs_confirmation():
                     await self._confirm_pieces(time.monotonic() + self._deadline, until_none=False)
             except BusError as exc:
                 # Nothing is dropped: the run's next durable event flushes (and fails) for real.
                 log.warning("run %s: confirming events failed: %s", self._request.run_id, exc)
                 return
+            await asyncio.sleep(self._patience)
 
     def _needs_confirmation(self) -> bool:
         epoch = self._bus.epoch

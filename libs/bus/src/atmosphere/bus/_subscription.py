@@ -53,13 +53,16 @@ class QueueSubscription(Subscription[M]):
         Raises:
             StopAsyncIteration: the subscription was closed and every buffered message read.
         """
-        try:
-            # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a cancellation
-            # of the caller that arrives just as the queue yields an item.
-            async with asyncio.timeout(timeout):
-                item = await self._queue.get()
-        except TimeoutError:
-            return None
+        if not self._queue.empty():
+            item = self._queue.get_nowait()  # the common case under load: no timer to arm
+        else:
+            try:
+                # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
+                # cancellation of the caller that arrives just as the queue yields an item.
+                async with asyncio.timeout(timeout):
+                    item = await self._queue.get()
+            except TimeoutError:
+                return None
         if item is _CLOSED:
             self._queue.put_nowait(_CLOSED)  # later calls see the end too
             raise StopAsyncIteration

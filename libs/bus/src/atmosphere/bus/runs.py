@@ -108,6 +108,7 @@ async def submit_run(bus: Bus, request: RunRequest, *, deadline: float = SUBMIT_
     run_id_event = RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id)))
     subject = subjects.run_submit(request.agent, level=queue_level(request))
     announce = asyncio.create_task(writer.emit(run_id_event, durable=True))
+    await asyncio.sleep(0)  # the run-id event is handed to the client first
     try:
         queued = await _publish_until(bus, subject, request, headers, deadline)
     except BusError as exc:
@@ -206,6 +207,11 @@ class _Follower:
 
     def offer(self, event: RunEvent) -> list[RunEvent]:
         """The events that are now next in order (possibly none); later ones wait for the gap."""
+        if event.seq == self.next_seq and not self.held and not self.finished:
+            # The hot path: the next event, in order, nothing held back.
+            self.next_seq += 1
+            self.finished = is_terminal(event)
+            return [event]
         if is_terminal(event) and event.seq < self.next_seq:
             # The run ended before the seq the reader resumes after: nothing more will come.
             self.finished = True
@@ -219,6 +225,11 @@ class _Follower:
             self.finished = is_terminal(ready[-1])
         self._gap_since = (self._gap_since or time.monotonic()) if self.held and not self.finished else None
         return ready
+
+    @property
+    def gap_open(self) -> bool:
+        """Whether events after a missing seq are being held back."""
+        return self._gap_since is not None
 
     async def from_stream(self) -> AsyncGenerator[RunEvent, None]:
         """Whatever the stream holds beyond what was delivered, in order, as it is read.
@@ -314,9 +325,10 @@ async def follow_run(
                 return
             for event in follower.offer(envelope.message) if envelope is not None else []:
                 yield event
-            async with contextlib.aclosing(follower.catch_up(quiet=envelope is None)) as caught_up:
-                async for event in caught_up:
-                    yield event
+            if envelope is None or follower.gap_open:  # else nothing to catch up: the hot path
+                async with contextlib.aclosing(follower.catch_up(quiet=envelope is None)) as caught_up:
+                    async for event in caught_up:
+                        yield event
 
 
 async def send_control(bus: Bus, control: Control, *, timeout: float = 2.0) -> ControlAck:
