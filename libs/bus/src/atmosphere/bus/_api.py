@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from atmosphere.bus._codec import Headers
 from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout
 from atmosphere.bus._router import Router
+from atmosphere.bus.errors import ConnectionLostError
 
 M = TypeVar("M", bound=Message)
 
@@ -81,6 +82,48 @@ class Consumer(abc.ABC):
         A pull ends within its expiry (a second), so a service with several consumers stops
         them all first: their exits then do not wait for one another's pulls in turn.
         """
+
+
+class ConnectionLiveness:
+    """The connection state both backends keep the same way: its epoch and whether it is lost.
+
+    Mixed in before `Bus`, so its members serve `Bus.epoch`, `Bus.lost` and `Bus.wait_lost`.
+    """
+
+    def __init__(self) -> None:
+        """Connected, in epoch 0."""
+        self._epoch = 0
+        self._lost = asyncio.Event()
+
+    @property
+    def epoch(self) -> int:
+        """How many times the connection was lost so far (see `Bus.epoch`)."""
+        return self._epoch
+
+    def note_disconnected(self) -> None:
+        """A disconnect happened: a new connection session begins."""
+        self._epoch += 1
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection closed for good without us closing it."""
+        return self._lost.is_set()
+
+    def mark_lost(self) -> None:
+        """The client reached CLOSED on its own: nothing can be sent any more."""
+        self._lost.set()
+
+    async def wait_lost(self) -> None:
+        """Return once the connection has closed for good (not by us)."""
+        await self._lost.wait()
+
+    def _closed(self) -> bool:
+        return self._lost.is_set()
+
+    def _ensure_open(self, what: str) -> None:
+        if self._closed():
+            msg = f"the connection to nats is closed; cannot {what}"
+            raise ConnectionLostError(msg)
 
 
 class Bus(abc.ABC):

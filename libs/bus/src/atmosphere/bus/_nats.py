@@ -27,6 +27,7 @@ from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DIGEST_TYPE, OBJ_S
 from atmosphere.bus._api import (
     BatchHandler,
     Bus,
+    ConnectionLiveness,
     Consumer,
     Envelope,
     PublishAck,
@@ -48,7 +49,6 @@ from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import (
     BusError,
-    ConnectionLostError,
     DecodeError,
     Nak,
     NoRespondersError,
@@ -73,19 +73,18 @@ _OBJECT_CHUNK_BYTES = 128 * 1024
 _OBJECT_CHUNK_TIMEOUT = 5.0
 
 
-class NatsBus(Bus):
+class NatsBus(ConnectionLiveness, Bus):
     """A `Bus` over a connected nats-py client. Create it with `atmosphere.bus.connect`."""
 
     def __init__(self, client: Client, *, namespace: str = "") -> None:
         """Wrap `client`; every subject is prefixed with `namespace.` on the wire."""
+        super().__init__()
         self._nc = client
         self._js: JetStreamContext = client.jetstream()
         self._prefix = f"{namespace}." if namespace else ""
         self._stream_prefix = _stream_prefix(namespace)
         self._kv: dict[str, KeyValue] = {}
         self._objects: dict[str, ObjectStore] = {}
-        self._lost = asyncio.Event()
-        self._epoch = 0
         self._acks: dict[str, asyncio.Future[PublishAck]] = {}
         self._ack_prefix = ""
         self._ack_tokens = itertools.count()
@@ -105,32 +104,12 @@ class NatsBus(Bus):
         """The server's `max_payload` from its INFO (payload plus headers, per message)."""
         return int(self._nc.max_payload)
 
-    @property
-    def epoch(self) -> int:
-        """How many times the connection was lost so far (see `Bus.epoch`)."""
-        return self._epoch
-
-    def note_disconnected(self) -> None:
-        """Called by `connect` on every disconnect."""
-        self._epoch += 1
-
-    @property
-    def lost(self) -> bool:
-        """Whether the connection closed for good without us closing it."""
-        return self._lost.is_set()
-
-    def mark_lost(self) -> None:
-        """Called by `connect` when the client reached CLOSED on its own."""
-        self._lost.set()
-
-    async def wait_lost(self) -> None:
-        """Return once the connection has closed for good (not by us)."""
-        await self._lost.wait()
+    def _closed(self) -> bool:
+        # Also before `connect`'s callback says so, and after we closed it ourselves.
+        return self.lost or bool(self._nc.is_closed)
 
     def _checked(self, subject: str, data: bytes, wire: dict[str, str] | None) -> None:
-        if self._lost.is_set() or self._nc.is_closed:
-            msg = f"the connection to nats is closed; cannot send on {subject!r}"
-            raise ConnectionLostError(msg)
+        self._ensure_open(f"send on {subject!r}")
         check_size(subject, data, wire, self.max_payload)
 
     def wire_subject(self, subject: str) -> str:
@@ -576,9 +555,7 @@ class NatsBus(Bus):
 
     async def object_put(self, bucket: str, name: str, data: bytes) -> None:
         """Store `data` under `name`, in chunks that each fit in one message."""
-        if self._lost.is_set() or self._nc.is_closed:
-            msg = f"the connection to nats is closed; cannot store {name!r} in {bucket!r}"
-            raise ConnectionLostError(msg)
+        self._ensure_open(f"store {name!r} in {bucket!r}")
         if len(data) > MAX_OBJECT_BYTES:
             raise PayloadTooLargeError(f"object {bucket}/{name}", len(data), MAX_OBJECT_BYTES)
         store = await self._object_bucket(bucket)

@@ -29,6 +29,7 @@ from google.protobuf.message import Message
 from atmosphere.bus._api import (
     BatchHandler,
     Bus,
+    ConnectionLiveness,
     Consumer,
     Envelope,
     PublishAck,
@@ -103,14 +104,13 @@ class _Durable:
     """Delivery counts of messages not yet acked or terminated."""
 
 
-class FakeBus(Bus):
+class FakeBus(ConnectionLiveness, Bus):
     """An in-memory `Bus` with real NATS subject, queue-group and JetStream semantics."""
 
     def __init__(self, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         """Start empty and connected, with the broker limit `max_payload` (nats-server's default)."""
+        super().__init__()
         self._max_payload = max_payload
-        self._lost = asyncio.Event()
-        self._epoch = 0
         self._subs: list[_Sub] = []
         self._rr = itertools.count()
         self._inbox = itertools.count(1)
@@ -133,32 +133,16 @@ class FakeBus(Bus):
         """The broker limit this fake enforces."""
         return self._max_payload
 
-    @property
-    def epoch(self) -> int:
-        """Moved by `disconnect()`."""
-        return self._epoch
-
     def disconnect(self) -> None:
         """Count a disconnect (what a broker restart does to the connection's epoch)."""
-        self._epoch += 1
-
-    @property
-    def lost(self) -> bool:
-        """Whether `close_for_good()` was called."""
-        return self._lost.is_set()
+        self.note_disconnected()
 
     def close_for_good(self) -> None:
         """Behave like a nats-py client that reached CLOSED: nothing can be sent any more."""
-        self._lost.set()
-
-    async def wait_lost(self) -> None:
-        """Return once `close_for_good()` was called."""
-        await self._lost.wait()
+        self.mark_lost()
 
     def _check(self, subject: str, data: bytes, wire: Mapping[str, str] | None) -> None:
-        if self._lost.is_set():
-            msg = f"the connection to nats is closed; cannot send on {subject!r}"
-            raise ConnectionLostError(msg)
+        self._ensure_open(f"send on {subject!r}")
         check_size(subject, data, wire, self._max_payload)
 
     # -- core NATS -------------------------------------------------------------------------
@@ -470,9 +454,7 @@ class FakeBus(Bus):
 
     async def object_put(self, bucket: str, name: str, data: bytes) -> None:
         """Store `data` under `name` (whole: chunking is the broker's business)."""
-        if self._lost.is_set():
-            msg = f"the connection to nats is closed; cannot store {name!r} in {bucket!r}"
-            raise ConnectionLostError(msg)
+        self._ensure_open(f"store {name!r} in {bucket!r}")
         if len(data) > MAX_OBJECT_BYTES:
             raise PayloadTooLargeError(f"object {bucket}/{name}", len(data), MAX_OBJECT_BYTES)
         self._object_bucket(bucket)[name] = bytes(data)
