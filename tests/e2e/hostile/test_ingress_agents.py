@@ -25,11 +25,12 @@ import websockets
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.testing.fake_provider import Reply, ToolCallScript
 from tests.e2e.hostile.app import SLOW_WORDS
-from tests.e2e.hostile.conftest import HostileStack, hostile_stack, read_until_terminal
+from tests.e2e.hostile.conftest import HOSTILE_INGRESS, HostileStack, hostile_stack, read_until_terminal
 
 LIMIT = 64 * 1024
 """`HOSTILE_INGRESS.max_message_bytes`."""
 AUTH = "Authorization: Bearer hostile-user-token-1\r\n"
+HOSTILE_HEAD_LIMIT = HOSTILE_INGRESS.max_header_bytes
 DEEP = 30_000
 """Nesting deep enough to exhaust a recursive parser, small enough to stay under the message limit."""
 
@@ -260,6 +261,42 @@ def test_an_idle_keep_alive_connection_is_closed(hostile: HostileStack) -> None:
         assert status == 200
         assert "close" not in headers.get("connection", "")  # kept alive...
         assert sock.recv(1) == b""  # ...until idle too long
+    hostile.check_still_serving()
+
+
+def _answers(sock: socket.socket, count: int) -> list[int]:
+    """The statuses of `count` answers read off one keep-alive connection."""
+    return [_read_answer(sock)[0] for _ in range(count)]
+
+
+def test_pipelined_requests_in_one_read_are_each_answered(hostile: HostileStack) -> None:
+    # The head limit counts each request's own head: three small heads in one read are not one big one.
+    one = b"GET /readyz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 6000 + b"\r\n\r\n"
+    with socket.create_connection(hostile.host_port, timeout=15) as sock:
+        sock.sendall(one * 3)
+        assert _answers(sock, 3) == [200, 200, 200]
+    hostile.check_still_serving()
+
+
+def test_a_head_just_under_the_limit_with_its_body_in_the_same_read_is_served(hostile: HostileStack) -> None:
+    body = b'{"x": 1}'
+    start = b"POST /atmosphere/agent/echo/poll HTTP/1.1\r\nHost: x\r\n" + AUTH.encode()
+    tail = b"Content-Type: application/json\r\nContent-Length: %d\r\nX-Pad: " % len(body)
+    pad = HOSTILE_HEAD_LIMIT - len(start) - len(tail) - len(b"\r\n\r\n")
+    head = start + tail + b"p" * pad + b"\r\n\r\n"
+    assert len(head) == HOSTILE_HEAD_LIMIT
+    answer = exchange(hostile, [head + body])
+    assert answer.status != 431, answer.body  # the app answers (a bad prompt is its own 400)
+    assert answer.json()["code"] != "ingress.headers_too_large"
+    over = exchange(hostile, [start + tail + b"p" * (pad + 1) + b"\r\n\r\n" + body])
+    assert (over.status, over.json()["code"]) == (431, "ingress.headers_too_large")
+    hostile.check_still_serving()
+
+
+def test_a_head_sent_in_many_small_pieces_is_measured_whole(hostile: HostileStack) -> None:
+    pieces = [b"GET /readyz HTTP/1.1\r\nHost: x\r\n", *(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(400))]
+    answer = exchange(hostile, pieces)
+    assert (answer.status, answer.json()["code"]) == (431, "ingress.headers_too_large")
     hostile.check_still_serving()
 
 

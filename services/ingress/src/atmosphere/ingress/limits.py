@@ -1,18 +1,20 @@
 """HTTP server bounds, enforced in the protocol before any request reaches the app.
 
-uvicorn's h11 protocol, made to refuse what a hostile client could use to hold memory or
-connections:
+uvicorn's httptools protocol (llhttp, in C: a fraction of h11's CPU per request), made to refuse
+what a hostile client could use to hold memory or connections:
 
 - a request head (request line + headers) over `max_header_bytes` is answered 431, a request
-  line over `max_request_line_bytes` 414, before the rest is read: h11 never buffers more than
-  the limit plus one socket read, so a 64 MiB header costs a few hundred KiB at most;
+  line over `max_request_line_bytes` 414, before the rest is read: the parser is never fed more
+  than the limit plus one byte of a head, so a 64 MiB header costs about the limit at most;
 - a connection that sends no byte within `first_byte_timeout` is closed; a head not complete
   within `header_timeout` of its first byte (slowloris) is answered 408; a body not complete
   within `body_timeout` of its head is answered 408; an idle keep-alive connection is closed
   after `keep_alive_timeout`;
 - beyond `max_connections` open connections (HTTP and WebSocket) a request is answered 503,
   a WebSocket handshake refused with a 503, both with a JSON body; `/healthz` and `/readyz`
-  are still answered, so a busy ingress is not restarted for it.
+  are still answered, so a busy ingress is not restarted for it;
+- what llhttp refuses (malformed lines, bad header names or values, Content-Length together
+  with Transfer-Encoding — how requests are smuggled past a proxy) is answered 400.
 
 Every refusal is `{"error", "code"}` JSON with `Connection: close`. After it the connection
 *lingers*: its write side is shut and whatever the client still sends is read and dropped
@@ -24,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
 
-import h11
+import httptools
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("atmosphere.ingress")
 
 LINGER_SECONDS = 2.0
 """How long a refused connection keeps draining what the client still sends before closing."""
-HEAD_END = re.compile(rb"\n\r?\n")
-"""Where a request head ends (h11 accepts bare LF line ends too)."""
+_REQUEST_LINE_FRAMING = len(b"  HTTP/1.1\r\n")
+_HEADER_LINE_FRAMING = len(b": \r\n")
 WEBSOCKET_MAX_LINE = 8192
 WEBSOCKET_MAX_HEADERS = 128
 """The `websockets` handshake parser's own limits; a handshake beyond them would hang there."""
@@ -103,11 +104,20 @@ async def refuse_over_capacity(scope: Scope, receive: ASGIReceiveCallable, send:
     await send({"type": "http.response.body", "body": body.encode(), "more_body": False})
 
 
-class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with head limits, deadlines, a connection cap and JSON refusals.
+class _RefusedError(Exception):
+    """Raised from a parser callback to stop parsing a request that is refused."""
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head limits, deadlines, a connection cap and JSON refusals.
 
     Use `bounded_protocol(limits)` for a class bound to a set of limits (uvicorn instantiates
     the class itself).
+
+    Head sizes are measured twice, for two reasons: the parser callbacks add up the request line
+    and each header as they complete (exact, also for a head that arrives whole in one read),
+    and `data_received` feeds the parser at most the limit plus one byte of an unfinished head
+    (bounded memory: httptools buffers a header's name and value until the header is complete).
     """
 
     limits: ClassVar[HttpLimits] = HttpLimits()
@@ -120,6 +130,16 @@ class BoundedH11Protocol(H11Protocol):
         self._lingering = False
         self._upgraded = False
         self._over_capacity = False
+        self._refusal: tuple[int, str, str] | None = None
+        self._in_head = True
+        """Between requests or inside a head: what arrives is head bytes."""
+        self._head_fed = 0
+        """Bytes of the current unfinished head fed to the parser (a lower bound)."""
+        self._head_size = 0
+        """The current head's size as the parser callbacks report it."""
+        self._head_restarted = False
+        self._body_pending = False
+        """The current request's head is complete and its body is not."""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -138,12 +158,23 @@ class BoundedH11Protocol(H11Protocol):
         if self._lingering:
             return  # a refused client's leftovers: read and dropped, never buffered
         self._unset_keepalive_if_required()
-        if self._deadline_for in {"", "first-byte"} and self.conn.their_state is h11.IDLE:
-            self._arm("header", self.limits.header_timeout)
-        self.conn.receive_data(data)
-        if self.conn.their_state is h11.IDLE and self._head_refused():
-            return
-        self.handle_events()
+        limit = self.limits.max_header_bytes
+        while data and not self._lingering and not self._upgraded and self.parser is not None:
+            if self._in_head:
+                if self._deadline_for in {"", "first-byte"}:
+                    self._arm("header", self.limits.header_timeout)
+                room = limit + 1 - self._head_fed
+                piece, data = data[:room], data[room:]
+            else:
+                piece, data = data, b""
+            was_in_head, self._head_restarted = self._in_head, False
+            if not self._feed(piece):
+                return
+            if was_in_head and self._in_head and not self._head_restarted:
+                self._head_fed += len(piece)  # all of it was head: still unfinished
+                if self._head_fed > limit:
+                    self._refuse_large_head()
+                    return
 
     def shutdown(self) -> None:
         if self._lingering:
@@ -151,60 +182,88 @@ class BoundedH11Protocol(H11Protocol):
             return
         super().shutdown()
 
+    # -- parsing ------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> bool:
+        """Feed `data` to the parser; False when the connection is done with (refused, upgraded)."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return False
+        except httptools.HttpParserError:
+            refusal, self._refusal = self._refusal, None
+            if refusal is None:
+                # Malformed HTTP as llhttp sees it, or a request uvicorn cannot use (a non-ASCII path).
+                log.info("refused an unusable HTTP request", exc_info=True)
+                refusal = (400, "Malformed HTTP request", "bad_request")
+            self._refuse(*refusal)
+            return False
+        return True
+
+    def _stop_parsing(self, status: int, message: str, code: str) -> None:
+        self._refusal = (status, message, code)
+        raise _RefusedError(message)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > self.limits.max_request_line_bytes:
+            self._stop_parsing(*self._long_request_line())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + _HEADER_LINE_FRAMING
+        if self._head_size + len(self.url) > self.limits.max_header_bytes:
+            self._stop_parsing(*self._large_head())
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        head = len(self.parser.get_method()) + len(self.url) + _REQUEST_LINE_FRAMING + self._head_size + 2
+        if head > self.limits.max_header_bytes:
+            self._stop_parsing(*self._large_head())
+        self._disarm()
+        self._in_head, self._head_fed = False, 0
+        self._body_pending = True
+        self._arm("body", self.limits.body_timeout)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._body_pending = False
+        if self._deadline_for == "body":
+            self._disarm()
+        self._in_head, self._head_fed, self._head_restarted = True, 0, True
+        super().on_message_complete()
+
     # -- uvicorn hooks ------------------------------------------------------------------------
 
-    def handle_events(self) -> None:
-        before = self.cycle
-        try:
-            super().handle_events()
-        except Exception:  # a request h11 took but uvicorn cannot use (e.g. a non-ASCII path)
-            log.info("refused an unusable HTTP request", exc_info=True)
-            self._refuse(400, "Malformed HTTP request", "bad_request")
-            return
-        if self._upgraded or self._lingering or self.transport.is_closing():
-            return
-        if self.cycle is not before and _ambiguous_length(self.headers):
-            # Both framings at once is how requests are smuggled past a proxy: refuse, never guess.
-            self._refuse(400, "Content-Length and Transfer-Encoding must not both be sent", "bad_request")
-            return
-        self._follow_request_state()
-
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+    def handle_websocket_upgrade(self) -> None:
         self._disarm()
         if self._over_capacity:
             self._refuse(503, "Too many connections to this ingress; retry shortly", "busy")
             return
-        if too_big := self._websocket_head_too_big(event):
+        if too_big := self._websocket_head_too_big():
             self._refuse(431, too_big, "headers_too_large")
             return
         self._upgraded = True
-        super().handle_websocket_upgrade(event)
+        super().handle_websocket_upgrade()
 
     def send_400_response(self, msg: str) -> None:
-        # h11 refused the request: a head past `max_header_bytes`, or malformed HTTP.
-        buffered, _ = self.conn.trailing_data
-        if len(buffered) <= self.limits.max_header_bytes:
-            self._refuse(400, "Malformed HTTP request", "bad_request")
-        elif b"\n" not in buffered[: self.limits.max_request_line_bytes]:
-            self._refuse_long_request_line()
-        else:
-            self._refuse(431, f"The request headers exceed {self.limits.max_header_bytes} bytes", "headers_too_large")
+        self._refuse(400, "Malformed HTTP request", "bad_request")
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+        if self._body_pending and not self.transport.is_closing():
             # Answered before the body was read (413, 401...): drain a little, then close, rather
             # than read an unbounded body nobody will use.
             self._linger()
 
     # -- deadlines ----------------------------------------------------------------------------
-
-    def _follow_request_state(self) -> None:
-        state = self.conn.their_state
-        if state is h11.SEND_BODY and self._deadline_for != "body":
-            self._arm("body", self.limits.body_timeout)
-        elif state is not h11.SEND_BODY and state is not h11.IDLE and self._deadline_for in {"header", "body"}:
-            self._disarm()
 
     def _arm(self, what: str, seconds: float) -> None:
         self._disarm()
@@ -237,8 +296,16 @@ class BoundedH11Protocol(H11Protocol):
         self.transport.write(refusal(status, message, f"ingress.{code}"))
         self._linger()
 
-    def _refuse_long_request_line(self) -> None:
-        self._refuse(414, f"The request line exceeds {self.limits.max_request_line_bytes} bytes", "uri_too_long")
+    def _long_request_line(self) -> tuple[int, str, str]:
+        return 414, f"The request line exceeds {self.limits.max_request_line_bytes} bytes", "uri_too_long"
+
+    def _large_head(self) -> tuple[int, str, str]:
+        return 431, f"The request headers exceed {self.limits.max_header_bytes} bytes", "headers_too_large"
+
+    def _refuse_large_head(self) -> None:
+        # No header has completed yet and the URL is still open: it is the request line that is long.
+        long_line = self._head_size == 0 and len(getattr(self, "url", b"")) >= self.limits.max_request_line_bytes
+        self._refuse(*(self._long_request_line() if long_line else self._large_head()))
 
     def _linger(self) -> None:
         self._lingering = True
@@ -252,35 +319,16 @@ class BoundedH11Protocol(H11Protocol):
             self.transport.write_eof()
         self._arm("linger", LINGER_SECONDS)
 
-    def _head_refused(self) -> bool:
-        # h11 checks its buffer only while it waits for more, so a whole oversized head that came
-        # in one read would pass: measure the head here, before h11 parses it.
-        buffered, _ = self.conn.trailing_data
-        limits = self.limits
-        line_end = buffered.find(b"\n", 0, limits.max_request_line_bytes + 2)
-        if line_end == -1 and len(buffered) > limits.max_request_line_bytes:
-            self._refuse_long_request_line()
-            return True
-        if len(buffered) > limits.max_header_bytes and not HEAD_END.search(buffered, 0, limits.max_header_bytes + 4):
-            self._refuse(431, f"The request headers exceed {limits.max_header_bytes} bytes", "headers_too_large")
-            return True
-        return False
-
-    def _websocket_head_too_big(self, event: h11.Request) -> str:
-        if len(event.target) + len(event.method) + 10 > WEBSOCKET_MAX_LINE:
+    def _websocket_head_too_big(self) -> str:
+        if len(self.url) + len(self.scope["method"]) + 10 > WEBSOCKET_MAX_LINE:
             return f"A WebSocket request line must stay under {WEBSOCKET_MAX_LINE} bytes"
-        if len(event.headers) > WEBSOCKET_MAX_HEADERS:
+        if len(self.headers) > WEBSOCKET_MAX_HEADERS:
             return f"A WebSocket handshake may carry at most {WEBSOCKET_MAX_HEADERS} headers"
-        if any(len(name) + len(value) + 4 > WEBSOCKET_MAX_LINE for name, value in event.headers):
+        if any(len(name) + len(value) + 4 > WEBSOCKET_MAX_LINE for name, value in self.headers):
             return f"A WebSocket handshake header line must stay under {WEBSOCKET_MAX_LINE} bytes"
         return ""
 
 
-def _ambiguous_length(headers: list[tuple[bytes, bytes]] | None) -> bool:
-    names = {name for name, _ in headers or ()}
-    return b"content-length" in names and b"transfer-encoding" in names
-
-
-def bounded_protocol(limits: HttpLimits) -> type[BoundedH11Protocol]:
-    """A `BoundedH11Protocol` class bound to `limits`, for `uvicorn.Config(http=...)`."""
-    return type("IngressH11Protocol", (BoundedH11Protocol,), {"limits": limits})
+def bounded_protocol(limits: HttpLimits) -> type[BoundedHttpToolsProtocol]:
+    """A `BoundedHttpToolsProtocol` class bound to `limits`, for `uvicorn.Config(http=...)`."""
+    return type("IngressHttpProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
