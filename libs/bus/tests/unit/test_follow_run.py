@@ -88,3 +88,17 @@ async def test_an_unfillable_gap_and_an_unknown_run_are_errors() -> None:
     await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=5, error=Error(message="late")))
     with pytest.raises(StreamGapError, match=r"\[2, 3, 4\]"):
         await asyncio.wait_for(task, 2)
+
+
+def test_a_gap_opened_when_the_clock_reads_zero_keeps_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fresh boot's monotonic clock may read 0.0: that is a time, not "no gap yet".
+    from atmosphere.bus import runs
+
+    now = [0.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: now[0])
+    follower = runs._Follower(FakeBus(), "r1", after_seq=0, gap_patience=5.0)
+    assert follower.offer(text(2)) == []  # seq 1 is missing: the gap opens at 0.0
+    now[0] = 6.0
+    assert follower.offer(text(3)) == []
+    with pytest.raises(StreamGapError):
+        follower._check_gap()  # open since 0.0, longer than the patience

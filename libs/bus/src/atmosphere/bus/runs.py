@@ -223,7 +223,10 @@ class _Follower:
             ready.append(self.held.pop(self.next_seq))
             self.next_seq += 1
             self.finished = is_terminal(ready[-1])
-        self._gap_since = (self._gap_since or time.monotonic()) if self.held and not self.finished else None
+        if not self.held or self.finished:
+            self._gap_since = None
+        elif self._gap_since is None:  # `is None`, not falsiness: a monotonic clock may read 0.0
+            self._gap_since = time.monotonic()
         return ready
 
     @property

@@ -312,37 +312,39 @@ class MemoryStore:
 
     async def _version(self, agent: str, conversation_id: str) -> tuple[str, int]:
         """The history's version (count and seq range: any append, deletion or rewrite moves it) and first seq."""
-        async with self._db.execute(
+        # `execute_fetchall`: one hop to aiosqlite's thread, not three (execute, fetch, close);
+        # every run reads its history, so this is on every run's path.
+        rows = await self._db.execute_fetchall(
             "SELECT COUNT(*), MIN(seq), MAX(seq) FROM conversation_message WHERE agent = ? AND conversation_id = ?",
             (agent, conversation_id),
-        ) as cursor:
-            row = await cursor.fetchone()
-        count, low, high = (0, None, None) if row is None else row
+        )
+        count, low, high = next(iter(rows), (0, None, None))
         return f"{count}-{low or 0}-{high or 0}", int(low or 0)
 
     async def _fill_page(self, agent: str, conversation_id: str, cursor: _Cursor, max_bytes: int) -> HistoryPage:
         messages: list[PageMessage] = []
         room = max_bytes
         skip = cursor.skip
-        async with self._db.execute(
+        # The rest of the history in one hop (it is bounded: `max_messages`, each message cut to size).
+        rows = await self._db.execute_fetchall(
             "SELECT seq, role, content FROM conversation_message"
             " WHERE agent = ? AND conversation_id = ? AND seq >= ? ORDER BY seq",
             (agent, conversation_id, cursor.seq),
-        ) as rows:
-            async for seq, role, content in rows:
-                rest = content[skip:] if skip else content
-                cost = utf8_len(rest) + utf8_len(role) + _MESSAGE_OVERHEAD
-                if cost <= room:
-                    messages.append(PageMessage(role, rest))
-                    room -= cost
-                    skip = 0
-                    continue
-                piece_room = room - utf8_len(role) - _MESSAGE_OVERHEAD
-                if piece_room < MIN_PAGE_PIECE and messages:
-                    return HistoryPage(messages, _Cursor(seq, skip, cursor.version).token())
-                piece = head(rest, max(piece_room, MIN_PAGE_PIECE // 2))
-                messages.append(PageMessage(role, piece, partial=True))
-                return HistoryPage(messages, _Cursor(seq, skip + len(piece), cursor.version).token())
+        )
+        for seq, role, content in rows:
+            rest = content[skip:] if skip else content
+            cost = utf8_len(rest) + utf8_len(role) + _MESSAGE_OVERHEAD
+            if cost <= room:
+                messages.append(PageMessage(role, rest))
+                room -= cost
+                skip = 0
+                continue
+            piece_room = room - utf8_len(role) - _MESSAGE_OVERHEAD
+            if piece_room < MIN_PAGE_PIECE and messages:
+                return HistoryPage(messages, _Cursor(seq, skip, cursor.version).token())
+            piece = head(rest, max(piece_room, MIN_PAGE_PIECE // 2))
+            messages.append(PageMessage(role, piece, partial=True))
+            return HistoryPage(messages, _Cursor(seq, skip + len(piece), cursor.version).token())
         return HistoryPage(messages, "")
 
     async def _messages(self, agent: str, conversation_id: str) -> list[Message]:
