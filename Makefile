@@ -66,5 +66,8 @@ bench: install ## Benchmarks with ratios against baselines measured in the same 
 	$(RUN) python bench/ingress_overhead.py
 	$(RUN) python bench/ingress_flood.py
 
-clean: ## Remove local state (.atmosphere/data, .atmosphere/nats) and caches
-	rm -rf .atmosphere/data .atmosphere/nats .mypy_cache .ruff_cache
+# Keeps .venv and the bootstrapped uv (.atmosphere/tools): `make install` is not needed again.
+CLEAN_PATHS := .atmosphere/data .atmosphere/nats .atmosphere/workspace dist .mypy_cache .ruff_cache .pytest_cache .hypothesis .schemathesis
+
+clean: ## Remove local state (.atmosphere/data, nats, workspace), built wheels (dist) and tool caches
+	rm -rf $(CLEAN_PATHS)

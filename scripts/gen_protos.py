@@ -57,6 +57,9 @@ def generate(out_dir: Path) -> None:
         (directory / "__init__.py").write_text(HEADER)
     (package_dir / "__init__.py").write_text(HEADER)
     (package_dir / "py.typed").write_text("")
+    # Ship the sources beside the code, at their import paths, so anyone can generate their own.
+    for proto in protos:
+        shutil.copyfile(proto, out_dir / proto.relative_to(PROTO_DIR))
 
 
 def _differences(expected: Path, actual: Path) -> list[str]:

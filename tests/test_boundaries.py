@@ -31,9 +31,17 @@ def test_services_never_import_each_other() -> None:
             assert not bad, f"{path.relative_to(ROOT)} imports another service: {bad}"
 
 
+# The one composition root among the libraries: it wires the real services together in one
+# process (on FakeBus) so that a user can test an agent without a stack. It is an extra of the
+# SDK (`atmosphere-ai-sdk[testing]`); nothing else in a library may import a service.
+IN_PROCESS_STACK = ROOT / "libs" / "sdk" / "src" / "atmosphere" / "sdk" / "testing.py"
+
+
 def test_libraries_never_import_services() -> None:
     services = {f"atmosphere.{s}" for s in SERVICES}
     for path in python_files(ROOT / "libs"):
+        if path == IN_PROCESS_STACK:
+            continue
         bad = {m for m in imports(path) if any(m == s or m.startswith(s + ".") for s in services)}
         assert not bad, f"{path.relative_to(ROOT)} imports a service: {bad}"
 
@@ -41,8 +49,10 @@ def test_libraries_never_import_services() -> None:
 def test_only_the_bus_imports_nats() -> None:
     allowed = ROOT / "libs" / "bus" / "src"
     test_support = ROOT / "libs" / "testing" / "src"
+    # Outside subscribers: they show what a plain NATS client does without the platform's bus.
+    followers = ROOT / "examples" / "followers"
     for path in python_files(ROOT / "libs", ROOT / "services", ROOT / "examples"):
-        if allowed in path.parents or test_support in path.parents or "tests" in path.parts:
+        if any(d in path.parents for d in (allowed, test_support, followers)) or "tests" in path.parts:
             continue
         bad = {m for m in imports(path) if m == "nats" or m.startswith("nats.")}
         assert not bad, f"{path.relative_to(ROOT)} imports nats directly: {bad}"
@@ -71,3 +81,12 @@ def test_settings_are_read_only_in_main() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("Settings"):
                 raise AssertionError(f"{path.relative_to(ROOT)} instantiates {node.func.id}")
+
+
+def test_only_the_in_process_stack_of_the_sdk_imports_services_lazily() -> None:
+    # `import atmosphere.sdk` must work without the services installed: the stack is imported
+    # only by `atmosphere.sdk.testing`, which nothing else in the SDK imports.
+    sdk = ROOT / "libs" / "sdk" / "src"
+    for path in python_files(sdk):
+        if path != IN_PROCESS_STACK:
+            assert "atmosphere.sdk.testing" not in imports(path), f"{path.relative_to(ROOT)} imports the test stack"

@@ -12,7 +12,7 @@ COPY pyproject.toml uv.lock ./
 COPY libs libs
 COPY services services
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable --package atmosphere-${SERVICE}
+    uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE}
 
 FROM python:${PYTHON_VERSION}-slim
 ARG SERVICE

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from atmosphere.sdk import App, ToolKind, agent, tool
+from atmosphere.sdk import App, ToolError, ToolKind, agent, tool
 from examples.echo import Echo
 
 _CITIES = {
@@ -34,8 +34,8 @@ def local_time(city: str) -> str:
     try:
         zone = ZoneInfo(zone_name)
     except (ZoneInfoNotFoundError, ValueError):
-        msg = f"unknown city or time zone: {city}"
-        raise ValueError(msg) from None
+        # The model reads exactly this (`Error: unknown city ...`) and can ask the user again.
+        raise ToolError(f"unknown city or time zone: {city}") from None
     return datetime.now(zone).strftime(f"%H:%M on %A %d %B %Y ({zone_name})")
 
 

@@ -49,6 +49,8 @@ async def stack(
 def parse_sse(body: str) -> list[tuple[int, dict[str, Any]]]:
     events = []
     for block in body.strip().split("\n\n"):
+        if block.startswith(":"):
+            continue  # a keep-alive comment
         fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
         events.append((int(fields["id"]), json.loads(fields["data"])))
     return events
@@ -86,9 +88,15 @@ async def test_long_poll_delivers_every_frame_once(stack: Stack) -> None:
             after, done = page["after"], page["done"]
         assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
         assert "".join(f["data"] for f in frames if f["type"] == "streaming-text") == "polling is fine"
-        # Polling past the end answers at once with nothing more.
+        # Polling at the end answers at once that the run is over (a client re-polling its last
+        # position must not spin on `done: false`).
         tail = (await http.get(f"/atmosphere/runs/{started.json()['runId']}/poll", params={"after": after})).json()
-        assert tail == {"frames": [], "done": False, "after": after}
+        assert tail == {"frames": [], "done": True, "after": after}
+    # So does a WebSocket resuming at the end: the terminal frame again, not a silent socket.
+    resume = f"?X-Atmosphere-Run-Id={started.json()['runId']}&lastSeq={after}"
+    async with websockets.connect(ws_url(await stack.ingress_url(), "echo") + resume) as ws:
+        again = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert (again["type"], again["seq"], again["runId"]) == ("complete", after, started.json()["runId"])
 
 
 async def test_a_websocket_cut_after_its_fifth_frame_resumes_with_every_seq_once(

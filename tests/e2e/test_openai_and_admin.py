@@ -64,6 +64,15 @@ async def test_the_official_openai_client_streams_and_completes(stack: Stack, fa
     assert chunks[-1].usage is not None
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (11, 4)
 
+    # Not asked for, no usage chunk (its `choices: []` would break the common loop below),
+    # though the model counted tokens.
+    fake_provider.script(Reply.text("No usage asked.", usage=(11, 4)))
+    plain = await client.chat.completions.create(
+        model="assistant", messages=[{"role": "user", "content": "Stream please"}], stream=True
+    )
+    pieces = [chunk.choices[0].delta.content or "" async for chunk in plain]
+    assert "".join(pieces) == "No usage asked."
+
     fake_provider.script(Reply.text("Whole answer.", usage=(9, 2)))
     completion = await client.chat.completions.create(
         model="assistant",

@@ -141,7 +141,8 @@ CASES = [
     Case("unknown-model", body(None, model="gpt-4o"), status=404, code="model_not_found", param="model"),
     Case("control-chars-model", body(None, model="e\x00c\nho"), status=404, code="model_not_found", param="model"),
     Case("get-completions", b"", status=405, code="method_not_allowed", method="GET"),
-    Case("unknown-route", b"", status=405, code="method_not_allowed", method="GET", path="/atmosphere/v1/engines"),
+    # An unknown path is a 404 whatever the method; a 405 only where a route serves the path.
+    Case("unknown-route", b"", status=404, code="not_found", method="GET", path="/atmosphere/v1/engines"),
     Case("delete-models", b"", status=405, code="method_not_allowed", method="DELETE", path="/atmosphere/v1/models"),
 ]
 

@@ -1,8 +1,13 @@
 import asyncio
+import importlib.util
 import io
 import sys
 from pathlib import Path
 
+import pytest
+
+from atmosphere.cli import __main__ as cli_main
+from atmosphere.cli import dev
 from atmosphere.cli.dev import SERVICES, DevOptions, banner, child_specs, wait_for_ready
 from atmosphere.cli.supervisor import ChildSpec, Supervisor, restart_delay
 
@@ -106,3 +111,80 @@ async def test_wait_for_ready_waits_for_every_readyz_and_names_the_late_ones() -
         assert asked["slow"] == 3  # polled until it answered 200
         never_port = never.sockets[0].getsockname()[1]
         assert await wait_for_ready("127.0.0.1", {**ports, "never": never_port}, 0.3) == ["never"]
+
+
+async def test_a_child_exiting_with_a_fatal_code_stays_down_and_is_reported() -> None:
+    out = io.StringIO()
+    events: list[str] = []
+    fatal: list[tuple[str, int]] = []
+    supervisor = Supervisor(out=out, on_event=events.append, on_fatal=lambda name, code: fatal.append((name, code)))
+    spec = ChildSpec(name="noapp", argv=[sys.executable, "-c", "raise SystemExit(4)"], fatal_exit_codes=frozenset({4}))
+    await supervisor.start(spec)
+    for _ in range(200):
+        if fatal:
+            break
+        await asyncio.sleep(0.05)
+    await supervisor.stop()
+    assert fatal == [("noapp", 4)]
+    assert sum(e.startswith("started noapp") for e in events) == 1  # never restarted
+    assert "exited with 4: it cannot start as configured; not restarting" in out.getvalue()
+
+
+def test_the_app_dir_reaches_every_service_and_only_app_loaders_are_fatal_on_exit_4(tmp_path: Path) -> None:
+    from atmosphere.service import EXIT_APP_UNLOADABLE
+
+    assert EXIT_APP_UNLOADABLE == dev.EXIT_APP_UNLOADABLE
+    options = DevOptions(app="mypkg.agents:app", home=tmp_path / "home", app_dir=tmp_path, no_model=True)
+    specs = {s.name: s for s in child_specs(options)}
+    assert {s.env["ATMOSPHERE_APP_DIR"] for s in list(specs.values())[1:]} == {str(tmp_path.resolve())}
+    assert {n for n, s in specs.items() if s.fatal_exit_codes} == {"dispatch", "sandbox"}
+    assert specs["dispatch"].fatal_exit_codes == frozenset({EXIT_APP_UNLOADABLE})
+
+
+def test_the_app_dir_defaults_to_atmosphere_app_dir_then_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[DevOptions] = []
+
+    async def fake_run_dev(options: DevOptions) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(cli_main, "run_dev", fake_run_dev)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATMOSPHERE_APP_DIR", str(tmp_path / "elsewhere"))
+    assert cli_main.main(["dev", "--app", "a:b"]) == 0
+    monkeypatch.delenv("ATMOSPHERE_APP_DIR")
+    assert cli_main.main(["dev", "--app", "a:b"]) == 0
+    assert cli_main.main(["dev", "--app", "a:b", "--app-dir", "sub"]) == 0
+    assert [o.app_dir for o in seen] == [tmp_path / "elsewhere", tmp_path, tmp_path / "sub"]
+
+
+async def test_preflight_names_the_distribution_of_a_missing_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def without_memory(name: str, package: str | None = None) -> object:
+        return None if name == "atmosphere.memory" else real_find_spec(name, package)
+
+    monkeypatch.setattr(dev.importlib.util, "find_spec", without_memory)
+    problem = await dev.preflight(DevOptions(app="a:b", home=tmp_path))
+    assert problem is not None
+    assert "atmosphere-ai-memory not installed" in problem
+    assert "pip install atmosphere-ai-memory" in problem
+
+
+async def test_the_app_check_passes_a_loadable_app_and_shows_the_users_error(tmp_path: Path) -> None:
+    (tmp_path / "p_good_agents.py").write_text(
+        "from atmosphere.sdk import App, agent\n\n@agent(name='hello')\nclass Hello:\n    pass\n\napp = App([Hello])\n"
+    )
+    (tmp_path / "p_bad_agents.py").write_text("import os\nraise RuntimeError('no API key for the weather service')\n")
+    assert await dev.check_app(DevOptions(app="p_good_agents:app", home=tmp_path, app_dir=tmp_path)) is None
+    problem = await dev.check_app(DevOptions(app="p_bad_agents:app", home=tmp_path, app_dir=tmp_path))
+    assert problem is not None
+    assert 'p_bad_agents.py", line 2' in problem  # the user's own line, from the traceback
+    assert problem.endswith(
+        f"Error: cannot load ATMOSPHERE_APP='p_bad_agents:app' from ATMOSPHERE_APP_DIR={str(tmp_path)!r}: "
+        "RuntimeError: no API key for the weather service"
+    )

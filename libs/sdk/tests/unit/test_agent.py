@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.sdk import App, StreamingSession, UserError, agent, load_app, prompt, spec_of
+from atmosphere.sdk import App, StreamingSession, UserError, agent, prompt
+from atmosphere.sdk.host import load_app, spec_of
 
 
 @agent(name="helper", system_prompt="Be brief.")

@@ -55,7 +55,9 @@ def test_write_todos_description_says_what_the_reference_says() -> None:
 
 EXPECTED = [
     ("ls", ToolKind.READ, ["dir"], []),
-    ("read_file", ToolKind.READ, ["path"], ["path"]),
+    # `offset` is ours: a file larger than one bus message is read in pages (the reply says where
+    # to go on), and since unknown arguments are refused, the schema must declare it.
+    ("read_file", ToolKind.READ, ["path", "offset"], ["path"]),
     ("write_file", ToolKind.EDIT, ["path", "content"], ["path", "content"]),
     ("edit_file", ToolKind.EDIT, ["path", "old_text", "new_text"], ["path", "old_text", "new_text"]),
     ("glob", ToolKind.READ, ["pattern"], ["pattern"]),
@@ -74,8 +76,8 @@ def test_file_specs_match_the_reference() -> None:
     for spec in FILE_TOOLS:
         assert spec.parameters["type"] == "object"
         assert set(spec.parameters) == {"type", "properties", "required"}
-        for schema in spec.parameters["properties"].values():
-            assert schema["type"] == "string"
+        for name, schema in spec.parameters["properties"].items():
+            assert schema["type"] == ("integer" if name == "offset" else "string")
             assert schema["description"]
         assert len(spec.description) > 30
 

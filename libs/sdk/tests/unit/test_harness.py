@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from atmosphere.sdk import Harness, HarnessSwitch, PromptCache, UserError, agent, ai_endpoint, coordinator, spec_of
+from atmosphere.sdk import Harness, PromptCache, UserError, agent, ai_endpoint, coordinator
+from atmosphere.sdk.host import HarnessSwitch, spec_of
 
 ALL = frozenset({Harness.MEMORY, Harness.CACHE, Harness.DELEGATION, Harness.PLANNING, Harness.FILESYSTEM})
 NONE: frozenset[Harness] = frozenset()

@@ -5,7 +5,8 @@ import pytest
 from pydantic import BaseModel
 
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolKind as ProtoToolKind
-from atmosphere.sdk import Tool, ToolArgumentsError, ToolKind, UserError, render_result, tool
+from atmosphere.sdk import Tool, ToolKind, UserError, tool
+from atmosphere.sdk.host import ToolArgumentsError, render_result
 
 
 @tool

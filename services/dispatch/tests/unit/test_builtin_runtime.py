@@ -1,5 +1,5 @@
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
-from atmosphere.sdk import AiCapability
+from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentRuntime, RuntimeConfig
 from atmosphere.testing.runtime_contract import AgentRuntimeContract
 

@@ -41,8 +41,9 @@ from atmosphere.dispatch.conversation import (
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
 from atmosphere.dispatch.memory_client import HistoryUnavailableError, MemoryClient
 from atmosphere.dispatch.pipeline import HISTORY_METADATA_KEY, history_of
-from atmosphere.sdk import AiCapability, AiRequest, App, ChatMessage, StreamingSession
+from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk.compaction import SUMMARY_SYSTEM_PROMPT, history_digest
+from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig
 
 Key = tuple[str, str]

@@ -28,6 +28,7 @@ from atmosphere.sdk import (
     prompt,
     tool,
 )
+from atmosphere.sdk.host import APPROVED_ARGUMENT
 from atmosphere.testing import wait_until
 from atmosphere.testing.fake_provider import Reply, ToolCallScript
 
@@ -274,7 +275,8 @@ async def test_approval_gates(harness: Harness) -> None:
     for run_id, action, payload in (("yes", "approve", '{"arguments": {"path": "/tmp/b"}}'), ("no", "deny", "")):
         harness.provider.script(Reply.tools(ToolCallScript("delete_file", {"path": "/tmp/a"})), Reply.text("done"))
         await asyncio.gather(executor.execute(request("model", run_id=run_id)), decide(run_id, action, payload))
-    assert [json.loads(c.arguments_json) for c in harness.tool_calls] == [{"path": "/tmp/b"}]
+    # The edited arguments ran, marked approved (the tool's `tool_call_approved()` is true).
+    assert [json.loads(c.arguments_json) for c in harness.tool_calls] == [{"path": "/tmp/b", APPROVED_ARGUMENT: True}]
     denied = harness.provider.requests[-1]["messages"][-1]["content"]
     assert json.loads(denied) == {"status": "cancelled", "message": "Action cancelled by user"}
 

@@ -17,20 +17,8 @@ from atmosphere.dispatch.harness import (
     subagent_harness,
     workspace_category,
 )
-from atmosphere.sdk import (
-    AgentSpec,
-    AiCapability,
-    App,
-    Harness,
-    HarnessSwitch,
-    PromptCache,
-    agent,
-    ai_endpoint,
-    coordinator,
-    prompt,
-    spec_of,
-    tool,
-)
+from atmosphere.sdk import App, Harness, PromptCache, agent, ai_endpoint, coordinator, prompt, tool
+from atmosphere.sdk.host import AgentSpec, AiCapability, HarnessSwitch, spec_of
 
 FILE_TOOLS = ["ls", "read_file", "write_file", "edit_file", "glob", "grep", "delete", "rename"]
 """The reference's registration order."""
@@ -330,7 +318,7 @@ def test_the_kill_switch_attaches_nothing_and_reports_the_disabled_seeds() -> No
         "planning": "INACTIVE(disabled)",
         "filesystem": "INACTIVE(disabled)",
         "skills": "CONVENTION",
-        "durable-runs": "CONTAINER-MANAGED",
+        "durable-runs": "INACTIVE(no-journal)",
         "delegation": "INACTIVE(disabled)",
     }
 
@@ -344,7 +332,7 @@ def test_seeds_differ_for_app_wide_true_unset_and_kill_switch() -> None:
         "planning": "INACTIVE(no-endpoint)",
         "filesystem": "INACTIVE(no-endpoint)",
         "skills": "CONVENTION",
-        "durable-runs": "CONTAINER-MANAGED",
+        "durable-runs": "INACTIVE(no-journal)",
         "delegation": "INACTIVE(no-coordinator)",
     }
     unset = runtime_state(UNSET, {})
@@ -375,7 +363,7 @@ def test_an_unset_switch_upgrades_only_what_attached() -> None:
     assert state["planning"] == "ACTIVE(builtin)"
     assert state["filesystem"] == "ACTIVE(builtin)"
     assert state["delegation"] == "ACTIVE"
-    assert (state["skills"], state["durable-runs"]) == ("CONVENTION", "CONTAINER-MANAGED")
+    assert (state["skills"], state["durable-runs"]) == ("CONVENTION", "INACTIVE(no-journal)")
 
 
 def test_an_ai_endpoint_is_bare_by_default_and_full_under_app_wide_true() -> None:

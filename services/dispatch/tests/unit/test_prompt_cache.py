@@ -6,7 +6,8 @@ from atmosphere.contracts.run.v1.run_pb2 import RunRequest
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.pipeline import cache_hint
 from atmosphere.dispatch.runtime.openai import accepts_cache_key
-from atmosphere.sdk import PromptCache, agent, spec_of
+from atmosphere.sdk import PromptCache, agent
+from atmosphere.sdk.host import spec_of
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 from atmosphere.bus import BusError, JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.ingress.handlers import AgentDirectory
+from atmosphere.ingress.directory import AgentDirectory
 
 HOUR = 3600.0
 
@@ -87,3 +87,37 @@ async def test_an_unreadable_bucket_fails_every_waiter_once_then_the_last_copy_s
     assert await directory.lookup("echo") is not None
     bus.fail = True  # the broker goes away again: the agents read before still resolve
     assert await directory.lookup("echo") is not None
+
+
+class Clock:
+    """Monotonic seconds a test sets by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_first_lookup_reads_the_bucket_on_a_machine_booted_a_moment_ago() -> None:
+    # A monotonic clock counts from boot: "never read" must not pass for "read 1 ms ago".
+    clock = Clock(now=0.001)
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    await bus.kv_put(subjects.AGENTS_BUCKET, "echo", AgentDescriptor(name="echo", path="/atmosphere/agent/echo"))
+    directory = AgentDirectory(bus, ttl=HOUR, miss_ttl=HOUR, clock=clock)
+    assert await directory.lookup("echo") is not None
+    assert [d.name for d in await directory.all()] == ["echo"]
+
+
+async def test_the_copy_is_read_again_once_the_ttl_has_passed_on_the_injected_clock() -> None:
+    clock = Clock(now=0.001)
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    directory = AgentDirectory(bus, ttl=2.0, miss_ttl=HOUR, clock=clock)
+    assert await directory.all() == []
+    await bus.kv_put(subjects.AGENTS_BUCKET, "late", AgentDescriptor(name="late", path="/late"))
+    clock.now += 1.9
+    assert await directory.all() == []  # still within the TTL
+    clock.now += 0.2
+    assert [d.name for d in await directory.all()] == ["late"]

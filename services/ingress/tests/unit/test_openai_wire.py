@@ -119,8 +119,11 @@ def test_run_errors_map_to_openai_statuses() -> None:
     assert error_for_run("budget.exceeded", "x").code == "budget_exceeded"
     assert error_for_run("budget.exceeded", "x").headers() == {"x-should-retry": "false"}
     assert error_for_run("governance.denied", "Request denied by policy p: no").code == "request_blocked"
-    assert error_for_run("runtime.unavailable", "x").status == 503
-    assert error_for_run("runtime.unavailable", "x").headers() == {"Retry-After": "5"}
+    no_model = error_for_run("runtime.unavailable", "No model runtime is available: set LLM_BASE_URL")
+    assert (no_model.status, no_model.code) == (503, "service_unavailable")
+    assert "LLM_BASE_URL" in no_model.message  # the setting to fix, not "try again"
+    assert no_model.headers() == {"x-should-retry": "false"}  # a retry cannot configure a model
+    assert error_for_run("memory.unavailable", "x").headers() == {"Retry-After": "5"}
     internal = error_for_run("agent.failed", "KeyError: secret")
     assert internal.status == 500
     assert "secret" not in internal.message

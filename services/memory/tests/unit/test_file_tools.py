@@ -11,6 +11,7 @@ from atmosphere.memory.file_tools import UNAVAILABLE, run_file_tool
 from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
 from atmosphere.memory.filesystem import Entry, Hit
 from atmosphere.sdk.builtin_tools import FILE_TOOLS
+from atmosphere.sdk.runtime import ToolSpec
 
 
 @pytest.fixture
@@ -71,6 +72,8 @@ REQUIRED = [
 def test_required_arguments(fs: WorkspaceFileSystem, tool: str, missing: str, value: str | None) -> None:
     arguments: dict[str, object] = {"path": "a", "old_text": "x", "new_text": "y", "pattern": "x"}
     arguments |= {"old_path": "a", "new_path": "b", "content": "c"}
+    accepted = next(spec.parameters["properties"] for spec in FILE_TOOLS if spec.name == tool)
+    arguments = {key: value for key, value in arguments.items() if key in accepted}  # only its own
     if value == "absent":
         del arguments[missing]
     else:
@@ -174,3 +177,53 @@ def test_unexpected_errors_never_escape_and_never_leak_paths(caplog: pytest.LogC
     with caplog.at_level(logging.ERROR):
         assert run_file_tool(bug, "ls", {}) == "Error: ls failed unexpectedly"
     assert "failed unexpectedly" in caplog.text
+
+
+# ---- arguments a tool does not take (issue 9: `ls({"path": ...})` listed the root)
+
+
+def test_an_unknown_argument_is_an_error_naming_it(fs: WorkspaceFileSystem) -> None:
+    fs.write("notes/a.md", "x")
+    assert run_file_tool(fs, "ls", {"path": "notes"}) == "Error: ls got an unknown argument 'path' (it takes: dir)"
+    assert run_file_tool(fs, "ls", {"dir": "notes"}) == "notes/a.md (1 bytes)"
+
+
+VALID = {
+    "ls": {},
+    "read_file": {"path": "a.md"},
+    "write_file": {"path": "a.md", "content": "x"},
+    "edit_file": {"path": "a.md", "old_text": "x", "new_text": "y"},
+    "glob": {"pattern": "*.md"},
+    "grep": {"pattern": "x"},
+    "delete": {"path": "a.md"},
+    "rename": {"old_path": "a.md", "new_path": "b.md"},
+}
+
+
+@pytest.mark.parametrize("spec", FILE_TOOLS, ids=lambda spec: spec.name)
+def test_every_file_tool_refuses_unknown_arguments_before_acting(fs: WorkspaceFileSystem, spec: ToolSpec) -> None:
+    name = spec.name
+    fs.write("a.md", "x")
+    accepted = ", ".join(spec.parameters["properties"])
+    result = run_file_tool(fs, name, {**VALID[name], "filename": "a.md", "recursive": True})
+    assert result == f"Error: {name} got unknown arguments 'filename', 'recursive' (it takes: {accepted})"
+    assert fs.read("a.md") == "x"  # nothing was written, edited, deleted or moved
+
+
+def test_every_tool_has_a_valid_call_in_this_test() -> None:
+    # VALID must cover every tool, or the test above would skip one with a KeyError.
+    assert set(VALID) == {spec.name for spec in FILE_TOOLS}
+
+
+@pytest.mark.parametrize("value", [True, ["a.md"], {"p": "a.md"}])
+def test_a_wrong_type_is_an_error_naming_the_argument(fs: WorkspaceFileSystem, value: object) -> None:
+    assert run_file_tool(fs, "read_file", {"path": value}) == "Error: 'path' must be a string"
+    assert run_file_tool(fs, "ls", {"dir": value}) == "Error: 'dir' must be a string"
+
+
+def test_read_file_takes_the_offset_its_schema_declares(fs: WorkspaceFileSystem) -> None:
+    fs.write("a.md", "abcdef")
+    assert run_file_tool(fs, "read_file", {"path": "a.md", "offset": 2}) == "cdef"
+    assert run_file_tool(fs, "read_file", {"path": "a.md", "offset": "x"}) == (
+        "Error: 'offset' must be a non-negative whole number of characters"
+    )

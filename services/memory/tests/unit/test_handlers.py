@@ -170,6 +170,7 @@ async def test_write_todos_accepts_double_encoded_todos_and_rejects_bad_shapes(m
         "write_todos failed: 'todos' is required and must be an array of {content, status, activeForm}"
     )
     assert list(bad.events) == []
+    assert bad.is_error  # a refused plan is a failed call, reported as a `tool-error`
     blank = await memory.tool("write_todos", {"todos": [{"content": " ", "status": "pending"}]}, scope())
     assert blank.content == "write_todos failed: each todo needs a non-empty 'content'"
     # The failed writes left the good plan in place.
@@ -291,6 +292,7 @@ async def test_hostile_scopes_are_refused_and_write_nothing(memory: Memory, host
     assert files.content.startswith("Error: ")
     plan = await memory.tool("write_todos", {"todos": [{"content": "x", "status": "pending"}]}, hostile)
     assert plan.content.startswith("write_todos failed: ")
+    assert plan.is_error
     assert list(plan.events) == []
     for op, request, reply in [
         ("plan.get", GetPlanRequest(workspace=hostile), GetPlanResponse),

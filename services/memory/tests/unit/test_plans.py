@@ -654,3 +654,27 @@ def test_run_overlong_key_is_text(tmp_path: Path) -> None:
     text, plan = run_write_todos(PlanStore(tmp_path), "a", "c" * 300, {"todos": []})
     assert text.startswith("write_todos failed: Failed to persist plan a/")
     assert plan is None
+
+
+# ---- arguments write_todos does not take (issue 9: built-in tools accepted them silently)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"todos": [], "plan": "x"}, "got an unknown argument 'plan' (it takes: todos, goal)"),
+        ({"items": [{"content": "a"}], "title": "t"}, "got unknown arguments 'items', 'title' (it takes: todos, goal)"),
+    ],
+)
+def test_unknown_arguments_are_refused_by_name(arguments: dict[str, object], message: str) -> None:
+    with pytest.raises(PlanError) as caught:
+        parse_write_todos(arguments)
+    assert caught.value.message == message
+
+
+def test_an_unknown_argument_is_a_write_todos_failure_and_nothing_is_stored(tmp_path: Path) -> None:
+    store = PlanStore(tmp_path)
+    text, plan = run_write_todos(store, "agent", "conv", {"todos": [{"content": "a"}], "todo": "typo"})
+    assert text == "write_todos failed: got an unknown argument 'todo' (it takes: todos, goal)"
+    assert plan is None
+    assert store.get("agent", "conv") is None

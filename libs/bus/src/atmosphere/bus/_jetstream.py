@@ -61,6 +61,9 @@ class BucketSpec:
 
     name: str
     history: int = 1
+    max_age_seconds: float = 0
+    """An entry expires this long after its last write (0: never). Provisioning sets it on an
+    existing bucket too, so a bucket made by an older version without one gets it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,9 @@ class JetStreamLayout:
     tool_results_max_bytes: int = 256 << 20
     """JetStream reserves this much of the server's storage; a full bucket refuses new results
     (the sandbox then cuts a result to fit in one message, with a marker)."""
+    agents_max_age_seconds: float = 30.0
+    """An agent descriptor expires this long after dispatch last wrote it (0: never). Dispatch
+    rewrites its descriptors every third of it, so only agents some dispatch serves are listed."""
     extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
 
     def streams(self) -> tuple[StreamSpec, ...]:
@@ -110,7 +116,8 @@ class JetStreamLayout:
 
     def buckets(self) -> tuple[BucketSpec, ...]:
         """Every key-value bucket of the layout."""
-        return (BucketSpec(subjects.AGENTS_BUCKET), BucketSpec(subjects.TOOLS_BUCKET))
+        agents = BucketSpec(subjects.AGENTS_BUCKET, max_age_seconds=self.agents_max_age_seconds)
+        return (agents, BucketSpec(subjects.TOOLS_BUCKET))
 
     def object_buckets(self) -> tuple[ObjectBucketSpec, ...]:
         """Every object-store bucket of the layout."""

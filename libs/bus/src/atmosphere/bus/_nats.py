@@ -71,6 +71,10 @@ _SUBSCRIPTION_PENDING_LIMIT = 65536
 _OBJECT_CHUNK_BYTES = 128 * 1024
 # How long reading an object waits for its next chunk before giving up.
 _OBJECT_CHUNK_TIMEOUT = 5.0
+# nats-py's de-duplication window of a key-value bucket (shortened to a shorter max age).
+_KV_DUPLICATE_WINDOW = 120.0
+# Seconds within which two max ages count as the same (the server keeps nanoseconds).
+_AGE_TOLERANCE = 0.001
 
 
 class NatsBus(ConnectionLiveness, Bus):
@@ -479,8 +483,19 @@ class NatsBus(ConnectionLiveness, Bus):
             self._kv[spec.name] = await self._js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
             self._kv[spec.name] = await self._js.create_key_value(
-                js_api.KeyValueConfig(bucket=name, history=spec.history)
+                js_api.KeyValueConfig(bucket=name, history=spec.history, ttl=spec.max_age_seconds or None)
             )
+            return
+        await self._ensure_bucket_age(name, spec.max_age_seconds)
+
+    async def _ensure_bucket_age(self, name: str, max_age: float) -> None:
+        """Give an existing bucket the entry age of the layout (one made without it, by an older version)."""
+        config = (await self._js.stream_info(f"KV_{name}")).config
+        if abs((config.max_age or 0) - max_age) < _AGE_TOLERANCE:
+            return
+        # JetStream refuses a de-duplication window longer than the max age.
+        window = min(config.duplicate_window or _KV_DUPLICATE_WINDOW, max_age or _KV_DUPLICATE_WINDOW)
+        await self._js.update_stream(config.evolve(max_age=max_age, duplicate_window=window))
 
     async def _bucket(self, bucket: str) -> KeyValue:
         kv = self._kv.get(bucket)
@@ -498,7 +513,11 @@ class NatsBus(ConnectionLiveness, Bus):
         kv = await self._bucket(bucket)
         data = message.SerializeToString()
         self._checked(f"$KV.{bucket}.{key}", data, None)
-        await kv.put(key, data)
+        try:
+            await kv.put(key, data)
+        except nats.errors.Error as exc:  # a broker away or not answering: the caller's BusError
+            msg = f"storing {key!r} in bucket {bucket!r} failed: {exc}"
+            raise BusError(msg) from exc
 
     async def kv_get(self, bucket: str, key: str, message_type: type[M]) -> M | None:
         """The value under `key`, or None."""

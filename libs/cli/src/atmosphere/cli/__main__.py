@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from atmosphere.cli.dev import DevOptions, run_dev
+from atmosphere.cli.new import NewProjectError, new_project
 
 DEFAULT_APP = "examples.assistant:app"
 
@@ -22,6 +23,12 @@ def _parser() -> argparse.ArgumentParser:
         "--app",
         default=os.environ.get("ATMOSPHERE_APP", DEFAULT_APP),
         help="module:attribute of the App to serve (default: $ATMOSPHERE_APP or %(default)s)",
+    )
+    dev.add_argument(
+        "--app-dir",
+        type=Path,
+        default=Path(os.environ.get("ATMOSPHERE_APP_DIR") or "."),
+        help="directory put first on sys.path to import the app (default: $ATMOSPHERE_APP_DIR or the current one)",
     )
     dev.add_argument(
         "--home",
@@ -43,14 +50,31 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--no-model", action="store_true", help="do not start the local model even when LLM_BASE_URL is unset"
     )
+    new = commands.add_parser("new", help="write a starter project: one agent, its test, a README")
+    new.add_argument("directory", type=Path, help="where to write it (created when missing)")
+    new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
     return parser
+
+
+def _new(args: argparse.Namespace) -> int:
+    try:
+        written = new_project(args.directory, package=args.package)
+    except NewProjectError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `atmosphere`."""
     args = _parser().parse_args(argv)
+    if args.command == "new":
+        return _new(args)
     options = DevOptions(
         app=args.app,
+        app_dir=args.app_dir.resolve(),
         home=args.home.resolve(),
         host=args.host,
         nats_port=args.nats_port,

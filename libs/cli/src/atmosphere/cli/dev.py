@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import socket
 import sys
@@ -11,12 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atmosphere.cli.model_server import llama_available, smollm2_path
-from atmosphere.cli.nats_server import find_binary, server_args
+from atmosphere.cli.nats_server import NatsServerNotFoundError, find_binary, server_args
 from atmosphere.cli.supervisor import ChildSpec, Supervisor
 
 SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
-LOCAL_MODEL_ALIAS = "smollm2"
 """Start order: dependencies of a run first, the public door (ingress) last."""
+LOCAL_MODEL_ALIAS = "smollm2"
+APP_LOADERS = frozenset({"dispatch", "sandbox"})
+"""The services that import the app: when they cannot, the whole stack stops."""
+EXIT_APP_UNLOADABLE = 4
+"""`atmosphere.service.EXIT_APP_UNLOADABLE`, repeated: the CLI must run before that import is known to work."""
+APP_CHECK_TIMEOUT = 60.0
+"""Seconds the app's module may take to import in the check before anything starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,8 @@ class DevOptions:
 
     app: str
     home: Path
+    app_dir: Path = Path()
+    """Put first on `sys.path` before the app is imported (`ATMOSPHERE_APP_DIR`, else the current directory)."""
     nats_port: int = 4222
     http_port: int = 8080
     probe_base_port: int = 8181
@@ -61,7 +70,7 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
     common = {
         "ATMOSPHERE_NATS__URL": f"nats://{options.host}:{options.nats_port}",
         "ATMOSPHERE_APP": options.app,
-        "ATMOSPHERE_APP_DIR": str(Path.cwd()),
+        "ATMOSPHERE_APP_DIR": str(options.app_dir.resolve()),
         "ATMOSPHERE_DATA_DIR": str(options.home / "data"),
         "ATMOSPHERE_WORKSPACE_ROOT": str(options.home / "workspace"),
         "ATMOSPHERE_PROBE_HOST": options.host,
@@ -103,8 +112,54 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
             if options.local_model:
                 env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
                 env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
-        specs.append(ChildSpec(name=name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env))
+        fatal = frozenset({EXIT_APP_UNLOADABLE}) if name in APP_LOADERS else frozenset()
+        specs.append(
+            ChildSpec(name=name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal)
+        )
     return specs
+
+
+def missing_services() -> list[str]:
+    """The distributions of services whose module this interpreter cannot import."""
+    return [f"atmosphere-ai-{name}" for name in SERVICES if importlib.util.find_spec(f"atmosphere.{name}") is None]
+
+
+async def check_app(options: DevOptions) -> str | None:
+    """Import the app in a throw-away process as the services will; the error text, or None when it loads."""
+    app_dir = str(options.app_dir.resolve())
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "atmosphere.cli.app_check",
+        options.app,
+        app_dir,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), APP_CHECK_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return f"Error: importing ATMOSPHERE_APP={options.app!r} took more than {APP_CHECK_TIMEOUT:g} s"
+    if process.returncode == 0:
+        return None
+    return output.decode(errors="replace").rstrip() or f"Error: the app check exited with {process.returncode}"
+
+
+async def preflight(options: DevOptions) -> str | None:
+    """Why the stack cannot start (a missing service, broker or app), or None when it can."""
+    if missing := missing_services():
+        return (
+            f"Error: {', '.join(missing)} not installed in {sys.prefix}; "
+            f"install them (`pip install {' '.join(missing)}`, or `atmosphere-ai-cli`, which pulls in every service)"
+        )
+    try:
+        find_binary()
+    except NatsServerNotFoundError as exc:
+        return f"Error: {exc}"
+    return await check_app(options)
 
 
 def banner(options: DevOptions) -> str:
@@ -195,11 +250,20 @@ async def run_dev(options: DevOptions) -> int:
         if _port_open(options.host, port):
             print(f"port {options.host}:{port} is already in use; is another stack running?", file=sys.stderr)
             return 1
+    if problem := await preflight(options):
+        print(problem, file=sys.stderr)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = Supervisor()
+    fatal: list[str] = []
+
+    def on_fatal(name: str, code: int) -> None:
+        fatal.append(f"{name} exited with {code}")
+        stop.set()
+
+    supervisor = Supervisor(on_fatal=on_fatal)
     specs = child_specs(options)
     try:
         await supervisor.start(specs[0])
@@ -224,4 +288,7 @@ async def run_dev(options: DevOptions) -> int:
         print("\nstopping...", flush=True)
     finally:
         await supervisor.stop()
+    if fatal:
+        print(f"Error: {'; '.join(fatal)}: the app cannot be served; see the log lines above", file=sys.stderr)
+        return 1
     return 0

@@ -36,6 +36,8 @@ class ChildSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     stop_timeout: float = 10.0
     """Seconds between SIGTERM and SIGKILL on shutdown."""
+    fatal_exit_codes: frozenset[int] = frozenset()
+    """Exit codes that a restart cannot cure (the app does not import): the child stays down."""
 
 
 @dataclass
@@ -43,7 +45,8 @@ class _Child:
     spec: ChildSpec
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
-    started_at: float = 0.0
+    started_at: float | None = None
+    """`time.monotonic()` at the last start (None: never started; 0.0 is a valid reading)."""
 
 
 def restart_delay(restarts: int, *, base: float = 0.5, cap: float = 30.0) -> float:
@@ -57,9 +60,16 @@ class Supervisor:
     stable_after = 30.0
     """A child that ran this long before crashing starts its backoff from scratch."""
 
-    def __init__(self, *, out: TextIO = sys.stdout, on_event: Callable[[str], None] | None = None) -> None:
-        """Write prefixed child output to `out`."""
+    def __init__(
+        self,
+        *,
+        out: TextIO = sys.stdout,
+        on_event: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Write prefixed child output to `out`; call `on_fatal(name, code)` when a child cannot recover."""
         self._out = out
+        self._on_fatal = on_fatal or (lambda _name, _code: None)
         self._children: list[_Child] = []
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,7 +127,12 @@ class Supervisor:
             code = await child.process.wait()
             if self._stopping:
                 return
-            if time.monotonic() - child.started_at >= self.stable_after:
+            if code in child.spec.fatal_exit_codes:
+                self._print(child.spec.name, f"exited with {code}: it cannot start as configured; not restarting")
+                self._on_event(f"fatal {child.spec.name} code={code}")
+                self._on_fatal(child.spec.name, code)
+                return
+            if child.started_at is not None and time.monotonic() - child.started_at >= self.stable_after:
                 child.restarts = 0
             child.restarts += 1
             delay = restart_delay(child.restarts)

@@ -41,6 +41,9 @@ class JetStreamSettings(BaseModel):
     """Size limit of `ATMO_EVENTS` in bytes (-1 = none); the oldest events go first."""
     runs_max_age: float = Field(default=24 * 3600, ge=0)
     """Seconds an unclaimed run waits in `ATMO_RUNS` before it expires."""
+    agents_max_age: float = Field(default=30.0, ge=0)
+    """Seconds an agent stays listed in `ATMO_AGENTS` after the last dispatch serving it stopped
+    (dispatch rewrites its descriptors every third of this; 0 = never expire). Set the same on every service."""
 
 
 class LogSettings(BaseModel):

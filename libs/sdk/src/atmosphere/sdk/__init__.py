@@ -1,47 +1,48 @@
-"""What Atmosphere users import to write agents."""
+"""What Atmosphere users import to write agents.
 
-from atmosphere.sdk._agent import AgentSpec, agent, ai_endpoint, coordinator, prompt, spec_of
-from atmosphere.sdk._app import App, load_app
-from atmosphere.sdk._capability import AiCapability
-from atmosphere.sdk._harness import Harness, HarnessSwitch, PromptCache
-from atmosphere.sdk._policies import AiBudget, BudgetReason, OnMaxIterations, RetryPolicy, ToolLoopPolicy
+    from atmosphere.sdk import App, StreamingSession, agent, prompt, tool
+
+Declarations (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `tool`), the `App` that lists
+them, the `StreamingSession` a prompt answers through, the harness and policy knobs, the
+interceptor API, and the exceptions a tool raises to steer its call. This surface is pinned
+(`tests/unit/test_exported_members.py`); what the platform's services share lives in
+`atmosphere.sdk.host`, and `atmosphere.sdk.testing` runs an agent in-process.
+"""
+
+from atmosphere.sdk._agent import agent, ai_endpoint, coordinator, prompt
+from atmosphere.sdk._app import App
+from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage
-from atmosphere.sdk._session import EventSink, Streamer, StreamingSession, TokenUsage
-from atmosphere.sdk._tool import DEFAULT_TOOL_TIMEOUT, Tool, ToolArgumentsError, ToolKind, render_result, tool
-from atmosphere.sdk.errors import SdkError, UserError
+from atmosphere.sdk._session import StreamingSession, TokenUsage
+from atmosphere.sdk._tool import Tool, ToolKind, tool, tool_call_approved
+from atmosphere.sdk.errors import ApprovalRequired, ModelRetry, SdkError, ToolError, UserError
 
 __all__ = [
-    "DEFAULT_TOOL_TIMEOUT",
-    "AgentSpec",
     "AiBudget",
-    "AiCapability",
     "AiInterceptor",
     "AiRequest",
     "App",
-    "BudgetReason",
+    "ApprovalRequired",
     "CacheHint",
     "ChatMessage",
-    "EventSink",
     "Harness",
-    "HarnessSwitch",
+    "ModelRetry",
     "OnMaxIterations",
     "PromptCache",
     "RetryPolicy",
     "SdkError",
-    "Streamer",
     "StreamingSession",
     "TokenUsage",
     "Tool",
-    "ToolArgumentsError",
+    "ToolError",
     "ToolKind",
     "ToolLoopPolicy",
     "UserError",
     "agent",
     "ai_endpoint",
     "coordinator",
-    "load_app",
     "prompt",
-    "render_result",
-    "spec_of",
     "tool",
+    "tool_call_approved",
 ]

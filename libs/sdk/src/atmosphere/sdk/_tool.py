@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import re
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,17 @@ R = TypeVar("R")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
 DEFAULT_TOOL_TIMEOUT = 60.0
 """Seconds a tool call may take unless the tool sets its own `timeout`."""
+APPROVED_ARGUMENT = "__atmosphere_approved__"
+"""Set (to `true`) by dispatch, never by the model, on a call the user approved after the tool
+raised `ApprovalRequired`. The model cannot send it: every tool's schema forbids unknown
+arguments, and the choke point refuses them before anything runs."""
+
+_approved: contextvars.ContextVar[bool] = contextvars.ContextVar("atmosphere_tool_call_approved", default=False)
+
+
+def tool_call_approved() -> bool:
+    """Inside a `@tool` function: whether the user approved this call (see `ApprovalRequired`)."""
+    return _approved.get()
 
 
 class ToolKind(Enum):
@@ -84,13 +96,24 @@ class Tool(Generic[P, R]):
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
     async def invoke(self, arguments: dict[str, Any]) -> str:
-        """Validate, call (a sync function runs in a thread) and render the result as text."""
+        """Validate, call (a sync function runs in a thread) and render the result as text.
+
+        The tool's own `ToolError`, `ModelRetry` and `ApprovalRequired` propagate to the host,
+        which turns them into the call's outcome.
+        """
+        arguments = dict(arguments)
+        approved = arguments.pop(APPROVED_ARGUMENT, False) is True
         values = self.validate(arguments)
         func = cast(Callable[..., Any], self.func)
-        if inspect.iscoroutinefunction(func):
-            result = await func(**values)
-        else:
-            result = await asyncio.to_thread(func, **values)
+        token = _approved.set(approved)
+        try:
+            if inspect.iscoroutinefunction(func):
+                result = await func(**values)
+            else:
+                # `to_thread` copies the context, so `tool_call_approved()` works in sync tools too.
+                result = await asyncio.to_thread(func, **values)
+        finally:
+            _approved.reset(token)
         return render_result(result)
 
     def descriptor(self, *, provider: str = "sandbox") -> ToolDescriptor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from atmosphere.sdk._tool import ToolKind
@@ -71,8 +72,18 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         name="read_file",
-        description="Read one workspace file's UTF-8 content.",
-        parameters=_schema({"path": _string("File path relative to the workspace root.")}, ["path"]),
+        description="Read one workspace file's UTF-8 content (a long file in pages, from `offset`).",
+        parameters=_schema(
+            {
+                "path": _string("File path relative to the workspace root."),
+                # A file larger than one reply is read in pages; the reply names the offset to go on from.
+                "offset": {
+                    "type": "integer",
+                    "description": "Character offset to start reading at (default 0).",
+                },
+            },
+            ["path"],
+        ),
         kind=ToolKind.READ,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
@@ -175,6 +186,22 @@ TASK = ToolSpec(
     kind=ToolKind.EXECUTE,
     timeout=DELEGATION_TIMEOUT + 5,
 )
+
+
+def unknown_arguments(spec: ToolSpec, arguments: Mapping[str, object]) -> str | None:
+    """What is wrong with keys of `arguments` that `spec` does not declare, or None.
+
+    Built-in tools refuse them as user tools do (a model's `ls({"path": ...})` must not list the
+    root): `got an unknown argument 'path' (it takes: dir)`.
+    """
+    accepted = tuple(spec.parameters.get("properties", {}))
+    unknown = [key for key in arguments if key not in accepted]
+    if not unknown:
+        return None
+    listed = ", ".join(f"'{key}'" for key in unknown)
+    noun = "an unknown argument" if len(unknown) == 1 else "unknown arguments"
+    return f"got {noun} {listed} (it takes: {', '.join(accepted) or 'no arguments'})"
+
 
 PLAN_TOOL_NAMES = frozenset({WRITE_TODOS.name})
 FILE_TOOL_NAMES = frozenset(t.name for t in FILE_TOOLS)

@@ -1,5 +1,6 @@
 """What every Atmosphere service process shares: its lifecycle, health and info responders, and who is calling."""
 
+from atmosphere.service._app import EXIT_APP_UNLOADABLE, AppLoadError, load_service_app
 from atmosphere.service._auth import (
     ANONYMOUS,
     Authenticator,
@@ -17,6 +18,8 @@ from atmosphere.service._runtime import ServiceRuntime, open_service
 
 __all__ = [
     "ANONYMOUS",
+    "EXIT_APP_UNLOADABLE",
+    "AppLoadError",
     "AuthError",
     "Authenticator",
     "Caller",
@@ -24,6 +27,7 @@ __all__ = [
     "ServiceRuntime",
     "conversation_user_key",
     "health_router",
+    "load_service_app",
     "loop_factory",
     "open_service",
     "presented_token",

@@ -23,7 +23,7 @@ InfoFragment = Callable[[], dict[str, Any]]
 
 def _version(service: str) -> str:
     try:
-        return metadata.version(f"atmosphere-{service}")
+        return metadata.version(f"atmosphere-ai-{service}")
     except metadata.PackageNotFoundError:
         return "0+unknown"
 

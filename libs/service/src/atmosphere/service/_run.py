@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from atmosphere.bus import ConnectError, ConnectionLostError
 from atmosphere.config import ServiceSettings, configure_logging
+from atmosphere.service._app import EXIT_APP_UNLOADABLE, AppLoadError
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -34,7 +35,8 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     The first signal sets `stop`, so the service drains and exits cleanly; a second signal
     cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when the
     settings are invalid or NATS cannot be reached, 3 when the NATS connection closed for good
-    (the supervisor restarts the process), 130 when cancelled.
+    (the supervisor restarts the process), 4 (`EXIT_APP_UNLOADABLE`) when the app cannot be
+    imported (a supervisor must not restart it), 130 when cancelled.
     """
     try:
         settings = load_settings()
@@ -61,6 +63,9 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(main())
+    except AppLoadError as exc:
+        log.error("%s: %s", service, exc, exc_info=exc.__cause__)
+        return EXIT_APP_UNLOADABLE
     except ConnectError as exc:
         log.error("%s", exc)
         return 2

@@ -18,7 +18,8 @@ import pytest
 from pydantic import BaseModel
 
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.sdk import AiCapability, AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
+from atmosphere.sdk import AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
+from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest, ToolSpec
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 

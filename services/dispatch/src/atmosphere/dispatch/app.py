@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from atmosphere.bus import Bus, ConsumerSpec, MessageContext, Router, subjects
@@ -12,16 +13,22 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
+from atmosphere.dispatch.descriptors import live_descriptors
 from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
 from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor, agent_descriptors
 from atmosphere.dispatch.harness import HarnessConfig, SurfaceMode, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.runtime.openai import is_http_url
 from atmosphere.dispatch.settings import DispatchSettings
-from atmosphere.sdk import HarnessSwitch, PromptCache, load_app
+from atmosphere.sdk import PromptCache
+from atmosphere.sdk.host import HarnessSwitch
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
-from atmosphere.service import Authenticator, open_service
+from atmosphere.service import Authenticator, load_service_app, open_service
+
+NO_MODEL = "no model configured: set LLM_BASE_URL"
+"""Why no runtime is active when the built-in one lacks a provider URL."""
 
 WORKERS = "dispatch"
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
@@ -82,7 +89,7 @@ def _closed_conversations(extractor: FactExtractor, running: set[asyncio.Task[in
 
 async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
     """Run dispatch until `stop` is set."""
-    app = load_app(settings.app, app_dir=settings.app_dir)
+    app = load_service_app(settings.app, settings.app_dir)
     options = settings.dispatch
     # Every run slot of every nesting level may be in a model call at once.
     slots = options.max_concurrent_runs * (MAX_NESTING + 1)
@@ -95,6 +102,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
         runtime_name=runtime.name if runtime is not None else "",
         runtime_capabilities=runtime.capabilities() if runtime is not None else frozenset(),
     )
+    runtime_block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url)
     grpc_port = 0
     descriptors: list[AgentDescriptor] = []
     extractions: set[asyncio.Task[int]] = set()
@@ -103,7 +111,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
         return {
             "agents": [d.name for d in descriptors],
             "app": settings.app,
-            "runtime": _runtime_info(runtime),
+            "runtime": runtime_block,
             "grpc": f"{options.grpc_host}:{grpc_port}" if grpc_port else None,
             "harness": runtime_state(config, harnesses),
             # Only when some agent genuinely has a browsable plan or file workspace.
@@ -111,15 +119,16 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
         }
 
     async with contextlib.AsyncExitStack() as stack:
-        for runtime in runtimes:
-            stack.push_async_callback(runtime.aclose)
+        # Not `for runtime in runtimes`: that would rebind the resolved runtime (None without a
+        # model) to the last one discovered, for the pipeline and the info alike.
+        for discovered in runtimes:
+            stack.push_async_callback(discovered.aclose)
         service = await stack.enter_async_context(open_service("dispatch", settings, info=info, stop=stop))
         bus: Bus = service.bus
         memory = MemoryClient(bus)
         pipeline = ModelPipeline(runtime, ConversationMemory(memory, config, runtime))
         descriptors[:] = agent_descriptors(app, pipeline, harnesses)
-        for descriptor in descriptors:
-            await bus.kv_put(subjects.AGENTS_BUCKET, descriptor.name, descriptor)
+        await stack.enter_async_context(live_descriptors(bus, descriptors, max_age=settings.jetstream.agents_max_age))
         executor = RunExecutor(
             app,
             bus,
@@ -146,6 +155,7 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
                 host=options.grpc_host,
                 port=options.grpc_port,
                 max_message_bytes=bus.max_payload,
+                ready=lambda: service.health.ready,
             )
         )
         service.health.mark_ready()
@@ -154,11 +164,35 @@ async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
             queue.stop()  # all levels at once; the stack's exits then wait for runs in hand only
 
 
-def _runtime_info(runtime: AgentRuntime | None) -> dict[str, Any] | None:
+def runtime_info(runtime: AgentRuntime | None, discovered: Sequence[AgentRuntime], *, base_url: str) -> dict[str, Any]:
+    """The `runtime` block of the info: the runtime runs take, or why there is none.
+
+    `state` is `ACTIVE`, or `INACTIVE(<why>)` with no name and no capabilities: a runtime that
+    cannot run is never reported as if it could.
+    """
     if runtime is None:
-        return None
+        return {
+            "state": f"INACTIVE({why_no_runtime(discovered, base_url=base_url)})",
+            "name": None,
+            "model": None,
+            "capabilities": [],
+        }
     return {
+        "state": "ACTIVE",
         "name": runtime.name,
         "model": runtime.config.model or None,
         "capabilities": sorted(c.value for c in runtime.capabilities()),
     }
+
+
+def why_no_runtime(discovered: Sequence[AgentRuntime], *, base_url: str) -> str:
+    """Why no discovered runtime is available, in words that name the fix."""
+    if not discovered:
+        return "no runtime installed"
+    if not base_url:
+        return NO_MODEL
+    if not is_http_url(base_url):
+        # The value itself is not shown: a URL may carry credentials.
+        return "LLM_BASE_URL is not an http(s) URL"
+    names = ", ".join(sorted(r.name for r in discovered))
+    return f"no runtime available among {names}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atmosphere.contracts.common.v1.common_pb2 import Usage
-from atmosphere.sdk import AiBudget, BudgetReason
+from atmosphere.sdk import AiBudget
+from atmosphere.sdk.host import BudgetReason
 
 
 class BudgetExceededError(Exception):

@@ -10,6 +10,7 @@ agent endpoints' too: with token grants configured (`ATMOSPHERE_INGRESS__AUTH_TO
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -52,6 +53,8 @@ MAX_METADATA_KEY_CHARS = 128
 RESERVED_METADATA_PREFIXES = ("atmosphere.", "ai.subagent.", "ai.run.")
 """Run metadata dispatch sets itself (queue level, sub-agent depth and workspace): not a client's to choose."""
 MAX_REASON_CHARS = 1024
+HEALTH_POLL = 0.5
+"""Seconds between looks at dispatch's readiness for gRPC health `Watch` streams."""
 
 M = TypeVar("M", bound=Message)
 
@@ -299,29 +302,76 @@ def _handlers(servicer: DispatchServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 
+class BusHealth(health.aio.HealthServicer):
+    """gRPC health that follows the bus: `SERVING` only while dispatch can take work.
+
+    Without NATS no run can be submitted or followed, so a load balancer must stop sending
+    calls here; `ready` is dispatch's own readiness (wired and connected). `Check` looks at it
+    on every call; `Watch` streams hear of a change within `HEALTH_POLL` seconds.
+    """
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        """Report `ready()` for the server and for `DispatchService`."""
+        super().__init__()
+        self._ready = ready
+        self._reported: bool | None = None
+
+    async def follow(self) -> None:
+        """Bring the reported status in line with `ready()` (only a change notifies watchers)."""
+        ready = self._ready()
+        if ready == self._reported:
+            return
+        self._reported = ready
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.set(name, status)
+        log.info("gRPC health: %s", "SERVING" if ready else "NOT_SERVING (the bus is not connected)")
+
+    async def Check(  # noqa: N802 - the gRPC method name
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthCheckResponse:
+        """The status as of now, not as of the last poll."""
+        await self.follow()
+        response: health_pb2.HealthCheckResponse = await super().Check(request, context)
+        return response
+
+    async def keep_following(self) -> None:
+        """Follow `ready()` until cancelled, for the `Watch` streams."""
+        while True:
+            await self.follow()
+            await asyncio.sleep(HEALTH_POLL)
+
+
 @contextlib.asynccontextmanager
 async def serve_grpc(
-    servicer: DispatchServicer, *, host: str, port: int, max_message_bytes: int = 4 << 20
+    servicer: DispatchServicer,
+    *,
+    host: str,
+    port: int,
+    max_message_bytes: int = 4 << 20,
+    ready: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[int]:
     """Run the gRPC server (with health and reflection) while the context is open; yield its port.
 
     A request larger than `max_message_bytes` is refused by gRPC itself (`RESOURCE_EXHAUSTED`)
-    before it is read into memory.
+    before it is read into memory. Health is `SERVING` while `ready()` is true.
     """
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)])
     server.add_generic_rpc_handlers((_handlers(servicer),))
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BusHealth(ready)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    following = asyncio.create_task(health_servicer.keep_following(), name="grpc-health")
     log.info("gRPC DispatchService on %s:%d", host, bound)
     try:
         yield bound
     finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)

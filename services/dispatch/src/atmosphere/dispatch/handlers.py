@@ -31,8 +31,9 @@ from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline, RunSink
 from atmosphere.dispatch.tools import LocalTool, ToolGateway
-from atmosphere.sdk import AgentSpec, App, StreamingSession
+from atmosphere.sdk import App, StreamingSession
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
+from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.sdk import AgentSpec, AiCapability, App, Harness, HarnessSwitch, PromptCache
+from atmosphere.sdk import App, Harness, PromptCache
 from atmosphere.sdk.builtin_tools import DELEGATE_TASK, FILE_TOOLS, TASK, WRITE_TODOS
+from atmosphere.sdk.host import AgentSpec, AiCapability, HarnessSwitch
 from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -24,6 +25,8 @@ log = logging.getLogger("atmosphere.dispatch")
 COMPACTION_STRATEGIES = ("sliding-window", "summarizing", "token-window")
 DEFAULT_OFFLOAD_THRESHOLD = 8000
 LONG_TERM_STORE = "memory-service"
+DURABLE_RUNS = "INACTIVE(no-journal)"
+"""What `durable-runs` reports: redelivery re-drives a crashed run, but no effect journal replays it."""
 """How the long-term-memory state names its store: the memory service's SQLite fact store."""
 
 
@@ -253,7 +256,9 @@ def runtime_state(config: HarnessConfig, agents: Mapping[str, AgentHarness]) -> 
         "planning": inactive,
         "filesystem": inactive,
         "skills": "CONVENTION",
-        "durable-runs": "CONTAINER-MANAGED",
+        # No effect journal is attached: a run whose worker dies is re-driven from its prompt
+        # (tool calls may run again), so "CONTAINER-MANAGED" would claim what is not there.
+        "durable-runs": DURABLE_RUNS,
         "delegation": "INACTIVE(no-coordinator)" if on else "INACTIVE(disabled)",
     }
     for harness in agents.values():

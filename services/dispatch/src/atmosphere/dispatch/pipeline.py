@@ -17,7 +17,8 @@ from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.memory_client import HistoryUnavailableError
 from atmosphere.dispatch.tools import ToolGateway
-from atmosphere.sdk import AgentSpec, AiRequest, BudgetReason, CacheHint, ChatMessage, PromptCache, StreamingSession
+from atmosphere.sdk import AiRequest, CacheHint, ChatMessage, PromptCache, StreamingSession
+from atmosphere.sdk.host import AgentSpec, BudgetReason
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")

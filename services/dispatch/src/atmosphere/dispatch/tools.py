@@ -4,6 +4,9 @@ Order, as in Atmosphere: argument validation → governance check (fail-closed) 
 → approval gate (tools that ask for it) → execution with the tool's deadline → offload of an
 over-long result to the workspace → `tool-result` or `tool-error`. The text returned is what
 the model sees; refusals and failures are JSON (or `Error: ...`) texts, never exceptions.
+A user tool may also ask for approval while it runs (it raises `atmosphere.sdk.ApprovalRequired`;
+the sandbox's reply carries the request): the same gate is held, and an approved call is sent
+again marked approved (`APPROVED_ARGUMENT`), once.
 
 Where a call executes: user tools on `atmo.tool.<name>` (the sandbox), the harness's plan and
 file tools on `atmo.mem.tool.<name>` (memory, with the run's workspace), delegation tools in
@@ -48,6 +51,7 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult as ToolReply
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.schema import check_arguments
 from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
+from atmosphere.sdk.host import APPROVED_ARGUMENT
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -57,6 +61,8 @@ LocalTool = Callable[[dict[str, Any]], Awaitable[str]]
 """A tool executed inside dispatch (delegation): arguments in, text for the model out."""
 
 
+CANCELLED_BY_USER = '{"status":"cancelled","message":"Action cancelled by user"}'
+"""What the model gets for a denied approval (Atmosphere's text)."""
 OFFLOAD_PART_BYTES = 256 * 1024
 """The most UTF-8 bytes of a result saved in one workspace file (memory's per-file limit is 512 KiB)."""
 MAX_OFFLOAD_PARTS = 16
@@ -76,6 +82,26 @@ def _parse_arguments(raw: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return arguments if isinstance(arguments, dict) else None
+
+
+def _approved_arguments(payload_json: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The arguments an approval lets run: as asked, or as the reviewer edited them; None when unusable."""
+    if not payload_json:
+        return arguments
+    try:
+        edited = json.loads(payload_json)
+    except (ValueError, RecursionError):
+        return None
+    edited = edited.get("arguments", edited) if isinstance(edited, dict) else None
+    return edited if isinstance(edited, dict) else None
+
+
+def _approval_asked(reply: ToolReply) -> str | None:
+    """The message of a tool that raised `ApprovalRequired` (its reply carries the request), or None."""
+    for event in reply.events:
+        if event.WhichOneof("kind") == "approval_required":
+            return event.approval_required.message
+    return None
 
 
 def _size_failure(call: ToolCallRequest, exc: BusError) -> str | None:
@@ -181,7 +207,7 @@ class ToolGateway:
             outcome = await self._approved(call, arguments)
             if isinstance(outcome, str):
                 return outcome
-            arguments = outcome
+            arguments = self._marked_approved(call, outcome)
         return await self._execute(call, spec, arguments)
 
     async def _checked_arguments(self, call: ToolCallRequest, spec: ToolSpec) -> tuple[dict[str, Any], str] | str:
@@ -206,9 +232,16 @@ class ToolGateway:
             return await self._fail(call, oversized)
         return arguments, encoded
 
-    async def _approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any] | str:
-        """The arguments as approved (possibly edited), or the text the model gets instead."""
-        outcome = await self._approve(call, arguments)
+    async def _approved(
+        self, call: ToolCallRequest, arguments: dict[str, Any], *, message: str = ""
+    ) -> dict[str, Any] | str:
+        """The arguments as approved (possibly edited), or the text the model gets instead.
+
+        Whatever ends the call here ends it with a frame after its `tool-start`, as an executed
+        call would: `tool-result` for a reviewer's `respond`, `tool-error` for a denial, a
+        timeout or unusable edited arguments.
+        """
+        outcome = await self._approve(call, arguments, message=message)
         if isinstance(outcome, str):
             return outcome
         oversized = self._oversized(call, utf8_len(json.dumps(outcome)), approved=True)
@@ -261,7 +294,9 @@ class ToolGateway:
             )
         return None
 
-    async def _approve(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    async def _approve(
+        self, call: ToolCallRequest, arguments: dict[str, Any], *, message: str = ""
+    ) -> dict[str, Any] | str:
         approval_id = "apr_" + secrets.token_hex(6)
         decision_future = self.control.expect_approval(approval_id)
         await self.emit(
@@ -270,7 +305,7 @@ class ToolGateway:
                     approval_id=approval_id,
                     tool_name=call.name,
                     arguments_json=json.dumps(arguments),
-                    message=f"Allow {call.name} to run with these arguments?",
+                    message=message or f"Allow {call.name} to run with these arguments?",
                     expires_in_seconds=int(self.approval_timeout),
                 )
             )
@@ -278,20 +313,14 @@ class ToolGateway:
         try:
             decision = await asyncio.wait_for(decision_future, self.approval_timeout)
         except TimeoutError:
-            return _text({"status": "timeout", "message": "Approval timed out"})
-        cancelled = _text({"status": "cancelled", "message": "Action cancelled by user"})
+            return await self._fail(call, _text({"status": "timeout", "message": "Approval timed out"}))
         if decision.action in {"approve", "yes"}:
-            if not decision.payload_json:
-                return arguments
-            try:
-                edited = json.loads(decision.payload_json)
-            except (ValueError, RecursionError):
-                return cancelled
-            edited = edited.get("arguments", edited) if isinstance(edited, dict) else None
-            return edited if isinstance(edited, dict) else cancelled
+            edited = _approved_arguments(decision.payload_json, arguments)
+            return edited if edited is not None else await self._fail(call, CANCELLED_BY_USER)
         if decision.action == "respond" and decision.payload_json:
-            return decision.payload_json
-        return cancelled
+            # The reviewer's answer stands in for the tool's: the model and the client get it as the result.
+            return await self._succeed(call, decision.payload_json)
+        return await self._fail(call, CANCELLED_BY_USER)
 
     async def _execute(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
         local = (self.local_tools or {}).get(call.name)
@@ -315,14 +344,21 @@ class ToolGateway:
             reply = await self.bus.request(subject, request, ToolReply, timeout=spec.timeout, headers=self._headers)
         except BusError as exc:
             return await self._fail(call, self._failure_text(call, spec, exc))
+        asked = _approval_asked(reply)
+        if asked is not None:
+            return await self._rerun_approved(call, spec, arguments, asked)
         for side_event in reply.events:  # e.g. the plan-update of write_todos, before the result
             await self.emit(side_event)
         if reply.is_error:
             return await self._fail(call, reply.content)
-        if not reply.result_object:
-            return await self._succeed(call, reply.content)
+        if reply.result_object:
+            return await self._succeed_stored(call, reply.result_object)
+        return await self._succeed(call, reply.content)
+
+    async def _succeed_stored(self, call: ToolCallRequest, name: str) -> str:
+        """End the call with a result the sandbox stored as an object (`_stored_result`)."""
         try:
-            content = await self._stored_result(reply.result_object)
+            content = await self._stored_result(name)
         except BusError as exc:
             log.warning("run %s: the stored result of %s could not be read (%s)", self.run.run_id, call.name, exc)
             message = (
@@ -331,6 +367,23 @@ class ToolGateway:
             )
             return await self._fail(call, message)
         return await self._succeed(call, content)
+
+    def _marked_approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any]:
+        """`arguments` telling a sandbox tool that the user approved the call (`tool_call_approved()`)."""
+        if call.name in self.memory_tools or call.name in (self.local_tools or {}):
+            return arguments  # only the SDK's `Tool.invoke` reads the mark
+        return {**arguments, APPROVED_ARGUMENT: True}
+
+    async def _rerun_approved(
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], message: str
+    ) -> str:
+        """The tool raised `ApprovalRequired`: ask the user, then call it again marked approved (once)."""
+        if arguments.get(APPROVED_ARGUMENT) is True:
+            return await self._fail(call, f"Error: {call.name} asked for approval again after it was approved")
+        outcome = await self._approved(call, arguments, message=message)
+        if isinstance(outcome, str):
+            return outcome
+        return await self._execute(call, spec, self._marked_approved(call, outcome))
 
     async def _stored_result(self, name: str) -> str:
         """A result the sandbox stored as an object because one message could not carry it.

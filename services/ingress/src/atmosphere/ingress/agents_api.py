@@ -57,6 +57,7 @@ from atmosphere.ingress.handlers import (
     require_fits,
     send_approval,
 )
+from atmosphere.ingress.pacing import PacedResponse, Pause, paced
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
@@ -165,11 +166,36 @@ def sse(frame: Frame) -> bytes:
     return f"id: {frame['seq']}\ndata: {json.dumps(frame, separators=(',', ':'))}\n\n".encode()
 
 
-async def _sse_frames(events: AsyncIterator[RunEvent]) -> AsyncIterator[bytes]:
+@dataclass
+class _Sent:
+    """The seq of the last frame an SSE stream sent: where its client resumes."""
+
+    seq: int
+
+
+def _sse_response(
+    state: IngressState, run_id: str, events: AsyncIterator[RunEvent], *, after_seq: int = 0, headers: dict[str, str]
+) -> PacedResponse:
+    """The run's frames as SSE; a comment while it is quiet; a last word when ingress drains."""
+    sent = _Sent(after_seq)
+
+    async def last_words() -> bytes:
+        return _drained(run_id, sent.seq)
+
+    return PacedResponse(
+        _sse_frames(events, sent),
+        keep_alive=state.settings.ingress.sse_keep_alive,
+        draining=state.drain.event,
+        last_words=last_words,
+        headers=headers,
+    )
+
+
+async def _sse_frames(events: AsyncIterator[RunEvent], sent: _Sent) -> AsyncIterator[bytes]:
     try:
         async for event in events:
-            frame = to_frame(event)
-            if frame is not None:
+            if (frame := to_frame(event)) is not None:
+                sent.seq = event.seq
                 yield sse(frame)
     except (StreamGapError, BusError) as exc:
         body = {
@@ -179,6 +205,24 @@ async def _sse_frames(events: AsyncIterator[RunEvent]) -> AsyncIterator[bytes]:
             "detail": type(exc).__name__,
         }
         yield f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _drained(run_id: str, last_seq: int) -> bytes:
+    """The last event of an SSE stream cut by a stopping ingress: the run goes on; resume it by id.
+
+    No `id:` line, so the client's Last-Event-ID stays the last frame it really got.
+    """
+    resume = f"/atmosphere/runs/{run_id}/events"
+    body = {
+        "type": "error",
+        "data": f"The server is restarting; the run goes on: resume at {resume} with Last-Event-ID: {last_seq}",
+        "code": "ingress.draining",
+        "recoverable": True,
+        "runId": run_id,
+        "lastSeq": last_seq,
+        "resume": resume,
+    }
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
 def _prompt_of(raw: bytes) -> Prompt:
@@ -286,9 +330,10 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
 
     close = functools.partial(_close_socket, websocket)
     try:
-        await connection.serve(
-            _receiver(websocket, connection), functools.partial(_send_frame, websocket), close, resume=resume
-        )
+        with state.drain.tracking(connection):
+            await connection.serve(
+                _receiver(websocket, connection), functools.partial(_send_frame, websocket), close, resume=resume
+            )
     except Exception:
         # Never drop the socket without a close frame: its client learns the connection ended.
         log.exception("a WebSocket connection failed")
@@ -406,9 +451,7 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     except BusError as exc:
         log.warning("SSE run %s not submitted: %s", run.run_id, exc)
         return _unavailable()
-    return StreamingResponse(
-        _sse_frames(_starting_with(first, events)), media_type="text/event-stream", headers=headers
-    )
+    return _sse_response(state, run.run_id, _starting_with(first, events), headers=headers)
 
 
 async def _starting_with(first: RunEvent, rest: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
@@ -464,9 +507,8 @@ async def run_events(
     principal = await _authorize_run(state, request, run_id)
     if isinstance(principal, JSONResponse):
         return principal
-    return StreamingResponse(
-        _sse_frames(follow_run(state.bus, run_id, after_seq=after)), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    events = follow_run(state.bus, run_id, after_seq=after)
+    return _sse_response(state, run_id, events, after_seq=after, headers=SSE_HEADERS)
 
 
 async def _authorize_run(state: IngressState, request: Request, run_id: str) -> Principal | JSONResponse:
@@ -539,28 +581,49 @@ async def run_poll(
     principal = await _authorize_run(state, request, run_id)
     if isinstance(principal, JSONResponse):
         return principal
-    deadline = time.monotonic() + min(wait, state.settings.ingress.long_poll_max_wait)
-    frames: list[Frame] = []
-    done = False
-    events = follow_run(state.bus, run_id, after_seq=after)
+    wait = min(wait, state.settings.ingress.long_poll_max_wait)
     try:
-        while not done:
-            budget = deadline - time.monotonic() if not frames else POLL_QUIET
-            if budget <= 0:
-                break
-            try:
-                event = await asyncio.wait_for(anext(events), budget)
-            except (TimeoutError, StopAsyncIteration):
-                break
-            frame = to_frame(event)
-            if frame is not None:
-                frames.append(frame)
-            done = is_terminal(event)
+        frames, done = await _poll_frames(state, run_id, after, wait)
     except (UnknownRunError, StreamGapError, BusError):
         return error(404, f"Run {run_id} cannot be read", "ingress.unknown_run")
+    return PollResult(frames=frames, done=done, after=int(frames[-1]["seq"]) if frames else after)
+
+
+async def _poll_frames(state: IngressState, run_id: str, after: int, wait: float) -> tuple[list[Frame], bool]:
+    """The frames after `after` within `wait` seconds, and whether the run is over.
+
+    A run that ended at or before `after` is over at once (`done`), not a wait for frames
+    that will never come; a stopping ingress answers at once with what it has.
+    """
+    deadline = time.monotonic() + wait
+    frames: list[Frame] = []
+    events = paced(follow_run(state.bus, run_id, after_seq=after), draining=state.drain.event)
+    try:
+        while True:
+            budget = deadline - time.monotonic() if not frames else POLL_QUIET
+            if budget <= 0:
+                return frames, False
+            try:
+                async with asyncio.timeout(budget):
+                    item = await anext(events)
+            except TimeoutError:
+                return frames, False
+            except StopAsyncIteration:
+                # The follower ended without a terminal event after `after`: the run ended before.
+                return frames, await _ended(state, run_id)
+            if isinstance(item, Pause):
+                return frames, False
+            if (frame := to_frame(item)) is not None:
+                frames.append(frame)
+            if is_terminal(item):
+                return frames, True
     finally:
         await events.aclose()
-    return PollResult(frames=frames, done=done, after=int(frames[-1]["seq"]) if frames else after)
+
+
+async def _ended(state: IngressState, run_id: str) -> bool:
+    last = await last_event(state.bus, run_id)
+    return last is not None and is_terminal(last)
 
 
 # -- control -------------------------------------------------------------------------------------

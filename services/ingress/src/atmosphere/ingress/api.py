@@ -20,9 +20,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from atmosphere.bus import BusError
-from atmosphere.ingress import admin_api, agents_api, openai_api, workspace_api
+from atmosphere.ingress import admin_api, agents_api, docs, openai_api, workspace_api
 from atmosphere.ingress.agents_api import start_sse, state_of
 from atmosphere.ingress.openai_wire import OpenAiError
+from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import open_service
@@ -95,16 +96,18 @@ def create_app(
     *,
     info: Callable[[], dict[str, Any]] | None = None,
     stop: asyncio.Event | None = None,
+    drain: Drain | None = None,
 ) -> FastAPI:
     """The ingress ASGI app; its lifespan connects to NATS and answers health and info.
 
-    `stop` is set when the NATS connection closes for good, so the server shuts down.
+    `stop` is set when the NATS connection closes for good, so the server shuts down;
+    `drain` is started when ingress stops, so open streams end and say where to resume.
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_service("ingress", settings, info=info, stop=stop) as runtime:
-            app.state.ingress = state = IngressState.build(settings, runtime)
+            app.state.ingress = state = IngressState.build(settings, runtime, drain=drain)
             sweeping = asyncio.Event()
             sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
             if settings.ai_openai_enabled and not settings.ai_openai_api_key:
@@ -119,7 +122,8 @@ def create_app(
                 sweeping.set()
                 await sweeper
 
-    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan)
+    # `/docs` is served from ingress's own copy of Swagger UI (`docs.py`); ReDoc would need a CDN.
+    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     if settings.ingress.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -152,6 +156,7 @@ def create_app(
         ready = state_of(request).runtime.health.ready
         return JSONResponse({"ready": ready, "service": "ingress"}, status_code=200 if ready else 503)
 
+    app.include_router(docs.router)
     app.include_router(agents_api.router)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
@@ -168,9 +173,12 @@ def create_app(
             *openai_routes,
             *workspace_api.router.routes,
             *admin_api.router.routes,
+            *docs.router.routes,
         )
         if isinstance(r, Route) and "{path:path}" not in r.path
     ]
+
+    openai_prefix = openai_api.router.prefix if settings.ai_openai_enabled else None
 
     # `@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow
     # the routes above.
@@ -192,12 +200,31 @@ def create_app(
     )
     async def endpoint_sse(request: Request, path: str) -> StreamingResponse | JSONResponse:
         """The body is the prompt."""
-        if allowed := _methods_serving(fixed, request):
-            # Shaped like every other 405 by the handler above (OpenAI's shape under its prefix).
-            raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
-        if settings.ai_openai_enabled and request.url.path.startswith(openai_api.router.prefix + "/"):
-            # Under the OpenAI prefix an unknown operation is OpenAI's 404, not an agent endpoint.
-            raise StarletteHTTPException(404, f"Unknown operation {request.url.path}")
+        _refuse_other_routes(request, fixed, openai_prefix=openai_prefix)
         return await start_sse(request, await state_of(request).directory.by_path("/" + path))
 
+    # Without this, the POST catch-all above would make every other request on an unknown
+    # path a 405: it is a 404, and a 405 only where some route serves the path.
+    @app.api_route("/{path:path}", methods=list(OTHER_METHODS), include_in_schema=False)
+    async def unknown_path(request: Request, path: str) -> JSONResponse:
+        _refuse_other_routes(request, fixed, openai_prefix=openai_prefix)
+        if await state_of(request).directory.by_path("/" + path) is not None:
+            # An `@ai_endpoint` path: prompts are POSTed (or sent over its WebSocket).
+            raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})
+        raise StarletteHTTPException(404, "Not Found")
+
     return app
+
+
+OTHER_METHODS = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""Every method but POST, which the `@ai_endpoint` catch-all serves."""
+
+
+def _refuse_other_routes(request: Request, fixed: Sequence[Route], *, openai_prefix: str | None) -> None:
+    """Raise the 405 (a fixed route serves this path with another method) or the OpenAI 404."""
+    if allowed := _methods_serving(fixed, request):
+        # Shaped like every other 405 by the handler above (OpenAI's shape under its prefix).
+        raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+    if openai_prefix is not None and request.url.path.startswith(openai_prefix + "/"):
+        # Under the OpenAI prefix an unknown operation is OpenAI's 404, not an agent endpoint.
+        raise StarletteHTTPException(404, f"Unknown operation {request.url.path}")

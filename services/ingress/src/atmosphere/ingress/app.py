@@ -13,9 +13,15 @@ import uvicorn
 from atmosphere.bus import ConnectionLostError
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.limits import HttpLimits, bounded_protocol
+from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
 
 log = logging.getLogger("atmosphere.ingress")
+
+SHUTDOWN_ROOM = 2
+"""Seconds of the drain grace kept for the lifespan's shutdown after connections are cut."""
+LAST_WORDS = 0.5
+"""Seconds a server past its grace gets to finish on its own before it is cancelled."""
 
 
 class _Server(uvicorn.Server):
@@ -33,7 +39,8 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
         return {"ingress": {"http": _address(server, settings)}, **surfaces(settings)}
 
     options = settings.ingress
-    app = create_app(settings, info=info, stop=stop)
+    drain = Drain()
+    app = create_app(settings, info=info, stop=stop, drain=drain)
     config = uvicorn.Config(
         app,
         host=options.host,
@@ -41,25 +48,30 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
         lifespan="on",
         log_config=None,
         access_log=False,
-        # h11, bounded (`limits.py`): head sizes, deadlines, a connection cap, JSON refusals.
+        # httptools (llhttp, in C), bounded (`limits.py`): head sizes, deadlines, a connection
+        # cap, JSON refusals.
         http=bounded_protocol(http_limits(settings)),
-        h11_max_incomplete_event_size=options.max_header_bytes,
         timeout_keep_alive=max(1, round(options.keep_alive_timeout)),  # the protocol keeps the exact value
         # Per-message deflate keeps a zlib context per socket: costly for idle connections.
         ws_per_message_deflate=False,
         # Messages up to twice the limit are still read and refused with an error frame (the
         # socket stays open); beyond that the protocol closes the socket with 1009.
         ws_max_size=2 * options.max_message_bytes,
+        # Streams are ended by the drain at once; a connection still open this long is cut,
+        # leaving the rest of the grace for the lifespan's own shutdown (closing the bus).
+        timeout_graceful_shutdown=max(1, int(options.drain_grace) - SHUTDOWN_ROOM),
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if server.started:
-        log.info("ingress stopping")
-    server.should_exit = True
     stopping.cancel()
-    await serving
+    if server.started:
+        log.info("ingress stopping: draining open streams (grace %.0f s)", options.drain_grace)
+        _stop_listening(server)
+        drain.start()
+    server.should_exit = True
+    await _within_grace(server, serving, options.drain_grace)
     if not server.started:
         msg = "ingress failed to start (see the log above)"
         raise RuntimeError(msg)
@@ -68,6 +80,31 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
         # The lifespan already logged it; exit non-zero so that the supervisor starts afresh.
         msg = "ingress: the NATS connection closed for good"
         raise ConnectionLostError(msg)
+
+
+def _stop_listening(server: uvicorn.Server) -> None:
+    """Refuse new connections from now on: a stopping replica takes no new clients."""
+    for listener in getattr(server, "servers", []):
+        listener.close()
+
+
+async def _within_grace(server: uvicorn.Server, serving: asyncio.Task[None], grace: float) -> None:
+    """Wait for the server to stop; past `grace` seconds, cut whatever is still open.
+
+    Drained streams end at once, so this normally takes a moment; the bound is what keeps a
+    rolling update inside the orchestrator's own grace (Kubernetes kills after 30 s).
+    """
+    try:
+        await asyncio.wait_for(asyncio.shield(serving), grace - LAST_WORDS)
+    except TimeoutError:
+        log.warning("ingress still busy after %.0f s of draining: exiting anyway", grace)
+        server.force_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(serving), LAST_WORDS)
+        except TimeoutError:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
 
 
 def http_limits(settings: IngressSettings) -> HttpLimits:

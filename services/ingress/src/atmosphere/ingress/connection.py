@@ -3,7 +3,8 @@
 A connection may resume a run on connect (its id and the last seq the client saw), start new
 runs, and answer approvals. Closing cleanly (close codes 1000/1001) cancels the connection's
 unfinished runs; a dropped connection leaves them running so the client can resume them.
-A client too slow for its frames is closed with code 4008 and can resume by run id.
+A client too slow for its frames is closed with code 4008 and can resume by run id; a stopping
+ingress closes every connection with 1012, naming the runs to resume elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError
-from atmosphere.bus.runs import StreamGapError, SubmitError, UnknownRunError, cancel_run, follow_run
+from atmosphere.bus.runs import (
+    StreamGapError,
+    SubmitError,
+    UnknownRunError,
+    cancel_run,
+    follow_run,
+    is_terminal,
+    last_event,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
@@ -24,6 +33,7 @@ from atmosphere.ingress.handlers import (
     ApprovalReply,
     InboundError,
     Prompt,
+    close_reason,
     new_run_request,
     parse_inbound,
     require_fits,
@@ -34,6 +44,8 @@ from atmosphere.ingress.handlers import (
 log = logging.getLogger("atmosphere.ingress")
 
 SLOW_CLIENT_CODE = 4008
+SERVICE_RESTART_CODE = 1012
+"""RFC 6455 "service restart": ingress is stopping; reconnect (to another replica) and resume."""
 CLEAN_CLOSE_CODES = frozenset({1000, 1001})
 
 
@@ -135,6 +147,24 @@ class Connection:
             return
         self._follow(run_id, after_seq=after_seq)
 
+    def drain(self) -> None:
+        """Ingress is stopping: close with 1012, naming the runs to resume on another replica.
+
+        Unfinished runs are left running (a 1012 is not a clean close), so the client resumes
+        them by id; frames already queued are dropped, the stream still holds them.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        unfinished = [r for r, t in self.runs.items() if not t.done()]
+        reason = (
+            f"Server restarting; resume with X-Atmosphere-Run-Id: {', '.join(unfinished)}"
+            if unfinished
+            else "Server restarting; reconnect"
+        )
+        _drop_queued(self._outbound)
+        self._outbound.put_nowait(_Close(SERVICE_RESTART_CODE, close_reason(reason)))
+
     def reject(self, message: str, *, code: str = "ingress.bad_request") -> None:
         """Answer an unusable inbound message with an error frame; the socket stays open."""
         self._enqueue(error_frame(message, code=code))
@@ -195,14 +225,18 @@ class Connection:
 
     async def _pump(self, run_id: str, after_seq: int, submit: RunRequest | None) -> None:
         session_id = submit.session_id if submit is not None else ""
+        followed = False
         try:
             async for event in follow_run(self.bus, run_id, after_seq=after_seq, submit=submit):
+                followed = True
                 if event.WhichOneof("kind") == "approval_required":
                     # A sub-agent's approval is answered to the sub-run that waits for it.
                     self.approvals[event.approval_required.approval_id] = event.origin_run_id or run_id
                 frame = to_frame(event)
                 if frame is not None:
                     self._enqueue(frame)
+            if submit is None and not followed:
+                await self._answer_resume_past_end(run_id)
         except UnknownRunError:
             self._enqueue(error_frame(f"Unknown run {run_id}", code="ingress.unknown_run"))
         except StreamGapError as exc:
@@ -230,6 +264,21 @@ class Connection:
             )
             self._enqueue({**frame, "runId": run_id})
 
+    async def _answer_resume_past_end(self, run_id: str) -> None:
+        """Answer a resume at (or past) the end of a finished run with its terminal frame again.
+
+        The client learns that the run is over instead of waiting on a silent socket.
+        """
+        last = await last_event(self.bus, run_id)
+        frame = to_frame(last) if last is not None and is_terminal(last) else None
+        if frame is None:
+            # Nothing came and the run has not ended: the live subscription itself closed.
+            frame = error_frame(
+                f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume",
+                code="ingress.unavailable",
+            )
+        self._enqueue({**frame, "runId": run_id})
+
     def _enqueue(self, frame: Frame) -> None:
         if self._closing:
             return
@@ -253,3 +302,8 @@ class Connection:
                 await send(item)
             except ClientGoneError:
                 return
+
+
+def _drop_queued(queue: asyncio.Queue[Frame | _Close]) -> None:
+    while not queue.empty():
+        queue.get_nowait()

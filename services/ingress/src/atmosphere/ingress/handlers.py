@@ -6,7 +6,6 @@ Following a run's event stream (`follow_run`, the heart of resumable streams) li
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -16,12 +15,11 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import Bus, BusError, subjects
+from atmosphere.bus import Bus
 from atmosphere.bus.runs import send_control
 from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalDecision,
     Control,
@@ -221,67 +219,6 @@ def new_run_request(
         transport=transport,
         path=path,
     )
-
-
-class AgentDirectory:
-    """Which agents exist and where, from the `ATMO_AGENTS` bucket that dispatch fills."""
-
-    def __init__(self, bus: Bus, *, ttl: float = 2.0, miss_ttl: float = 0.25) -> None:
-        """Read from `bus`, caching the bucket for `ttl` seconds (`miss_ttl` after a miss).
-
-        A miss re-reads sooner, so an agent whose dispatch just started is found within a
-        quarter second, while a burst of requests for a name that does not exist still costs
-        at most four bucket reads a second.
-        """
-        self._bus = bus
-        self._ttl = ttl
-        self._miss_ttl = miss_ttl
-        self._loaded: float | None = None
-        """When the bucket was last read (None: never; not 0.0, which is "recent" on a fresh boot)."""
-        self._by_name: dict[str, AgentDescriptor] = {}
-        self._reading: asyncio.Task[None] | None = None
-
-    async def _refresh(self, ttl: float | None = None) -> None:
-        fresh = self._loaded is not None and time.monotonic() - self._loaded < (self._ttl if ttl is None else ttl)
-        if fresh:
-            return
-        # One read for everyone who needs it now: while the broker does not answer, a hundred
-        # handshakes wait out one timeout together, not a hundred timeouts in turn.
-        if self._reading is None or self._reading.done():
-            self._reading = asyncio.create_task(self._read())
-        await asyncio.shield(self._reading)
-
-    async def _read(self) -> None:
-        try:
-            self._by_name = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
-        except BusError:
-            if self._loaded is None:
-                raise
-            # What was read before still names the agents: better than refusing everyone.
-            log.warning("the agent directory could not be re-read; using the last copy")
-            return
-        self._loaded = time.monotonic()
-
-    async def all(self, *, after_miss: bool = False) -> list[AgentDescriptor]:
-        """Every agent, by name; `after_miss` when the caller did not find what it looked for."""
-        await self._refresh(self._miss_ttl if after_miss else None)
-        return [self._by_name[name] for name in sorted(self._by_name)]
-
-    async def lookup(self, name: str) -> AgentDescriptor | None:
-        """The agent `name`, or None when no dispatch ever served it."""
-        await self._refresh()
-        if name not in self._by_name:
-            await self._refresh(self._miss_ttl)
-        return self._by_name.get(name)
-
-    async def by_path(self, path: str) -> AgentDescriptor | None:
-        """The agent served at `path` (an `@ai_endpoint` path or `/atmosphere/agent/<name>`)."""
-        await self._refresh()
-        found = next((d for d in self._by_name.values() if d.path == path), None)
-        if found is None:
-            await self._refresh(self._miss_ttl)
-            found = next((d for d in self._by_name.values() if d.path == path), None)
-        return found
 
 
 async def send_approval(

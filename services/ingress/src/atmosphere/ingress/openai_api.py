@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from atmosphere.ingress.openai_wire import (
     sse_data,
     unavailable,
 )
+from atmosphere.ingress.pacing import Drain, PacedResponse
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
@@ -127,11 +128,12 @@ class _Run:
     run: RunRequest
     events: AsyncGenerator[RunEvent, None]
     completion: Completion
+    deadline: float
+    """`time.monotonic()` by which the answer must be complete."""
     text: list[str] = field(default_factory=list)
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     )
-    deadline: float = 0.0
     finished: bool = False
 
     async def next(self) -> RunEvent | None:
@@ -309,20 +311,52 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
     )
     handed_over = False
     try:
-        response = await _respond(active, chat)
+        response = await _unless_draining(state.drain, _respond(active, chat))
         handed_over = isinstance(response, StreamingResponse)
         return response
-    except TimeoutError:
-        return _answer(_unavailable("The agent did not answer in time."))
-    except PayloadTooLargeError:
-        return _answer(OpenAiError(413, "The request is too large to run.", code="payload_too_large"))
-    except (BusError, StreamGapError):
-        return _answer(_unavailable("The agent is unavailable right now; try again."))
-    except RunRestartedError:
-        return _answer(_unavailable("The agent restarted in the middle of the answer; send the request again."))
+    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, RunRestartedError) as exc:
+        return _answer(_failure(exc))
     finally:
         if not handed_over:
             await active.close()
+
+
+def _failure(exc: Exception) -> OpenAiError:
+    """The OpenAI error for a completion that could not be answered."""
+    if isinstance(exc, PayloadTooLargeError):
+        return OpenAiError(413, "The request is too large to run.", code="payload_too_large")
+    if isinstance(exc, DrainingError):
+        return _unavailable("The server is restarting; send the request again.")
+    if isinstance(exc, TimeoutError):
+        return _unavailable("The agent did not answer in time.")
+    if isinstance(exc, RunRestartedError):
+        return _unavailable("The agent restarted in the middle of the answer; send the request again.")
+    return _unavailable("The agent is unavailable right now; try again.")
+
+
+class DrainingError(Exception):
+    """Ingress began to stop before the answer started."""
+
+
+async def _unless_draining(
+    drain: Drain, answering: Coroutine[Any, Any, JSONResponse | StreamingResponse]
+) -> JSONResponse | StreamingResponse:
+    """`answering`'s response, unless ingress drains first (a whole answer may take minutes).
+
+    Raises `DrainingError` then, after stopping `answering`.
+    """
+    answer = asyncio.create_task(answering)
+    drained = asyncio.create_task(drain.event.wait())
+    try:
+        await asyncio.wait({answer, drained}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        drained.cancel()
+        if not answer.done():
+            answer.cancel()
+            await asyncio.gather(answer, return_exceptions=True)
+    if answer.cancelled():
+        raise DrainingError
+    return answer.result()
 
 
 async def _respond(active: _Run, chat: ChatRequest) -> JSONResponse | StreamingResponse:
@@ -336,11 +370,7 @@ async def _respond(active: _Run, chat: ChatRequest) -> JSONResponse | StreamingR
         return _answer(_run_error(first))
     if not chat.stream:
         return await _whole(active, first)
-    return StreamingResponse(
-        _stream(active, first),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return _paced(active, first, chat)
 
 
 async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
@@ -361,7 +391,28 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
     return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
 
 
-async def _stream(active: _Run, first: RunEvent) -> AsyncIterator[bytes]:
+def _paced(active: _Run, first: RunEvent, chat: ChatRequest) -> PacedResponse:
+    """The completion's chunks, a comment while the agent is quiet (a tool call), an end when ingress drains.
+
+    An OpenAI client cannot resume a completion: a draining ingress ends it with a retryable
+    error (the run is cancelled as the stream closes, as for a client that went away), so the
+    client sends it again.
+    """
+
+    async def last_words() -> bytes:
+        failure = unavailable("The server is restarting; send the request again.")
+        return sse_data(failure.body()) + sse_data("[DONE]")
+
+    return PacedResponse(
+        _stream(active, first, chat),
+        keep_alive=active.state.settings.ingress.sse_keep_alive,
+        draining=active.state.drain.event,
+        last_words=last_words,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIterator[bytes]:
     completion = active.completion
     try:
         yield sse_data(completion.chunk({"role": "assistant", "content": ""}))
@@ -384,7 +435,9 @@ async def _stream(active: _Run, first: RunEvent) -> AsyncIterator[bytes]:
             event = await active.next()
         yield sse_data(completion.chunk({}, finish_reason))
         usage = active.counted_usage
-        if usage:
+        if usage and chat.include_usage:
+            # Only when asked: a chunk with empty `choices` breaks the common `chunk.choices[0]`
+            # loop; and only with counts, since no counts are not zero tokens.
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
     except (TimeoutError, BusError, StreamGapError, RunRestartedError) as exc:

@@ -97,6 +97,8 @@ class ChatRequest:
     prior: list[dict[str, str]] = field(default_factory=list)
     """Earlier turns as `{role, content}` (client system messages included, as history)."""
     stream: bool = False
+    include_usage: bool = False
+    """`stream_options.include_usage`: end the stream with a usage chunk (`choices: []`)."""
     user: str | None = None
 
 
@@ -210,13 +212,37 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise OpenAiError(400, "'stream' must be a boolean.", param="stream")
+    include_usage = _include_usage(body.get("stream_options"))
     messages = _messages(body.get("messages"))
     last = messages[-1]
     if last["role"] != "user" or not last["content"].strip():
         raise OpenAiError(400, "The last message must be a user message with content.", param="messages")
     model = (body.get("model") or "").strip() or None
     user = (body.get("user") or "").strip() or None
-    return ChatRequest(model=model, prompt=last["content"], prior=messages[:-1], stream=bool(stream), user=user)
+    return ChatRequest(
+        model=model,
+        prompt=last["content"],
+        prior=messages[:-1],
+        stream=bool(stream),
+        include_usage=bool(stream) and include_usage,
+        user=user,
+    )
+
+
+def _include_usage(options: Any) -> bool:
+    """`stream_options.include_usage`; only a usage chunk the client asked for is sent.
+
+    A chunk with empty `choices` breaks the common `chunk.choices[0]` loop of clients that
+    did not ask for one.
+    """
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise OpenAiError(400, "'stream_options' must be an object.", param="stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise OpenAiError(400, "'stream_options.include_usage' must be a boolean.", param="stream_options")
+    return bool(include)
 
 
 def resolve_target(
@@ -268,6 +294,9 @@ def error_for_run(
         return OpenAiError(403, message, code="request_blocked")
     if code.startswith("provider."):
         return _provider_error(code, message, retryable=retryable, details=details)
+    if code == "runtime.unavailable":
+        # No model is configured: the message names the setting, and retrying cannot help.
+        return OpenAiError(503, message, type_="server_error", code="service_unavailable")
     if retryable or code.endswith(".unavailable"):
         return unavailable("The agent is unavailable right now; try again.", retry_after=_retry_after(details))
     return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")

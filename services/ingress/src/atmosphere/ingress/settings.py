@@ -53,6 +53,10 @@ class IngressOptions(BaseModel):
     """Seconds an idle keep-alive HTTP connection stays open."""
     max_connections: int = Field(default=4096, ge=1)
     """Open connections (HTTP and WebSocket) per ingress process; beyond it requests get 503."""
+    sse_keep_alive: float = Field(default=15.0, gt=0, le=3600)
+    """Seconds an SSE stream may stay quiet before a `: keep-alive` comment, so proxies keep it open."""
+    drain_grace: float = Field(default=20.0, ge=2, le=600)
+    """Seconds a stopping ingress (SIGTERM) gives open streams to end before it exits (below Kubernetes' 30 s)."""
 
 
 class IngressSettings(ServiceSettings):

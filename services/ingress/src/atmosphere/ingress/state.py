@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from atmosphere.bus import Bus
 from atmosphere.ingress.auth import AdminGate, Authenticator
 from atmosphere.ingress.conversations import ConversationTracker
-from atmosphere.ingress.handlers import AgentDirectory
+from atmosphere.ingress.directory import AgentDirectory
+from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.service import ServiceRuntime
 
@@ -24,6 +25,8 @@ class IngressState:
     admin_gate: AdminGate
     openai_permits: asyncio.Semaphore
     conversations: ConversationTracker
+    drain: Drain
+    """Set when ingress stops: open streams end and say where to resume."""
 
     @property
     def bus(self) -> Bus:
@@ -31,7 +34,7 @@ class IngressState:
         return self.runtime.bus
 
     @classmethod
-    def build(cls, settings: IngressSettings, runtime: ServiceRuntime) -> IngressState:
+    def build(cls, settings: IngressSettings, runtime: ServiceRuntime, *, drain: Drain | None = None) -> IngressState:
         """Everything from the settings and the running service."""
         return cls(
             settings=settings,
@@ -41,4 +44,5 @@ class IngressState:
             admin_gate=AdminGate(settings.admin_http_read_auth_required, settings.admin_token),
             openai_permits=asyncio.Semaphore(settings.ai_openai_max_concurrent),
             conversations=ConversationTracker(runtime.bus, idle_timeout=settings.ingress.conversation_idle_timeout),
+            drain=drain or Drain(),
         )

@@ -10,6 +10,10 @@ raw errors back to the model).
 Argument coercion: a string is used as is; an int or float is stringified (models sometimes send
 `"path": 2024`); any other value (bool, list, object) is `Error: '<name>' must be a string`.
 
+Unknown arguments are refused, as the user tools' schemas refuse them: `ls({"path": "notes"})` is
+`Error: ls got an unknown argument 'path' (it takes: dir)`, never a silent listing of the root.
+The arguments a tool takes are those of its SDK schema.
+
 Reading in pages: a file may be larger than one bus message can carry (the broker's limit can
 be below the store's per-file limit). Then `read_file` returns the part that fits and a marker
 naming the `offset` to read on from; `offset` (characters, default 0) is accepted on every read.
@@ -24,14 +28,26 @@ from typing import Final
 
 from atmosphere.bus.sizes import head, utf8_len
 from atmosphere.memory.filesystem import FileSystem, WorkspaceError
+from atmosphere.sdk.builtin_tools import FILE_TOOLS, unknown_arguments
+from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.memory.file_tools")
 
 UNAVAILABLE: Final = "File tools unavailable: no agent filesystem is bound to this session."
 
+_SPECS: Final[Mapping[str, ToolSpec]] = {spec.name: spec for spec in FILE_TOOLS}
+"""The file tools as the model sees them (the SDK's one definition): the arguments each takes."""
+
 
 class _ArgumentError(Exception):
     """An argument the model must fix; the message follows `Error: `."""
+
+
+def _refuse_unknown(name: str, arguments: Mapping[str, object]) -> None:
+    """Refuse arguments tool `name` does not take (a model's typo, e.g. `ls({"path": ...})`)."""
+    problem = unknown_arguments(_SPECS[name], arguments)
+    if problem is not None:
+        raise _ArgumentError(f"{name} {problem}")
 
 
 def _argument(arguments: Mapping[str, object], name: str) -> str | None:
@@ -182,6 +198,7 @@ def run_file_tool(
     if handler is _read_file:
         handler = functools.partial(_read_file, max_bytes=max_bytes)
     try:
+        _refuse_unknown(name, arguments)
         return handler(fs, arguments)
     except (_ArgumentError, WorkspaceError) as exc:
         return f"Error: {exc}"

@@ -296,11 +296,12 @@ class MemoryHandlers:
         try:
             store = self._workspaces.plans(scope)
         except WorkspaceError as exc:
-            return ToolResult(call_id=call.call_id, content=f"write_todos failed: {exc}")
+            return ToolResult(call_id=call.call_id, content=f"write_todos failed: {exc}", is_error=True)
         agent_id = scope.agent_id or call.agent or "default"
         conversation = scope.conversation_id or "default"
         text, plan = await asyncio.to_thread(run_write_todos, store, agent_id, conversation, arguments)
-        result = ToolResult(call_id=call.call_id, content=text)
+        # A refused plan is a failed call (a `tool-error` frame), as a refused file operation is.
+        result = ToolResult(call_id=call.call_id, content=text, is_error=plan is None)
         if plan is not None:
             result.events.append(
                 RunEvent(plan_update=plan_update(plan, conversation_id=conversation, agent_id=agent_id))

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from atmosphere.sdk.builtin_tools import WRITE_TODOS, unknown_arguments
+
 if TYPE_CHECKING:
     from atmosphere.memory.planstore import PlanStore
 
@@ -127,9 +129,14 @@ def parse_write_todos(arguments: Mapping[str, object] | None) -> AgentPlan:
     """Parse `write_todos` arguments: lenient on shape, strict on structure.
 
     Raises:
-        PlanError: `todos` is missing or not an array, an item is not an object, or has no content.
+        PlanError: an argument it does not take (a model's typo must not pass unnoticed, as it
+            would not for a user tool), `todos` is missing or not an array, an item is not an
+            object, or has no content.
     """
     args: Mapping[str, object] = arguments if arguments is not None else {}
+    unknown = unknown_arguments(WRITE_TODOS, args)
+    if unknown is not None:
+        raise PlanError(unknown)
     todos = _coerce_todos(args.get("todos"))
     if not isinstance(todos, list):
         raise PlanError(_TODOS_REQUIRED)

@@ -7,13 +7,12 @@ import asyncio
 from atmosphere.bus import subjects
 from atmosphere.sandbox.handlers import ToolHost, descriptors, runtime_info
 from atmosphere.sandbox.settings import SandboxSettings
-from atmosphere.sdk import load_app
-from atmosphere.service import open_service
+from atmosphere.service import load_service_app, open_service
 
 
 async def serve(settings: SandboxSettings, *, stop: asyncio.Event) -> None:
     """Run sandbox until `stop` is set."""
-    tools = load_app(settings.app, app_dir=settings.app_dir).tools
+    tools = load_service_app(settings.app, settings.app_dir).tools
     async with open_service("sandbox", settings, info=lambda: runtime_info(tools), stop=stop) as runtime:
         for descriptor in descriptors(tools):
             await runtime.bus.kv_put(subjects.TOOLS_BUCKET, descriptor.name, descriptor)

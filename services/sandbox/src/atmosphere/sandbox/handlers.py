@@ -1,7 +1,10 @@
 """Hosting the app's `@tool` functions on `atmo.tool.<name>`.
 
 A failing tool is an answer, not a crash: bad arguments, exceptions and timeouts come back as
-`ToolResult(is_error=True)` with an `Error: ...` text for the model — never a traceback.
+`ToolResult(is_error=True)` with an `Error: ...` text for the model — never a traceback. A
+tool's own signals (`atmosphere.sdk.ToolError`, `ModelRetry`) are such failures with the exact
+text the tool chose; `ApprovalRequired` is no failure: the reply carries an `approval_required`
+event, and dispatch asks the user and calls the tool again once approved.
 
 A result travels whole. One that fits in one bus message, with room for the run event dispatch
 wraps around it (`atmosphere.bus.sizes.data_budget`), is the reply's `content`; a larger one is
@@ -24,8 +27,11 @@ from typing import Any, Final
 from atmosphere.bus import Bus, BusError, MessageContext, Router, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget, utf8_len
 from atmosphere.bus.text import replace_lone_surrogates
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired as ApprovalRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolResult
-from atmosphere.sdk import Tool, ToolArgumentsError
+from atmosphere.sdk import ApprovalRequired, Tool
+from atmosphere.sdk.host import ToolArgumentsError, ToolSignal
 
 log = logging.getLogger("atmosphere.sandbox")
 
@@ -103,12 +109,19 @@ class ToolHost:
             return _failure(call, "Error: the arguments are not valid JSON")
         if not isinstance(arguments, dict):
             return _failure(call, "Error: the arguments must be a JSON object")
+        return await self._invoke(tool, call, arguments)
+
+    async def _invoke(self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         try:
             content = await asyncio.wait_for(tool.invoke(arguments), tool.timeout)
         except ToolArgumentsError as exc:
             return _failure(call, json.dumps({"error": "invalid_arguments", "tool": tool.name, "details": exc.details}))
         except TimeoutError:
             return _failure(call, f"Error: {tool.name} did not finish within {tool.timeout:g}s")
+        except ApprovalRequired as exc:
+            return _approval_request(call, exc.message)
+        except ToolSignal as exc:  # the tool's own words, meant for the model
+            return _failure(call, exc.model_text())
         except Exception as exc:
             log.warning("tool %s failed on run %s", tool.name, call.run_id, exc_info=True)
             return _failure(call, f"Error: {str(exc) or type(exc).__name__}")
@@ -120,6 +133,12 @@ class ToolHost:
         for tool in self._tools.values():
             router.add(subjects.tool(tool.name), ToolCall, self._handler(tool))
         return router
+
+
+def _approval_request(call: ToolCall, message: str) -> ToolResult:
+    """The reply of a tool that raised `ApprovalRequired`: dispatch asks the user with `message`."""
+    request = ApprovalRequest(tool_name=call.name, arguments_json=call.arguments_json, message=message)
+    return ToolResult(call_id=call.call_id, events=[RunEvent(approval_required=request)])
 
 
 def _failure(call: ToolCall, message: str) -> ToolResult:

@@ -34,7 +34,8 @@ from atmosphere.dispatch.runtime.provider import (
     ToolCallBuffer,
     stream_round,
 )
-from atmosphere.sdk import AiCapability, OnMaxIterations, StreamingSession
+from atmosphere.sdk import OnMaxIterations, StreamingSession
+from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest
 
 log = logging.getLogger("atmosphere.dispatch.runtime")
@@ -66,6 +67,11 @@ class ToolLoopExhaustedError(Exception):
     """The model kept asking for tools past a strict cap."""
 
 
+def is_http_url(url: str | None) -> bool:
+    """Whether `url` is one the built-in runtime can call (`http://` or `https://`)."""
+    return bool(url) and str(url).lower().startswith(("http://", "https://"))
+
+
 class BuiltInAgentRuntime(AgentRuntime):
     """Any OpenAI-compatible provider (`LLM_BASE_URL`), over one pooled httpx client."""
 
@@ -78,8 +84,8 @@ class BuiltInAgentRuntime(AgentRuntime):
         self._client: httpx.AsyncClient | None = None
 
     def is_available(self) -> bool:
-        """Available when a provider URL is configured."""
-        return bool(self.config.base_url)
+        """Available when an http(s) provider URL is configured (any other cannot be called)."""
+        return is_http_url(self.config.base_url)
 
     def capabilities(self) -> frozenset[AiCapability]:
         """Each flag is pinned by the runtime contract suite (`atmosphere.testing`)."""

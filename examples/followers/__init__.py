@@ -1,0 +1,1 @@
+"""Outside subscribers of the bus: plain NATS clients, no Atmosphere runtime."""

@@ -1,0 +1,60 @@
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from atmosphere.cli.__main__ import main
+from atmosphere.cli.new import AGENTS, TEST
+
+README = Path(__file__).resolve().parents[4] / "README.md"
+
+
+def readme_block(name: str) -> str:
+    found = re.search(rf"<!-- own-project:{name} -->\s*```\w+\n(.*?)```", README.read_text(), re.DOTALL)
+    assert found, f"README.md has no own-project:{name} block"
+    return found[1]
+
+
+def test_the_starter_is_the_readme_project() -> None:
+    assert AGENTS.format(package="mypkg") == readme_block("agent")
+    assert TEST.format(package="mypkg") == readme_block("test")
+
+
+def test_new_writes_a_project_whose_own_test_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "p-starter-demo"
+    assert main(["new", str(target)]) == 0
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == [
+        "README.md",
+        "p_starter_demo/__init__.py",
+        "p_starter_demo/agents.py",
+        "tests/test_agents.py",
+    ]
+    assert "--app p_starter_demo.agents:app" in (target / "README.md").read_text()
+    assert "wrote" in capsys.readouterr().out
+    monkeypatch.syspath_prepend(str(target))
+    spec = importlib.util.spec_from_file_location("p_starter_demo_test", target / "tests" / "test_agents.py")
+    assert spec is not None
+    assert spec.loader is not None
+    generated = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(generated)
+        generated.test_the_counter_calls_its_tool()  # the starter's own test, as pytest would run it
+    finally:
+        for name in ("p_starter_demo", "p_starter_demo.agents"):
+            sys.modules.pop(name, None)
+
+
+def test_new_never_overwrites_and_refuses_a_bad_package_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "README.md").write_text("mine")
+    assert main(["new", str(tmp_path), "--package", "demo"]) == 1
+    assert "not overwriting" in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == "mine"
+    assert not (tmp_path / "demo").exists()
+    assert main(["new", str(tmp_path / "x"), "--package", "class"]) == 1
+    assert "'class' is not a valid Python package name" in capsys.readouterr().err

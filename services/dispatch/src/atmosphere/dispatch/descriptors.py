@@ -1,0 +1,70 @@
+"""Keeping this dispatch's agent descriptors in `ATMO_AGENTS` for as long as it serves them.
+
+The bucket's entries expire `max_age` seconds after their last write (the layout's
+`agents_max_age_seconds`), so a descriptor lives only while some dispatch keeps rewriting it:
+every third of the age, here. When the last dispatch serving an agent stops or dies, the agent
+drops out of every list (`/atmosphere/v1/models`, `/api/admin/agents`) and ingress refuses
+prompts to it up front, instead of accepting them for a worker that will never come. Several
+replicas serving one agent simply rewrite the same entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+from atmosphere.bus import Bus, BusError, subjects
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+
+log = logging.getLogger("atmosphere.dispatch")
+
+REFRESHES_PER_AGE = 3
+"""Rewrites per max age: two may be late or lost (a broker restart) before an agent drops out."""
+
+
+async def publish_descriptors(bus: Bus, descriptors: Sequence[AgentDescriptor]) -> None:
+    """Write every descriptor once (its expiry starts again)."""
+    for descriptor in descriptors:
+        await bus.kv_put(subjects.AGENTS_BUCKET, descriptor.name, descriptor)
+
+
+@contextlib.asynccontextmanager
+async def live_descriptors(bus: Bus, descriptors: Sequence[AgentDescriptor], *, max_age: float) -> AsyncIterator[None]:
+    """Publish `descriptors` now, then rewrite them every `max_age / 3` seconds until the context ends.
+
+    The first write must succeed (a dispatch whose agents cannot be found is not ready); a later
+    one that fails is logged and tried again at the next tick. `max_age` 0 means entries never
+    expire: they are written once.
+    """
+    await publish_descriptors(bus, descriptors)
+    if max_age <= 0:
+        yield
+        return
+    refresher = asyncio.create_task(_refresh(bus, descriptors, max_age / REFRESHES_PER_AGE), name="agent-descriptors")
+    try:
+        yield
+    finally:
+        refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresher
+
+
+async def _refresh(bus: Bus, descriptors: Sequence[AgentDescriptor], interval: float) -> None:
+    failing = False
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await publish_descriptors(bus, descriptors)
+        except BusError as exc:
+            if not failing:  # once per outage, not once per tick
+                log.warning("agent descriptors could not be rewritten (%s); retrying every %.1fs", exc, interval)
+            failing = True
+        except Exception:
+            # Never let the refresher die: its agents would silently drop out of every list.
+            log.exception("rewriting the agent descriptors failed unexpectedly; retrying")
+        else:
+            if failing:
+                log.info("agent descriptors rewritten again")
+            failing = False

@@ -1,0 +1,120 @@
+"""Every distribution installs on its own: it declares what it imports, with floors the code needs.
+
+A workspace hides a missing dependency (everything is installed together), so the declarations
+are checked against the imports of each distribution's source instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMBERS = sorted([*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")])
+OPTIONAL = {
+    "atmosphere-ai-cli": {"llama-cpp-python"},  # the local model: only when it is installed
+    "atmosphere-ai-testing": {"docker"},  # docker-marked tests only (testcontainers brings it)
+}
+
+
+def project(pyproject: Path) -> dict[str, Any]:
+    table: dict[str, Any] = tomllib.loads(pyproject.read_text())["project"]
+    return table
+
+
+def declared(meta: dict[str, Any]) -> set[str]:
+    requirements = [*meta.get("dependencies", [])]
+    for extra in meta.get("optional-dependencies", {}).values():
+        requirements += extra
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
+
+
+def imported_modules(src: Path) -> set[str]:
+    """Top-level names of every import (module level or inside functions) under `src`."""
+    found: set[str] = set()
+    for path in src.rglob("*.py"):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+    return found
+
+
+def required_distributions(modules: set[str]) -> set[str]:
+    owners = packages_distributions()
+    needed: set[str] = set()
+    for module in modules:
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__":
+            continue
+        if top == "atmosphere":
+            needed.add(f"atmosphere-ai-{module.split('.')[1]}")
+            continue
+        needed |= {canonicalize_name(d) for d in owners.get(top, [top])}
+    return needed
+
+
+@pytest.mark.parametrize("pyproject", MEMBERS, ids=lambda p: p.parent.name)
+def test_each_distribution_declares_what_it_imports(pyproject: Path) -> None:
+    meta = project(pyproject)
+    name = meta["name"]
+    module = pyproject.parent / "src" / "atmosphere" / pyproject.parent.name
+    needed = required_distributions(imported_modules(module)) - {name}
+    missing = needed - declared(meta) - OPTIONAL.get(name, set())
+    assert missing == set(), f"{name} imports {sorted(missing)} without declaring them"
+
+
+@pytest.mark.parametrize("pyproject", MEMBERS, ids=lambda p: p.parent.name)
+def test_each_distribution_has_a_free_consistent_name_a_license_a_readme_and_types(pyproject: Path) -> None:
+    meta = project(pyproject)
+    base = pyproject.parent
+    # `atmosphere-cli` and `atmosphere` are other projects on the public index.
+    assert meta["name"] == f"atmosphere-ai-{base.name}"
+    assert meta["license"] == "Apache-2.0"
+    assert "Apache License" in (base / "LICENSE").read_text()
+    assert (base / meta["readme"]).read_text().startswith(f"# {meta['name']}")
+    assert (base / "src" / "atmosphere" / base.name / "py.typed").exists()
+    assert not (base / "src" / "atmosphere" / "__init__.py").exists()  # the namespace stays open
+
+
+def floor(meta: dict[str, Any], distribution: str) -> Version:
+    for requirement in map(Requirement, meta["dependencies"]):
+        if canonicalize_name(requirement.name) == distribution:
+            floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
+            assert floors, f"{distribution} has no >= floor"
+            return max(floors)
+    raise AssertionError(f"{distribution} is not a dependency")
+
+
+def test_the_protobuf_and_grpcio_floors_are_those_the_generated_code_checks_at_import() -> None:
+    generated = ROOT / "libs/contracts/src"
+    protobuf = max(
+        Version(m[1])
+        for p in generated.rglob("*_pb2.py")
+        if (m := re.search(r"^# Protobuf Python Version: (\S+)$", p.read_text(), re.MULTILINE))
+    )
+    grpcio = max(
+        Version(m[1])
+        for p in generated.rglob("*_pb2_grpc.py")
+        if (m := re.search(r"^GRPC_GENERATED_VERSION = '(\S+)'$", p.read_text(), re.MULTILINE))
+    )
+    for pyproject in MEMBERS:
+        meta = project(pyproject)
+        names = {canonicalize_name(Requirement(r).name) for r in meta["dependencies"]}
+        if "protobuf" in names:
+            assert floor(meta, "protobuf") >= protobuf, meta["name"]
+        if "grpcio" in names:
+            assert floor(meta, "grpcio") >= grpcio, meta["name"]
