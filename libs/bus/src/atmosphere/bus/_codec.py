@@ -11,7 +11,14 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from google.protobuf.message import Message
 
-from atmosphere.bus.errors import DecodeError, PayloadTooLargeError, RemoteError
+from atmosphere.bus.errors import (
+    DecodeError,
+    PayloadTooLargeError,
+    RemoteError,
+    ReplyTooLargeError,
+    ServiceError,
+    UndecodableMessageError,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Error, Principal
 
 M = TypeVar("M", bound=Message)
@@ -146,9 +153,10 @@ def decode(data: bytes, wire_headers: Mapping[str, str] | None, expected: type[M
 
 def error_reply_too_large(exc: PayloadTooLargeError) -> tuple[bytes, dict[str, str] | None]:
     """The `Error` reply sent instead of an answer too large for the broker."""
-    error = Error(code=PayloadTooLargeError.code, message="The answer is too large to send over the bus")
-    error.details.update({"size": str(exc.size), "limit": str(exc.limit)})
-    return encode(error)
+    error = ReplyTooLargeError(
+        "The answer is too large to send over the bus", details={"size": str(exc.size), "limit": str(exc.limit)}
+    )
+    return encode(error.to_proto())
 
 
 def error_from_payload(data: bytes) -> RemoteError:
@@ -156,5 +164,5 @@ def error_from_payload(data: bytes) -> RemoteError:
     try:
         err = Error.FromString(data)
     except _ProtobufDecodeError:
-        return RemoteError("bus.decode", "malformed error reply")
-    return RemoteError(err.code, err.message, retryable=err.retryable, details=dict(err.details))
+        return RemoteError(UndecodableMessageError("malformed error reply"))
+    return RemoteError(ServiceError.from_proto(err))

@@ -10,8 +10,7 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from atmosphere.bus._codec import Headers, decode, encode
-from atmosphere.bus.errors import DecodeError, ServiceError
-from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.bus.errors import DecodeError, ServiceError, ServiceFailedError, UndecodableMessageError
 
 M = TypeVar("M", bound=Message)
 
@@ -73,11 +72,6 @@ class Router:
             self.add(r.subject, r.request_type, r.handler)
 
 
-def error_reply(code: str, message: str, *, retryable: bool = False) -> tuple[bytes, dict[str, str] | None]:
-    """An encoded `Error` reply."""
-    return encode(Error(code=code, message=message, retryable=retryable))
-
-
 async def run_route(
     route: Route[Any],
     subject: str,
@@ -92,17 +86,15 @@ async def run_route(
     try:
         request = decode(data, wire_headers, route.request_type)
     except DecodeError as exc:
-        return error_reply("bus.decode", str(exc))
+        return encode(UndecodableMessageError(str(exc)).to_proto())
     context = MessageContext(subject=subject, headers=Headers.from_wire(wire_headers))
     try:
         reply = await route.handler(request, context)
     except ServiceError as exc:
-        err = Error(code=exc.code, message=exc.message, retryable=exc.retryable)
-        err.details.update(exc.details)
-        return encode(err)
+        return encode(exc.to_proto())
     except Exception:
         log.exception("handler for %s failed", subject)
-        return error_reply("internal", "internal error", retryable=True)
+        return encode(ServiceFailedError("internal error").to_proto())
     if reply is None:
         return None
     return encode(reply)

@@ -8,9 +8,13 @@
      ├── PayloadTooLargeError      payload + headers exceed the broker's `max_payload` (also a ValueError)
      ├── ConnectionLostError       the connection closed for good; the service must restart
      ├── NoStreamError             no JetStream stream captures the subject (a setup error: not retried)
-     └── RemoteError               the responder answered with an `Error{code, message, retryable}`
+     └── RemoteError               the responder answered with an `Error`: `.error` is its class
 
-    ServiceError                   raised by a handler; the router turns it into an `Error` reply
+    ServiceError                   the catalogue of wire codes (below): raised by a handler (the
+     │                             router turns it into an `Error` reply) or ending a run
+     ├── ServiceFailedError, UndecodableMessageError, ReplyTooLargeError, BadRequestError, NotFoundError
+     └── RunError                  a run's terminal `error` event (dispatch, governance, budget,
+                                   runtime, memory and the model provider's codes)
 
 Handlers of JetStream work items may raise `Nak` (redeliver later) or `Term` (never redeliver);
 the consumer runtime catches both, they never reach a caller.
@@ -18,7 +22,10 @@ the consumer runtime catches both, they never reach a caller.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
+
+from atmosphere.contracts.common.v1.common_pb2 import Error
 
 
 class BusError(Exception):
@@ -62,8 +69,6 @@ class PayloadTooLargeError(BusError, ValueError):
     message (and nats-py then stays closed), so the check runs on this side, with the headers.
     """
 
-    code: ClassVar[str] = "bus.payload_too_large"
-
     def __init__(self, subject: str, size: int, limit: int) -> None:
         self.subject = subject
         self.size = size
@@ -84,37 +89,307 @@ class NoStreamError(BusError):
 
 
 class RemoteError(BusError):
-    """The responder answered with an `Error`; branch on `code`, not on `message`."""
+    """The responder answered with an `Error`; `error` is it as its catalogue class.
 
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        retryable: bool = False,
-        details: dict[str, str] | None = None,
-    ) -> None:
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-        self.details = dict(details or {})
-        super().__init__(f"{code}: {message}")
+    Branch with `isinstance(exc.error, SomeServiceError)`, never on the code string.
+    """
+
+    def __init__(self, error: ServiceError) -> None:
+        self.error = error
+        super().__init__(f"{error.wire_code}: {error.message}")
+
+    @property
+    def code(self) -> str:
+        """The wire code (for logs and metrics)."""
+        return self.error.wire_code
+
+    @property
+    def message(self) -> str:
+        """The responder's message."""
+        return self.error.message
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the responder said the same request may succeed later."""
+        return self.error.retryable
+
+    @property
+    def details(self) -> dict[str, str]:
+        """The responder's machine-readable extras."""
+        return self.error.details
+
+
+# --- The error catalogue ---------------------------------------------------------------
+#
+# Every `Error.code` that crosses a process boundary is defined exactly once below, as a
+# subclass of `ServiceError` with the code as a class attribute. Producers raise or emit the
+# class (`GovernanceDeniedError(...).to_proto()`); consumers turn a received `Error` back into its
+# class (`ServiceError.from_proto(error)`) and branch with `isinstance`. Codes that never leave
+# one service live in that service's `errors.py`, subclassing `ServiceError` too, so the same
+# registry knows them inside that process. An unregistered code comes back as
+# `UnknownServiceError` with the code kept: an older reader never loses a newer writer's error.
+
+_CATALOGUE: dict[str, type[ServiceError]] = {}
 
 
 class ServiceError(Exception):
-    """A domain error a handler raises to answer with a typed `Error` reply.
+    """An error with a wire code: raised in-process, sent as an `Error`, read back as itself.
 
-    Subclasses set `code` and `retryable` as class attributes, e.g.
-    `class UnknownAgent(ServiceError): code = "dispatch.unknown_agent"`.
+    A handler that raises one answers with a typed `Error` reply; a run that ends with one
+    writes it as its terminal event. Subclasses set `code` (and `retryable`) as class
+    attributes, e.g. `class UnknownAgentError(RunError): code = "dispatch.unknown_agent"`.
     """
 
     code: ClassVar[str] = "service.error"
-    retryable: ClassVar[bool] = False
+    retryable: bool = False
+    """Whether the same request may succeed if sent again (the proto's `retryable`)."""
 
-    def __init__(self, message: str, *, details: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, details: Mapping[str, str] | None = None, retryable: bool | None = None
+    ) -> None:
+        """`message` is safe to show to a client; `details` are machine-readable extras."""
         self.message = message
         self.details = dict(details or {})
+        if retryable is not None:
+            self.retryable = retryable
         super().__init__(message)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Register every class that declares its own code; a code defined twice is a bug."""
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            return
+        owner = _CATALOGUE.get(cls.code)
+        if owner is not None and (owner.__module__, owner.__qualname__) != (cls.__module__, cls.__qualname__):
+            first, second = f"{owner.__module__}.{owner.__qualname__}", f"{cls.__module__}.{cls.__qualname__}"
+            msg = f"error code {cls.code!r} is defined by both {first} and {second}"
+            raise TypeError(msg)
+        _CATALOGUE[cls.code] = cls
+
+    @property
+    def wire_code(self) -> str:
+        """The code this error goes out with (an unknown one keeps the code it came with)."""
+        return self.code
+
+    def to_proto(self) -> Error:
+        """As the `Error` that goes on the wire."""
+        return Error(code=self.wire_code, message=self.message, retryable=self.retryable, details=self.details)
+
+    @staticmethod
+    def from_proto(error: Error) -> ServiceError:
+        """`error` as its catalogue class (`UnknownServiceError` when this process has none)."""
+        cls = _CATALOGUE.get(error.code)
+        if cls is None:
+            return UnknownServiceError(error.code, error.message, retryable=error.retryable, details=error.details)
+        return cls(error.message, details=error.details, retryable=error.retryable)
+
+
+class UnknownServiceError(ServiceError):
+    """An `Error` whose code this process has no class for; the code is kept as it arrived."""
+
+    def __init__(
+        self, wire_code: str, message: str = "", *, retryable: bool = False, details: Mapping[str, str] | None = None
+    ) -> None:
+        """Keep `wire_code` as it arrived."""
+        super().__init__(message, details=details, retryable=retryable)
+        self._wire_code = wire_code
+
+    @property
+    def wire_code(self) -> str:
+        """The code as it arrived."""
+        return self._wire_code
+
+
+def error_class(code: str) -> type[ServiceError] | None:
+    """The class registered for `code` in this process, or None."""
+    return _CATALOGUE.get(code)
+
+
+def catalogue() -> Mapping[str, type[ServiceError]]:
+    """Every code registered in this process, and its class (a copy)."""
+    return dict(_CATALOGUE)
+
+
+# The bus itself.
+
+
+class ServiceFailedError(ServiceError):
+    """A handler raised something it did not mean to; its text stays in the log."""
+
+    code = "internal"
+    retryable = True
+
+
+class UndecodableMessageError(ServiceError):
+    """A request or reply whose bytes are not the expected protobuf."""
+
+    code = "bus.decode"
+
+
+class ReplyTooLargeError(ServiceError):
+    """An answer that would exceed the broker's `max_payload` (`PayloadTooLargeError` on this side)."""
+
+    code = "bus.payload_too_large"
+
+
+class BadRequestError(ServiceError):
+    """A service refused a request it cannot use; each service has its own code."""
+
+
+class NotFoundError(ServiceError):
+    """A service has nothing under the key asked for; each service has its own code."""
+
+
+# Runs: a run's terminal `error` event. Every code here can reach a client.
+
+
+class RunError(ServiceError):
+    """An error a run ends with (`RunEvent.error`)."""
+
+
+class UnknownAgentError(RunError):
+    """No agent of that name is served."""
+
+    code = "dispatch.unknown_agent"
+
+
+class RunAbandonedError(RunError):
+    """The poison-run guard stopped a run that failed on every delivery."""
+
+    code = "dispatch.run_abandoned"
+
+
+class RunCancelledError(RunError):
+    """The client cancelled the run."""
+
+    code = "run.cancelled"
+
+
+class AgentFailedError(RunError):
+    """The agent's `@prompt` raised; the message names the exception type only."""
+
+    code = "agent.failed"
+
+
+class InterceptorFailedError(RunError):
+    """An interceptor's `pre_process` raised."""
+
+    code = "interceptor.failed"
+
+
+class GovernanceDeniedError(RunError):
+    """A policy refused the run; `details` carry `policy` and `reason`."""
+
+    code = "governance.denied"
+
+    @property
+    def policy(self) -> str:
+        """The policy that denied (`default` when unnamed)."""
+        return self.details.get("policy", "default")
+
+    @property
+    def reason(self) -> str:
+        """Why the policy denied."""
+        return self.details.get("reason", "")
+
+
+class GovernanceUnavailableError(RunError):
+    """Governance did not answer, so the run is refused (fail-closed)."""
+
+    code = "governance.unavailable"
+
+
+class BudgetExceededError(RunError):
+    """The run exceeded its token, cost or wall-clock budget."""
+
+    code = "budget.exceeded"
+
+
+class RuntimeUnavailableError(RunError):
+    """No model runtime is usable (none configured, or its URL is not http(s))."""
+
+    code = "runtime.unavailable"
+
+
+class RuntimeFailedError(RunError):
+    """The model runtime raised; the message names the exception type only."""
+
+    code = "runtime.failed"
+
+
+class ToolLoopExhaustedError(RunError):
+    """The model kept calling tools past the round limit."""
+
+    code = "runtime.tool_loop_exhausted"
+
+
+class StructuredOutputInvalidError(RunError):
+    """The model's structured answer did not validate after every retry."""
+
+    code = "runtime.structured_output_invalid"
+
+
+class HistoryUnavailableError(RunError):
+    """The conversation's history could not be read: never answered as if it were new."""
+
+    code = "memory.history_unavailable"
+
+
+class HistoryChangedError(RunError):
+    """The history moved on while a turn was being recorded (a concurrent turn of it)."""
+
+    code = "memory.history_changed"
+
+
+# The model provider (a run's terminal error when its model call fails for good).
+
+
+class ProviderError(RunError):
+    """The model provider failed; the message is safe to show to the client."""
+
+    code = "provider.error"
+
+
+class ProviderRejectedError(ProviderError):
+    """The provider refused the request (a 4xx other than those below)."""
+
+    code = "provider.rejected"
+
+
+class ProviderRateLimitedError(ProviderError):
+    """The provider is rate limiting (429)."""
+
+    code = "provider.rate_limited"
+
+
+class ProviderMisconfiguredError(ProviderError):
+    """The provider's URL, key or model is wrong."""
+
+    code = "provider.misconfigured"
+
+
+class ProviderTimeoutError(ProviderError):
+    """The provider did not answer, or stalled, within its deadline."""
+
+    code = "provider.timeout"
+
+
+class ProviderMalformedError(ProviderError):
+    """The provider's answer could not be decoded."""
+
+    code = "provider.malformed"
+
+
+class ProviderEmptyAnswerError(ProviderError):
+    """The provider ended its answer without any content."""
+
+    code = "provider.empty_answer"
+
+
+class ProviderTooLargeError(ProviderError):
+    """The provider's answer exceeded what the runtime accepts."""
+
+    code = "provider.too_large"
 
 
 class Nak(Exception):  # noqa: N818 - a control-flow signal, named for the JetStream verb

@@ -18,7 +18,10 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import subjects
 from atmosphere.bus._api import Bus, PublishAck
@@ -56,7 +59,47 @@ MAX_NESTING = 3
 """The deepest level with a queue of its own; deeper sub-runs share it (a coordinator's fleet
 member running `task`, which runs `task` again, is level 3)."""
 
+HISTORY_METADATA_KEY = "ai.request.history"
+"""Request metadata with prior turns the client sent (JSON list of `{role, content}`): the OpenAI API's."""
+
 log = logging.getLogger("atmosphere.bus")
+
+
+def new_run(
+    *,
+    agent: str,
+    message: str,
+    principal: Principal,
+    conversation_id: str,
+    transport: str,
+    path: str = "",
+    metadata: Mapping[str, str] | None = None,
+    parent: RunRequest | None = None,
+) -> RunRequest:
+    """A submitted run: fresh run and session ids, the submission time, and its nesting.
+
+    The one place a `RunRequest` is made. A sub-run (`parent` given) runs as its parent's
+    principal, one nesting level below it (so it is queued where its parent cannot starve it).
+    """
+    submitted = Timestamp()
+    submitted.FromNanoseconds(time.time_ns())
+    metadata = dict(metadata or {})
+    if parent is not None:
+        metadata[NESTING_METADATA_KEY] = str(nesting_of(parent) + 1)
+        principal = parent.principal
+    return RunRequest(
+        run_id=uuid.uuid4().hex,
+        session_id=str(uuid.uuid4()),
+        conversation_id=conversation_id,
+        agent=agent,
+        message=message,
+        principal=principal,
+        parent_run_id=parent.run_id if parent is not None else "",
+        metadata=metadata,
+        submitted_at=submitted,
+        transport=transport,
+        path=path,
+    )
 
 
 def nesting_of(request: RunRequest) -> int:
@@ -155,11 +198,11 @@ async def _publish_until(bus: Bus, subject: str, message: RunRequest, headers: H
         attempt += 1
 
 
-class UnknownRunError(LookupError):
+class UnknownRunError(BusError, LookupError):
     """No events are stored for that run id (never existed, or expired)."""
 
 
-class StreamGapError(RuntimeError):
+class StreamGapError(BusError, RuntimeError):
     """Events of a run are missing from both the live subscription and the stream."""
 
 
@@ -352,6 +395,7 @@ __all__ = [
     "ACK_PATIENCE",
     "EVENT_LOST_METADATA_KEY",
     "GAP_PATIENCE",
+    "HISTORY_METADATA_KEY",
     "IDLE_CHECK",
     "MAX_IN_FLIGHT",
     "MAX_NESTING",
@@ -371,6 +415,7 @@ __all__ = [
     "is_terminal",
     "last_event",
     "nesting_of",
+    "new_run",
     "queue_level",
     "send_control",
     "stored_events",

@@ -44,6 +44,7 @@ async def open_service(
     *,
     info: InfoFragment | None = None,
     stop: asyncio.Event | None = None,
+    bus: Bus | None = None,
 ) -> AsyncIterator[ServiceRuntime]:
     """Connect to NATS, provision JetStream, answer health/info, serve HTTP probes.
 
@@ -55,16 +56,20 @@ async def open_service(
     Workers (`WorkerSettings`) get a probe listener here; a service with its own HTTP server
     (ingress) answers `/healthz` and `/readyz` there. The caller marks `health` ready once its
     own subscriptions are active.
+
+    `bus` replaces the connection to `settings.nats` (a test's `FakeBus`, or a connection the
+    caller shares): the composition root runs the same either way, and the caller closes it.
     """
     async with contextlib.AsyncExitStack() as stack:
-        bus = await stack.enter_async_context(
-            connect(
-                settings.nats.servers,
-                name=f"atmosphere-{name}",
-                namespace=settings.nats.namespace,
-                connect_timeout=settings.nats.connect_timeout,
+        if bus is None:
+            bus = await stack.enter_async_context(
+                connect(
+                    settings.nats.servers,
+                    name=f"atmosphere-{name}",
+                    namespace=settings.nats.namespace,
+                    connect_timeout=settings.nats.connect_timeout,
+                )
             )
-        )
         await bus.provision(layout_from(settings))
         health = Health(name, bus)
         probe_port = 0
