@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.sdk import App, StreamingSession, UserError, agent, prompt
 from atmosphere.sdk.host import load_app, spec_of
@@ -110,7 +111,7 @@ async def test_the_first_terminal_wins_and_later_sends_are_dropped() -> None:
     async def sink(event: RunEvent) -> None:
         sent.append(event)
 
-    session = StreamingSession(sink, run_id="r", session_id="s", conversation_id="c")
+    session = StreamingSession(SinkHost(sink), run_id="r", session_id="s", conversation_id="c")
     await session.send("a")
     await session.progress("thinking", 0.5)
     await session.metadata("model", {"name": "m"})

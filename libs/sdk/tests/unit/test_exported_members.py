@@ -49,7 +49,7 @@ HOST_SURFACE = [
     "BudgetReason",
     "EventSink",
     "HarnessSwitch",
-    "Streamer",
+    "SessionHost",
     "ToolArgumentsError",
     "ToolSignal",
     "load_app",

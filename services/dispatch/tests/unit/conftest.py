@@ -14,8 +14,9 @@ from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
-from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor
+from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.run import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App
 from atmosphere.sdk.runtime import RuntimeConfig

@@ -11,6 +11,8 @@ import pytest
 from google.protobuf.message import Message as ProtoMessage
 
 from atmosphere.bus import MessageContext, Router, subjects
+from atmosphere.bus.errors import HistoryUnavailableError
+from atmosphere.bus.runs import HISTORY_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -39,8 +41,8 @@ from atmosphere.dispatch.conversation import (
     with_facts,
 )
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
-from atmosphere.dispatch.memory_client import HistoryUnavailableError, MemoryClient
-from atmosphere.dispatch.pipeline import HISTORY_METADATA_KEY, history_of
+from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.pipeline import history_of
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk.compaction import SUMMARY_SYSTEM_PROMPT, history_digest
 from atmosphere.sdk.host import AiCapability

@@ -13,6 +13,8 @@ import pytest
 
 from atmosphere.bus import ConsumerSpec, JetStreamLayout, MessageContext, Router, WorkItem, subjects
 from atmosphere.bus.runs import RUN_ID_METADATA_KEY, RunEventWriter
+from atmosphere.bus.runs import SUBAGENT_DEPTH_METADATA_KEY as DEPTH_KEY
+from atmosphere.bus.runs import subagent_depth_of as depth_of
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Error, Principal, Usage
 from atmosphere.contracts.memory.v1.memory_pb2 import DropWorkspaceRequest, DropWorkspaceResponse
@@ -28,11 +30,9 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ToolStart,
 )
 from atmosphere.dispatch.delegation import (
-    DEPTH_KEY,
     SUBAGENT,
     WORKSPACE_KEY,
     Delegation,
-    depth_of,
     subagent_scope,
 )
 from atmosphere.dispatch.memory_client import MemoryClient

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from atmosphere.bus import JetStreamLayout, MessageContext, Router, ServiceError, subjects
+from atmosphere.bus.errors import HistoryUnavailableError
 from atmosphere.bus.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -30,7 +31,6 @@ from atmosphere.dispatch.memory_client import (
     HISTORY_ATTEMPTS,
     MAX_STORED_MESSAGE_BYTES,
     TRUNCATION_MARKER,
-    HistoryUnavailableError,
     MemoryClient,
 )
 from atmosphere.dispatch.pipeline import ModelPipeline

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -75,17 +75,20 @@ def new_run(
     path: str = "",
     metadata: Mapping[str, str] | None = None,
     parent: RunRequest | None = None,
+    subagent: bool = False,
 ) -> RunRequest:
     """A submitted run: fresh run and session ids, the submission time, and its nesting.
 
     The one place a `RunRequest` is made. A sub-run (`parent` given) runs as its parent's
-    principal, one nesting level below it (so it is queued where its parent cannot starve it).
+    principal, one nesting level below it (so it is queued where its parent cannot starve it),
+    and one `task` depth below it when it is a `subagent` (else at its parent's depth).
     """
     submitted = Timestamp()
     submitted.FromNanoseconds(time.time_ns())
     metadata = dict(metadata or {})
     if parent is not None:
         metadata[NESTING_METADATA_KEY] = str(nesting_of(parent) + 1)
+        metadata[SUBAGENT_DEPTH_METADATA_KEY] = str(subagent_depth_of(parent) + (1 if subagent else 0))
         principal = parent.principal
     return RunRequest(
         run_id=uuid.uuid4().hex,
@@ -102,12 +105,27 @@ def new_run(
     )
 
 
-def nesting_of(request: RunRequest) -> int:
-    """How many runs `request` is nested below (0 for a top-level run; malformed reads as 0)."""
+SUBAGENT_DEPTH_METADATA_KEY = "ai.subagent.depth"
+"""How many `task` sub-agents deep a run is (Atmosphere's key; only `task` spawns count, not
+`delegate_task`): what the harness's subagent nesting bound reads."""
+
+
+def _level(request: RunRequest, key: str) -> int:
+    """A non-negative level from `request.metadata[key]` (absent or malformed reads as 0)."""
     try:
-        return max(0, int(request.metadata.get(NESTING_METADATA_KEY, "0")))
+        return max(0, int(request.metadata.get(key, "0")))
     except ValueError:
         return 0
+
+
+def nesting_of(request: RunRequest) -> int:
+    """How many runs `request` is nested below (0 for a top-level run)."""
+    return _level(request, NESTING_METADATA_KEY)
+
+
+def subagent_depth_of(request: RunRequest) -> int:
+    """How many `task` sub-agents deep `request` runs (0 outside any)."""
+    return _level(request, SUBAGENT_DEPTH_METADATA_KEY)
 
 
 def queue_level(request: RunRequest) -> int:
@@ -377,6 +395,48 @@ async def follow_run(
                         yield event
 
 
+class SinkHost:
+    """The host of a `StreamingSession` outside dispatch: its events go to `sink`.
+
+    For a runtime's tests and a summarizer's one-off model call. The first terminal event is
+    the last one sent (later ones are dropped and counted). It has no model, so `stream` is
+    refused.
+    """
+
+    def __init__(self, sink: Callable[[RunEvent], Awaitable[None]], *, run_id: str = "") -> None:
+        """Send the events of run `run_id` to `sink`."""
+        self._sink = sink
+        self._run_id = run_id
+        self._closed = False
+        self._dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        """Whether a terminal event was sent."""
+        return self._closed
+
+    @property
+    def dropped(self) -> int:
+        """How many sends arrived after the terminal event and were dropped."""
+        return self._dropped
+
+    async def emit(self, event: RunEvent) -> None:
+        """Send `event`, unless the terminal one was already sent."""
+        if self._closed:
+            self._dropped += 1
+            if self._dropped == 1:
+                log.warning("run %s: dropped %s sent after the terminal event", self._run_id, event.WhichOneof("kind"))
+            return
+        if is_terminal(event):
+            self._closed = True
+        await self._sink(event)
+
+    async def stream(self, message: str) -> None:
+        """Refused: only a host with a model (dispatch, `atmosphere.sdk.testing`) can stream."""
+        msg = "this session has no model: only runs hosted by dispatch or atmosphere.sdk.testing can stream"
+        raise RuntimeError(msg)
+
+
 async def send_control(bus: Bus, control: Control, *, timeout: float = 2.0) -> ControlAck:
     """Send `control` to the worker owning the run; a not-accepted ack if nobody does."""
     try:
@@ -403,10 +463,12 @@ __all__ = [
     "RESUMED_METADATA_KEY",
     "RUN_ID_METADATA_KEY",
     "STORE_DEADLINE",
+    "SUBAGENT_DEPTH_METADATA_KEY",
     "SUBMIT_DEADLINE",
     "TERMINAL_KINDS",
     "WORKER_FIRST_SEQ",
     "RunEventWriter",
+    "SinkHost",
     "StreamGapError",
     "SubmitError",
     "UnknownRunError",
@@ -419,5 +481,6 @@ __all__ = [
     "queue_level",
     "send_control",
     "stored_events",
+    "subagent_depth_of",
     "submit_run",
 ]

@@ -6,20 +6,42 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from atmosphere.contracts.common.v1.common_pb2 import Error, Usage
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, Progress, RunEvent, TextDelta
+from atmosphere.sdk.errors import AGENT_ERROR
 
 log = logging.getLogger("atmosphere.sdk")
 
 EventSink = Callable[[RunEvent], Awaitable[None]]
 """Receives each event in order; the host stamps ids, seq and time and publishes it."""
 
-Streamer = Callable[["StreamingSession", str], Awaitable[None]]
-"""Sends a message to the model through the resolved runtime (provided by dispatch)."""
 
-TERMINAL_KINDS = frozenset({"complete", "error"})
+class SessionHost(Protocol):
+    """What a `StreamingSession` fronts: the host's run (dispatch's `Run`).
+
+    The host writes every event, keeps the first terminal event the last one (later ones are
+    dropped and counted), and answers `stream(message)` with the agent's model.
+    """
+
+    @property
+    def closed(self) -> bool:
+        """Whether the terminal event was written."""
+        ...
+
+    @property
+    def dropped(self) -> int:
+        """How many events arrived after the terminal one and were dropped."""
+        ...
+
+    async def emit(self, event: RunEvent) -> None:
+        """Write `event` (a terminal kind closes the run)."""
+        ...
+
+    async def stream(self, message: str) -> None:
+        """Answer `message` with the agent's model, to a terminal event."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,67 +66,50 @@ class TokenUsage:
 
 
 class StreamingSession:
-    """The stream of one run, as the agent (and the runtime) sees it.
+    """The stream of one run, as the agent (and the runtime) sees it: a thin front over its host.
 
-    The first terminal call (`complete` or `error`) wins; anything sent after it is dropped
-    and logged once.
+    Every method builds one event and hands it to the host, which writes it. The first
+    terminal call (`complete` or `error`) wins; anything sent after it is dropped and logged
+    once.
     """
 
     def __init__(
         self,
-        sink: EventSink,
+        host: SessionHost,
         *,
         run_id: str,
         session_id: str,
         conversation_id: str,
-        streamer: Streamer | None = None,
     ) -> None:
-        """Send events of run `run_id` to `sink`; `streamer` backs `stream()`."""
-        self._sink = sink
-        self._streamer = streamer
+        """Front `host` (dispatch's run; outside dispatch, `atmosphere.bus.runs.SinkHost`) for run `run_id`."""
+        self._host = host
         self.run_id = run_id
         """The id of the run this session streams."""
         self.session_id = session_id
         """The per-prompt stream id (`sessionId` on every client frame)."""
         self.conversation_id = conversation_id
         """The conversation this turn belongs to."""
-        self._closed = False
-        self._dropped = 0
-
-    def attach_streamer(self, streamer: Streamer) -> None:
-        """For hosts: what `stream()` calls (dispatch attaches its model pipeline here)."""
-        self._streamer = streamer
 
     @property
     def closed(self) -> bool:
         """Whether a terminal event was sent."""
-        return self._closed
+        return self._host.closed
 
     @property
     def dropped(self) -> int:
         """How many sends arrived after the terminal event and were dropped."""
-        return self._dropped
+        return self._host.dropped
 
     async def emit(self, event: RunEvent) -> None:
         """Send a typed event (any `RunEvent` kind); terminal kinds close the session."""
-        if self._closed:
-            self._dropped += 1
-            if self._dropped == 1:
-                log.warning("run %s: dropped %s sent after the terminal event", self.run_id, event.WhichOneof("kind"))
-            return
-        if event.WhichOneof("kind") in TERMINAL_KINDS:
-            self._closed = True
-        await self._sink(event)
+        await self._host.emit(event)
 
     async def stream(self, message: str) -> None:
         """Answer `message` with the agent's model: its system prompt, tools and policies.
 
         Streams text, tool events and usage into this session and ends it.
         """
-        if self._streamer is None:
-            await self.error("No model runtime is attached to this session", code="runtime.unavailable")
-            return
-        await self._streamer(self, message)
+        await self._host.stream(message)
 
     async def send(self, text: str) -> None:
         """Stream a chunk of the answer (`streaming-text`)."""
@@ -126,6 +131,6 @@ class StreamingSession:
         """End the run successfully (`complete`)."""
         await self.emit(RunEvent(complete=Complete(summary=summary or "")))
 
-    async def error(self, message: str, *, code: str = "agent.error", recoverable: bool = False) -> None:
-        """End the run with an error (`error`)."""
-        await self.emit(RunEvent(error=Error(code=code, message=message, retryable=recoverable)))
+    async def error(self, message: str, *, code: str = AGENT_ERROR, retryable: bool = False) -> None:
+        """End the run with an error (`error`); `retryable` is the client frame's `recoverable`."""
+        await self.emit(RunEvent(error=Error(code=code, message=message, retryable=retryable)))

@@ -13,6 +13,9 @@ say what was meant, and the message is exactly what the model reads.
 
 from __future__ import annotations
 
+AGENT_ERROR = "agent.error"
+"""The code of `session.error()` when the agent names none."""
+
 RETRY_SUFFIX = "Fix the errors and try again."
 """What the model reads after a `ModelRetry` message (pydantic-ai's wording)."""
 

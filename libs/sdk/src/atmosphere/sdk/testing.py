@@ -65,10 +65,11 @@ try:
     from atmosphere.bus import Bus, JetStreamLayout, MessageContext, Router, subjects
     from atmosphere.bus.testing import FakeBus
     from atmosphere.dispatch.conversation import ConversationMemory
-    from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor
+    from atmosphere.dispatch.handlers import RunExecutor
     from atmosphere.dispatch.harness import HarnessConfig, resolve_app
     from atmosphere.dispatch.memory_client import MemoryClient
     from atmosphere.dispatch.pipeline import ModelPipeline
+    from atmosphere.dispatch.run import ExecutorOptions
     from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
     from atmosphere.ingress.frames import to_frame
     from atmosphere.memory.handlers import MemoryHandlers

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel
 
+from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.sdk import AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
 from atmosphere.sdk.host import AiCapability
@@ -56,7 +57,7 @@ class Recorder:
         async def sink(event: RunEvent) -> None:
             self.events.append(event)
 
-        self.session = StreamingSession(sink, run_id="r1", session_id="s1", conversation_id="c1")
+        self.session = StreamingSession(SinkHost(sink), run_id="r1", session_id="s1", conversation_id="c1")
 
     async def run_tool(self, call: ToolCallRequest) -> str:
         self.tool_calls.append(call)

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atmosphere.bus.errors import BudgetExceededError
 from atmosphere.contracts.common.v1.common_pb2 import Usage
 from atmosphere.sdk import AiBudget
 from atmosphere.sdk.host import BudgetReason
 
 
-class BudgetExceededError(Exception):
-    """A limit was crossed; the message is the wire text of the error frame."""
-
-    def __init__(self, reason: BudgetReason, observed: float, limit: float) -> None:
-        name, unit = reason.value
-        self.reason = reason
-        super().__init__(f"AI budget exceeded: {name} observed={observed:g}{unit} > limit={limit:g}{unit}")
+def budget_breach(reason: BudgetReason, observed: float, limit: float) -> BudgetExceededError:
+    """The error a run ends with when `observed` crossed `limit` (Atmosphere's wording)."""
+    name, unit = reason.value
+    return BudgetExceededError(f"AI budget exceeded: {name} observed={observed:g}{unit} > limit={limit:g}{unit}")
 
 
 @dataclass
 class BudgetMeter:
-    """Usage of one run so far; `add` raises on the first limit crossed."""
+    """Usage of one run so far; `add` tells the first limit crossed."""
 
     budget: AiBudget
     input_tokens: int = 0
@@ -28,8 +26,8 @@ class BudgetMeter:
     total_tokens: int = 0
     steps: int = 0
 
-    def add(self, usage: Usage) -> None:
-        """Count one usage report (one step); check input, output, total, steps in that order."""
+    def add(self, usage: Usage) -> BudgetExceededError | None:
+        """Count one usage report (one step); the breach of input, output, total, steps in that order."""
         self.input_tokens += usage.input_tokens
         self.output_tokens += usage.output_tokens
         self.total_tokens += usage.total_tokens or usage.input_tokens + usage.output_tokens
@@ -43,4 +41,5 @@ class BudgetMeter:
         )
         for reason, observed, limit in checks:
             if limit is not None and limit > 0 and observed > limit:
-                raise BudgetExceededError(reason, observed, limit)
+                return budget_breach(reason, observed, limit)
+        return None

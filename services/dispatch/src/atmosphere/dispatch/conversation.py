@@ -21,10 +21,12 @@ import logging
 import re
 from collections.abc import Sequence
 
+from atmosphere.bus.errors import HistoryUnavailableError
+from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.memory.v1.memory_pb2 import Compaction, ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
-from atmosphere.dispatch.memory_client import HistoryUnavailableError, MemoryClient
+from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk import compaction as compacting
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime
@@ -92,7 +94,7 @@ async def model_text(runtime: AgentRuntime | None, *, agent: str, system_prompt:
         elif kind == "error":
             failed = True
 
-    session = StreamingSession(sink, run_id="", session_id="", conversation_id="")
+    session = StreamingSession(SinkHost(sink), run_id="", session_id="", conversation_id="")
     ctx = AgentExecutionContext(
         run_id="", agent=agent, conversation_id="", request=AiRequest(message=prompt, system_prompt=system_prompt)
     )
@@ -231,7 +233,7 @@ class FactExtractor:
         try:
             history = await self._memory.load_history(closed.agent, closed.conversation_id)
         except HistoryUnavailableError as exc:
-            log.warning("conversation %s: no facts extracted: %s", closed.conversation_id, exc.reason)
+            log.warning("conversation %s: no facts extracted: %s", closed.conversation_id, exc.message)
             return 0
         if not history:
             return 0

@@ -23,22 +23,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError
+from atmosphere.bus.errors import GovernanceDeniedError, ServiceError
 from atmosphere.bus.runs import (
-    NESTING_METADATA_KEY,
     RUN_ID_METADATA_KEY,
     cancel_run,
     follow_run,
     is_terminal,
-    nesting_of,
+    new_run,
+    subagent_depth_of,
 )
 from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
@@ -61,19 +59,9 @@ SUBAGENT_SYSTEM_PROMPT = (
 )
 MAX_DEPTH = 2
 MAX_SPAWNS_PER_REQUEST = 8
-DEPTH_KEY = "ai.subagent.depth"
-"""Run metadata: how deep in sub-agent nesting this run is (absent = 0)."""
 WORKSPACE_KEY = "ai.subagent.workspace"
 """Run metadata of a sub-agent run: `{"owner": <spawn id>, "agentId": "subagent-<8>"}`."""
 SUBAGENT_CATEGORY = "subagents"
-
-
-def depth_of(run: RunRequest) -> int:
-    """The sub-agent nesting depth of `run`."""
-    try:
-        return max(0, int(run.metadata.get(DEPTH_KEY, "0")))
-    except ValueError:
-        return 0
 
 
 def subagent_scope(run: RunRequest) -> WorkspaceScope | None:
@@ -122,23 +110,19 @@ class Delegation:
         self._timeout = timeout
         self._spawns = 0
 
-    def _child(self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str]) -> RunRequest:
-        submitted = Timestamp()
-        submitted.FromNanoseconds(time.time_ns())
-        parent = self._parent
+    def _child(
+        self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str], subagent: bool = False
+    ) -> RunRequest:
         # One level below the parent on the run queue, whatever kind of delegation this is.
-        metadata = {**metadata, NESTING_METADATA_KEY: str(nesting_of(parent) + 1)}
-        return RunRequest(
-            run_id=uuid.uuid4().hex,
-            session_id=str(uuid.uuid4()),
-            conversation_id=conversation_id,
+        return new_run(
             agent=agent,
             message=message,
-            principal=parent.principal,
-            parent_run_id=parent.run_id,
-            metadata=metadata,
-            submitted_at=submitted,
+            principal=self._parent.principal,
+            conversation_id=conversation_id,
             transport="delegation",
+            metadata=metadata,
+            parent=self._parent,
+            subagent=subagent,
         )
 
     async def delegate_task(self, arguments: dict[str, Any]) -> str:
@@ -158,7 +142,6 @@ class Delegation:
             # The member keeps its own conversation with this coordinator's conversation.
             conversation_id=f"{self._parent.conversation_id}--{agent}",
             metadata={
-                DEPTH_KEY: str(depth_of(self._parent)),
                 "fleet.dispatch.agent": agent,
                 "fleet.dispatch.skill": "default",
             },
@@ -181,7 +164,7 @@ class Delegation:
                 f"task failed: unknown subagent_type '{arguments.get('subagent_type')}'. Only 'general-purpose' "
                 "is supported — use delegate_task for a named fleet specialist."
             )
-        if depth_of(self._parent) >= MAX_DEPTH:
+        if subagent_depth_of(self._parent) >= MAX_DEPTH:
             return (
                 f"task refused: maximum subagent nesting depth ({MAX_DEPTH}) reached — complete this step inline "
                 "instead of spawning again."
@@ -196,7 +179,6 @@ class Delegation:
         if refusal is not None:
             return refusal
         description = str(arguments["description"]).strip()
-        depth = depth_of(self._parent)
         self._spawns += 1  # a spawn counts even when it fails
         spawn = uuid.uuid4().hex
         agent_id = f"subagent-{spawn[:8]}"
@@ -205,10 +187,10 @@ class Delegation:
             description,
             conversation_id=str(uuid.uuid4()),
             metadata={
-                DEPTH_KEY: str(depth + 1),
                 WORKSPACE_KEY: json.dumps({"owner": spawn, "agentId": agent_id}),
                 "subagent.spawn": SUBAGENT_TYPE,
             },
+            subagent=True,
         )
         scope = WorkspaceScope(
             category=SUBAGENT_CATEGORY, owner=spawn, agent_id=agent_id, conversation_id=child.conversation_id
@@ -222,9 +204,9 @@ class Delegation:
         if outcome.timed_out:
             return f"task did not complete within {self._timeout:g} seconds."
         if outcome.error is not None:
-            error = outcome.error.error
-            if error.code == "governance.denied":
-                return f"task denied by policy: {error.details.get('reason') or error.message}"
+            error = ServiceError.from_proto(outcome.error.error)
+            if isinstance(error, GovernanceDeniedError):
+                return f"task denied by policy: {error.reason or error.message}"
             return f"task failed: {error.message or 'unknown error'}"
         return outcome.text.strip() or "task completed with no output."
 

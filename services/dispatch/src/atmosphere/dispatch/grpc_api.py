@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -22,12 +21,19 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
-from atmosphere.bus.runs import StreamGapError, SubmitError, cancel_run, follow_run, is_terminal, last_event
+from atmosphere.bus.runs import (
+    StreamGapError,
+    SubmitError,
+    cancel_run,
+    follow_run,
+    is_terminal,
+    last_event,
+    new_run,
+)
 from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2
@@ -253,20 +259,15 @@ def _invalid_metadata(metadata: Mapping[str, str]) -> str:
 
 
 def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Principal) -> run_pb2.RunRequest:
-    submitted = Timestamp()
-    submitted.FromNanoseconds(time.time_ns())
-    return run_pb2.RunRequest(
-        run_id=uuid.uuid4().hex,
-        session_id=str(uuid.uuid4()),
-        # The same scoping as ingress: whatever id is given becomes one of the caller's own.
-        conversation_id=scoped_conversation(request.conversation_id or uuid.uuid4().hex, principal),
+    return new_run(
         agent=agent.name,
         message=request.message,
         principal=principal,
-        metadata=dict(request.metadata),
-        submitted_at=submitted,
+        # The same scoping as ingress: whatever id is given becomes one of the caller's own.
+        conversation_id=scoped_conversation(request.conversation_id or uuid.uuid4().hex, principal),
         transport="grpc",
         path=agent.path,
+        metadata=request.metadata,
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import ClassVar
 
 from atmosphere.bus import (
     Bus,
@@ -26,6 +25,7 @@ from atmosphere.bus import (
     RequestTimeoutError,
     subjects,
 )
+from atmosphere.bus.errors import HistoryChangedError, HistoryUnavailableError
 from atmosphere.bus.sizes import data_budget, head, utf8_len
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
@@ -61,17 +61,12 @@ _FACT_OVERHEAD = 8
 """Protobuf framing of one fact in a request."""
 
 
-class HistoryUnavailableError(Exception):
-    """The conversation history could not be loaded; the run must fail instead of forgetting it."""
-
-    code: ClassVar[str] = "memory.history_unavailable"
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(
-            f"The conversation history could not be loaded ({reason}); the run was stopped rather than"
-            " answered without it. Try again."
-        )
+def history_unavailable(reason: str) -> HistoryUnavailableError:
+    """The error a run ends with when its history cannot be loaded (it must not forget it)."""
+    return HistoryUnavailableError(
+        f"The conversation history could not be loaded ({reason}); the run was stopped rather than"
+        " answered without it. Try again."
+    )
 
 
 def _reason(exc: BusError) -> str:
@@ -124,13 +119,13 @@ class MemoryClient:
             try:
                 return from_proto(await self._pages(agent, conversation_id))
             except RemoteError as exc:
-                if exc.code == "memory.history_changed" and attempt < HISTORY_ATTEMPTS:
+                if isinstance(exc.error, HistoryChangedError) and attempt < HISTORY_ATTEMPTS:
                     continue  # a turn landed between two pages: read it again
                 failure = exc
             except BusError as exc:
                 failure = exc
             log.warning("history.load for %s/%s failed: %s", agent, conversation_id, failure)
-            raise HistoryUnavailableError(_reason(failure)) from failure
+            raise history_unavailable(_reason(failure)) from failure
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def _pages(self, agent: str, conversation_id: str) -> list[ChatMessage]:
@@ -155,10 +150,10 @@ class MemoryClient:
                 return messages
             if reply.next_page_token == token:
                 msg = "memory answered the same history page twice"
-                raise HistoryUnavailableError(msg)
+                raise history_unavailable(msg)
             token = reply.next_page_token
         msg = f"the history has more than {MAX_HISTORY_PAGES} pages"
-        raise HistoryUnavailableError(msg)
+        raise history_unavailable(msg)
 
     async def append_turn(
         self,

@@ -36,19 +36,19 @@ from typing import Any
 from atmosphere.bus import (
     Bus,
     BusError,
-    Headers,
     NoRespondersError,
     PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
     subjects,
 )
+from atmosphere.bus.errors import ReplyTooLargeError
 from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
-from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired, RunEvent, RunRequest, ToolError, ToolResult, ToolStart
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, WorkspaceScope
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult as ToolReply
 from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.schema import check_arguments
 from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
 from atmosphere.sdk.host import APPROVED_ARGUMENT
@@ -108,7 +108,7 @@ def _size_failure(call: ToolCallRequest, exc: BusError) -> str | None:
     """What the model learns when a call or its result was too large for the bus; None otherwise."""
     if isinstance(exc, PayloadTooLargeError):
         return f"Error: the call to tool {call.name} is {exc.size} bytes; the limit is {exc.limit}"
-    if isinstance(exc, RemoteError) and exc.code == PayloadTooLargeError.code:
+    if isinstance(exc, RemoteError) and isinstance(exc.error, ReplyTooLargeError):
         size, limit = exc.details.get("size", "?"), exc.details.get("limit", "?")
         return f"Error: the result of tool {call.name} was too large to send ({size} bytes; the limit is {limit})"
     return None
@@ -177,10 +177,13 @@ class ToolGateway:
     offload_threshold: int = 0
     """Results longer than this go to a workspace file (0: never; needs a workspace with files)."""
     offload: bool = False
+    governance: GovernanceClient | None = None
+    """Who checks each call (by default a client on `bus` with `governance_timeout`)."""
 
-    @property
-    def _headers(self) -> Headers:
-        return Headers(run_id=self.run.run_id, principal=self.run.principal if self.run.HasField("principal") else None)
+    def __post_init__(self) -> None:
+        """Ask governance over the run's bus unless the run brought its client."""
+        if self.governance is None:
+            self.governance = GovernanceClient(self.bus, timeout=self.governance_timeout)
 
     @property
     def data_limit(self) -> int:
@@ -258,21 +261,9 @@ class ToolGateway:
         return f"Error: the {which} of tool {call.name} are {size} bytes; the limit is {self.data_limit}"
 
     async def _govern(self, call: ToolCallRequest) -> str | None:
-        request = CheckToolCallRequest(
-            run_id=self.run.run_id,
-            agent=self.run.agent,
-            tool_name=call.name,
-            arguments_json=call.arguments_json,
-            principal=self.run.principal,
-        )
+        assert self.governance is not None
         try:
-            decision = await self.bus.request(
-                subjects.governance("check_tool"),
-                request,
-                Decision,
-                timeout=self.governance_timeout,
-                headers=self._headers,
-            )
+            decision = await self.governance.check_tool(self.run, call.name, call.arguments_json)
         except PayloadTooLargeError as exc:
             message = (
                 f"Error: the tool call {call.name} is too large for the governance check ({exc.size} bytes; the"
@@ -341,7 +332,7 @@ class ToolGateway:
             if self.workspace is not None:
                 request.workspace.CopyFrom(self.workspace)
         try:
-            reply = await self.bus.request(subject, request, ToolReply, timeout=spec.timeout, headers=self._headers)
+            reply = await self.bus.request(subject, request, ToolReply, timeout=spec.timeout)
         except BusError as exc:
             return await self._fail(call, self._failure_text(call, spec, exc))
         asked = _approval_asked(reply)
@@ -484,9 +475,7 @@ class ToolGateway:
         except ValueError:  # a lone surrogate cannot travel unescaped; the result stays inline
             return False
         try:
-            reply = await self.bus.request(
-                subjects.memory_tool("write_file"), save, ToolReply, timeout=10.0, headers=self._headers
-            )
+            reply = await self.bus.request(subjects.memory_tool("write_file"), save, ToolReply, timeout=10.0)
         except BusError as exc:
             log.debug("run %s: offload of %s failed (%s); inline", self.run.run_id, call.name, exc)
             return False

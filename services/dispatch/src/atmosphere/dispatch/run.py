@@ -1,0 +1,455 @@
+"""One run in dispatch: everything it has, and its named steps from admission to the recorded turn.
+
+`RunExecutor` makes a `Run` for each `RunRequest` a worker takes; the run lives until its
+terminal event. Reading `Run.execute` top to bottom is reading a run's life:
+
+1. `execute`: the resumed marker of a re-driven run, the run's control subject, the agent task;
+2. `admit`: governance admission (fail-closed);
+3. `prompt`: the agent's `@prompt` method, or the default loop (`stream(message)`);
+4. `stream`: one model exchange — the history, the model request (interceptors, recalled
+   facts), `call_model` (the runtime under the budget's wall clock), the turn recorded just
+   before the terminal event, the interceptors' `post_process`;
+5. `finish`: `complete`, or the cancel's error, unless a terminal event was already written.
+
+Every event passes `emit`, the one writer: it keeps the terminal event write-once, records the
+turn before the terminal event goes out, captures the answer's text and counts usage against
+the budget. Every tool call passes `call_tool` and every model exchange `call_model`: the two
+places an effect journal records or replays (issue 11).
+
+The user's `StreamingSession` is a thin front over the run (the run is its `SessionHost`): its
+methods build events and hand them to `emit`, and `session.stream()` is `Run.stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from atmosphere.bus import Bus
+from atmosphere.bus.errors import (
+    AgentFailedError,
+    BudgetExceededError,
+    HistoryUnavailableError,
+    InterceptorFailedError,
+    RunCancelledError,
+    RuntimeFailedError,
+    RuntimeUnavailableError,
+    ServiceError,
+    UnknownAgentError,
+)
+from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, is_terminal
+from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunRequest
+from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.dispatch.budget import BudgetMeter, budget_breach
+from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.delegation import SUBAGENT, Delegation, subagent_scope
+from atmosphere.dispatch.governance_client import GovernanceClient
+from atmosphere.dispatch.harness import AgentHarness
+from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
+from atmosphere.dispatch.tools import LocalTool, ToolGateway
+from atmosphere.sdk import AiRequest, ChatMessage, StreamingSession
+from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
+from atmosphere.sdk.host import AgentSpec, BudgetReason
+from atmosphere.sdk.runtime import AgentExecutionContext, ToolCallRequest, ToolSpec
+
+log = logging.getLogger("atmosphere.dispatch")
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Timeouts of the governed steps."""
+
+    governance_timeout: float = 5.0
+    approval_timeout: float = 300.0
+    offload_threshold: int = 8000
+    """Tool results longer than this go to the workspace (0 or less: never)."""
+    max_deliveries: int = 5
+    """A run delivered this many times is ended with an error instead of run again."""
+
+
+@dataclass(frozen=True)
+class RunServices:
+    """What every run of one dispatch process shares: the bus, the model side, other services' clients."""
+
+    bus: Bus
+    pipeline: ModelPipeline
+    memory: MemoryClient
+    governance: GovernanceClient
+    options: ExecutorOptions
+
+
+@dataclass(frozen=True)
+class AgentBinding:
+    """One served agent: its spec, harness, tools and the instance its `@prompt` runs on."""
+
+    spec: AgentSpec
+    harness: AgentHarness
+    tools: Mapping[str, ToolSpec]
+    instance: Any
+
+
+@dataclass
+class _Turn:
+    """The model exchange under way, recorded in memory just before the terminal event."""
+
+    message: str
+    model: str | None
+    staged: bool
+    answer_from: int
+    recorded: bool = False
+
+
+class Run:
+    """One run: its request, writer, control, budget, tools and memory hooks, and its steps."""
+
+    def __init__(
+        self,
+        request: RunRequest,
+        agent: AgentBinding | None,
+        services: RunServices,
+        *,
+        first_seq: int = WORKER_FIRST_SEQ,
+    ) -> None:
+        """Run `request` as `agent` (None: no such agent), writing events from `first_seq`."""
+        self.request = request
+        self.agent = agent
+        self.services = services
+        self.first_seq = first_seq
+        self.writer = RunEventWriter(services.bus, request, first_seq=first_seq)
+        self.control = RunControl(request.run_id, owner=request.principal.user_id)
+        spec = agent.spec if agent is not None else None
+        self.meter = BudgetMeter(spec.budget) if spec is not None and spec.budget and spec.budget.enforced else None
+        self.workspace = self._workspace()
+        self.session = StreamingSession(
+            self, run_id=request.run_id, session_id=request.session_id, conversation_id=request.conversation_id
+        )
+        self.gateway = self._gateway() if agent is not None else None
+        self.answer: list[str] = []
+        """The answer's text so far (a sub-agent's forwarded text is not part of it)."""
+        self._closed = False
+        self._dropped = 0
+        self._breached = False
+        self._turn: _Turn | None = None
+        self._model_call: asyncio.Task[None] | None = None
+
+    # -- the run's life ----------------------------------------------------------------------
+
+    async def execute(self) -> None:
+        """Run to exactly one terminal event; never raises for the agent's failures.
+
+        A client cancel ends the run with an error event and returns normally (the work item
+        is acked). Cancellation from outside (the worker stopping) propagates, so the item is
+        handed to another worker.
+        """
+        try:
+            if self.first_seq > WORKER_FIRST_SEQ:
+                resumed = json.dumps({"fromSeq": self.first_seq})
+                await self.emit(RunEvent(metadata=Metadata(key=RESUMED_METADATA_KEY, value_json=resumed)))
+            async with self.services.bus.serve(self.control.router(), max_inflight=4):
+                await self._until_done_or_cancelled()
+            await self.finish()
+        finally:
+            await self.writer.close()
+
+    async def _until_done_or_cancelled(self) -> None:
+        agent = asyncio.create_task(self.run_agent())
+        self.control.on_cancel(agent.cancel)
+        try:
+            await asyncio.wait({agent})
+        finally:
+            if not agent.done():
+                agent.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await agent
+        if agent.cancelled() and not self.control.cancelled:
+            raise asyncio.CancelledError
+
+    async def run_agent(self) -> None:
+        """Admission, then the prompt; an ephemeral workspace goes with the run however it ends."""
+        if self.agent is None:
+            await self.fail(UnknownAgentError(f"Unknown agent '{self.request.agent}'"))
+            return
+        try:
+            if await self.admit():
+                await self.prompt()
+        finally:
+            if self.agent.spec.name == SUBAGENT and self.workspace is not None:
+                await asyncio.shield(self.services.memory.drop_workspace(self.workspace))
+
+    async def admit(self) -> bool:
+        """Governance admission; a refusal (or no answer: fail-closed) ends the run."""
+        try:
+            await self.services.governance.admit(self.request)
+        except ServiceError as refused:
+            await self.fail(refused)
+            return False
+        return True
+
+    async def prompt(self) -> None:
+        """The agent's `@prompt` method, or the default loop; a failure ends the run as `agent.failed`."""
+        assert self.agent is not None
+        spec = self.agent.spec
+        try:
+            if spec.prompt_method is None:
+                await self.stream(self.request.message)
+            else:
+                await getattr(self.agent.instance, spec.prompt_method)(self.request.message, self.session)
+        except Exception as exc:
+            log.exception("agent %s failed on run %s", spec.name, self.request.run_id)
+            # The client learns what kind of failure it was, never the traceback.
+            await self.fail(AgentFailedError(type(exc).__name__))
+
+    async def finish(self) -> None:
+        """End a run its agent left open: `complete`, or the cancel's error."""
+        if self._closed:
+            return
+        if self.control.cancelled:
+            await self.fail(RunCancelledError(f"Run cancelled: {self.control.cancel_reason}"))
+        else:
+            await self.emit(RunEvent(complete=Complete()))
+
+    # -- one model exchange (`session.stream`) -----------------------------------------------
+
+    async def stream(self, message: str) -> None:
+        """Answer `message` with the agent's model, its tools and policies, to a terminal event."""
+        assert self.agent is not None
+        pipeline = self.services.pipeline
+        if pipeline.runtime is None:
+            await self.fail(RuntimeUnavailableError(NO_RUNTIME))
+            return
+        staged = history_of(self.request)
+        try:
+            history = await self._history(staged)
+        except HistoryUnavailableError as exc:  # never answered as if the conversation were new
+            await self.fail(exc)
+            return
+        request = await self._model_request(message, history)
+        if request is None:
+            return
+        model = request.model or pipeline.runtime.config.model
+        self._turn = _Turn(message, model=model, staged=bool(staged), answer_from=len(self.answer))
+        try:
+            await self.call_model(self._context(request))
+        finally:
+            turn, self._turn = self._turn, None
+            if not turn.recorded:
+                await asyncio.shield(self._record(turn, None))
+        if not self._breached and self._closed:
+            await self._post_process(request)
+
+    async def _history(self, staged: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+        memory = self.services.pipeline.conversation
+        if memory is None:
+            return staged
+        assert self.agent is not None
+        return await memory.history(self.request, self.agent.harness, staged)
+
+    async def _model_request(self, message: str, history: tuple[ChatMessage, ...]) -> AiRequest | None:
+        """The request the model gets, through the interceptors and recalled facts; None if one failed."""
+        assert self.agent is not None
+        spec, run = self.agent.spec, self.request
+        request = AiRequest(
+            message=message,
+            system_prompt=spec.system_prompt,
+            history=history,
+            model=spec.model,
+            metadata=dict(run.metadata),
+            response_format=spec.response_format,
+            cache_hint=cache_hint(spec, self.agent.harness, run),
+        )
+        for interceptor in spec.interceptors:
+            try:
+                request = await interceptor.pre_process(request)
+            except Exception:
+                log.exception("interceptor %s failed on run %s", type(interceptor).__name__, run.run_id)
+                await self.fail(InterceptorFailedError(f"Interceptor {type(interceptor).__name__} failed"))
+                return None
+        memory = self.services.pipeline.conversation
+        if memory is not None:
+            # The harness's long-term memory runs after the user's interceptors, as Atmosphere's does.
+            request = await memory.recall(run, self.agent.harness, request)
+        return request
+
+    def _context(self, request: AiRequest) -> AgentExecutionContext:
+        assert self.agent is not None
+        spec = self.agent.spec
+        return AgentExecutionContext(
+            run_id=self.request.run_id,
+            agent=spec.name,
+            conversation_id=self.request.conversation_id,
+            request=request,
+            tools=tuple(self.agent.tools.values()),
+            run_tool=self.call_tool,
+            tool_loop=spec.tool_loop,
+            retry=spec.retry,
+            structured_output_retries=spec.structured_output_retries,
+        )
+
+    async def call_model(self, ctx: AgentExecutionContext) -> None:
+        """The runtime answers `ctx`, within the budget's wall clock; its failure ends the run."""
+        runtime = self.services.pipeline.runtime
+        assert runtime is not None
+        assert self.agent is not None
+        budget = self.agent.spec.budget
+        deadline = budget.max_wall_clock if budget is not None and budget.max_wall_clock else None
+        started = time.monotonic()
+        task = self._model_call = asyncio.create_task(runtime.execute(ctx, self.session))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=deadline if deadline and deadline > 0 else None)
+            if not done:
+                assert deadline is not None
+                task.cancel()
+                elapsed_ms = round((time.monotonic() - started) * 1000)
+                await self._trip(budget_breach(BudgetReason.WALL_CLOCK, elapsed_ms, deadline * 1000))
+                return
+            if task.cancelled():
+                if not self._breached:
+                    raise asyncio.CancelledError
+                return
+            error = task.exception()
+            if error is not None:
+                log.error("runtime %s failed on run %s", runtime.name, ctx.run_id, exc_info=error)
+                await self.fail(RuntimeFailedError(f"The model runtime failed ({type(error).__name__})"))
+                return
+            if not self._closed:
+                await self.emit(RunEvent(complete=Complete()))
+        finally:
+            self._model_call = None
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def call_tool(self, call: ToolCallRequest) -> str:
+        """One tool call of the model, through the governed choke point; the text the model gets."""
+        assert self.gateway is not None
+        return await self.gateway.run_tool(call)
+
+    async def _post_process(self, request: AiRequest) -> None:
+        assert self.agent is not None
+        text = "".join(self.answer)
+        for interceptor in reversed(self.agent.spec.interceptors):
+            try:
+                await interceptor.post_process(request, text)
+            except Exception:
+                log.exception(
+                    "interceptor %s post_process failed on run %s", type(interceptor).__name__, self.request.run_id
+                )
+
+    async def _record(self, turn: _Turn, terminal: RunEvent | None) -> None:
+        """Store the turn: on complete the user message and the answer, otherwise the message only."""
+        turn.recorded = True
+        memory = self.services.pipeline.conversation
+        if memory is None or self.agent is None:
+            return
+        completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
+        await memory.record(
+            self.request,
+            self.agent.harness,
+            user=turn.message,
+            answer="".join(self.answer[turn.answer_from :]) if completed else None,
+            model=turn.model,
+            staged=turn.staged,
+        )
+
+    # -- the one event path (the session's host) ---------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether the terminal event was written."""
+        return self._closed
+
+    @property
+    def dropped(self) -> int:
+        """How many events arrived after the terminal one and were dropped."""
+        return self._dropped
+
+    async def emit(self, event: RunEvent) -> None:
+        """Write `event`: the terminal one once, the turn recorded before it; count usage after it."""
+        if self._closed:
+            self._dropped += 1
+            if self._dropped == 1:
+                kind = event.WhichOneof("kind")
+                log.warning("run %s: dropped %s sent after the terminal event", self.request.run_id, kind)
+            return
+        kind = event.WhichOneof("kind")
+        if is_terminal(event):
+            self._closed = True
+            if self._turn is not None and not self._turn.recorded:
+                # Before the terminal event goes out, so the next turn of this conversation (or a
+                # fact extraction) finds this one stored.
+                await self._record(self._turn, event)
+        await self.writer.emit(event)
+        if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
+            self.answer.append(event.text_delta.text)
+        elif kind == "usage":
+            await self._count(event)
+
+    async def fail(self, error: ServiceError) -> None:
+        """End the run with `error` as its terminal event."""
+        await self.emit(RunEvent(error=error.to_proto()))
+
+    async def _count(self, event: RunEvent) -> None:
+        if self.meter is None or self._breached:
+            return
+        breach = self.meter.add(event.usage)
+        if breach is not None:
+            await self._trip(breach)
+
+    async def _trip(self, breach: BudgetExceededError) -> None:
+        """End the run with the budget's error and stop the model call under way."""
+        self._breached = True
+        await self.fail(breach)
+        if self._model_call is not None:
+            self._model_call.cancel()
+
+    # -- what the run is given ---------------------------------------------------------------
+
+    def _workspace(self) -> WorkspaceScope | None:
+        """Where this run's plan and files live; None when it has no plan or file tools."""
+        if self.agent is None:
+            return None
+        if self.agent.spec.name == SUBAGENT:
+            return subagent_scope(self.request)
+        harness = self.agent.harness
+        if not any(name in MEMORY_TOOL_NAMES for name in harness.tools):
+            return None
+        # A run without a conversation (e.g. a bare gRPC call) has a workspace of its own.
+        run = self.request
+        return harness.scope(self.agent.spec.name, run.conversation_id or run.session_id or run.run_id)
+
+    def _gateway(self) -> ToolGateway:
+        assert self.agent is not None
+        harness, options = self.agent.harness, self.services.options
+        return ToolGateway(
+            bus=self.services.bus,
+            run=self.request,
+            emit=self.emit,
+            tools=self.agent.tools,
+            control=self.control,
+            governance=self.services.governance,
+            approval_timeout=options.approval_timeout,
+            workspace=self.workspace,
+            memory_tools=frozenset(name for name in harness.tools if name in MEMORY_TOOL_NAMES),
+            local_tools=self._delegation_tools(),
+            offload_threshold=options.offload_threshold,
+            offload=self.workspace is not None and harness.has_files,
+        )
+
+    def _delegation_tools(self) -> dict[str, LocalTool]:
+        assert self.agent is not None
+        harness = self.agent.harness
+        if not harness.tools.keys() & {"delegate_task", "task"}:
+            return {}
+        delegation = Delegation(
+            self.services.bus, self.request, self.emit, fleet=self.agent.spec.fleet, memory=self.services.memory
+        )
+        local: dict[str, LocalTool] = {"delegate_task": delegation.delegate_task, "task": delegation.task}
+        return {name: handler for name, handler in local.items() if name in harness.tools}
