@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.memory.file_tools import UNAVAILABLE, run_file_tool
-from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
-from atmosphere.memory.filesystem import Entry, Hit
+from atmosphere.memory.vfs.file_tools import UNAVAILABLE, run_file_tool
+from atmosphere.memory.vfs.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.vfs.filesystem import Entry, Hit
 from atmosphere.sdk.builtin_tools import FILE_TOOLS
 from atmosphere.sdk.runtime import ToolSpec
 

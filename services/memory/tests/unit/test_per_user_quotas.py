@@ -8,10 +8,10 @@ from pathlib import Path
 
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits
 from atmosphere.memory.plans import AgentPlan, PlanStatus, PlanStep
 from atmosphere.memory.planstore import PlanKey, PlanStore
-from atmosphere.memory.provider import FileSystemProvider
+from atmosphere.memory.vfs.conversation_stores import ConversationStores
+from atmosphere.memory.vfs.filestore import DEFAULT_LIMITS, Limits
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.service import scoped_conversation
 
@@ -34,7 +34,7 @@ def _age(path: Path, seconds_ago: float) -> None:
 
 
 def test_a_user_at_the_conversation_cap_evicts_only_their_own_stores(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
+    provider = ConversationStores(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
     provider.for_conversation(ada("oldest")).write("a", "ada's")
     gc.collect()
     _age(tmp_path / "owner" / "files" / ada("oldest"), 1000)  # the oldest store of all
@@ -46,7 +46,7 @@ def test_a_user_at_the_conversation_cap_evicts_only_their_own_stores(tmp_path: P
 
 
 def test_anonymous_conversations_share_one_quota_apart_from_users(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner", Limits(max_conversations=1), cache_size=1)
+    provider = ConversationStores(tmp_path / "owner", Limits(max_conversations=1), cache_size=1)
     provider.for_conversation(ada("mine")).write("a", "1")
     provider.for_conversation("anon-1").write("a", "1")
     gc.collect()

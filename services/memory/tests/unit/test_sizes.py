@@ -30,7 +30,8 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
 from atmosphere.memory.handlers import MemoryHandlers
-from atmosphere.memory.store import HistoryChangedError, MemoryStore
+from atmosphere.memory.store import MemoryStore
+from atmosphere.memory.store import StalePageTokenError as HistoryChangedError
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk.compaction import Message, history_digest
 

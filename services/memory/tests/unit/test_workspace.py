@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
-from atmosphere.memory.filesystem import Entry, Hit, WorkspaceError
-from atmosphere.memory.paths import MAX_PATH_DEPTH, validate_path
+from atmosphere.memory.vfs.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.vfs.filesystem import Entry, Hit, WorkspaceError
+from atmosphere.memory.vfs.paths import MAX_PATH_DEPTH, validate_path
 
 
 @pytest.fixture

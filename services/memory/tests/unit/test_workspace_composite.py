@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.memory.composite import CompositeFileSystem, parse_routes
-from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
-from atmosphere.memory.filesystem import Entry, Hit, WorkspaceError
-from atmosphere.memory.paths import sanitize_owner
-from atmosphere.memory.provider import FileSystemProvider
+from atmosphere.memory.vfs.composite import CompositeFileSystem, parse_routes
+from atmosphere.memory.vfs.conversation_stores import ConversationStores
+from atmosphere.memory.vfs.file_tools import run_file_tool
+from atmosphere.memory.vfs.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.vfs.filesystem import Entry, Hit, WorkspaceError
+from atmosphere.memory.vfs.paths import sanitize_owner
 
 # ---- composite
 
@@ -130,7 +130,7 @@ def test_blank_and_hostile_paths_are_rejected_before_routing(composite: Composit
 
 
 def test_conversations_are_isolated_and_lazy(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner")
+    provider = ConversationStores(tmp_path / "owner")
     first = provider.for_conversation("c1")
     second = provider.for_conversation("c2")
     assert provider.for_conversation("c1") is first
@@ -159,14 +159,14 @@ def test_conversations_are_isolated_and_lazy(tmp_path: Path) -> None:
     ],
 )
 def test_conversation_ids_are_one_segment(tmp_path: Path, conversation_id: str, message: str) -> None:
-    provider = FileSystemProvider(tmp_path / "owner")
+    provider = ConversationStores(tmp_path / "owner")
     with pytest.raises(WorkspaceError) as info:
         provider.for_conversation(conversation_id)
     assert str(info.value) == message
 
 
 def test_view_cache_is_lru(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner", cache_size=2)
+    provider = ConversationStores(tmp_path / "owner", cache_size=2)
     first = provider.for_conversation("c1")
     first.write("a", "kept")
     provider.for_conversation("c2")
@@ -188,7 +188,7 @@ def _age(path: Path, seconds_ago: float) -> None:
 
 def test_conversation_cap_evicts_least_recently_modified_idle_stores(tmp_path: Path) -> None:
     files = tmp_path / "owner" / "files"
-    provider = FileSystemProvider(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
+    provider = ConversationStores(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
     provider.for_conversation("old").write("a", "1")
     provider.for_conversation("new").write("a", "1")  # the cache now holds only "new"
     gc.collect()
@@ -200,7 +200,7 @@ def test_conversation_cap_evicts_least_recently_modified_idle_stores(tmp_path: P
 
 def test_conversation_cap_spares_live_stores(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     files = tmp_path / "owner" / "files"
-    provider = FileSystemProvider(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
+    provider = ConversationStores(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
     held = provider.for_conversation("old")  # a session still holds this view: it is live
     held.write("a", "1")
     provider.for_conversation("new").write("a", "1")
@@ -220,7 +220,7 @@ def test_conversation_cap_spares_live_stores(tmp_path: Path, caplog: pytest.LogC
 
 def test_touch_on_write_orders_eviction(tmp_path: Path) -> None:
     files = tmp_path / "owner" / "files"
-    provider = FileSystemProvider(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
+    provider = ConversationStores(tmp_path / "owner", Limits(max_conversations=2), cache_size=1)
     provider.for_conversation("a").write("deep/x", "1")
     provider.for_conversation("b").write("x", "1")
     _age(files / "a", 100)
@@ -233,7 +233,7 @@ def test_touch_on_write_orders_eviction(tmp_path: Path) -> None:
 
 
 def test_drop_conversation(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner")
+    provider = ConversationStores(tmp_path / "owner")
     view = provider.for_conversation("sub-1")
     view.write("tree/a", "12345")
     assert view.usage() == (1, 5)
@@ -249,7 +249,7 @@ def test_drop_conversation(tmp_path: Path) -> None:
 
 
 def test_routes_are_shared_across_conversations(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner", routes={"memory/": tmp_path / "durable"})
+    provider = ConversationStores(tmp_path / "owner", routes={"memory/": tmp_path / "durable"})
     first = provider.for_conversation("c1")
     second = provider.for_conversation("c2")
     first.write("memory/facts.md", "the sky is blue")
@@ -261,7 +261,7 @@ def test_routes_are_shared_across_conversations(tmp_path: Path) -> None:
 
 
 def test_route_root_is_not_a_conversation(tmp_path: Path) -> None:
-    provider = FileSystemProvider(tmp_path / "owner", routes={"memory": tmp_path / "owner"})
+    provider = ConversationStores(tmp_path / "owner", routes={"memory": tmp_path / "owner"})
     provider.for_conversation("c1").write("memory/x", "1")
     provider.for_conversation("c1").write("y", "1")
     assert provider.conversations() == ["c1"]
@@ -269,7 +269,7 @@ def test_route_root_is_not_a_conversation(tmp_path: Path) -> None:
 
 def test_provider_rejects_bad_routes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="duplicate filesystem route"):
-        FileSystemProvider(tmp_path, routes={"a": tmp_path / "x", "a/": tmp_path / "y"})
+        ConversationStores(tmp_path, routes={"a": tmp_path / "x", "a/": tmp_path / "y"})
 
 
 # ---- routes, owners, roots

@@ -26,12 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atmosphere.memory.composite import CompositeFileSystem
-from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.filestore import Limits, WorkspaceFileSystem
-from atmosphere.memory.filesystem import FileSystem, WorkspaceError
-from atmosphere.memory.paths import validate_path
-from atmosphere.memory.storeroot import StoreRoot
+from atmosphere.memory.vfs.composite import CompositeFileSystem
+from atmosphere.memory.vfs.file_tools import run_file_tool
+from atmosphere.memory.vfs.filestore import Limits, WorkspaceFileSystem
+from atmosphere.memory.vfs.filesystem import FileSystem, WorkspaceError
+from atmosphere.memory.vfs.paths import validate_path
+from atmosphere.memory.vfs.storeroot import StoreRoot
 
 CANARY = "CANARY-SECRET-4f1c9"
 PWNED = "pwned"

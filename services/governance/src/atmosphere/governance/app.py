@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from atmosphere.bus import Bus
 from atmosphere.governance.handlers import GovernanceHandlers, MemorySafety, runtime_info
 from atmosphere.governance.injection import Breach
 from atmosphere.governance.settings import GovernanceSettings
@@ -14,8 +15,8 @@ from atmosphere.service import open_service
 log = logging.getLogger("atmosphere.governance")
 
 
-async def serve(settings: GovernanceSettings, *, stop: asyncio.Event) -> None:
-    """Run governance until `stop` is set."""
+async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
+    """Run governance until `stop` is set, on `bus` when given (else on a connection to `settings.nats`)."""
     if settings.ai_memory_safety_tier.strip().upper() != "RULE_BASED":
         log.warning("memory safety tier %s is not available here: using RULE_BASED", settings.ai_memory_safety_tier)
     safety = MemorySafety(
@@ -25,7 +26,7 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event) -> None:
     )
     async with (
         DecisionLog.open(settings.db_path) as decisions,
-        open_service("governance", settings, info=lambda: runtime_info(safety), stop=stop) as runtime,
+        open_service("governance", settings, info=lambda: runtime_info(safety), stop=stop, bus=bus) as runtime,
         runtime.bus.serve(
             GovernanceHandlers(decisions, safety, max_payload=runtime.bus.max_payload).router(), queue="governance"
         ),

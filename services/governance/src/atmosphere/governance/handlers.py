@@ -20,7 +20,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import MessageContext, Router, ServiceError, subjects
+from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, reply_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
@@ -34,6 +34,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ScreenFactsRequest,
     ScreenFactsResponse,
 )
+from atmosphere.governance.errors import GovernanceBadRequestError
 from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
 from atmosphere.governance.store import DecisionLog, DecisionRow
 
@@ -49,17 +50,11 @@ _ITEM_OVERHEAD = 16
 """Protobuf framing of one screened fact or decision record in a reply."""
 
 
-class BadRequestError(ServiceError):
-    """A malformed request: an id or a name too long to be one."""
-
-    code = "governance.bad_request"
-
-
 def _check_fields(**fields: str) -> None:
     for name, value in fields.items():
         if len(value) > MAX_FIELD_CHARS:
             msg = f"{name} is {len(value)} characters; the limit is {MAX_FIELD_CHARS}"
-            raise BadRequestError(msg)
+            raise GovernanceBadRequestError(msg)
 
 
 def _check_principal(principal: Principal) -> None:
@@ -172,7 +167,7 @@ class GovernanceHandlers:
         response = ScreenFactsResponse(facts=screened, tier=TIER, breach=safety.breach.value)
         if response.ByteSize() > self._reply_bytes:  # even the refusals do not fit: refuse the request
             msg = f"{len(request.facts)} facts in one request; at most {MAX_FACTS_PER_REQUEST} are screened at once"
-            raise BadRequestError(msg)
+            raise GovernanceBadRequestError(msg)
         return response
 
     def _screen_one(self, fact: str) -> tuple[ScreenedFact, ScreenOutcome | None]:

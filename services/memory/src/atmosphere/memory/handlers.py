@@ -19,7 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from atmosphere.bus import MessageContext, Router, ServiceError, subjects
+from atmosphere.bus import MessageContext, Router, subjects
+from atmosphere.bus.errors import HistoryChangedError
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, clip, data_budget, head, reply_budget, utf8_len
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -46,10 +47,10 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.run.v1.run_pb2 import PlanStep, PlanUpdate, RunEvent
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
-from atmosphere.memory.file_tools import run_file_tool
-from atmosphere.memory.filesystem import WorkspaceError
+from atmosphere.memory.errors import MemoryBadRequestError, MemoryNotFoundError
 from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
-from atmosphere.memory.store import HistoryChangedError, MemoryStore, bound_fact
+from atmosphere.memory.store import MemoryStore, StalePageTokenError, bound_fact
+from atmosphere.memory.vfs import MissingFileError, WorkspaceError, run_file_tool
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
 from atmosphere.sdk.compaction import Message, parse_strategy
@@ -58,25 +59,6 @@ log = logging.getLogger("atmosphere.memory")
 
 ScreenFacts = Callable[[ScreenFactsRequest], Awaitable[ScreenFactsResponse]]
 MAX_FACTS = 100
-
-
-class BadRequestError(ServiceError):
-    """A malformed id, scope or path."""
-
-    code = "memory.bad_request"
-
-
-class NotFoundError(ServiceError):
-    """No such plan, file or directory."""
-
-    code = "memory.not_found"
-
-
-class StalePageError(ServiceError):
-    """The history changed between two pages of one read: read it again from the start."""
-
-    code = "memory.history_changed"
-    retryable = True
 
 
 _ENTRY_OVERHEAD = 24
@@ -101,7 +83,7 @@ def _from_wire(messages: Any) -> list[Message]:
     try:
         return [Message(m.role, m.content) for m in messages]
     except ValueError as exc:
-        raise BadRequestError(str(exc)) from exc
+        raise MemoryBadRequestError(str(exc)) from exc
 
 
 def plan_update(plan: AgentPlan, *, conversation_id: str, agent_id: str) -> PlanUpdate:
@@ -147,10 +129,11 @@ class MemoryHandlers:
             page = await self._store.history_page(
                 request.agent, request.conversation_id, request.page_token, max_bytes=self._reply_bytes
             )
-        except HistoryChangedError as exc:
-            raise StalePageError(str(exc)) from exc
+        except StalePageTokenError as exc:
+            # Retryable: the same read, started again from the first page, succeeds.
+            raise HistoryChangedError(str(exc), retryable=True) from exc
         except ValueError as exc:
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
         return LoadHistoryResponse(
             messages=[ChatMessage(role=m.role, content=m.content, partial=m.partial) for m in page.messages],
             next_page_token=page.next_token,
@@ -171,7 +154,7 @@ class MemoryHandlers:
                 recent_window=self._recent_window,
             )
         except ValueError as exc:
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
         return AppendTurnResponse(stored_messages=stored)
 
     async def replace_history(self, request: ReplaceHistoryRequest, _ctx: MessageContext) -> ReplaceHistoryResponse:
@@ -179,7 +162,7 @@ class MemoryHandlers:
         base = _from_wire(request.base.messages) if request.HasField("base") else None
         digest = (request.base_count, request.base_sha256) if request.base_sha256 else None
         if request.base_count < 0:
-            raise BadRequestError(f"base_count must not be negative, got {request.base_count}")
+            raise MemoryBadRequestError(f"base_count must not be negative, got {request.base_count}")
         messages = _from_wire(request.messages)
         try:
             if not messages and base is None and digest is None:
@@ -189,7 +172,7 @@ class MemoryHandlers:
                 request.agent, request.conversation_id, messages, base=base, base_digest=digest
             )
         except ValueError as exc:
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
         return ReplaceHistoryResponse(stored_messages=len(messages) if replaced else 0, replaced=replaced)
 
     # -- long-term facts -----------------------------------------------------------------------
@@ -202,7 +185,7 @@ class MemoryHandlers:
         """
         facts = [fact for fact in (bound_fact(f) for f in request.facts[:MAX_FACTS]) if fact]
         if not request.user_id.strip():
-            raise BadRequestError("facts need a user id")
+            raise MemoryBadRequestError("facts need a user id")
         keep: list[str] = []
         flagged = 0
         for batch in self._screen_batches(facts, request):
@@ -326,7 +309,7 @@ class MemoryHandlers:
                 self._workspaces.drop, request.workspace, conversation_only=request.conversation_only
             )
         except WorkspaceError as exc:
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
         return DropWorkspaceResponse(existed=existed)
 
     async def get_plan(self, request: GetPlanRequest, _ctx: MessageContext) -> GetPlanResponse:
@@ -336,7 +319,7 @@ class MemoryHandlers:
             store = self._workspaces.plans(scope)
             plan = await asyncio.to_thread(store.get, scope.agent_id, scope.conversation_id)
         except (WorkspaceError, PlanError, ValueError) as exc:  # PlanError: a traversal-shaped plan key
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
         if plan is None:
             return GetPlanResponse(found=False)
         update = plan_update(plan, conversation_id=scope.conversation_id, agent_id=scope.agent_id)
@@ -345,7 +328,7 @@ class MemoryHandlers:
     async def list_files(self, request: ListFilesRequest, _ctx: MessageContext) -> ListFilesResponse:
         """`atmo.mem.files.list` (admin): the entries from `offset` that fit in one reply."""
         if request.offset < 0:
-            raise BadRequestError(f"offset must not be negative, got {request.offset}")
+            raise MemoryBadRequestError(f"offset must not be negative, got {request.offset}")
 
         def listing() -> ListFilesResponse:
             files = self._workspaces.files(request.workspace)
@@ -355,7 +338,7 @@ class MemoryHandlers:
         try:
             return await asyncio.to_thread(listing)
         except WorkspaceError as exc:
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
 
     def _listing_page(self, entries: list[Any], offset: int) -> ListFilesResponse:
         """The entries from `offset` that fit in one reply; `next_offset` when more follow."""
@@ -373,23 +356,23 @@ class MemoryHandlers:
     async def read_file(self, request: ReadFileRequest, _ctx: MessageContext) -> ReadFileResponse:
         """`atmo.mem.files.read` (admin): the content from `offset` that fits in one reply."""
         if request.offset < 0:
-            raise BadRequestError(f"offset must not be negative, got {request.offset}")
+            raise MemoryBadRequestError(f"offset must not be negative, got {request.offset}")
 
         def reading() -> ReadFileResponse:
             content = self._workspaces.files(request.workspace).read(request.path)
             if request.offset > len(content):
                 msg = f"offset {request.offset} is past the end of {request.path} ({len(content)} characters)"
-                raise BadRequestError(msg)
+                raise MemoryBadRequestError(msg)
             piece = head(content[request.offset :], self._reply_bytes)
             end = request.offset + len(piece)
             return ReadFileResponse(content=piece, length=len(content), next_offset=end if end < len(content) else 0)
 
         try:
             return await asyncio.to_thread(reading)
+        except MissingFileError as exc:
+            raise MemoryNotFoundError(str(exc)) from exc
         except WorkspaceError as exc:
-            if str(exc).startswith("File not found"):
-                raise NotFoundError(str(exc)) from exc
-            raise BadRequestError(str(exc)) from exc
+            raise MemoryBadRequestError(str(exc)) from exc
 
     def router(self) -> Router:
         """Memory's subjects."""

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from atmosphere.memory.dirfd import DIR_FLAGS, is_link_at, read_all, replace_atomically
 from atmosphere.memory.plans import MAX_STEPS, AgentPlan, PlanError, PlanStatus, PlanStep
+from atmosphere.memory.vfs import DIR_FLAGS, is_link_at, read_all, replace_atomically
 from atmosphere.service import conversation_user_key
 
 log = logging.getLogger("atmosphere.memory.plans")

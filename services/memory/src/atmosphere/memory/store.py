@@ -20,7 +20,7 @@ Reading in pages: a history can be larger than one bus message (20 messages of u
 so `history_page` hands it out in pages of a given size, splitting a message that does not fit
 (`PageMessage.partial`). The page token names where the next page starts and the history's
 version (count and seq range): a history that changed between two pages is refused
-(`HistoryChangedError`) rather than stitched from two different states.
+(`StalePageTokenError`) rather than stitched from two different states.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import aiosqlite
 from atmosphere.bus.sizes import head, utf8_len
 from atmosphere.sdk.compaction import (
     DEFAULT_RECENT_WINDOW,
+    SLIDING_WINDOW,
+    TOKEN_WINDOW,
     Message,
     apply_summary,
     history_digest,
@@ -127,8 +129,12 @@ def _check_conversation(conversation_id: str) -> None:
         raise ValueError(msg)
 
 
-class HistoryChangedError(ValueError):
-    """The history changed since the page token was issued (read it again from the start)."""
+class StalePageTokenError(ValueError):
+    """The history changed since the page token was issued (read it again from the start).
+
+    Memory's handler answers it as the catalogue's `HistoryChangedError` (`memory.history_changed`);
+    the store itself knows nothing of the bus.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +303,7 @@ class MemoryStore:
 
         Raises:
             ValueError: a malformed token or a page size too small to make progress.
-            HistoryChangedError: the history changed since `token` was issued.
+            StalePageTokenError: the history changed since `token` was issued.
         """
         if max_bytes < MIN_PAGE_PIECE:
             msg = f"a history page must hold at least {MIN_PAGE_PIECE} bytes, not {max_bytes}"
@@ -307,7 +313,7 @@ class MemoryStore:
             cursor = _Cursor.parse(token) if token else _Cursor(first_seq, 0, version)
             if cursor.version != version:
                 msg = "the conversation history changed while it was being read in pages; read it again"
-                raise HistoryChangedError(msg)
+                raise StalePageTokenError(msg)
             return await self._fill_page(agent, conversation_id, cursor, max_bytes)
 
     async def _version(self, agent: str, conversation_id: str) -> tuple[str, int]:
@@ -396,9 +402,9 @@ class MemoryStore:
                 )
                 rows.append((next_seq + offset, message.role, len(content)))
             roles = [role for _, role, _ in rows]
-            if parsed == "token-window":
+            if parsed == TOKEN_WINDOW:
                 keep = token_window_keep(roles, [chars for _, _, chars in rows], max_messages, model_window(model))
-            elif parsed == "sliding-window":
+            elif parsed == SLIDING_WINDOW:
                 keep = sliding_window_keep(roles, max_messages)
             else:
                 return await self._summarizing_backstop(db, agent, conversation_id, max_messages, recent_window)

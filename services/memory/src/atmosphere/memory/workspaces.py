@@ -16,11 +16,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits
-from atmosphere.memory.filesystem import FileSystem, WorkspaceError
-from atmosphere.memory.paths import check_conversation_id, sanitize_owner
 from atmosphere.memory.planstore import PlanStore
-from atmosphere.memory.provider import FileSystemProvider
+from atmosphere.memory.vfs import (
+    DEFAULT_LIMITS,
+    ConversationStores,
+    FileSystem,
+    Limits,
+    WorkspaceError,
+    check_conversation_id,
+    sanitize_owner,
+)
 
 CATEGORIES = frozenset({"agents", "coordinators", "endpoints", "subagents"})
 EPHEMERAL = "subagents"
@@ -29,7 +34,7 @@ _SPAWN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class Workspaces:
-    """Plan stores and file providers by owner."""
+    """Plan stores and conversation file stores by owner."""
 
     def __init__(
         self, root: Path, *, routes: Mapping[str, Path] | None = None, limits: Limits = DEFAULT_LIMITS
@@ -39,7 +44,7 @@ class Workspaces:
         self._routes = dict(routes or {})
         self._limits = limits
         self._lock = threading.Lock()
-        self._owners: OrderedDict[Path, tuple[PlanStore, FileSystemProvider]] = OrderedDict()
+        self._owners: OrderedDict[Path, tuple[PlanStore, ConversationStores]] = OrderedDict()
 
     @property
     def root(self) -> Path:
@@ -56,14 +61,14 @@ class Workspaces:
             raise WorkspaceError(msg)
         return self._root / scope.category / sanitize_owner(scope.owner)
 
-    def _stores(self, scope: WorkspaceScope) -> tuple[PlanStore, FileSystemProvider]:
+    def _stores(self, scope: WorkspaceScope) -> tuple[PlanStore, ConversationStores]:
         root = self.owner_root(scope)
         with self._lock:
             stores = self._owners.get(root)
             if stores is None:
                 # Ephemeral sub-agent workspaces never see the shared routes: they are isolated.
                 routes = {} if scope.category == EPHEMERAL else self._routes
-                stores = (PlanStore(root), FileSystemProvider(root, self._limits, routes))
+                stores = (PlanStore(root), ConversationStores(root, self._limits, routes))
                 self._owners[root] = stores
                 while len(self._owners) > MAX_OWNERS:
                     self._owners.popitem(last=False)  # state is on disk; a later call rebuilds it

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from atmosphere.bus import subjects
+from atmosphere.bus import Bus, subjects
 from atmosphere.sandbox.handlers import ToolHost, descriptors, runtime_info
 from atmosphere.sandbox.settings import SandboxSettings
 from atmosphere.service import load_service_app, open_service
 
 
-async def serve(settings: SandboxSettings, *, stop: asyncio.Event) -> None:
-    """Run sandbox until `stop` is set."""
+async def serve(settings: SandboxSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
+    """Run sandbox until `stop` is set, on `bus` when given (else on a connection to `settings.nats`)."""
     tools = load_service_app(settings.app, settings.app_dir).tools
-    async with open_service("sandbox", settings, info=lambda: runtime_info(tools), stop=stop) as runtime:
+    async with open_service("sandbox", settings, info=lambda: runtime_info(tools), stop=stop, bus=bus) as runtime:
         for descriptor in descriptors(tools):
             await runtime.bus.kv_put(subjects.TOOLS_BUCKET, descriptor.name, descriptor)
         host = ToolHost(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from atmosphere.bus import ConsumerSpec, subjects
+from atmosphere.bus import Bus, ConsumerSpec, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.service import open_service
 from atmosphere.tape.handlers import TapeHandlers
@@ -16,15 +16,15 @@ RECORDER = "tape"
 """The durable consumer the tape records from."""
 
 
-async def serve(settings: TapeSettings, *, stop: asyncio.Event) -> None:
-    """Run the tape until `stop` is set."""
+async def serve(settings: TapeSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
+    """Run the tape until `stop` is set, on `bus` when given (else on a connection to `settings.nats`)."""
 
     def info() -> dict[str, Any]:
         return {"tape": {"enabled": True, "store": "sqlite"}}
 
     async with (
         TapeStore.open(settings.db_path) as store,
-        open_service("tape", settings, info=info, stop=stop) as runtime,
+        open_service("tape", settings, info=info, stop=stop, bus=bus) as runtime,
     ):
         handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload)
         recorder = ConsumerSpec(

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from atmosphere.bus import MessageContext, Router, ServiceError, WorkItem, subjects
+from atmosphere.bus import MessageContext, Router, WorkItem, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, reply_budget, utf8_len
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tape.v1.tape_pb2 import (
@@ -26,6 +26,7 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     TapeRun,
     TapeStep,
 )
+from atmosphere.tape.errors import TapeBadRequestError
 from atmosphere.tape.store import RunRow, Step, StepRecord, TapeStore
 
 log = logging.getLogger("atmosphere.tape")
@@ -43,16 +44,10 @@ _ITEM_OVERHEAD = 16
 """Protobuf framing of one step or run in a reply."""
 
 
-class BadRequestError(ServiceError):
-    """A query that cannot be answered as asked (an id too long, a seq out of range)."""
-
-    code = "tape.bad_request"
-
-
 def _check_id(name: str, value: str) -> None:
     if len(value) > MAX_ID_CHARS:
         msg = f"{name} is {len(value)} characters; the limit is {MAX_ID_CHARS}"
-        raise BadRequestError(msg)
+        raise TapeBadRequestError(msg)
 
 
 # Step kinds use the wire's event names; text deltas are recorded as "text" steps.
@@ -155,7 +150,7 @@ class TapeHandlers:
         _check_id("run_id", request.run_id)
         if request.from_seq > MAX_SEQ:
             msg = f"from_seq {request.from_seq} is out of range (at most {MAX_SEQ})"
-            raise BadRequestError(msg)
+            raise TapeBadRequestError(msg)
         limit = min(request.max or DEFAULT_MAX_STEPS, MAX_STEPS)
         if limit < 0:
             limit = DEFAULT_MAX_STEPS

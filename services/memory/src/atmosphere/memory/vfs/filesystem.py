@@ -17,6 +17,10 @@ class WorkspaceError(Exception):
     """A rejected file operation; `str(error)` is what the model sees after `Error: `."""
 
 
+class MissingFileError(WorkspaceError):
+    """The file named does not exist (the admin read answers it as not found, not as malformed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One `ls` line: a path relative to the store root."""

@@ -2,8 +2,8 @@
 
 Layout: `{workspace_root}/{agents|coordinators|endpoints}/{owner}/files/{conversation_id}/` holds one
 conversation's files; a routed prefix (`LLM_FILESYSTEM_ROUTES`) lives at `{dir}/files/shared/` and is
-shared by every conversation. This module is one such store and its bounds; `provider` decides which
-store a conversation sees, and `composite` puts a conversation's store and the routed ones behind one
+shared by every conversation. This module is one such store and its bounds; `conversation_stores` decides
+which store a conversation sees, and `composite` puts a conversation's store and the routed ones behind one
 namespace.
 
 Security model, in the order a model-supplied path meets it:
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from atmosphere.memory.dirfd import (
+from atmosphere.memory.vfs.dirfd import (
     DIR_FLAGS,
     Usage,
     check_regular,
@@ -39,10 +39,10 @@ from atmosphere.memory.dirfd import (
     replace_atomically,
     walk_tree,
 )
-from atmosphere.memory.filesystem import Entry, Hit, WorkspaceError
-from atmosphere.memory.paths import MAX_PATH_BYTES, MAX_PATH_DEPTH, addressable, validate_path
-from atmosphere.memory.patterns import compile_glob, compile_regex, timeout_error
-from atmosphere.memory.storeroot import StoreRoot, classify_open_error
+from atmosphere.memory.vfs.filesystem import Entry, Hit, MissingFileError, WorkspaceError
+from atmosphere.memory.vfs.paths import MAX_PATH_BYTES, MAX_PATH_DEPTH, addressable, validate_path
+from atmosphere.memory.vfs.patterns import compile_glob, compile_regex, timeout_error
+from atmosphere.memory.vfs.storeroot import StoreRoot, classify_open_error
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -187,7 +187,7 @@ class WorkspaceFileSystem:
         norm = validate_path(path)
         opened = self._tree.open_file(norm)
         if opened is None:
-            raise WorkspaceError(f"File not found: {norm}")
+            raise MissingFileError(f"File not found: {norm}")
         fd, st = opened
         limit = self._limits.max_file_bytes
         try:
@@ -358,7 +358,7 @@ class WorkspaceFileSystem:
             if parent is None:
                 parent = self._tree.open_parent(segments, norm, create=True)
                 if parent is None:  # pragma: no cover - create=True never answers None
-                    raise WorkspaceError(f"File not found: {norm}")
+                    raise MissingFileError(f"File not found: {norm}")
             replace_atomically(parent, segments[-1], data, temp=f".atmo-{uuid.uuid4().hex}.tmp", mode=0o644)
         finally:
             if parent is not None:

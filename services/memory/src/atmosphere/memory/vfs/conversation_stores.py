@@ -2,8 +2,8 @@
 
 Layout: `{owner_root}/files/{conversation_id}/` per conversation; each route of
 `LLM_FILESYSTEM_ROUTES` is a store at `{dir}/files/shared/`, shared by every conversation and
-mounted through a `CompositeFileSystem`. The provider also bounds how many conversation stores each
-user keeps under an owner: past `max_conversations`, that user's least recently modified idle ones
+mounted through a `CompositeFileSystem`. `ConversationStores` also bounds how many conversation stores
+each user keeps under an owner: past `max_conversations`, that user's least recently modified idle ones
 are deleted (bounded, never bricked: a new conversation always gets a store; and per user, so one
 user's conversations never evict another's).
 """
@@ -19,20 +19,20 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from atmosphere.memory.composite import CompositeFileSystem
-from atmosphere.memory.dirfd import DIR_FLAGS, lstat_at, remove_tree
-from atmosphere.memory.filestore import DEFAULT_LIMITS, Limits, WorkspaceFileSystem
-from atmosphere.memory.filesystem import FileSystem
-from atmosphere.memory.paths import check_conversation_id, keyed_routes
-from atmosphere.memory.storeroot import live_state, root_key
+from atmosphere.memory.vfs.composite import CompositeFileSystem
+from atmosphere.memory.vfs.dirfd import DIR_FLAGS, lstat_at, remove_tree
+from atmosphere.memory.vfs.filestore import DEFAULT_LIMITS, Limits, WorkspaceFileSystem
+from atmosphere.memory.vfs.filesystem import FileSystem
+from atmosphere.memory.vfs.paths import check_conversation_id, keyed_routes
+from atmosphere.memory.vfs.storeroot import live_state, root_key
 from atmosphere.service import conversation_user_key
 
 # The workspace modules share one logger name, the one operators already filter on.
 log = logging.getLogger("atmosphere.memory.workspace")
 
 
-class FileSystemProvider:
-    """Per-owner file stores: one per conversation, plus routed stores shared by all of them.
+class ConversationStores:
+    """One owner's file stores: one per conversation, plus routed stores shared by all of them.
 
     Views are cached (LRU); an evicted view loses nothing (the state lives on disk and in the
     per-root registry). When a new conversation store is about to be created and its user already
@@ -181,4 +181,4 @@ class FileSystemProvider:
         return removed
 
 
-__all__ = ["FileSystemProvider"]
+__all__ = ["ConversationStores"]

@@ -15,7 +15,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import TypeVar
 
-from atmosphere.memory.filesystem import WorkspaceError
+from atmosphere.memory.vfs.filesystem import WorkspaceError
 
 MAX_SEGMENT_BYTES = 255
 """Longest path segment (UTF-8 bytes): the usual `NAME_MAX`."""

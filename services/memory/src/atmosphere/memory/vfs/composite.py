@@ -12,8 +12,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from atmosphere.memory.filesystem import Entry, FileSystem, Hit, WorkspaceError
-from atmosphere.memory.paths import keyed_routes, route_key, validate_path
+from atmosphere.memory.vfs.filesystem import Entry, FileSystem, Hit, WorkspaceError
+from atmosphere.memory.vfs.paths import keyed_routes, route_key, validate_path
 
 # The workspace modules share one logger name, the one operators already filter on.
 log = logging.getLogger("atmosphere.memory.workspace")

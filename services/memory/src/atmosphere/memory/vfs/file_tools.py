@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from atmosphere.bus.sizes import head, utf8_len
-from atmosphere.memory.filesystem import FileSystem, WorkspaceError
+from atmosphere.memory.vfs.filesystem import FileSystem, WorkspaceError
 from atmosphere.sdk.builtin_tools import FILE_TOOLS, unknown_arguments
 from atmosphere.sdk.runtime import ToolSpec
 

@@ -15,8 +15,8 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from atmosphere.memory.filesystem import WorkspaceError
-from atmosphere.memory.paths import MAX_PATH_DEPTH
+from atmosphere.memory.vfs.filesystem import WorkspaceError
+from atmosphere.memory.vfs.paths import MAX_PATH_DEPTH
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """Open a directory beneath a fd, refusing a link."""

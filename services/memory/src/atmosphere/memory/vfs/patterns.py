@@ -13,8 +13,8 @@ from typing import Protocol
 # `regex` ships no type stubs; it is used only through the small typed surface below.
 import regex  # type: ignore[import-untyped]
 
-from atmosphere.memory.filesystem import WorkspaceError
-from atmosphere.memory.paths import display
+from atmosphere.memory.vfs.filesystem import WorkspaceError
+from atmosphere.memory.vfs.paths import display
 
 
 class Matcher(Protocol):

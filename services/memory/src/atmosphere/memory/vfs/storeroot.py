@@ -4,7 +4,7 @@
 (`dirfd`), never following a link, creating missing directories on request. It also owns the
 per-root state that every `WorkspaceFileSystem` instance for the same root shares in this process:
 one lock for all mutations and the file/byte/directory accounting that enforces the bounds. The
-state is held weakly, so `live_state` tells the provider which stores are in use (and must not be
+state is held weakly, so `live_state` tells `ConversationStores` which stores are in use (and must not be
 evicted).
 """
 
@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-from atmosphere.memory.dirfd import (
+from atmosphere.memory.vfs.dirfd import (
     DIR_FLAGS,
     READ_FLAGS,
     Usage,
@@ -28,7 +28,7 @@ from atmosphere.memory.dirfd import (
     lstat_at,
     walk_tree,
 )
-from atmosphere.memory.filesystem import WorkspaceError
+from atmosphere.memory.vfs.filesystem import WorkspaceError
 
 
 class _StoreState:
@@ -120,7 +120,7 @@ class StoreRoot:
         self._state.usage = None
 
     def touch(self) -> None:
-        """Bump the root's mtime: the provider evicts the least recently modified conversation."""
+        """Bump the root's mtime: `ConversationStores` evicts the least recently modified conversation."""
         with contextlib.suppress(OSError):
             os.utime(self.key, follow_symlinks=False)
 

@@ -1,0 +1,129 @@
+"""Memory's real `serve()` on a `FakeBus`: history, file tools and the fact screen, wired as deployed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from atmosphere.bus import MessageContext, NoRespondersError, Router, subjects
+from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
+from atmosphere.contracts.governance.v1.governance_pb2 import ScreenedFact, ScreenFactsRequest, ScreenFactsResponse
+from atmosphere.contracts.memory.v1.memory_pb2 import (
+    AppendTurnRequest,
+    AppendTurnResponse,
+    ChatMessage,
+    GetFactsRequest,
+    GetFactsResponse,
+    LoadHistoryRequest,
+    LoadHistoryResponse,
+    SaveFactsRequest,
+    SaveFactsResponse,
+)
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.memory.app import serve
+from atmosphere.memory.settings import MemorySettings
+
+SCOPE = WorkspaceScope(category="agents", owner="planner", agent_id="planner", conversation_id="c1")
+
+
+@dataclass(frozen=True)
+class Running:
+    bus: FakeBus
+    data: Path
+    workspace: Path
+
+
+async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
+    """Ask memory's health until it says ready (the test's own timeout bounds the wait)."""
+    while True:
+        if task.done():
+            task.result()  # the service's own error, if it failed
+            raise AssertionError("memory ended before it was ready")
+        with contextlib.suppress(NoRespondersError):
+            health = await bus.request(subjects.service_health("memory"), HealthCheckRequest(), HealthCheckResponse)
+            if health.ready:
+                return
+        await asyncio.sleep(0.01)  # the SQLite store opens in a thread: let it
+
+
+def governance_screen() -> Router:
+    """A stand-in for governance's fact screen: stores every fact but the one saying "drop"."""
+
+    async def screen(request: ScreenFactsRequest, _ctx: MessageContext) -> ScreenFactsResponse:
+        facts = [ScreenedFact(store="drop" not in fact, text=fact, verdict="SAFE") for fact in request.facts]
+        return ScreenFactsResponse(facts=facts, tier="RULE_BASED", breach="DROP")
+
+    router = Router()
+    router.add(subjects.governance("screen_facts"), ScreenFactsRequest, screen)
+    return router
+
+
+@contextlib.asynccontextmanager
+async def memory(tmp_path: Path) -> AsyncIterator[Running]:
+    """Memory served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
+    bus = FakeBus()
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    settings = MemorySettings(data_dir=data, workspace_root=workspace, probe_host="127.0.0.1", probe_port=0)
+    stop = asyncio.Event()
+    async with bus.serve(governance_screen()):
+        task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
+        try:
+            await wait_ready(bus, task)
+            yield Running(bus, data, workspace)
+        finally:
+            stop.set()
+            await task  # a clean exit: no exception
+
+
+async def tool(bus: FakeBus, name: str, arguments: dict[str, str]) -> ToolResult:
+    call = ToolCall(call_id=f"call-{name}", name=name, arguments_json=json.dumps(arguments), agent="planner")
+    call.workspace.CopyFrom(SCOPE)
+    return await bus.request(subjects.memory_tool(name), call, ToolResult)
+
+
+async def test_serve_keeps_a_conversations_history(tmp_path: Path) -> None:
+    turn = AppendTurnRequest(
+        conversation_id="c1",
+        agent="chat",
+        run_id="r1",
+        user=ChatMessage(role="user", content="hello"),
+        assistant=ChatMessage(role="assistant", content="hi there"),
+    )
+    async with memory(tmp_path) as running:
+        appended = await running.bus.request(subjects.memory("history.append"), turn, AppendTurnResponse)
+        history = await running.bus.request(
+            subjects.memory("history.load"), LoadHistoryRequest(conversation_id="c1", agent="chat"), LoadHistoryResponse
+        )
+    assert appended.stored_messages == 2
+    assert [(m.role, m.content) for m in history.messages] == [("user", "hello"), ("assistant", "hi there")]
+    assert history.next_page_token == ""
+    assert (running.data / "memory.db").exists()
+
+
+async def test_serve_runs_the_file_tools_in_the_configured_workspace(tmp_path: Path) -> None:
+    async with memory(tmp_path) as running:
+        written = await tool(running.bus, "write_file", {"path": "notes.md", "content": "- milk"})
+        read = await tool(running.bus, "read_file", {"path": "notes.md"})
+    assert (written.call_id, written.content, written.is_error) == ("call-write_file", "Wrote notes.md", False)
+    assert "- milk" in read.content
+    assert not read.is_error
+    assert (running.workspace / "agents" / "planner" / "files" / "c1" / "notes.md").read_text() == "- milk"
+
+
+async def test_serve_asks_governance_to_screen_facts_before_storing_them(tmp_path: Path) -> None:
+    async with memory(tmp_path) as running:
+        saved = await running.bus.request(
+            subjects.memory("facts.save"),
+            SaveFactsRequest(user_id="ada", facts=["likes tea", "drop me"]),
+            SaveFactsResponse,
+        )
+        recalled = await running.bus.request(
+            subjects.memory("facts.get"), GetFactsRequest(user_id="ada"), GetFactsResponse
+        )
+    assert (saved.stored, saved.dropped) == (1, 1)
+    assert list(recalled.facts) == ["likes tea"]

@@ -1,0 +1,92 @@
+"""Sandbox's real `serve()` on a `FakeBus`: it loads the app from its settings and hosts its tools."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from atmosphere.bus import NoRespondersError, subjects
+from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolResult
+from atmosphere.sandbox.app import serve
+from atmosphere.sandbox.settings import SandboxSettings
+
+APP_MODULE = "sandbox_wiring_app"
+APP_SOURCE = '''
+"""A tiny app for the wiring test: one agent with one tool."""
+
+from atmosphere.sdk import App, agent, tool
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@agent(name="adder", tools=[add], harness=[])
+class Adder:
+    """Adds."""
+
+
+app = App(agents=[Adder])
+'''
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory holding the tiny app; the import path and the module are restored afterwards."""
+    directory = tmp_path / "app"
+    directory.mkdir()
+    (directory / f"{APP_MODULE}.py").write_text(textwrap.dedent(APP_SOURCE))
+    monkeypatch.syspath_prepend(str(directory))  # already there: `load_app` leaves sys.path alone
+    monkeypatch.delitem(sys.modules, APP_MODULE, raising=False)  # restored (absent) after the test
+    return directory
+
+
+async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
+    """Ask sandbox's health until it says ready (the test's own timeout bounds the wait)."""
+    while True:
+        if task.done():
+            task.result()  # the service's own error, if it failed
+            raise AssertionError("sandbox ended before it was ready")
+        with contextlib.suppress(NoRespondersError):
+            health = await bus.request(subjects.service_health("sandbox"), HealthCheckRequest(), HealthCheckResponse)
+            if health.ready:
+                return
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def sandbox(app_dir: Path) -> AsyncIterator[FakeBus]:
+    """Sandbox served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
+    bus = FakeBus()
+    settings = SandboxSettings(
+        app=f"{APP_MODULE}:app", app_dir=app_dir, data_dir=app_dir / "data", probe_host="127.0.0.1", probe_port=0
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
+    try:
+        await wait_ready(bus, task)
+        yield bus
+    finally:
+        stop.set()
+        await task  # a clean exit: no exception
+
+
+async def test_serve_publishes_and_hosts_the_apps_tools(app_dir: Path) -> None:
+    async with sandbox(app_dir) as bus:
+        descriptor = await bus.kv_get(subjects.TOOLS_BUCKET, "add", ToolDescriptor)
+        result = await bus.request(
+            subjects.tool("add"), ToolCall(call_id="c1", name="add", arguments_json='{"a": 2, "b": 3}'), ToolResult
+        )
+    assert descriptor is not None
+    assert descriptor.provider == "sandbox"
+    assert (result.call_id, result.content, result.is_error) == ("c1", "5", False)
