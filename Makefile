@@ -15,6 +15,10 @@ RUN := $(UV) run --frozen --no-sync
 SOURCES := libs/*/src services/*/src examples
 PYTEST_ARGS ?=
 RUN_ARGS ?=
+# The commit whose proto/ must stay wire-compatible (`buf breaking`, rules in buf.yaml). Empty:
+# HEAD while proto/ has uncommitted changes, else HEAD~1, so a fresh clone (.ci/run) checks the
+# last commit. Set it to the previous landing to check several commits: BREAKING_BASE=<sha>.
+BREAKING_BASE ?=
 
 .PHONY: help install run test lint fmt typecheck proto proto-check pytest bench clean
 
@@ -54,8 +58,9 @@ typecheck: install ## mypy --strict on every library, service and example
 proto: install ## Regenerate libs/contracts from proto/
 	$(RUN) python scripts/gen_protos.py
 
-proto-check: install ## Fail when libs/contracts is stale
+proto-check: install ## Fail when libs/contracts is stale or proto/ breaks the wire of BREAKING_BASE
 	$(RUN) python scripts/gen_protos.py --check
+	$(RUN) python scripts/check_proto_breaking.py --against '$(BREAKING_BASE)'
 
 pytest: install ## The test suite (unit, contract, integration, end-to-end)
 	$(RUN) pytest $(PYTEST_ARGS)

@@ -31,6 +31,83 @@ def _pick_server(servers: list[Server], _info: dict[str, Any]) -> tuple[Server |
     return server, reconnect_delay(server.reconnects)
 
 
+class _ConnectionWatch:
+    """The client's callbacks: log what happens to the connection and tell the bus.
+
+    One per `connect()`; it knows whether the first connection was made (so pre-connect retries
+    stay quiet) and whether we are closing on purpose (so a deliberate close is not a loss).
+    """
+
+    def __init__(self, name: str, client: Client) -> None:
+        self.name = name
+        self.client = client
+        self.connected = asyncio.Event()
+        self.closing = asyncio.Event()
+        self.bus: NatsBus | None = None
+
+    async def on_error(self, exc: Exception) -> None:
+        """Log a client error; quietly before the first connection, where failures are retries."""
+        level = logging.WARNING if self.connected.is_set() else logging.DEBUG
+        log.log(level, "nats error (%s): %s", self.name, exc)
+
+    async def on_disconnect(self) -> None:
+        """Tell the bus it is disconnected, and warn unless we are the ones closing."""
+        if self.bus is not None:
+            self.bus.note_disconnected()
+        if self.connected.is_set() and not self.closing.is_set():
+            log.warning("disconnected from nats (%s); reconnecting", self.name)
+
+    async def on_reconnect(self) -> None:
+        """Log the reconnection."""
+        log.info("reconnected to nats (%s)", self.name)
+
+    async def on_closed(self) -> None:
+        """Mark the bus lost when the connection closed without our asking."""
+        if self.closing.is_set() or self.bus is None:
+            log.debug("nats connection closed (%s)", self.name)
+            return
+        # nats-py closes for good on any -ERR from the server (an oversized message, an
+        # authorization change): it never reconnects from CLOSED. Say so, so that the service
+        # stops and its supervisor starts it afresh instead of serving errors forever.
+        reason = self.client.last_error or "no reason given"
+        log.error("nats connection closed for good (%s): %s", self.name, reason)
+        self.bus.mark_lost()
+
+
+async def _first_connect(
+    watch: _ConnectionWatch, urls: list[str], *, connect_timeout: float, drain_timeout: float
+) -> None:
+    """Make the first connection within `connect_timeout`, or close the client and raise."""
+    client = watch.client
+    try:
+        await asyncio.wait_for(
+            client.connect(
+                servers=urls,
+                name=watch.name,
+                connect_timeout=2,
+                # Only the first connect uses this fixed wait; reconnects use `_pick_server`.
+                reconnect_time_wait=0.2,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                reconnect_to_server_handler=_pick_server,
+                error_cb=watch.on_error,
+                disconnected_cb=watch.on_disconnect,
+                reconnected_cb=watch.on_reconnect,
+                closed_cb=watch.on_closed,
+                drain_timeout=int(max(1, drain_timeout)),
+                # A dead or frozen server is noticed within ~30 s, not nats-py's default 4 min.
+                ping_interval=10,
+                max_outstanding_pings=3,
+            ),
+            timeout=connect_timeout,
+        )
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        await _close(client)
+        msg = f"could not connect to nats at {', '.join(urls)} within {connect_timeout:g}s"
+        raise ConnectError(msg) from exc
+    watch.connected.set()
+    log.info("connected to nats (%s)", watch.name)
+
+
 @contextlib.asynccontextmanager
 async def connect(
     servers: str | Sequence[str],
@@ -48,68 +125,14 @@ async def connect(
     """
     validate_namespace(namespace)
     urls = [servers] if isinstance(servers, str) else list(servers)
-    connected = asyncio.Event()
-    closing = asyncio.Event()
-    buses: list[NatsBus] = []
-
-    async def on_error(exc: Exception) -> None:
-        # Before the first connection, failures are expected retries: keep the log quiet.
-        level = logging.WARNING if connected.is_set() else logging.DEBUG
-        log.log(level, "nats error (%s): %s", name, exc)
-
-    async def on_disconnect() -> None:
-        if buses:
-            buses[0].note_disconnected()
-        if connected.is_set() and not closing.is_set():
-            log.warning("disconnected from nats (%s); reconnecting", name)
-
-    async def on_reconnect() -> None:
-        log.info("reconnected to nats (%s)", name)
-
-    async def on_closed() -> None:
-        if closing.is_set() or not buses:
-            log.debug("nats connection closed (%s)", name)
-            return
-        # nats-py closes for good on any -ERR from the server (an oversized message, an
-        # authorization change): it never reconnects from CLOSED. Say so, so that the service
-        # stops and its supervisor starts it afresh instead of serving errors forever.
-        log.error("nats connection closed for good (%s): %s", name, client.last_error or "no reason given")
-        buses[0].mark_lost()
-
-    client = Client()
+    watch = _ConnectionWatch(name, Client())
+    await _first_connect(watch, urls, connect_timeout=connect_timeout, drain_timeout=drain_timeout)
+    watch.bus = NatsBus(watch.client, namespace=namespace)
     try:
-        await asyncio.wait_for(
-            client.connect(
-                servers=urls,
-                name=name,
-                connect_timeout=2,
-                # Only the first connect uses this fixed wait; reconnects use `_pick_server`.
-                reconnect_time_wait=0.2,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
-                reconnect_to_server_handler=_pick_server,
-                error_cb=on_error,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
-                closed_cb=on_closed,
-                drain_timeout=int(max(1, drain_timeout)),
-                # A dead or frozen server is noticed within ~30 s, not nats-py's default 4 min.
-                ping_interval=10,
-                max_outstanding_pings=3,
-            ),
-            timeout=connect_timeout,
-        )
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
-        await _close(client)
-        msg = f"could not connect to nats at {', '.join(urls)} within {connect_timeout:g}s"
-        raise ConnectError(msg) from exc
-    connected.set()
-    log.info("connected to nats (%s)", name)
-    buses.append(NatsBus(client, namespace=namespace))
-    try:
-        yield buses[0]
+        yield watch.bus
     finally:
-        closing.set()
-        await _close(client)
+        watch.closing.set()
+        await _close(watch.client)
 
 
 async def _close(client: Client) -> None:

@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from atmosphere.cli.errors import ContextLengthExceededError, PayloadTooLargeError, RequestError
+
 log = logging.getLogger("atmosphere.model")
 
 Scope = MutableMapping[str, Any]
@@ -48,23 +50,6 @@ KEEPALIVE_SECONDS = 5.0
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS = 32
 """A generous allowance for the chat template's markup (and a default system prompt)."""
-CONTEXT_OVERFLOW = "context_length_exceeded"
-
-
-class RequestError(ValueError):
-    """A request this server refuses, with the HTTP status and OpenAI error fields to say so."""
-
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        """OpenAI's error shape."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
 def smollm2_path() -> Path | None:
@@ -164,79 +149,118 @@ class ModelServer:
         send: Send,
         receive: Receive,
     ) -> None:
-        loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
         stop = threading.Event()
-        generator = _TextFollower(
-            self._llama, pieces, loop, stop, holdback=max((len(s) for s in params["stop"]), default=0)
-        )
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            data = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.alias,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return f"data: {json.dumps(data)}\n\n".encode()
-
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-            }
-        )
-        await send(
-            {"type": "http.response.body", "body": chunk({"role": "assistant", "content": ""}), "more_body": True}
-        )
+        holdback = max((len(s) for s in params["stop"]), default=0)
+        follower = _TextFollower(self._llama, pieces, asyncio.get_running_loop(), stop, holdback=holdback)
+        reply = _ChunkStream(send, model=self.alias)
+        # Headers and the role chunk go out before the wait for the model, so that a queued
+        # client's first-byte deadline measures a live server.
+        await reply.open()
         gone = asyncio.create_task(_disconnected(receive))
         if not await self._wait_turn(send, gone):
             return
         work = asyncio.create_task(
             asyncio.to_thread(
-                self._llama.create_chat_completion, messages=messages, logits_processor=generator.processors(), **params
+                self._llama.create_chat_completion, messages=messages, logits_processor=follower.processors(), **params
             )
         )
         try:
-            while (piece := await _next(pieces, work, gone)) is not None:
-                await send({"type": "http.response.body", "body": chunk({"content": piece}), "more_body": True})
-            if gone.done():
-                stop.set()
-                return
-            try:
-                result = await work
-            except Exception as exc:  # reported in the stream, which then ends properly
-                error = json.dumps(_generation_error(exc).body())
-                await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode(), "more_body": False})
-                return
-            final = str(result["choices"][0]["message"].get("content") or "")
-            if final.startswith(generator.sent):
-                rest = final[len(generator.sent) :]
-                if rest:
-                    await send({"type": "http.response.body", "body": chunk({"content": rest}), "more_body": True})
-            tail = chunk({}, str(result["choices"][0].get("finish_reason") or "stop"))
-            options = body.get("stream_options")
-            if isinstance(options, dict) and options.get("include_usage"):
-                usage = {
-                    "id": completion_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": self.alias,
-                    "choices": [],
-                    "usage": result["usage"],
-                }
-                tail += f"data: {json.dumps(usage)}\n\n".encode()
-            await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
+            await _relay(
+                reply, follower, pieces=pieces, work=work, gone=gone, stop=stop, include_usage=_wants_usage(body)
+            )
         finally:
             stop.set()
             gone.cancel()
             with contextlib.suppress(Exception):
                 await work
             self._lock.release()
+
+
+class _ChunkStream:
+    """One streamed completion's server-sent events, framed as OpenAI's `chat.completion.chunk`s."""
+
+    def __init__(self, send: Send, *, model: str) -> None:
+        self._send = send
+        self._model = model
+        self._completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+
+    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        data = {
+            "id": self._completion_id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+            "choices": choices,
+            **extra,
+        }
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        """A chunk carrying `delta` (and the finish reason on the last one)."""
+        return self._event([{"index": 0, "delta": delta, "finish_reason": finish}])
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """The choice-less chunk that `stream_options.include_usage` asks for."""
+        return self._event([], usage=usage)
+
+    async def open(self) -> None:
+        """Send the headers and the assistant's role chunk."""
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self.write(self.chunk({"role": "assistant", "content": ""}))
+
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        """Send part of the body; `last` ends the response."""
+        await self._send({"type": "http.response.body", "body": data, "more_body": not last})
+
+    async def content(self, text: str) -> None:
+        """Send a piece of the answer."""
+        await self.write(self.chunk({"content": text}))
+
+
+def _wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+async def _relay(
+    reply: _ChunkStream,
+    follower: _TextFollower,
+    *,
+    pieces: asyncio.Queue[str | None],
+    work: asyncio.Future[Any],
+    gone: asyncio.Task[None],
+    stop: threading.Event,
+    include_usage: bool,
+) -> None:
+    """Forward the text as it is generated, then end the stream with the outcome."""
+    while (piece := await _next(pieces, work, gone)) is not None:
+        await reply.content(piece)
+    if gone.done():
+        stop.set()
+        return
+    try:
+        result = await work
+    except Exception as exc:  # reported in the stream, which then ends properly
+        error = json.dumps(_generation_error(exc).body())
+        await reply.write(f"data: {error}\n\n".encode(), last=True)
+        return
+    await _finish(reply, result, already_sent=follower.sent, include_usage=include_usage)
+
+
+async def _finish(reply: _ChunkStream, result: dict[str, Any], *, already_sent: str, include_usage: bool) -> None:
+    """Send what llama.cpp's final text adds to the pieces sent, the finish reason, usage, `[DONE]`."""
+    final = str(result["choices"][0]["message"].get("content") or "")
+    if final.startswith(already_sent):
+        rest = final[len(already_sent) :]
+        if rest:
+            await reply.content(rest)
+    tail = reply.chunk({}, str(result["choices"][0].get("finish_reason") or "stop"))
+    if include_usage:
+        tail += reply.usage(result["usage"])
+    await reply.write(tail + b"data: [DONE]\n\n", last=True)
 
 
 class _TextFollower:
@@ -319,7 +343,7 @@ async def _read_body(receive: Receive) -> bytes:
         message = await receive()
         raw += message.get("body", b"")
         if len(raw) > MAX_BODY:
-            raise RequestError(413, f"the request body exceeds {MAX_BODY} bytes", code="payload_too_large")
+            raise PayloadTooLargeError(f"the request body exceeds {MAX_BODY} bytes")
         if not message.get("more_body"):
             return bytes(raw)
 
@@ -382,14 +406,14 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
 
 def _overflow(n_ctx: int) -> RequestError:
     msg = f"This model's maximum context length is {n_ctx} tokens; the messages are longer."
-    return RequestError(400, msg, code=CONTEXT_OVERFLOW, param="messages")
+    return ContextLengthExceededError(msg)
 
 
 def _generation_error(exc: Exception) -> RequestError:
     """What to tell the client about a failed generation."""
     if isinstance(exc, ValueError) and "exceed context window" in str(exc):
         # llama.cpp's own check (the prompt as its chat template renders it).
-        return RequestError(400, str(exc), code=CONTEXT_OVERFLOW, param="messages")
+        return ContextLengthExceededError(str(exc))
     log.error("generation failed", exc_info=exc)
     return RequestError(500, f"generation failed ({type(exc).__name__})")
 
