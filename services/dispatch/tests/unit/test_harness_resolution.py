@@ -17,7 +17,9 @@ from atmosphere.dispatch.harness import (
     subagent_harness,
     workspace_category,
 )
+from atmosphere.dispatch.settings import DispatchSettings, LlmSettings
 from atmosphere.sdk import App, Harness, PromptCache, agent, ai_endpoint, coordinator, prompt, tool
+from atmosphere.sdk.compaction import parse_strategy
 from atmosphere.sdk.host import AgentSpec, AiCapability, HarnessSwitch, spec_of
 
 FILE_TOOLS = ["ls", "read_file", "write_file", "edit_file", "glob", "grep", "delete", "rename"]
@@ -208,12 +210,46 @@ def test_surface_mode_parsing_is_lenient(text: str, mode: SurfaceMode) -> None:
     ],
 )
 def test_compaction_parsing(text: str, strategy: str) -> None:
-    assert HarnessConfig.parse_compaction(text) == strategy
+    assert parse_strategy(text) == strategy
+    assert DispatchSettings(ai_harness_compaction=text).ai_harness_compaction == strategy
+
+
+def test_compaction_accepts_underscores_as_the_sdk_does() -> None:
+    # The SDK's one parser: `token_window` names the token window (dispatch's own used to fall back).
+    assert DispatchSettings(ai_harness_compaction="token_window").ai_harness_compaction == "token-window"
 
 
 @pytest.mark.parametrize(("text", "value"), [("12000", 12000), (" 500 ", 500), ("", 8000), ("lots", 8000)])
 def test_offload_threshold_parsing(text: str, value: int) -> None:
-    assert HarnessConfig.parse_threshold(text) == value
+    assert LlmSettings(tool_output_offload_threshold=text).tool_output_offload_threshold == value
+
+
+def test_a_malformed_offload_threshold_is_logged_and_replaced_by_the_default(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="atmosphere.dispatch"):
+        assert LlmSettings(tool_output_offload_threshold="lots").tool_output_offload_threshold == 8000
+    assert "malformed tool-output offload threshold 'lots': using 8000" in caplog.text
+
+
+@pytest.mark.parametrize(("text", "mode"), [(" Built-In ", SurfaceMode.BUILTIN), ("nativ", SurfaceMode.AUTO)])
+def test_surface_settings_are_read_leniently(text: str, mode: SurfaceMode) -> None:
+    llm = LlmSettings(planning=text, filesystem=text)
+    assert (llm.planning, llm.filesystem) == (mode, mode)
+
+
+def test_harness_switch_settings_are_typed() -> None:
+    settings = DispatchSettings(
+        ai_harness_enabled="TRUE", ai_harness_exclude_paths=" /a , ,/b,", ai_harness_prompt_cache_default=" Aggressive "
+    )
+    assert settings.ai_harness_enabled is True
+    assert settings.ai_harness_exclude_paths == frozenset({"/a", "/b"})
+    assert settings.ai_harness_prompt_cache_default is PromptCache.AGGRESSIVE
+    assert DispatchSettings(ai_harness_enabled="no").ai_harness_enabled is False  # anything else: the kill switch
+    assert DispatchSettings().ai_harness_enabled is None
+
+
+def test_an_unknown_prompt_cache_default_is_an_invalid_setting() -> None:
+    with pytest.raises(ValueError, match="prompt-cache default must be none, conservative or aggressive"):
+        DispatchSettings(ai_harness_prompt_cache_default="always")
 
 
 # -- delegation ------------------------------------------------------------------------------------

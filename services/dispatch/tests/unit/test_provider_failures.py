@@ -2,7 +2,10 @@
 
 import asyncio
 import json
+import logging
 import time
+
+import pytest
 
 from atmosphere.dispatch.generation import generation_options, runtime_config
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
@@ -108,6 +111,32 @@ def test_knobs_are_clamped_and_malformed_ones_ignored() -> None:
     options = generation_options(LlmSettings(temperature="warm", max_tokens="1.5", top_p=""))
     assert (options.temperature, options.max_tokens, options.top_p) == (None, None, None)
     assert generation_options(LlmSettings()).temperature is None  # unset knobs leave the body alone
+
+
+def test_knobs_are_numbers_once_read_and_malformed_ones_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="atmosphere.dispatch"):
+        llm = LlmSettings(temperature="warm", max_tokens="1.5", top_p="3")
+    assert (llm.temperature, llm.max_tokens, llm.top_p) == (None, None, 1.0)
+    assert "ignoring LLM_TEMPERATURE='warm': not a number" in caplog.text
+    assert "ignoring LLM_MAX_TOKENS='1.5': not a positive integer" in caplog.text
+    assert "clamping LLM_TOP_P=3.0 to [0.0, 1.0]" in caplog.text
+    assert LlmSettings(temperature="0.5", max_tokens=" 64 ", stop=" A ,B").model_dump(
+        include={"temperature", "max_tokens", "stop"}
+    ) == {"temperature": 0.5, "max_tokens": 64, "stop": ("A", "B")}
+
+
+def test_knobs_read_from_the_environment_are_sanitized_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_TEMPERATURE", "hot")
+    monkeypatch.setenv("LLM_MAX_TOKENS", "-3")
+    monkeypatch.setenv("LLM_STOP", "END, ,STOP")
+    monkeypatch.setenv("LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD", "many")
+    llm = LlmSettings()
+    assert (llm.temperature, llm.max_tokens, llm.stop, llm.tool_output_offload_threshold) == (
+        None,
+        None,
+        ("END", "STOP"),
+        8000,
+    )
 
 
 async def test_unset_knobs_are_not_sent(fake_provider: FakeProvider) -> None:

@@ -5,8 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
+from atmosphere.bus.errors import (
+    ProviderEmptyAnswerError,
+    ProviderError,
+    ProviderMalformedError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderUnavailableError,
+    ServiceError,
+)
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
@@ -258,3 +268,35 @@ def test_the_deadline_settings_reach_the_runtime() -> None:
     # A provider that never answers fails within the retry window plus one first-byte wait.
     assert defaults.retry_window + defaults.first_byte_timeout <= 30
     assert defaults.connect_timeout <= defaults.first_byte_timeout
+
+
+def _answering(status: int, body: str, headers: dict[str, str] | None = None) -> httpx.MockTransport:
+    def answer(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers or {"content-type": "text/event-stream"}, content=body.encode())
+
+    return httpx.MockTransport(answer)
+
+
+@pytest.mark.parametrize(
+    ("transport", "kind"),
+    [
+        (_answering(400, '{"error": {"message": "no"}}'), ProviderRejectedError),
+        (_answering(429, '{"error": {"message": "later"}}', {"retry-after": "3600"}), ProviderRateLimitedError),
+        (_answering(503, "overloaded"), ProviderUnavailableError),
+        (_answering(200, "data: not json\n\n"), ProviderMalformedError),
+        (_answering(200, "data: [DONE]\n\n"), ProviderEmptyAnswerError),
+        (_answering(200, 'data: {"error": {"message": "boom"}}\n\n'), ProviderError),
+    ],
+    ids=["rejected", "rate-limited", "unavailable", "malformed", "empty", "mid-stream"],
+)
+async def test_each_provider_failure_reads_back_as_its_catalogue_class(
+    transport: httpx.MockTransport, kind: type[ProviderError]
+) -> None:
+    recorder = Recorder()
+    runtime = BuiltInAgentRuntime(RuntimeConfig(base_url="http://model.test/v1", model="m"), transport=transport)
+    try:
+        await runtime.execute(context(recorder, AiRequest(message="hi"), retry=RetryPolicy.NONE), recorder.session)
+    finally:
+        await runtime.aclose()
+    error = ServiceError.from_proto(error_of(recorder).error)
+    assert type(error) is kind

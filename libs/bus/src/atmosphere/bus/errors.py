@@ -389,6 +389,16 @@ class ProviderRateLimitedError(ProviderError):
     code = "provider.rate_limited"
 
 
+class ProviderUnavailableError(ProviderError):
+    """The provider failed in a way a later request may not (unreachable, 408, 5xx, a broken stream).
+
+    Always retryable: nothing of the answer reached the client, and the provider may be back.
+    """
+
+    code = "provider.unavailable"
+    retryable = True
+
+
 class ProviderMisconfiguredError(ProviderError):
     """The provider's URL, key or model is wrong."""
 

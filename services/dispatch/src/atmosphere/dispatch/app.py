@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from atmosphere.bus import Bus, ConsumerSpec, MessageContext, Router, subjects
+import httpx
+
+from atmosphere.bus import Bus, Consumer, ConsumerSpec, MessageContext, Router, subjects
 from atmosphere.bus.runs import MAX_NESTING
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
@@ -16,16 +19,17 @@ from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.descriptors import live_descriptors
 from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
-from atmosphere.dispatch.handlers import ExecutorOptions, RunExecutor, agent_descriptors
-from atmosphere.dispatch.harness import HarnessConfig, SurfaceMode, resolve_app, runtime_state
+from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
+from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
-from atmosphere.dispatch.runtime.openai import is_http_url
+from atmosphere.dispatch.run import ExecutorOptions
+from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
 from atmosphere.dispatch.settings import DispatchSettings
-from atmosphere.sdk import PromptCache
+from atmosphere.sdk import App
 from atmosphere.sdk.host import HarnessSwitch
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
-from atmosphere.service import Authenticator, load_service_app, open_service
+from atmosphere.service import Authenticator, ServiceRuntime, load_service_app, open_service
 
 NO_MODEL = "no model configured: set LLM_BASE_URL"
 """Why no runtime is active when the built-in one lacks a provider URL."""
@@ -59,19 +63,32 @@ def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5) -> list
 
 
 def harness_config(settings: DispatchSettings) -> HarnessConfig:
-    """The app-wide harness settings, parsed once."""
+    """The app-wide harness settings (each already parsed by `DispatchSettings`)."""
     return HarnessConfig(
-        switch=HarnessSwitch(
-            enabled=HarnessSwitch.parse_enabled(settings.ai_harness_enabled),
-            exclude_paths=HarnessSwitch.parse_paths(settings.ai_harness_exclude_paths),
-        ),
-        compaction=HarnessConfig.parse_compaction(settings.ai_harness_compaction),
+        switch=HarnessSwitch(enabled=settings.ai_harness_enabled, exclude_paths=settings.ai_harness_exclude_paths),
+        compaction=settings.ai_harness_compaction,
         recent_window=settings.ai_compaction_recent_window,
-        prompt_cache_default=PromptCache.parse(settings.ai_harness_prompt_cache_default),
-        planning=SurfaceMode.parse(settings.llm.planning),
-        filesystem=SurfaceMode.parse(settings.llm.filesystem),
-        offload_threshold=HarnessConfig.parse_threshold(settings.llm.tool_output_offload_threshold),
+        prompt_cache_default=settings.ai_harness_prompt_cache_default,
+        planning=settings.llm.planning,
+        filesystem=settings.llm.filesystem,
+        offload_threshold=settings.llm.tool_output_offload_threshold,
     )
+
+
+def discover(settings: DispatchSettings, *, transport: httpx.AsyncBaseTransport | None = None) -> list[AgentRuntime]:
+    """Every installed runtime, configured from `LLM_*`; the built-in one over `transport` when given."""
+    # Every run slot of every nesting level may be in a model call at once.
+    slots = settings.dispatch.max_concurrent_runs * (MAX_NESTING + 1)
+    config = runtime_config(settings.llm, max_concurrency=slots)
+    runtimes = discover_runtimes(config)
+    if transport is None:
+        return runtimes
+    # Entry points build a runtime from its config alone: the built-in one is rebuilt over the
+    # transport (it opens nothing before its first call, so the discarded one needs no closing).
+    return [
+        BuiltInAgentRuntime(config, transport=transport) if type(runtime) is BuiltInAgentRuntime else runtime
+        for runtime in runtimes
+    ]
 
 
 def _closed_conversations(extractor: FactExtractor, running: set[asyncio.Task[int]]) -> Router:
@@ -87,77 +104,128 @@ def _closed_conversations(extractor: FactExtractor, running: set[asyncio.Task[in
     return router
 
 
-async def serve(settings: DispatchSettings, *, stop: asyncio.Event) -> None:
-    """Run dispatch until `stop` is set."""
-    app = load_service_app(settings.app, settings.app_dir)
-    options = settings.dispatch
-    # Every run slot of every nesting level may be in a model call at once.
-    slots = options.max_concurrent_runs * (MAX_NESTING + 1)
-    runtimes = discover_runtimes(runtime_config(settings.llm, max_concurrency=slots))
-    runtime = resolve_runtime(runtimes)
-    config = harness_config(settings)
-    harnesses = resolve_app(
-        app,
-        config,
-        runtime_name=runtime.name if runtime is not None else "",
-        runtime_capabilities=runtime.capabilities() if runtime is not None else frozenset(),
-    )
-    runtime_block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url)
-    grpc_port = 0
-    descriptors: list[AgentDescriptor] = []
-    extractions: set[asyncio.Task[int]] = set()
+@dataclass
+class Dispatch:
+    """What one dispatch instance serves, resolved before it connects: the app, its runtime and harnesses.
 
-    def info() -> dict[str, Any]:
+    `descriptors` and `grpc_port` are filled in as the service starts; `info()` reads them live.
+    """
+
+    settings: DispatchSettings
+    app: App
+    runtimes: list[AgentRuntime]
+    runtime: AgentRuntime | None
+    """The runtime runs take (`resolve_runtime`), None when none is available."""
+    config: HarnessConfig
+    harnesses: dict[str, AgentHarness]
+    runtime_block: dict[str, Any]
+    descriptors: list[AgentDescriptor] = field(default_factory=list)
+    grpc_port: int = 0
+    extractions: set[asyncio.Task[int]] = field(default_factory=set)
+    """Fact extractions in flight (kept referenced until they finish)."""
+
+    @classmethod
+    def resolve(cls, settings: DispatchSettings, *, transport: httpx.AsyncBaseTransport | None = None) -> Dispatch:
+        """Load the app first (an unloadable one never gets as far as a probe), then pick the runtime."""
+        app = load_service_app(settings.app, settings.app_dir)
+        runtimes = discover(settings, transport=transport)
+        runtime = resolve_runtime(runtimes)
+        config = harness_config(settings)
+        harnesses = resolve_app(
+            app,
+            config,
+            runtime_name=runtime.name if runtime is not None else "",
+            runtime_capabilities=runtime.capabilities() if runtime is not None else frozenset(),
+        )
+        block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url)
+        return cls(settings, app, runtimes, runtime, config, harnesses, block)
+
+    def info(self) -> dict[str, Any]:
+        """Dispatch's part of the service info (`atmo.svc.dispatch.info`)."""
+        options = self.settings.dispatch
         return {
-            "agents": [d.name for d in descriptors],
-            "app": settings.app,
-            "runtime": runtime_block,
-            "grpc": f"{options.grpc_host}:{grpc_port}" if grpc_port else None,
-            "harness": runtime_state(config, harnesses),
+            "agents": [d.name for d in self.descriptors],
+            "app": self.settings.app,
+            "runtime": self.runtime_block,
+            "grpc": f"{options.grpc_host}:{self.grpc_port}" if self.grpc_port else None,
+            "harness": runtime_state(self.config, self.harnesses),
             # Only when some agent genuinely has a browsable plan or file workspace.
-            **({"hasWorkspace": True} if any(h.attached() and h.tools for h in harnesses.values()) else {}),
+            **({"hasWorkspace": True} if any(h.attached() and h.tools for h in self.harnesses.values()) else {}),
         }
 
-    async with contextlib.AsyncExitStack() as stack:
-        # Not `for runtime in runtimes`: that would rebind the resolved runtime (None without a
-        # model) to the last one discovered, for the pipeline and the info alike.
-        for discovered in runtimes:
-            stack.push_async_callback(discovered.aclose)
-        service = await stack.enter_async_context(open_service("dispatch", settings, info=info, stop=stop))
-        bus: Bus = service.bus
-        memory = MemoryClient(bus)
-        pipeline = ModelPipeline(runtime, ConversationMemory(memory, config, runtime))
-        descriptors[:] = agent_descriptors(app, pipeline, harnesses)
-        await stack.enter_async_context(live_descriptors(bus, descriptors, max_age=settings.jetstream.agents_max_age))
-        executor = RunExecutor(
-            app,
+    def executor(self, bus: Bus, pipeline: ModelPipeline) -> RunExecutor:
+        """The run executor every queue hands its runs to."""
+        options = self.settings.dispatch
+        return RunExecutor(
+            self.app,
             bus,
             pipeline,
             ExecutorOptions(
                 governance_timeout=options.governance_timeout,
                 approval_timeout=options.approval_timeout,
-                offload_threshold=config.offload_threshold,
+                offload_threshold=self.config.offload_threshold,
                 max_deliveries=options.max_run_deliveries,
             ),
-            harnesses=harnesses,
+            harnesses=self.harnesses,
         )
-        extractor = FactExtractor(app, harnesses, memory, runtime)
-        await stack.enter_async_context(bus.serve(_closed_conversations(extractor, extractions), queue=WORKERS))
-        queues = [
+
+    async def serve_runs(self, stack: contextlib.AsyncExitStack, bus: Bus) -> list[Consumer]:
+        """List the agents, then pull runs from every nesting level's queue; the queues, to stop them."""
+        memory = MemoryClient(bus)
+        pipeline = ModelPipeline(self.runtime, ConversationMemory(memory, self.config, self.runtime))
+        self.descriptors[:] = agent_descriptors(self.app, pipeline, self.harnesses)
+        max_age = self.settings.jetstream.agents_max_age
+        await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
+        executor = self.executor(bus, pipeline)
+        extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime)
+        await stack.enter_async_context(bus.serve(_closed_conversations(extractor, self.extractions), queue=WORKERS))
+        options = self.settings.dispatch
+        return [
             await stack.enter_async_context(
                 bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
             for consumer in run_queue_consumers(options.run_ack_wait, max_deliveries=options.max_run_deliveries)
         ]
-        grpc_port = await stack.enter_async_context(
+
+    async def serve_grpc(self, stack: contextlib.AsyncExitStack, service: ServiceRuntime) -> None:
+        """The gRPC `DispatchService` (port 0: a free one, shown in the info once bound)."""
+        options = self.settings.dispatch
+        servicer = DispatchServicer(
+            service.bus, self.descriptors, self.info, authenticator=Authenticator(self.settings.ingress.auth_tokens)
+        )
+        self.grpc_port = await stack.enter_async_context(
             serve_grpc(
-                DispatchServicer(bus, descriptors, info, authenticator=Authenticator(settings.ingress.auth_tokens)),
+                servicer,
                 host=options.grpc_host,
                 port=options.grpc_port,
-                max_message_bytes=bus.max_payload,
+                max_message_bytes=service.bus.max_payload,
                 ready=lambda: service.health.ready,
             )
         )
+
+
+async def serve(
+    settings: DispatchSettings,
+    *,
+    stop: asyncio.Event,
+    bus: Bus | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> None:
+    """Run dispatch until `stop` is set.
+
+    `bus` replaces the NATS connection (a test's `FakeBus`; the caller closes it), `transport`
+    the network under the built-in runtime (a test's `httpx.MockTransport`).
+    """
+    dispatch = Dispatch.resolve(settings, transport=transport)
+    async with contextlib.AsyncExitStack() as stack:
+        # Every discovered runtime, not only the resolved one: any may have opened a pool.
+        for discovered in dispatch.runtimes:
+            stack.push_async_callback(discovered.aclose)
+        service = await stack.enter_async_context(
+            open_service("dispatch", settings, info=dispatch.info, stop=stop, bus=bus)
+        )
+        queues = await dispatch.serve_runs(stack, service.bus)
+        await dispatch.serve_grpc(stack, service)
         service.health.mark_ready()
         await stop.wait()
         for queue in queues:

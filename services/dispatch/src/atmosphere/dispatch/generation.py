@@ -1,44 +1,18 @@
-"""Turning the `LLM_*` settings into what a runtime needs, leniently."""
+"""Turning the `LLM_*` settings into what a runtime needs.
+
+The settings already hold sane values (`LlmSettings` logs and drops or clamps malformed
+ones as it reads them), so this is a plain mapping.
+"""
 
 from __future__ import annotations
-
-import logging
 
 from atmosphere.dispatch.settings import LlmSettings
 from atmosphere.sdk.runtime import GenerationOptions, RuntimeConfig
 
-log = logging.getLogger("atmosphere.dispatch")
-
-
-def _number(name: str, raw: str) -> float | None:
-    if not raw.strip():
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        log.warning("ignoring %s=%r: not a number", name, raw)
-        return None
-
 
 def generation_options(llm: LlmSettings) -> GenerationOptions:
-    """Sanitized knobs: clamped to their ranges, malformed values logged and dropped."""
-    temperature = _number("LLM_TEMPERATURE", llm.temperature)
-    if temperature is not None and not 0.0 <= temperature <= 2.0:
-        log.warning("clamping LLM_TEMPERATURE=%s to [0.0, 2.0]", temperature)
-        temperature = min(2.0, max(0.0, temperature))
-    top_p = _number("LLM_TOP_P", llm.top_p)
-    if top_p is not None and not 0.0 <= top_p <= 1.0:
-        log.warning("clamping LLM_TOP_P=%s to [0.0, 1.0]", top_p)
-        top_p = min(1.0, max(0.0, top_p))
-    max_tokens: int | None = None
-    raw_max = _number("LLM_MAX_TOKENS", llm.max_tokens)
-    if raw_max is not None:
-        if raw_max != int(raw_max) or raw_max <= 0:
-            log.warning("ignoring LLM_MAX_TOKENS=%r: not a positive integer", llm.max_tokens)
-        else:
-            max_tokens = int(raw_max)
-    stop = tuple(s.strip() for s in llm.stop.split(",") if s.strip())
-    return GenerationOptions(temperature=temperature, max_tokens=max_tokens, top_p=top_p, stop=stop)
+    """The sampling knobs; an unset one leaves the provider's default (and the request body) alone."""
+    return GenerationOptions(temperature=llm.temperature, max_tokens=llm.max_tokens, top_p=llm.top_p, stop=llm.stop)
 
 
 def runtime_config(llm: LlmSettings, *, max_concurrency: int) -> RuntimeConfig:

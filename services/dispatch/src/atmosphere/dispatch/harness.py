@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.sdk import App, Harness, PromptCache
 from atmosphere.sdk.builtin_tools import DELEGATE_TASK, FILE_TOOLS, TASK, WRITE_TODOS
+from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy
 from atmosphere.sdk.host import AgentSpec, AiCapability, HarnessSwitch
 from atmosphere.sdk.runtime import ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
 
-COMPACTION_STRATEGIES = ("sliding-window", "summarizing", "token-window")
 DEFAULT_OFFLOAD_THRESHOLD = 8000
+"""Characters above which a tool result goes to a workspace file (`LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD`)."""
 LONG_TERM_STORE = "memory-service"
+"""How the long-term-memory state names its store: the memory service's SQLite fact store."""
 DURABLE_RUNS = "INACTIVE(no-journal)"
 """What `durable-runs` reports: redelivery re-drives a crashed run, but no effect journal replays it."""
-"""How the long-term-memory state names its store: the memory service's SQLite fact store."""
 
 
 class SurfaceMode(enum.StrEnum):
@@ -50,35 +51,15 @@ class SurfaceMode(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class HarnessConfig:
-    """The app-wide harness settings, parsed once (dispatch's `serve` builds it from settings)."""
+    """The app-wide harness settings (dispatch's `serve` builds it from the already parsed settings)."""
 
     switch: HarnessSwitch = field(default_factory=HarnessSwitch)
-    compaction: str = "sliding-window"
+    compaction: Strategy = DEFAULT_STRATEGY
     recent_window: int = 6
     prompt_cache_default: PromptCache | None = None
     planning: SurfaceMode = SurfaceMode.AUTO
     filesystem: SurfaceMode = SurfaceMode.AUTO
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
-
-    @staticmethod
-    def parse_compaction(text: str) -> str:
-        """A strategy name; unknown values fall back to sliding-window (with a warning)."""
-        value = text.strip().lower()
-        if value in COMPACTION_STRATEGIES:
-            return value
-        if value:
-            log.warning("unknown compaction %r: using sliding-window", text)
-        return "sliding-window"
-
-    @staticmethod
-    def parse_threshold(text: str) -> int:
-        """Characters above which a tool result is offloaded; malformed: the default."""
-        try:
-            return int(text.strip())
-        except ValueError:
-            if text.strip():
-                log.warning("malformed tool-output offload threshold %r: using %d", text, DEFAULT_OFFLOAD_THRESHOLD)
-            return DEFAULT_OFFLOAD_THRESHOLD
 
 
 def workspace_category(kind: str) -> str:
@@ -137,21 +118,28 @@ class AgentHarness:
         return names
 
 
+@dataclass(frozen=True, slots=True)
+class _RuntimeView:
+    """What the harness needs to know of the resolved runtime."""
+
+    name: str
+    capabilities: frozenset[AiCapability]
+
+
 def _surface(
     mode: SurfaceMode,
     *,
     capability: AiCapability,
-    runtime_capabilities: frozenset[AiCapability],
-    runtime_name: str,
+    runtime: _RuntimeView,
     builtin: Sequence[ToolSpec],
     user_tools: frozenset[str],
 ) -> tuple[str, dict[str, ToolSpec]]:
     """One surface (plans or files): the state it reaches and the built-in tools it registers."""
-    native = capability in runtime_capabilities
+    native = capability in runtime.capabilities
     if mode is SurfaceMode.NATIVE or (mode is SurfaceMode.AUTO and native):
         if native:
-            return f"ACTIVE(native:{runtime_name})", {}
-        log.warning("%s is native-only but the runtime %s lacks it", capability.value, runtime_name or "(none)")
+            return f"ACTIVE(native:{runtime.name})", {}
+        log.warning("%s is native-only but the runtime %s lacks it", capability.value, runtime.name or "(none)")
         return "INACTIVE(native-unavailable)", {}
     registered = {t.name: t for t in builtin if t.name not in user_tools}
     if not registered:
@@ -173,40 +161,11 @@ def resolve_agent(
     if spec.headless:
         log.info("agent %s is headless: the harness does not apply", spec.name)
     user_tools = frozenset(t.name for t in spec.tools)
-    tools: dict[str, ToolSpec] = {}
-    planning = filesystem = delegation = ""
-    if Harness.PLANNING in features:
-        planning, found = _surface(
-            config.planning,
-            capability=AiCapability.PLANNING,
-            runtime_capabilities=runtime_capabilities,
-            runtime_name=runtime_name,
-            builtin=[WRITE_TODOS],
-            user_tools=user_tools,
-        )
-        tools |= found
-    if Harness.FILESYSTEM in features:
-        filesystem, found = _surface(
-            config.filesystem,
-            capability=AiCapability.VIRTUAL_FILESYSTEM,
-            runtime_capabilities=runtime_capabilities,
-            runtime_name=runtime_name,
-            builtin=FILE_TOOLS,
-            user_tools=user_tools,
-        )
-        tools |= found
-    if Harness.DELEGATION in features and spec.kind == "coordinator":
-        if DELEGATE_TASK.name in user_tools:
-            delegation = "ACTIVE(user-tool)"
-        else:
-            delegation = "ACTIVE"
-            tools[DELEGATE_TASK.name] = DELEGATE_TASK
-        if TASK.name not in user_tools:
-            tools[TASK.name] = TASK
-    prompt_cache = spec.prompt_cache
-    cache_seeded = prompt_cache is PromptCache.NONE and Harness.CACHE in features
-    if cache_seeded:
-        prompt_cache = config.prompt_cache_default or PromptCache.CONSERVATIVE
+    runtime = _RuntimeView(runtime_name, runtime_capabilities)
+    planning, plan_tools = _planning(features, config, runtime, user_tools)
+    filesystem, file_tools = _filesystem(features, config, runtime, user_tools)
+    delegation, delegation_tools = _delegation(spec, features, user_tools)
+    prompt_cache, cache_seeded = _prompt_cache(spec, features, config)
     return AgentHarness(
         features=features,
         # MEMORY brings conversation memory (so `harness=[]` and the kill switch keep nothing);
@@ -216,7 +175,7 @@ def resolve_agent(
         prompt_cache=prompt_cache,
         cache_seeded=cache_seeded,
         max_history_messages=spec.max_history_messages,
-        tools=tools,
+        tools=plan_tools | file_tools | delegation_tools,
         category=workspace_category(spec.kind),
         # Memory makes the owner a safe directory name (`paths.sanitize_owner`).
         owner=spec.name if spec.kind != "ai_endpoint" else spec.path,
@@ -224,6 +183,61 @@ def resolve_agent(
         filesystem=filesystem,
         delegation=delegation,
     )
+
+
+def _planning(
+    features: frozenset[Harness], config: HarnessConfig, runtime: _RuntimeView, user_tools: frozenset[str]
+) -> tuple[str, dict[str, ToolSpec]]:
+    """The plan surface's state and tools ("" and none when PLANNING is off)."""
+    if Harness.PLANNING not in features:
+        return "", {}
+    return _surface(
+        config.planning,
+        capability=AiCapability.PLANNING,
+        runtime=runtime,
+        builtin=[WRITE_TODOS],
+        user_tools=user_tools,
+    )
+
+
+def _filesystem(
+    features: frozenset[Harness], config: HarnessConfig, runtime: _RuntimeView, user_tools: frozenset[str]
+) -> tuple[str, dict[str, ToolSpec]]:
+    """The file surface's state and tools ("" and none when FILESYSTEM is off)."""
+    if Harness.FILESYSTEM not in features:
+        return "", {}
+    return _surface(
+        config.filesystem,
+        capability=AiCapability.VIRTUAL_FILESYSTEM,
+        runtime=runtime,
+        builtin=FILE_TOOLS,
+        user_tools=user_tools,
+    )
+
+
+def _delegation(
+    spec: AgentSpec, features: frozenset[Harness], user_tools: frozenset[str]
+) -> tuple[str, dict[str, ToolSpec]]:
+    """A coordinator's delegation state and tools (`delegate_task`, `task`); a user tool of the same name wins."""
+    if Harness.DELEGATION not in features or spec.kind != "coordinator":
+        return "", {}
+    tools: dict[str, ToolSpec] = {}
+    if DELEGATE_TASK.name in user_tools:
+        state = "ACTIVE(user-tool)"
+    else:
+        state = "ACTIVE"
+        tools[DELEGATE_TASK.name] = DELEGATE_TASK
+    if TASK.name not in user_tools:
+        tools[TASK.name] = TASK
+    return state, tools
+
+
+def _prompt_cache(spec: AgentSpec, features: frozenset[Harness], config: HarnessConfig) -> tuple[PromptCache, bool]:
+    """The agent's cache policy, and whether CACHE seeded it (its own declaration said NONE)."""
+    seeded = spec.prompt_cache is PromptCache.NONE and Harness.CACHE in features
+    if not seeded:
+        return spec.prompt_cache, False
+    return config.prompt_cache_default or PromptCache.CONSERVATIVE, True
 
 
 def resolve_app(

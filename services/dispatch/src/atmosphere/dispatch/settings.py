@@ -1,13 +1,27 @@
-"""Dispatch's settings: the app, concurrency, the model provider (`LLM_*`) and gRPC."""
+"""Dispatch's settings: the app, concurrency, the model provider (`LLM_*`) and gRPC.
+
+The knobs an operator may get slightly wrong (a sampling value, a surface mode, a threshold)
+are typed but lenient: a malformed value is logged and replaced by its fallback instead of
+stopping the service, exactly as Atmosphere treats them. Only a value that cannot mean anything
+safe (an unknown prompt-cache policy) is refused.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from atmosphere.config import AuthOptions, WorkerSettings
+from atmosphere.dispatch.harness import DEFAULT_OFFLOAD_THRESHOLD, SurfaceMode
+from atmosphere.sdk import PromptCache
+from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy, parse_strategy
+from atmosphere.sdk.host import HarnessSwitch
+
+log = logging.getLogger("atmosphere.dispatch")
 
 
 class DispatchOptions(BaseModel):
@@ -33,11 +47,73 @@ class DispatchOptions(BaseModel):
     with an error instead of being tried again: a run that crashes its worker cannot do so forever."""
 
 
+def _number(name: str, value: object) -> float | None:
+    """`value` as a number; blank is unset, and anything else that is not a number is ignored (logged)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    text = str(value)
+    if not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", name, text)
+        return None
+
+
+def _clamped(name: str, value: object, low: float, high: float) -> float | None:
+    """A number kept within [low, high]: out of range is clamped (logged), malformed is ignored."""
+    number = _number(name, value)
+    if number is not None and not low <= number <= high:
+        log.warning("clamping %s=%s to [%.1f, %.1f]", name, number, low, high)
+        number = min(high, max(low, number))
+    return number
+
+
+def _positive_int(name: str, value: object) -> int | None:
+    """A positive integer; zero, negative and fractional values are ignored (logged)."""
+    number = _number(name, value)
+    if number is None:
+        return None
+    if not number.is_integer() or number <= 0:
+        log.warning("ignoring %s=%r: not a positive integer", name, value)
+        return None
+    return int(number)
+
+
+def _offload_threshold(value: object) -> int:
+    """Characters above which a tool result is offloaded; malformed: the default (logged)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = "" if value is None else str(value)
+    try:
+        return int(text.strip())
+    except ValueError:
+        if text.strip():
+            log.warning("malformed tool-output offload threshold %r: using %d", text, DEFAULT_OFFLOAD_THRESHOLD)
+        return DEFAULT_OFFLOAD_THRESHOLD
+
+
+def _surface_mode(value: object) -> SurfaceMode:
+    return value if isinstance(value, SurfaceMode) else SurfaceMode.parse(str(value))
+
+
+def _entries(value: object) -> tuple[str, ...]:
+    """Comma-separated text (or an already split collection) as its entries, blanks dropped."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list | tuple | set | frozenset):
+        return ()
+    return tuple(entry.strip() for entry in value if isinstance(entry, str) and entry.strip())
+
+
 class LlmSettings(BaseSettings):
     """The model provider, with Atmosphere's `LLM_*` names.
 
-    The generation knobs are read as text and sanitized by `generation_options`: a malformed
-    value is logged and ignored instead of stopping the service.
+    The generation knobs are sanitized as they are read: a malformed value is logged and
+    ignored, an out-of-range one clamped, instead of stopping the service.
     """
 
     model_config = SettingsConfigDict(env_prefix="LLM_", frozen=True, extra="ignore", use_attribute_docstrings=True)
@@ -48,13 +124,13 @@ class LlmSettings(BaseSettings):
     """Sent as `Authorization: Bearer <key>` when set."""
     model: str = ""
     """Model name sent with every request."""
-    temperature: str = ""
-    """Sampling temperature, clamped to [0.0, 2.0]."""
-    max_tokens: str = ""
-    """Most output tokens per model call; non-positive values are ignored."""
-    top_p: str = ""
-    """Nucleus sampling, clamped to [0.0, 1.0]."""
-    stop: str = ""
+    temperature: float | None = None
+    """Sampling temperature, clamped to [0.0, 2.0]; unset or malformed: the provider's default."""
+    max_tokens: int | None = None
+    """Most output tokens per model call; non-positive or malformed values are ignored."""
+    top_p: float | None = None
+    """Nucleus sampling, clamped to [0.0, 1.0]; unset or malformed: the provider's default."""
+    stop: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated stop sequences; blank entries are dropped."""
     connect_timeout: float = Field(default=5.0, gt=0)
     """Seconds to open a connection to the provider (each attempt)."""
@@ -66,14 +142,45 @@ class LlmSettings(BaseSettings):
     """Seconds one model call may take in all, retries included (cuts a stream of keep-alive comments)."""
     retry_window: float = Field(default=20.0, ge=0)
     """Seconds after a call began in which a failure before any output is still retried (0: never)."""
-    planning: str = "auto"
+    planning: SurfaceMode = SurfaceMode.AUTO
     """Plan surface: `auto` (native when the runtime declares PLANNING, else `write_todos`), `builtin`, `native`."""
-    filesystem: str = "auto"
+    filesystem: SurfaceMode = SurfaceMode.AUTO
     """File surface: `auto` (native when the runtime declares VIRTUAL_FILESYSTEM, else 8 tools), `builtin`, `native`."""
-    tool_output_offload_threshold: str = "8000"
+    tool_output_offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     """Tool results longer than this many characters go to a workspace file (<= 0 disables; malformed: 8000)."""
     prompt_cache_key: str = "auto"
     """Send `prompt_cache_key`: `auto` (only to OpenAI, Azure OpenAI and loopback), `enabled`, `disabled`."""
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _sane_temperature(cls, value: object) -> float | None:
+        return _clamped("LLM_TEMPERATURE", value, 0.0, 2.0)
+
+    @field_validator("top_p", mode="before")
+    @classmethod
+    def _sane_top_p(cls, value: object) -> float | None:
+        return _clamped("LLM_TOP_P", value, 0.0, 1.0)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _sane_max_tokens(cls, value: object) -> int | None:
+        return _positive_int("LLM_MAX_TOKENS", value)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _split_stop(cls, value: object) -> tuple[str, ...]:
+        return _entries(value)
+
+    @field_validator("planning", "filesystem", mode="before")
+    @classmethod
+    def _lenient_surface(cls, value: object) -> SurfaceMode:
+        # `built-in` means builtin; anything unknown is auto (never a startup failure).
+        return _surface_mode(value)
+
+    @field_validator("tool_output_offload_threshold", mode="before")
+    @classmethod
+    def _sane_threshold(cls, value: object) -> int:
+        return _offload_threshold(value)
 
 
 class DispatchSettings(WorkerSettings):
@@ -87,13 +194,35 @@ class DispatchSettings(WorkerSettings):
     ingress: AuthOptions = AuthOptions()
     """The agent endpoints' token grants (`ATMOSPHERE_INGRESS__AUTH_TOKENS`): gRPC accepts the same tokens."""
     llm: LlmSettings = Field(default_factory=LlmSettings)
-    ai_harness_enabled: str = ""
+    ai_harness_enabled: bool | None = None
     """App-wide harness switch: unset (declarations decide), `true`, or anything else = the kill switch."""
-    ai_harness_exclude_paths: str = ""
+    ai_harness_exclude_paths: Annotated[frozenset[str], NoDecode] = frozenset()
     """Comma-separated endpoint paths the harness skips."""
-    ai_harness_compaction: str = "sliding-window"
+    ai_harness_compaction: Strategy = DEFAULT_STRATEGY
     """How history is kept within its bound: `sliding-window`, `summarizing` or `token-window`."""
-    ai_harness_prompt_cache_default: str = ""
+    ai_harness_prompt_cache_default: PromptCache | None = None
     """The policy seeded by the CACHE feature: `none`, `conservative` (when unset) or `aggressive`."""
     ai_compaction_recent_window: int = Field(default=6, ge=1, le=1000)
     """Messages `summarizing` keeps verbatim after its summary."""
+
+    @field_validator("ai_harness_enabled", mode="before")
+    @classmethod
+    def _tri_state_switch(cls, value: object) -> bool | None:
+        return value if isinstance(value, bool) else HarnessSwitch.parse_enabled(None if value is None else str(value))
+
+    @field_validator("ai_harness_exclude_paths", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> frozenset[str]:
+        return HarnessSwitch.parse_paths(value) if isinstance(value, str) else frozenset(_entries(value))
+
+    @field_validator("ai_harness_compaction", mode="before")
+    @classmethod
+    def _known_strategy(cls, value: object) -> Strategy:
+        # An unknown name is sliding-window, with a warning (the SDK's one parser).
+        return parse_strategy(None if value is None else str(value))
+
+    @field_validator("ai_harness_prompt_cache_default", mode="before")
+    @classmethod
+    def _cache_policy(cls, value: object) -> PromptCache | None:
+        # Unknown values are refused (a ValueError here is an invalid setting): no safe guess exists.
+        return value if isinstance(value, PromptCache) else PromptCache.parse(None if value is None else str(value))

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.bus.errors import StructuredOutputInvalidError, ToolLoopExhaustedError
 from atmosphere.contracts.run.v1.run_pb2 import (
     Complete,
     EntityComplete,
@@ -28,7 +28,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 from atmosphere.dispatch.runtime import structured
 from atmosphere.dispatch.runtime.provider import (
     CallLimits,
-    ProviderError,
+    ProviderCallError,
     RoundHooks,
     RoundResult,
     ToolCallBuffer,
@@ -63,10 +63,6 @@ def accepts_cache_key(base_url: str, mode: str) -> bool:
     return host in CACHE_KEY_HOSTS or host.endswith(CACHE_KEY_HOST_SUFFIXES) or host in LOOPBACK
 
 
-class ToolLoopExhaustedError(Exception):
-    """The model kept asking for tools past a strict cap."""
-
-
 def is_http_url(url: str | None) -> bool:
     """Whether `url` is one the built-in runtime can call (`http://` or `https://`)."""
     return bool(url) and str(url).lower().startswith(("http://", "https://"))
@@ -78,9 +74,14 @@ class BuiltInAgentRuntime(AgentRuntime):
     name = "built-in"
     priority = 0
 
-    def __init__(self, config: RuntimeConfig) -> None:
-        """Configure; the HTTP client is created on first use."""
+    def __init__(self, config: RuntimeConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """Configure; the HTTP client is created on first use.
+
+        `transport` replaces the network (a test's `httpx.MockTransport`): every request then
+        goes to it, with the same deadlines and retries as against a real provider.
+        """
         super().__init__(config)
+        self._transport = transport
         self._client: httpx.AsyncClient | None = None
 
     def is_available(self) -> bool:
@@ -112,6 +113,7 @@ class BuiltInAgentRuntime(AgentRuntime):
             config = self.config
             size = max(1, config.max_concurrency)
             self._client = httpx.AsyncClient(
+                transport=self._transport,
                 limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
                 # The read timeout is the stall timeout; the first-byte and whole-call deadlines
                 # are enforced per call by `stream_round`.
@@ -150,11 +152,10 @@ class BuiltInAgentRuntime(AgentRuntime):
             else:
                 answer = await self._conversation(ctx, session, _messages(ctx), forward_text=True)
                 await session.emit(RunEvent(complete=Complete(finish_reason=finish_reason(answer))))
-        except ProviderError as exc:
-            error = Error(code=exc.code, message=str(exc), retryable=exc.retryable, details=exc.details())
-            await session.emit(RunEvent(error=error))
-        except ToolLoopExhaustedError as exc:
-            await session.error(str(exc), code="runtime.tool_loop_exhausted")
+        except ProviderCallError as exc:
+            await session.emit(RunEvent(error=exc.error.to_proto()))
+        except (ToolLoopExhaustedError, StructuredOutputInvalidError) as exc:
+            await session.emit(RunEvent(error=exc.to_proto()))
 
     def _body(self, ctx: AgentExecutionContext, messages: list[dict[str, Any]], *, tools: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -263,7 +264,11 @@ class BuiltInAgentRuntime(AgentRuntime):
         ]
 
     async def _structured(self, ctx: AgentExecutionContext, session: StreamingSession, model: type[BaseModel]) -> None:
-        """Ask for JSON matching `model`; reprompt up to the retry budget; fail closed."""
+        """Ask for JSON matching `model`; reprompt up to the retry budget; fail closed.
+
+        Raises:
+            StructuredOutputInvalidError: no answer validated within the retry budget.
+        """
         messages = _messages(ctx)
         native: dict[str, Any] | None = {"response_format": structured.response_format(model)}
         attempts = ctx.structured_output_retries + 1
@@ -271,7 +276,7 @@ class BuiltInAgentRuntime(AgentRuntime):
         for attempt in range(attempts):
             try:
                 text = (await self._conversation(ctx, session, messages, forward_text=False, extra=native)).text
-            except ProviderError as exc:
+            except ProviderCallError as exc:
                 if native is None or exc.status not in {400, 422}:
                     raise
                 # The provider refused native structured output: fall back to the instructions.
@@ -293,10 +298,8 @@ class BuiltInAgentRuntime(AgentRuntime):
             await _emit_entity(session, model, entity, text)
             await session.emit(RunEvent(complete=Complete(finish_reason="stop")))
             return
-        await session.error(
-            f"structured output did not match schema after {attempts} attempt(s): {error}",
-            code="runtime.structured_output_invalid",
-        )
+        msg = f"structured output did not match schema after {attempts} attempt(s): {error}"
+        raise StructuredOutputInvalidError(msg)
 
 
 def finish_reason(answer: RoundResult) -> str:

@@ -11,7 +11,7 @@ Deadlines of one call (one round):
 While it waits to retry, the caller hears why and when (`RoundHooks.on_retry`).
 
 Everything the provider sends is untrusted: a malformed chunk, an oversized answer, an error
-body, text with lone surrogates or absurd numbers become a `ProviderError`, never a crash.
+body, text with lone surrogates or absurd numbers become a `ProviderCallError`, never a crash.
 """
 
 from __future__ import annotations
@@ -29,6 +29,17 @@ from typing import Any
 
 import httpx
 
+from atmosphere.bus.errors import (
+    ProviderEmptyAnswerError,
+    ProviderError,
+    ProviderMalformedError,
+    ProviderMisconfiguredError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderTooLargeError,
+    ProviderUnavailableError,
+)
 from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.dispatch.runtime.sse import SseError, sse_data
 from atmosphere.sdk import RetryPolicy, TokenUsage
@@ -60,34 +71,41 @@ class ProviderFault:
     param: str = ""
 
 
-class ProviderError(Exception):
-    """The provider call failed for good; the message is safe to show to the client.
+class ProviderCallError(Exception):
+    """The provider call failed for good; `error` is the catalogue error the run ends with.
 
-    `status` is the provider's HTTP status when it answered with one; `provider_code` and
-    `param` are its own error code and parameter (e.g. `context_length_exceeded`); `retryable`
-    says whether the same request may succeed later, `retry_after` when to try.
+    The message is safe to show to the client. `status` is the provider's HTTP status when it
+    answered with one; `provider_code` and `param` are its own error code and parameter (e.g.
+    `context_length_exceeded`); `retryable` says whether the same request may succeed later,
+    `retry_after` when to try. All of them also travel in `error.details` (ingress maps them to HTTP).
     """
 
     def __init__(
         self,
+        kind: type[ProviderError],
         message: str,
         *,
-        code: str = "provider.error",
         status: int | None = None,
         fault: ProviderFault | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
     ) -> None:
-        self.code = code
+        """`kind` is the catalogue class of the failure (`ProviderTimeoutError`, ...)."""
         self.status = status
         self.provider_code = fault.code if fault else ""
         self.param = fault.param if fault else ""
         self.retryable = retryable
         self.retry_after = retry_after
+        self.error: ProviderError = kind(message, details=self.details(), retryable=retryable)
         super().__init__(message)
 
+    @property
+    def code(self) -> str:
+        """The wire code (for logs)."""
+        return self.error.code
+
     def details(self) -> dict[str, str]:
-        """The `Error.details` of the run's error terminal (ingress maps them to HTTP)."""
+        """The `Error.details` of the run's error terminal."""
         details: dict[str, str] = {}
         if self.status is not None:
             details["status"] = str(self.status)
@@ -221,7 +239,7 @@ class _RetryableError(Exception):
         reason: str,
         description: str,
         *,
-        code: str = "provider.unavailable",
+        kind: type[ProviderError] = ProviderUnavailableError,
         status: int | None = None,
         fault: ProviderFault | None = None,
         retry_after: float | None = None,
@@ -230,18 +248,19 @@ class _RetryableError(Exception):
         """Short, for the progress line: "Model provider did not answer (timeout)"."""
         self.description = description
         """Precise, for the final error: "API returned 503: overloaded"."""
-        self.code = code
+        self.kind = kind
+        """The catalogue class of the failure should no retry be left."""
         self.status = status
         self.fault = fault
         self.retry_after = retry_after
         super().__init__(description)
 
-    def final(self, attempts: int) -> ProviderError:
+    def final(self, attempts: int) -> ProviderCallError:
         """The error that ends the call after `attempts` attempts."""
         message = self.description if attempts == 1 else f"Failed after {attempts} attempts: {self.description}"
-        return ProviderError(
+        return ProviderCallError(
+            self.kind,
             message,
-            code=self.code,
             status=self.status,
             fault=self.fault,
             retryable=True,
@@ -336,21 +355,21 @@ async def _attempt(client: httpx.AsyncClient, call: _Call, state: _RoundState) -
             raise  # not ours: e.g. a bus timeout in a hook
         if state.answering or first_byte_by >= call.deadline:
             msg = f"the model call exceeded its {call.limits.call_timeout:g} s deadline"
-            raise ProviderError(msg, code="provider.timeout", retryable=True) from None
+            raise ProviderCallError(ProviderTimeoutError, msg, retryable=True) from None
         raise _no_answer(call.limits.first_byte_timeout) from None
     except httpx.TimeoutException as exc:
         raise _timeout(exc, state, call.limits) from None
     except httpx.DecodingError:
-        raise ProviderError("the provider sent an undecodable body", code="provider.malformed") from None
+        raise ProviderCallError(ProviderMalformedError, "the provider sent an undecodable body") from None
     except httpx.UnsupportedProtocol:
         # A configuration error (LLM_BASE_URL): no retry can fix it.
         msg = f"the model provider URL {call.url!r} is not http(s)"
-        raise ProviderError(msg, code="provider.misconfigured") from None
+        raise ProviderCallError(ProviderMisconfiguredError, msg) from None
     except httpx.RequestError as exc:
         description = f"provider connection failed ({type(exc).__name__})"
         raise _RetryableError("Model provider unreachable (connection failed)", description) from None
     except SseError as exc:
-        raise ProviderError(str(exc), code="provider.malformed") from None
+        raise ProviderCallError(ProviderMalformedError, str(exc)) from None
     return _finish(state)
 
 
@@ -358,7 +377,7 @@ def _no_answer(seconds: float) -> _RetryableError:
     return _RetryableError(
         "Model provider did not answer (timeout)",
         f"the model provider did not answer within {seconds:g} s",
-        code="provider.timeout",
+        kind=ProviderTimeoutError,
     )
 
 
@@ -373,7 +392,7 @@ def _timeout(exc: httpx.TimeoutException, state: _RoundState, limits: CallLimits
     return _RetryableError(
         "Model provider stalled (timeout)",
         f"provider stalled: no data for {limits.stall_timeout:g} s",
-        code="provider.timeout",
+        kind=ProviderTimeoutError,
     )
 
 
@@ -397,16 +416,17 @@ async def _status_failure(response: httpx.Response) -> Exception:
     description = f"API returned {status}: {fault.message}"
     if status == 429 and "insufficient_quota" in {fault.code, fault.type}:
         # Out of credit is not a rate limit: waiting does not help.
-        return ProviderError(description, code="provider.rejected", status=status, fault=fault)
+        return ProviderCallError(ProviderRejectedError, description, status=status, fault=fault)
     if _retryable(status):
         retry_after = retry_after_seconds(response.headers.get("retry-after"))
+        kind: type[ProviderError]
         if status == 429:
-            reason, code = "Model provider is rate limiting (429)", "provider.rate_limited"
+            reason, kind = "Model provider is rate limiting (429)", ProviderRateLimitedError
         else:
-            reason, code = f"Model provider failed ({status})", "provider.unavailable"
-        return _RetryableError(reason, description, code=code, status=status, fault=fault, retry_after=retry_after)
-    code = "provider.rejected" if 400 <= status < 500 else "provider.error"
-    return ProviderError(description, code=code, status=status, fault=fault)
+            reason, kind = f"Model provider failed ({status})", ProviderUnavailableError
+        return _RetryableError(reason, description, kind=kind, status=status, fault=fault, retry_after=retry_after)
+    kind = ProviderRejectedError if 400 <= status < 500 else ProviderError
+    return ProviderCallError(kind, description, status=status, fault=fault)
 
 
 def _finish(state: _RoundState) -> RoundResult:
@@ -425,7 +445,7 @@ def _finish(state: _RoundState) -> RoundResult:
     if not result.text and not result.tool_calls and not result.cut_off:
         # A 200 that says nothing is not an answer: reporting it as a success would be a lie.
         msg = "The model provider returned an empty answer (no text and no tool call)"
-        raise ProviderError(msg, code="provider.empty_answer")
+        raise ProviderCallError(ProviderEmptyAnswerError, msg)
     return result
 
 
@@ -438,8 +458,8 @@ async def _bounded_read(response: httpx.Response) -> bytes:
     return raw[:MAX_ERROR_BODY]
 
 
-def _malformed(what: str) -> ProviderError:
-    return ProviderError(f"the provider sent a malformed chunk ({what})", code="provider.malformed")
+def _malformed(what: str) -> ProviderCallError:
+    return ProviderCallError(ProviderMalformedError, f"the provider sent a malformed chunk ({what})")
 
 
 async def _consume(data: str, state: _RoundState) -> None:
@@ -469,21 +489,21 @@ async def _consume(data: str, state: _RoundState) -> None:
             state.result.finish_reason = _token(reason) or "stop"
 
 
-def _stream_error(data: str) -> ProviderError:
+def _stream_error(data: str) -> ProviderCallError:
     """An error event inside a 200 stream (llama.cpp reports a context overflow this way)."""
     fault = provider_fault(data)
     message = f"the provider reported an error mid-stream: {fault.message}"
     if fault.code == CONTEXT_OVERFLOW or fault.type == "invalid_request_error":
         # The request itself was refused, exactly as a 400 would have said.
-        return ProviderError(message, code="provider.rejected", status=400, fault=fault)
-    return ProviderError(message, fault=fault)
+        return ProviderCallError(ProviderRejectedError, message, status=400, fault=fault)
+    return ProviderCallError(ProviderError, message, fault=fault)
 
 
 def _count(state: _RoundState, size: int) -> None:
     state.chars += size
     if state.chars > MAX_ROUND_CHARS:
         msg = f"the provider's answer exceeded {MAX_ROUND_CHARS} characters in one round"
-        raise ProviderError(msg, code="provider.too_large")
+        raise ProviderCallError(ProviderTooLargeError, msg)
 
 
 async def _delta(delta: dict[str, Any], state: _RoundState) -> None:
