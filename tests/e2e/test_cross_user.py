@@ -29,7 +29,7 @@ from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, Servi
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Control, RunEvent
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.service import scoped_conversation
 from atmosphere.testing import Stack, run_stack, wait_until
@@ -342,7 +342,7 @@ async def test_one_users_flood_of_conversations_never_evicts_anothers_files(worl
             workspace=WorkspaceScope(category="agents", owner="filer", agent_id="filer", conversation_id=conversation),
         )
         async with permits:
-            result = await world.bus.request(subjects.memory_tool("write_file"), call, ToolResult, timeout=10)
+            result = await world.bus.request(subjects.memory_tool("write_file"), call, ToolReply, timeout=10)
         assert not result.is_error, result.content
 
     await asyncio.gather(*(flood(i) for i in range(260)))

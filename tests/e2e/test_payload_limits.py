@@ -41,7 +41,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunRequest, TextDelta
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, TapeRun, TapeStep
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.tape.handlers import step_record
 from atmosphere.testing import Stack, run_stack, wait_until
@@ -213,12 +213,12 @@ async def test_dispatch_a_tool_call_one_byte_over_is_a_tool_error_for_the_model(
 
 async def test_sandbox_a_result_one_byte_over_travels_whole_as_a_stored_object(world: World) -> None:
     def result(n: int) -> tuple[Message, int]:
-        reply = ToolResult(call_id="call-2", content="r" * n)
+        reply = ToolReply(call_id="call-2", content="r" * n)
         return reply, wire_size(reply.SerializeToString(), None)
 
     _, n = sized_text(result, LIMIT + 1)
     call = ToolCall(call_id="call-2", name="produce", arguments_json=json.dumps({"size": n, "char": "r"}))
-    reply = await world.bus.request(subjects.tool("produce"), call, ToolResult, timeout=10)
+    reply = await world.bus.request(subjects.tool("produce"), call, ToolReply, timeout=10)
     assert not reply.is_error
     assert not reply.truncated
     assert (reply.content, bool(reply.result_object)) == ("", True)
@@ -226,7 +226,7 @@ async def test_sandbox_a_result_one_byte_over_travels_whole_as_a_stored_object(w
     await world.bus.object_delete(subjects.TOOL_RESULTS_BUCKET, reply.result_object)
     assert stored == b"r" * n  # nothing cut
     small = ToolCall(call_id="call-3", name="produce", arguments_json='{"size": 3}')
-    assert (await world.bus.request(subjects.tool("produce"), small, ToolResult)).content == "xxx"
+    assert (await world.bus.request(subjects.tool("produce"), small, ToolReply)).content == "xxx"
     await assert_still_serving(world, "sandbox")
 
 
@@ -311,16 +311,16 @@ async def test_memory_a_history_one_byte_over_comes_in_pages_and_reaches_the_mod
 
 async def test_memory_a_file_read_one_byte_over_is_paged_with_offsets(world: World) -> None:
     def read_result(n: int) -> tuple[Message, int]:
-        reply = ToolResult(call_id="read", content="f" * n)
+        reply = ToolReply(call_id="read", content="f" * n)
         return reply, wire_size(reply.SerializeToString(), None)
 
     _, n = sized_text(read_result, LIMIT + 1)
     # Written in two requests that each fit: a write, then an edit that grows the file.
     first, rest = "f" * (n // 2) + "@@", "f" * (n - n // 2)
 
-    async def tool(name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def tool(name: str, arguments: dict[str, Any]) -> ToolReply:
         call = ToolCall(call_id="read", name=name, arguments_json=json.dumps(arguments), workspace=SCOPE)
-        return await world.bus.request(subjects.memory_tool(name), call, ToolResult, timeout=10)
+        return await world.bus.request(subjects.memory_tool(name), call, ToolReply, timeout=10)
 
     assert not (await tool("write_file", {"path": "big.txt", "content": first})).is_error
     assert not (await tool("edit_file", {"path": "big.txt", "old_text": "@@", "new_text": rest})).is_error

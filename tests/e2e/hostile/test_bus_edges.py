@@ -44,7 +44,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ListRunsRequest
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 
 from .conftest import HostileStack
 
@@ -202,7 +202,7 @@ async def send(bus: NatsBus, case: Case) -> tuple[str, str]:
     reply = await bus.client.request(bus.wire_subject(case.subject), case.payload, timeout=10)
     if (reply.headers or {}).get(TYPE_HEADER) == ERROR_TYPE:
         return "error", Error.FromString(reply.data).code
-    result = ToolResult.FromString(reply.data)
+    result = ToolReply.FromString(reply.data)
     return ("tool-error" if result.is_error else "tool-result"), result.content
 
 

@@ -18,7 +18,7 @@ from atmosphere.bus.sizes import (
 )
 from atmosphere.bus.testing import FakeBus
 from atmosphere.bus.text import has_lone_surrogate, replace_lone_surrogates
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolReply
 
 
 def test_budgets_leave_room_below_the_broker_limit() -> None:
@@ -72,9 +72,9 @@ def test_lone_surrogates_are_found_and_replaced_so_protobuf_accepts_the_text() -
     assert has_lone_surrogate("\udfff")
     assert not has_lone_surrogate("good 😀 text")
     with pytest.raises(UnicodeEncodeError):  # what the replacement is for
-        ToolResult(content="bad \ud800 text").SerializeToString()
+        ToolReply(content="bad \ud800 text").SerializeToString()
     fixed = replace_lone_surrogates("bad \ud800 text \udc00")
     assert fixed == "bad ? text ?"
-    assert ToolResult(content=fixed).SerializeToString()
+    assert ToolReply(content=fixed).SerializeToString()
     untouched = "good 😀 text"
     assert replace_lone_surrogates(untouched) is untouched

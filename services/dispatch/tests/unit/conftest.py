@@ -13,7 +13,7 @@ from atmosphere.bus import JetStreamLayout, MessageContext, Router, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.run import ExecutorOptions
@@ -58,11 +58,11 @@ def tool_router(results: dict[str, str], calls: list[ToolCall], delay: float = 0
     router = Router()
     for name, content in results.items():
 
-        async def answer(call: ToolCall, _ctx: MessageContext, content: str = content) -> ToolResult:
+        async def answer(call: ToolCall, _ctx: MessageContext, content: str = content) -> ToolReply:
             calls.append(call)
             if delay:
                 await asyncio.sleep(delay)
-            return ToolResult(call_id=call.call_id, content=content, is_error=content.startswith("Error:"))
+            return ToolReply(call_id=call.call_id, content=content, is_error=content.startswith("Error:"))
 
         router.add(subjects.tool(name), ToolCall, answer)
     return router

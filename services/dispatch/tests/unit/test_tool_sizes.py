@@ -15,7 +15,7 @@ from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunRequest
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.tools import MAX_OFFLOAD_PARTS, ToolGateway, split_for_saving
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
@@ -86,20 +86,20 @@ async def world() -> AsyncIterator[World]:
         state.checks.append(request)
         return Decision(allowed=True)
 
-    async def echo(call: ToolCall, _ctx: MessageContext) -> ToolResult:
+    async def echo(call: ToolCall, _ctx: MessageContext) -> ToolReply:
         state.calls.append(call)
         if state.result == "too-large":
             raise TooLargeReplyError("The answer is too large", details={"size": "70000", "limit": str(LIMIT)})
         if state.stored is not None:  # what the sandbox does with a result one reply cannot carry
             await bus.object_put(subjects.TOOL_RESULTS_BUCKET, "obj-1", state.stored.encode())
-            return ToolResult(call_id=call.call_id, result_object="obj-1")
-        return ToolResult(call_id=call.call_id, content=state.result)
+            return ToolReply(call_id=call.call_id, result_object="obj-1")
+        return ToolReply(call_id=call.call_id, content=state.result)
 
-    async def save(call: ToolCall, _ctx: MessageContext) -> ToolResult:
+    async def save(call: ToolCall, _ctx: MessageContext) -> ToolReply:
         state.saves.append(call)
         if state.refuse_saves:
-            return ToolResult(call_id=call.call_id, content="Error: disk full", is_error=True)
-        return ToolResult(call_id=call.call_id, content="Wrote it")
+            return ToolReply(call_id=call.call_id, content="Error: disk full", is_error=True)
+        return ToolReply(call_id=call.call_id, content="Wrote it")
 
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
     router.add(subjects.tool("echo"), ToolCall, echo)
@@ -277,8 +277,8 @@ async def test_a_stored_result_that_is_gone_is_a_tool_error(world: World) -> Non
     world.stored = "gone"
     gateway = world.gateway()
 
-    async def expire_first(call: ToolCall, _ctx: MessageContext) -> ToolResult:
-        return ToolResult(call_id=call.call_id, result_object="expired-before-it-was-read")
+    async def expire_first(call: ToolCall, _ctx: MessageContext) -> ToolReply:
+        return ToolReply(call_id=call.call_id, result_object="expired-before-it-was-read")
 
     router = Router()
     router.add(subjects.tool("late"), ToolCall, expire_first)

@@ -37,7 +37,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
     SaveFactsResponse,
 )
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.memory.handlers import MemoryHandlers
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.workspaces import CATEGORIES, Workspaces
@@ -75,7 +75,7 @@ class Memory:
     tmp: Path
     ws: Path
 
-    async def tool(self, name: str, arguments: Any = None, scope: WorkspaceScope | None = None) -> ToolResult:
+    async def tool(self, name: str, arguments: Any = None, scope: WorkspaceScope | None = None) -> ToolReply:
         call = ToolCall(
             call_id="call-1",
             name=name,
@@ -86,7 +86,7 @@ class Memory:
         )
         if scope is not None:
             call.workspace.CopyFrom(scope)
-        return await self.bus.request(subjects.memory_tool(name), call, ToolResult)
+        return await self.bus.request(subjects.memory_tool(name), call, ToolReply)
 
     async def ask(self, op: str, request: Any, reply: type[Any]) -> Any:
         return await self.bus.request(subjects.memory(op), request, reply)

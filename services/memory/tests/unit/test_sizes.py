@@ -28,7 +28,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
     SaveFactsResponse,
 )
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.memory.handlers import MemoryHandlers
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.store import StalePageTokenError as HistoryChangedError
@@ -61,9 +61,9 @@ class Memory:
     async def ask(self, op: str, request: Any, reply: type[Any]) -> Any:
         return await self.bus.request(subjects.memory(op), request, reply)
 
-    async def tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def tool(self, name: str, arguments: dict[str, Any]) -> ToolReply:
         call = ToolCall(call_id="k", name=name, arguments_json=json.dumps(arguments), workspace=SCOPE)
-        return await self.bus.request(subjects.memory_tool(name), call, ToolResult)
+        return await self.bus.request(subjects.memory_tool(name), call, ToolReply)
 
     async def pages(self, agent: str = "chat", conversation_id: str = "c1") -> list[LoadHistoryResponse]:
         pages: list[LoadHistoryResponse] = []

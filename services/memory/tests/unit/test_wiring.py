@@ -24,7 +24,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
     SaveFactsResponse,
 )
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult, WorkspaceScope
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.memory.app import serve
 from atmosphere.memory.settings import MemorySettings
 
@@ -80,10 +80,10 @@ async def memory(tmp_path: Path) -> AsyncIterator[Running]:
             await task  # a clean exit: no exception
 
 
-async def tool(bus: FakeBus, name: str, arguments: dict[str, str]) -> ToolResult:
+async def tool(bus: FakeBus, name: str, arguments: dict[str, str]) -> ToolReply:
     call = ToolCall(call_id=f"call-{name}", name=name, arguments_json=json.dumps(arguments), agent="planner")
     call.workspace.CopyFrom(SCOPE)
-    return await bus.request(subjects.memory_tool(name), call, ToolResult)
+    return await bus.request(subjects.memory_tool(name), call, ToolReply)
 
 
 async def test_serve_keeps_a_conversations_history(tmp_path: Path) -> None:

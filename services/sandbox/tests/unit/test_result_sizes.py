@@ -13,7 +13,7 @@ import pytest
 from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.sandbox.handlers import DEFAULT_MAX_RESULT_BYTES, ToolHost
 from atmosphere.sdk import tool
 
@@ -50,13 +50,13 @@ async def call(
     bus: FakeBus | None = None,
     stores: bool = True,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-) -> ToolResult:
+) -> ToolReply:
     bus = bus or FakeBus(max_payload=LIMIT)
     await bus.provision(JetStreamLayout())
     host = ToolHost(TOOLS, max_payload=LIMIT, objects=bus if stores else None, max_result_bytes=max_result_bytes)
     async with bus.serve(host.router()):
         request = ToolCall(call_id="c1", name=name, arguments_json=arguments)
-        return await bus.request(subjects.tool(name), request, ToolResult)
+        return await bus.request(subjects.tool(name), request, ToolReply)
 
 
 def produce_args(size: int, char: str = "x") -> str:
@@ -108,7 +108,7 @@ async def test_a_result_that_cannot_be_stored_is_cut_to_fit_with_a_marker(why: s
         host = ToolHost(TOOLS, max_payload=LIMIT, objects=bus)  # nothing provisioned: the put fails
         async with bus.serve(host.router()):
             request = ToolCall(call_id="c1", name="produce", arguments_json=produce_args(LIMIT + 1, "é"))
-            result = await bus.request(subjects.tool("produce"), request, ToolResult)
+            result = await bus.request(subjects.tool("produce"), request, ToolReply)
     assert not result.is_error
     assert result.truncated
     assert not result.result_object

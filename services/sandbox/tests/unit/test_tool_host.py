@@ -3,7 +3,7 @@ import json
 
 from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.sandbox.handlers import ToolHost, descriptors, runtime_info
 from atmosphere.sdk import tool
 
@@ -36,11 +36,11 @@ async def sleepy() -> str:
 TOOLS = {t.name: t for t in (add, explode, shy, sleepy)}
 
 
-async def call(name: str, arguments: str) -> ToolResult:
+async def call(name: str, arguments: str) -> ToolReply:
     bus = FakeBus()
     async with bus.serve(ToolHost(TOOLS).router()):
         return await bus.request(
-            subjects.tool(name), ToolCall(call_id="c1", name=name, arguments_json=arguments), ToolResult
+            subjects.tool(name), ToolCall(call_id="c1", name=name, arguments_json=arguments), ToolReply
         )
 
 

@@ -6,7 +6,7 @@ import json
 
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.sandbox.handlers import ToolHost
 from atmosphere.sdk import ApprovalRequired, ModelRetry, ToolError, tool, tool_call_approved
 from atmosphere.sdk.host import APPROVED_ARGUMENT, RETRY_SUFFIX
@@ -35,11 +35,11 @@ def guarded(amount: int) -> str:
 TOOLS = {t.name: t for t in (refuse, retry, guarded)}
 
 
-async def call(name: str, arguments: dict[str, object]) -> ToolResult:
+async def call(name: str, arguments: dict[str, object]) -> ToolReply:
     bus = FakeBus()
     async with bus.serve(ToolHost(TOOLS).router()):
         request = ToolCall(call_id="c1", name=name, arguments_json=json.dumps(arguments))
-        return await bus.request(subjects.tool(name), request, ToolResult)
+        return await bus.request(subjects.tool(name), request, ToolReply)
 
 
 async def test_tool_error_is_an_error_with_the_tools_message() -> None:

@@ -14,7 +14,7 @@ import pytest
 from atmosphere.bus import NoRespondersError, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
 from atmosphere.sandbox.app import serve
 from atmosphere.sandbox.settings import SandboxSettings
 
@@ -85,7 +85,7 @@ async def test_serve_publishes_and_hosts_the_apps_tools(app_dir: Path) -> None:
     async with sandbox(app_dir) as bus:
         descriptor = await bus.kv_get(subjects.TOOLS_BUCKET, "add", ToolDescriptor)
         result = await bus.request(
-            subjects.tool("add"), ToolCall(call_id="c1", name="add", arguments_json='{"a": 2, "b": 3}'), ToolResult
+            subjects.tool("add"), ToolCall(call_id="c1", name="add", arguments_json='{"a": 2, "b": 3}'), ToolReply
         )
     assert descriptor is not None
     assert descriptor.provider == "sandbox"

@@ -45,8 +45,7 @@ from atmosphere.bus import (
 from atmosphere.bus.errors import ReplyTooLargeError
 from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired, RunEvent, RunRequest, ToolError, ToolResult, ToolStart
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, WorkspaceScope
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolResult as ToolReply
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.schema import check_arguments

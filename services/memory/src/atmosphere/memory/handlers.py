@@ -46,7 +46,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsResponse,
 )
 from atmosphere.contracts.run.v1.run_pb2 import PlanStep, PlanUpdate, RunEvent
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.memory.errors import MemoryBadRequestError, MemoryNotFoundError
 from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
 from atmosphere.memory.store import MemoryStore, StalePageTokenError, bound_fact
@@ -232,11 +232,11 @@ class MemoryHandlers:
 
     # -- the harness tools ---------------------------------------------------------------------
 
-    async def tool(self, call: ToolCall, ctx: MessageContext) -> ToolResult:
+    async def tool(self, call: ToolCall, ctx: MessageContext) -> ToolReply:
         """`atmo.mem.tool.<name>`: `write_todos` and the eight file tools, answered within one message."""
         return self._fitting(await self._tool(call, ctx))
 
-    def _fitting(self, result: ToolResult) -> ToolResult:
+    def _fitting(self, result: ToolReply) -> ToolReply:
         """`result` cut to fit in one bus message with room for dispatch's run event around it."""
         if result.ByteSize() <= self._tool_bytes:
             return result
@@ -251,54 +251,54 @@ class MemoryHandlers:
             result.truncated = True
         return result
 
-    async def _tool(self, call: ToolCall, _ctx: MessageContext) -> ToolResult:
+    async def _tool(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
         try:
             arguments = json.loads(call.arguments_json or "{}")
         except (ValueError, RecursionError):  # not JSON, nested too deep, or a number too long
             arguments = None
         if not isinstance(arguments, dict):
-            return ToolResult(call_id=call.call_id, content="Error: the arguments are not a JSON object", is_error=True)
+            return ToolReply(call_id=call.call_id, content="Error: the arguments are not a JSON object", is_error=True)
         if not call.HasField("workspace"):
             if call.name == WRITE_TODOS.name:
-                return ToolResult(
+                return ToolReply(
                     call_id=call.call_id, content="write_todos unavailable: no plan store is bound to this session."
                 )
-            return ToolResult(
+            return ToolReply(
                 call_id=call.call_id, content="File tools unavailable: no agent filesystem is bound to this session."
             )
         if call.name == WRITE_TODOS.name:
             return await self._write_todos(call, arguments)
         if call.name in FILE_TOOL_NAMES:
             return await asyncio.to_thread(self._file_tool, call, arguments)
-        return ToolResult(
+        return ToolReply(
             call_id=call.call_id, content=f"Error: memory serves no tool named {call.name}", is_error=True
         )
 
-    async def _write_todos(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+    async def _write_todos(self, call: ToolCall, arguments: dict[str, Any]) -> ToolReply:
         scope = call.workspace
         try:
             store = self._workspaces.plans(scope)
         except WorkspaceError as exc:
-            return ToolResult(call_id=call.call_id, content=f"write_todos failed: {exc}", is_error=True)
+            return ToolReply(call_id=call.call_id, content=f"write_todos failed: {exc}", is_error=True)
         agent_id = scope.agent_id or call.agent or "default"
         conversation = scope.conversation_id or "default"
         text, plan = await asyncio.to_thread(run_write_todos, store, agent_id, conversation, arguments)
         # A refused plan is a failed call (a `tool-error` frame), as a refused file operation is.
-        result = ToolResult(call_id=call.call_id, content=text, is_error=plan is None)
+        result = ToolReply(call_id=call.call_id, content=text, is_error=plan is None)
         if plan is not None:
             result.events.append(
                 RunEvent(plan_update=plan_update(plan, conversation_id=conversation, agent_id=agent_id))
             )
         return result
 
-    def _file_tool(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+    def _file_tool(self, call: ToolCall, arguments: dict[str, Any]) -> ToolReply:
         try:
             files = self._workspaces.files(call.workspace)
         except WorkspaceError as exc:
-            return ToolResult(call_id=call.call_id, content=f"Error: {exc}", is_error=True)
+            return ToolReply(call_id=call.call_id, content=f"Error: {exc}", is_error=True)
         # The page of a read leaves room for the rest of the reply, so its own marker survives.
         text = run_file_tool(files, call.name, arguments, max_bytes=self._tool_bytes - REPLY_ROOM)
-        return ToolResult(call_id=call.call_id, content=text, is_error=text.startswith("Error: "))
+        return ToolReply(call_id=call.call_id, content=text, is_error=text.startswith("Error: "))
 
     # -- workspaces ----------------------------------------------------------------------------
 

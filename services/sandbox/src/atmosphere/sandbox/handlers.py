@@ -1,7 +1,7 @@
 """Hosting the app's `@tool` functions on `atmo.tool.<name>`.
 
 A failing tool is an answer, not a crash: bad arguments, exceptions and timeouts come back as
-`ToolResult(is_error=True)` with an `Error: ...` text for the model — never a traceback. A
+`ToolReply(is_error=True)` with an `Error: ...` text for the model — never a traceback. A
 tool's own signals (`atmosphere.sdk.ToolError`, `ModelRetry`) are such failures with the exact
 text the tool chose; `ApprovalRequired` is no failure: the reply carries an `approval_required`
 event, and dispatch asks the user and calls the tool again once approved.
@@ -9,10 +9,10 @@ event, and dispatch asks the user and calls the tool again once approved.
 A result travels whole. One that fits in one bus message, with room for the run event dispatch
 wraps around it (`atmosphere.bus.sizes.data_budget`), is the reply's `content`; a larger one is
 stored in the object bucket `ATMO_TOOL_RESULTS` and the reply names it
-(`ToolResult.result_object`), for dispatch to read back, offload to the workspace or cut for
+(`ToolReply.result_object`), for dispatch to read back, offload to the workspace or cut for
 the model, and delete. Only a result over `max_result_bytes`
 (`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`), or one that cannot be stored, is cut, ending with a
-marker that says so and how large it was (`ToolResult.truncated`).
+marker that says so and how large it was (`ToolReply.truncated`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget, utf8_le
 from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired as ApprovalRequest
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolResult
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
 from atmosphere.sdk import ApprovalRequired, Tool
 from atmosphere.sdk.host import ToolArgumentsError, ToolSignal
 
@@ -70,13 +70,13 @@ class ToolHost:
         self._objects = objects
         self._max_result_bytes = max_result_bytes
 
-    def _handler(self, tool: Tool[Any, Any]) -> Callable[[ToolCall, MessageContext], Awaitable[ToolResult]]:
-        async def handle(call: ToolCall, _ctx: MessageContext) -> ToolResult:
+    def _handler(self, tool: Tool[Any, Any]) -> Callable[[ToolCall, MessageContext], Awaitable[ToolReply]]:
+        async def handle(call: ToolCall, _ctx: MessageContext) -> ToolReply:
             return await self.call(tool, call)
 
         return handle
 
-    async def call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolResult:
+    async def call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolReply:
         """Run one call within the tool's deadline; a result too large for the reply is stored."""
         result = await self._call(tool, call)
         if utf8_len(result.content) <= self._inline_bytes:
@@ -85,7 +85,7 @@ class ToolHost:
             return _cut(result, tool.name, self._inline_bytes)
         return await self._stored(result, tool.name, self._objects)
 
-    async def _stored(self, result: ToolResult, tool: str, objects: Bus) -> ToolResult:
+    async def _stored(self, result: ToolReply, tool: str, objects: Bus) -> ToolReply:
         """`result` with its content moved to an object (cut first if over `max_result_bytes`)."""
         over = utf8_len(result.content) > self._max_result_bytes
         kept = clip(result.content, self._max_result_bytes, f"the result of {tool}")
@@ -102,7 +102,7 @@ class ToolHost:
         result.result_object = name
         return result
 
-    async def _call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolResult:
+    async def _call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolReply:
         try:
             arguments = json.loads(call.arguments_json or "{}")
         except (ValueError, RecursionError):  # not JSON, nested too deep, or a number too long
@@ -111,7 +111,7 @@ class ToolHost:
             return _failure(call, "Error: the arguments must be a JSON object")
         return await self._invoke(tool, call, arguments)
 
-    async def _invoke(self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+    async def _invoke(self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any]) -> ToolReply:
         try:
             content = await asyncio.wait_for(tool.invoke(arguments), tool.timeout)
         except ToolArgumentsError as exc:
@@ -125,7 +125,7 @@ class ToolHost:
         except Exception as exc:
             log.warning("tool %s failed on run %s", tool.name, call.run_id, exc_info=True)
             return _failure(call, f"Error: {str(exc) or type(exc).__name__}")
-        return ToolResult(call_id=call.call_id, content=replace_lone_surrogates(content))
+        return ToolReply(call_id=call.call_id, content=replace_lone_surrogates(content))
 
     def router(self) -> Router:
         """One subject per hosted tool."""
@@ -135,17 +135,17 @@ class ToolHost:
         return router
 
 
-def _approval_request(call: ToolCall, message: str) -> ToolResult:
+def _approval_request(call: ToolCall, message: str) -> ToolReply:
     """The reply of a tool that raised `ApprovalRequired`: dispatch asks the user with `message`."""
     request = ApprovalRequest(tool_name=call.name, arguments_json=call.arguments_json, message=message)
-    return ToolResult(call_id=call.call_id, events=[RunEvent(approval_required=request)])
+    return ToolReply(call_id=call.call_id, events=[RunEvent(approval_required=request)])
 
 
-def _failure(call: ToolCall, message: str) -> ToolResult:
-    return ToolResult(call_id=call.call_id, content=replace_lone_surrogates(message), is_error=True)
+def _failure(call: ToolCall, message: str) -> ToolReply:
+    return ToolReply(call_id=call.call_id, content=replace_lone_surrogates(message), is_error=True)
 
 
-def _cut(result: ToolResult, tool: str, max_bytes: int) -> ToolResult:
+def _cut(result: ToolReply, tool: str, max_bytes: int) -> ToolReply:
     """`result` with its content cut to `max_bytes` of UTF-8, ending with the marker."""
     log.warning("tool %s returned %d bytes; cut to fit in one bus message", tool, utf8_len(result.content))
     result.content = clip(result.content, max_bytes, f"the result of {tool}")

@@ -165,7 +165,7 @@ class WorkspaceScope(_message.Message):
 Global___WorkspaceScope: _TypeAlias = WorkspaceScope  # noqa: Y015
 
 @_typing.final
-class ToolResult(_message.Message):
+class ToolReply(_message.Message):
     """The reply to a `ToolCall`. A failing tool is not a bus error: it is a result with
     `is_error` set and `content` starting with "Error: ".
     """
@@ -213,4 +213,4 @@ class ToolResult(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
+Global___ToolReply: _TypeAlias = ToolReply  # noqa: Y015
