@@ -1,7 +1,8 @@
 import pytest
 
 from atmosphere.ingress.auth import AdminGate, Authenticator, AuthError
-from atmosphere.ingress.handlers import InboundError, parse_approval, parse_inbound
+from atmosphere.ingress.errors import MalformedRequestError as InboundError
+from atmosphere.ingress.inbound import parse_approval, parse_inbound
 from atmosphere.ingress.settings import IngressSettings, TokenGrant
 
 GRANTS = (

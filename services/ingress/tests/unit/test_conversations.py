@@ -16,7 +16,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.ingress import conversations
 from atmosphere.ingress.agents_api import conversation_of
 from atmosphere.ingress.conversations import ConversationTracker
-from atmosphere.ingress.handlers import InboundError
+from atmosphere.ingress.errors import MalformedRequestError as InboundError
 from atmosphere.ingress.workspace_api import traversal_shaped
 
 ADA = Principal(user_id="ada", auth_method="bearer")

@@ -5,8 +5,9 @@ import pytest
 from atmosphere.contracts.common.v1.common_pb2 import Error, Usage
 from atmosphere.contracts.run.v1 import run_pb2
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.ingress.errors import MalformedRequestError as InboundError
 from atmosphere.ingress.frames import to_frame
-from atmosphere.ingress.handlers import InboundError, parse_inbound
+from atmosphere.ingress.inbound import parse_inbound
 
 
 def frame(**kind: object) -> dict[str, object]:

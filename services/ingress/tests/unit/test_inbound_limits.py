@@ -15,12 +15,12 @@ from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress import connection as connection_module
 from atmosphere.ingress.connection import Closed, Connection
+from atmosphere.ingress.errors import MalformedRequestError as InboundError
+from atmosphere.ingress.errors import RequestTooLargeError as TooLargeError
 from atmosphere.ingress.frames import Frame
-from atmosphere.ingress.handlers import (
+from atmosphere.ingress.inbound import (
     ApprovalReply,
-    InboundError,
     Prompt,
-    TooLargeError,
     close_reason,
     message_limit,
     new_run_request,

@@ -1,15 +1,24 @@
 import json
+from collections.abc import Mapping
 
 import pytest
 
+from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.ingress import openai_wire
+from atmosphere.ingress.errors import OpenAiError
 from atmosphere.ingress.openai_wire import (
     Completion,
-    OpenAiError,
-    error_for_run,
     model_list,
     parse_chat_request,
     resolve_target,
 )
+
+
+def error_for_run(
+    code: str, message: str, *, retryable: bool = False, details: Mapping[str, str] | None = None
+) -> OpenAiError:
+    """The OpenAI answer of a run that ended with this `Error`."""
+    return openai_wire.error_for_run(Error(code=code, message=message, retryable=retryable, details=details))
 
 
 def parse(body: object) -> object:

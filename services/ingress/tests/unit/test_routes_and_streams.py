@@ -21,9 +21,10 @@ from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, Te
 from atmosphere.ingress.agents_api import _sse_response
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.connection import SERVICE_RESTART_CODE, Closed, Connection
+from atmosphere.ingress.errors import OpenAiError, OpenAiUnavailableError
 from atmosphere.ingress.frames import Frame
 from atmosphere.ingress.openai_api import DrainingError, _failure, _unless_draining
-from atmosphere.ingress.openai_wire import OpenAiError, parse_chat_request
+from atmosphere.ingress.openai_wire import parse_chat_request
 from atmosphere.ingress.pacing import KEEP_ALIVE_COMMENT, Drain, PacedResponse, Pause, paced
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
 from atmosphere.ingress.state import IngressState
@@ -194,7 +195,7 @@ async def test_a_quiet_pulled_stream_ends_at_once_when_ingress_drains() -> None:
 async def test_a_failing_source_fails_the_paced_stream() -> None:
     async def broken() -> AsyncIterator[RunEvent]:
         yield finished_run()[0]
-        raise OpenAiError(503, "gone")
+        raise OpenAiUnavailableError("gone")
 
     stream = paced(broken(), draining=asyncio.Event())
     assert (await anext(stream)).seq == 1  # type: ignore[union-attr]

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
@@ -30,10 +29,20 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     TapeStep,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
-from atmosphere.ingress.agents_api import ErrorBody, error, state_of
-from atmosphere.ingress.auth import AuthError
+from atmosphere.ingress.errors import (
+    AdminBadRequestError,
+    AdminError,
+    AdminNotFoundError,
+    AdminSurfaceAbsentError,
+    AdminUnavailableError,
+    AdminUnknownRunError,
+    is_bad_request,
+    is_not_found,
+)
+from atmosphere.ingress.http import error_responses, require_admin, state_of
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R")
 
 MAX_SEQ = 2**53
 ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
@@ -45,7 +54,7 @@ INFO_TIMEOUT = 1.0
 ADMIN_TIMEOUT = 5.0
 
 router = APIRouter()
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 503)}
+ERRORS = error_responses(400, 401, 403, 404, 503)
 
 
 def _merge(into: dict[str, Any], fragment: dict[str, Any]) -> None:
@@ -80,32 +89,29 @@ async def console_info(request: Request) -> dict[str, Any]:
     return merged
 
 
-async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[Any]]) -> Any:
-    """Gate, then ask the owning service; map bus failures to 404 / 503."""
+async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[R]]) -> R:
+    """Gate, then ask the owning service; a bus failure raises the `AdminError` that says which."""
     state = state_of(request)
-    try:
-        state.admin_gate.check(request.headers)
-    except AuthError as exc:
-        return error(exc.status, exc.message, "admin.unauthorized" if exc.status == 401 else "admin.forbidden")
+    require_admin(state, request)
     try:
         return await ask(state.bus)
     except BusError as exc:
-        return _bus_failure(owner, exc)
+        raise _bus_failure(owner, exc) from None
 
 
-def _bus_failure(owner: str, exc: BusError) -> JSONResponse:
+def _bus_failure(owner: str, exc: BusError) -> AdminError:
     """The answer when the owning service could not serve an admin read."""
     if isinstance(exc, NoRespondersError):
-        return error(404, f"The {owner} service is not running, so this surface is absent", "admin.absent")
+        return AdminSurfaceAbsentError(f"The {owner} service is not running, so this surface is absent")
     if isinstance(exc, RequestTimeoutError):
-        return error(503, f"The {owner} service did not answer in time", "admin.unavailable")
+        return AdminUnavailableError(f"The {owner} service did not answer in time")
     if isinstance(exc, RemoteError):
-        if exc.code.endswith(".not_found"):
-            return error(404, exc.message, "admin.absent")
-        if exc.code.endswith(".bad_request"):
-            return error(400, exc.message, "admin.bad_request")
-        return error(503, f"The {owner} service failed: {exc.message}", "admin.unavailable")
-    return error(503, f"The {owner} service cannot be reached", "admin.unavailable")
+        if is_not_found(exc.error):
+            return AdminSurfaceAbsentError(exc.message)
+        if is_bad_request(exc.error):
+            return AdminBadRequestError(exc.message)
+        return AdminUnavailableError(f"The {owner} service failed: {exc.message}")
+    return AdminUnavailableError(f"The {owner} service cannot be reached")
 
 
 def _dict(message: Message) -> dict[str, Any]:
@@ -164,7 +170,7 @@ async def admin_tape_runs(
 ) -> Any:
     """`[{runId, tapeId, parentRunId, status, agent, startedAt, endedAt, stepCount}]`."""
     if tapeId and not valid_id(tapeId):
-        return error(400, "Malformed tapeId", "admin.bad_request")
+        raise AdminBadRequestError("Malformed tapeId")
 
     async def ask(bus: Bus) -> list[dict[str, Any]]:
         reply = await bus.request(
@@ -198,7 +204,7 @@ async def admin_tape_steps(
     the next page. A step too large for any page has `payloadTruncated: true`.
     """
     if not valid_id(run_id):
-        return error(400, "Malformed run id", "admin.bad_request")
+        raise AdminBadRequestError("Malformed run id")
 
     async def ask(bus: Bus) -> Any:
         reply = await bus.request(
@@ -208,7 +214,7 @@ async def admin_tape_steps(
             timeout=ADMIN_TIMEOUT,
         )
         if not reply.HasField("run"):
-            return error(404, f"The tape has no run {run_id}", "admin.unknown_run")
+            raise AdminUnknownRunError(f"The tape has no run {run_id}")
         steps = [_step(s) for s in reply.steps]
         page: dict[str, Any] = {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
         if reply.next_from_seq:
@@ -226,7 +232,7 @@ async def admin_decisions(
 ) -> Any:
     """One row per admission and per tool-call check."""
     if runId and not valid_id(runId):
-        return error(400, "Malformed runId", "admin.bad_request")
+        raise AdminBadRequestError("Malformed runId")
 
     async def ask(bus: Bus) -> list[dict[str, Any]]:
         reply = await bus.request(
@@ -241,9 +247,9 @@ async def admin_decisions(
 
 
 @router.get("/api/admin/{rest:path}", include_in_schema=False)
-async def admin_other(request: Request, rest: str) -> JSONResponse:
+async def admin_other(request: Request, rest: str) -> None:
     """Anything else under `/api/admin/`: 400 when it is traversal-shaped, else 404."""
     raw = request.scope.get("raw_path", b"").decode("latin-1").lower()
     if ".." in rest or "\\" in rest or "%2f" in raw or "%5c" in raw or "\x00" in rest:
-        return error(400, "Malformed admin path", "admin.bad_request")
-    return error(404, f"No admin surface at /api/admin/{rest}", "admin.not_found")
+        raise AdminBadRequestError("Malformed admin path")
+    raise AdminNotFoundError(f"No admin surface at /api/admin/{rest}")

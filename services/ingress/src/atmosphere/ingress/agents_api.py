@@ -20,12 +20,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from atmosphere.bus import BusError, PayloadTooLargeError, subjects
@@ -42,15 +42,30 @@ from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
 from atmosphere.ingress.auth import AuthError, Caller
-from atmosphere.ingress.bodies import BodyError, read_body, read_text
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
+from atmosphere.ingress.errors import (
+    AgentNotFoundError,
+    MalformedRequestError,
+    RequestTooLargeError,
+    RunNotFoundError,
+    ServerRestartingError,
+    UnavailableError,
+)
 from atmosphere.ingress.frames import Frame, to_frame
-from atmosphere.ingress.handlers import (
+from atmosphere.ingress.http import (
+    agent_principal,
+    bounded_body,
+    bounded_text,
+    error_responses,
+    identified_caller,
+    message_limit_of,
+    require_token,
+    state_of,
+)
+from atmosphere.ingress.inbound import (
     ApprovalReply,
-    InboundError,
     Prompt,
     close_reason,
-    message_limit,
     new_run_request,
     parse_approval,
     parse_inbound,
@@ -61,7 +76,8 @@ from atmosphere.ingress.pacing import PacedResponse, Pause, paced
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
-RUN_ID_HEADER = "x-atmosphere-run-id"
+RESUME_RUN_HEADER = "x-atmosphere-run-id"
+"""The HTTP/WebSocket header naming a run to resume (not the bus's own run-id header)."""
 LAST_SEQ_HEADER = "x-atmosphere-last-seq"
 CONVERSATION_HEADER = "x-atmosphere-conversation-id"
 CLOSE_AUTH = {401: 4401, 403: 4403}
@@ -98,13 +114,8 @@ APPROVAL_BODY = {
     }
 }
 """A run id; anything not matching the pattern is answered with 400 (never used in a subject)."""
-
-
-class ErrorBody(BaseModel):
-    """Every non-2xx answer of ingress's own routes."""
-
-    error: str
-    code: str
+RETRY_AFTER = 2
+"""Seconds a client is asked to wait before it tries a run the broker could not take."""
 
 
 class RunStarted(BaseModel):
@@ -142,23 +153,8 @@ def conversation_of(given: str | None, principal: Principal) -> str:
             subjects.token(given, what="conversation id")
         except ValueError as exc:
             msg = "Malformed conversation id (1-128 letters, digits, '_', '-', ':', '@')"
-            raise InboundError(msg) from exc
+            raise MalformedRequestError(msg) from exc
     return scoped_conversation(given or uuid.uuid4().hex, principal)
-
-
-def error(status: int, message: str, code: str) -> JSONResponse:
-    """A JSON error answer."""
-    return JSONResponse({"error": message, "code": code}, status_code=status)
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {s: {"model": ErrorBody} for s in statuses}
-
-
-def state_of(request: Request | WebSocket) -> IngressState:
-    """The app's shared state."""
-    state: IngressState = request.app.state.ingress
-    return state
 
 
 def sse(frame: Frame) -> bytes:
@@ -198,12 +194,8 @@ async def _sse_frames(events: AsyncIterator[RunEvent], sent: _Sent) -> AsyncIter
                 sent.seq = event.seq
                 yield sse(frame)
     except (StreamGapError, BusError) as exc:
-        body = {
-            "type": "error",
-            "data": "The stream broke; resume with Last-Event-ID",
-            "code": "ingress.unavailable",
-            "detail": type(exc).__name__,
-        }
+        broke = UnavailableError("The stream broke; resume with Last-Event-ID")
+        body = {"type": "error", "data": broke.message, "code": broke.code, "detail": type(exc).__name__}
         yield f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -213,10 +205,13 @@ def _drained(run_id: str, last_seq: int) -> bytes:
     No `id:` line, so the client's Last-Event-ID stays the last frame it really got.
     """
     resume = f"/atmosphere/runs/{run_id}/events"
+    restarting = ServerRestartingError(
+        f"The server is restarting; the run goes on: resume at {resume} with Last-Event-ID: {last_seq}"
+    )
     body = {
         "type": "error",
-        "data": f"The server is restarting; the run goes on: resume at {resume} with Last-Event-ID: {last_seq}",
-        "code": "ingress.draining",
+        "data": restarting.message,
+        "code": restarting.code,
         "recoverable": True,
         "runId": run_id,
         "lastSeq": last_seq,
@@ -230,11 +225,11 @@ def _prompt_of(raw: bytes) -> Prompt:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         msg = "The prompt must be UTF-8 text"
-        raise InboundError(msg) from None
+        raise MalformedRequestError(msg) from None
     parsed = parse_inbound(text)
     if isinstance(parsed, ApprovalReply):
         msg = "Send approvals to /atmosphere/runs/{run_id}/approval"
-        raise InboundError(msg)
+        raise MalformedRequestError(msg)
     return parsed
 
 
@@ -287,47 +282,24 @@ def _resume_guard(state: IngressState, caller: Caller, agent: AgentDescriptor) -
 # -- WebSocket ---------------------------------------------------------------------------------
 
 
+class _SocketRefusedError(Exception):
+    """A WebSocket refused before it serves anything: closed with `code` and `reason`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
 async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None) -> None:
     """One WebSocket client of an agent (shared by agent names and `@ai_endpoint` paths)."""
     state = state_of(websocket)
     await websocket.accept()
-    if descriptor is None:
-        await websocket.close(CLOSE_UNKNOWN, close_reason(f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'"))
-        return
     try:
-        caller = state.authenticator.caller(descriptor.path, websocket.headers, websocket.query_params)
-    except AuthError as exc:
-        await websocket.close(CLOSE_AUTH[exc.status], close_reason(exc.message))
+        connection, resume = _open_connection(state, websocket, descriptor)
+    except _SocketRefusedError as refused:
+        await websocket.close(refused.code, close_reason(refused.reason))
         return
-    principal = caller.principal
-    headers, query = websocket.headers, websocket.query_params
-    resume_id = headers.get(RUN_ID_HEADER) or query.get("X-Atmosphere-Run-Id") or query.get("runId")
-    resume: tuple[str, int] | None = None
-    if resume_id:
-        try:
-            subjects.token(resume_id, what="run id")
-            resume = (resume_id, max(0, int(headers.get(LAST_SEQ_HEADER) or query.get("lastSeq") or 0)))
-        except ValueError:
-            await websocket.close(1008, "Malformed run id or last seq")
-            return
-    try:
-        conversation_id = conversation_of(headers.get(CONVERSATION_HEADER) or query.get("conversationId"), principal)
-    except InboundError as exc:
-        await websocket.close(1008, close_reason(str(exc)))
-        return
-    connection = Connection(
-        bus=state.bus,
-        agent=descriptor,
-        conversation_id=conversation_id,
-        conversations=state.conversations,
-        principal=principal,
-        transport="websocket",
-        may_resume=_resume_guard(state, caller, descriptor) if state.authenticator.enabled else None,
-        max_prompts=state.settings.ingress.max_prompts_per_connection,
-        send_queue_frames=state.settings.ingress.send_queue_frames,
-        max_message_bytes=_message_limit(state),
-    )
-
     close = functools.partial(_close_socket, websocket)
     try:
         with state.drain.tracking(connection):
@@ -338,6 +310,51 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
         # Never drop the socket without a close frame: its client learns the connection ended.
         log.exception("a WebSocket connection failed")
         await close(1011, "Internal error; reconnect with X-Atmosphere-Run-Id to resume")
+
+
+def _open_connection(
+    state: IngressState, websocket: WebSocket, descriptor: AgentDescriptor | None
+) -> tuple[Connection, tuple[str, int] | None]:
+    """The connection of an accepted socket and the run it resumes; `_SocketRefusedError` when refused."""
+    if descriptor is None:
+        raise _SocketRefusedError(CLOSE_UNKNOWN, f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'")
+    try:
+        caller = state.authenticator.caller(descriptor.path, websocket.headers, websocket.query_params)
+    except AuthError as exc:
+        raise _SocketRefusedError(CLOSE_AUTH[exc.status], exc.message) from None
+    headers, query = websocket.headers, websocket.query_params
+    resume = _resume_point(headers, query)
+    try:
+        conversation_id = conversation_of(
+            headers.get(CONVERSATION_HEADER) or query.get("conversationId"), caller.principal
+        )
+    except MalformedRequestError as exc:
+        raise _SocketRefusedError(1008, exc.message) from None
+    connection = Connection(
+        bus=state.bus,
+        agent=descriptor,
+        conversation_id=conversation_id,
+        conversations=state.conversations,
+        principal=caller.principal,
+        transport="websocket",
+        may_resume=_resume_guard(state, caller, descriptor) if state.authenticator.enabled else None,
+        max_prompts=state.settings.ingress.max_prompts_per_connection,
+        send_queue_frames=state.settings.ingress.send_queue_frames,
+        max_message_bytes=message_limit_of(state),
+    )
+    return connection, resume
+
+
+def _resume_point(headers: Mapping[str, str], query: Mapping[str, str]) -> tuple[str, int] | None:
+    """The run a connecting client resumes and the last seq it saw (None: it resumes nothing)."""
+    resume_id = headers.get(RESUME_RUN_HEADER) or query.get("X-Atmosphere-Run-Id") or query.get("runId")
+    if not resume_id:
+        return None
+    try:
+        subjects.token(resume_id, what="run id")
+        return resume_id, max(0, int(headers.get(LAST_SEQ_HEADER) or query.get("lastSeq") or 0))
+    except ValueError:
+        raise _SocketRefusedError(1008, "Malformed run id or last seq") from None
 
 
 def _receiver(websocket: WebSocket, connection: Connection) -> Callable[[], Awaitable[str | Closed]]:
@@ -354,7 +371,7 @@ def _receiver(websocket: WebSocket, connection: Connection) -> Callable[[], Awai
                 try:
                     return bytes(message["bytes"]).decode("utf-8")
                 except UnicodeDecodeError:
-                    connection.reject("A binary frame must hold UTF-8 text")
+                    connection.reject(MalformedRequestError("A binary frame must hold UTF-8 text"))
 
     return receive
 
@@ -370,11 +387,6 @@ async def _close_socket(websocket: WebSocket, code: int, reason: str) -> None:
     # A reason over the protocol's 123 bytes would make the close itself fail.
     with contextlib.suppress(RuntimeError, OSError):
         await websocket.close(code, close_reason(reason))
-
-
-def _message_limit(state: IngressState) -> int:
-    """The largest prompt ingress admits: the setting, within the broker's limit with room for the envelope."""
-    return message_limit(state.settings.ingress.max_message_bytes, state.bus.max_payload)
 
 
 @router.websocket("/atmosphere/agent/{name}")
@@ -402,55 +414,43 @@ async def serve_socket_at(websocket: WebSocket, lookup: Awaitable[AgentDescripto
 # -- SSE -----------------------------------------------------------------------------------------
 
 
-async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunRequest | JSONResponse:
-    """Authenticate a POSTed prompt and build its run, or say in JSON why it was refused.
+async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunRequest:
+    """Authenticate a POSTed prompt and build its run; a typed `IngressError` says why it was refused.
 
     Everything the headers decide (credentials, the conversation id) is checked before a byte
     of the body is read, and the body is read within the message limit as it arrives.
     """
     state = state_of(request)
-    try:
-        principal = state.authenticator.principal(descriptor.path, request.headers, request.query_params)
-        conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
-        prompt = _prompt_of(await read_body(request, limit=_message_limit(state)))
-        run = new_run_request(
-            agent=descriptor.name,
-            prompt=prompt,
-            conversation_id=conversation_id,
-            principal=principal,
-            transport=transport,
-            path=descriptor.path,
-        )
-        require_fits(run, state.bus.max_payload)
-    except AuthError as exc:
-        return error(exc.status, exc.message, "ingress.unauthorized" if exc.status == 401 else "ingress.forbidden")
-    except BodyError as exc:
-        return error(exc.status, exc.message, f"ingress.{exc.code}")
-    except InboundError as exc:
-        return error(exc.status, str(exc), exc.code)
+    principal = agent_principal(state, request, descriptor.path)
+    conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
+    prompt = _prompt_of(await bounded_body(request, limit=message_limit_of(state)))
+    run = new_run_request(
+        agent=descriptor.name,
+        prompt=prompt,
+        conversation_id=conversation_id,
+        principal=principal,
+        transport=transport,
+        path=descriptor.path,
+    )
+    require_fits(run, state.bus.max_payload)
     state.conversations.touch(descriptor.name, conversation_id, principal)
     return run
 
 
-async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse | JSONResponse:
+async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse:
     """Start a run from a POSTed prompt and stream its frames as Server-Sent Events."""
     state = state_of(request)
     if descriptor is None:
-        return error(404, f"Unknown agent at {request.url.path}", "ingress.unknown_agent")
+        raise AgentNotFoundError(f"Unknown agent at {request.url.path}")
     run = await _accept_prompt(request, descriptor, transport="sse")
-    if isinstance(run, JSONResponse):
-        return run
     headers = {**SSE_HEADERS, "X-Atmosphere-Run-Id": run.run_id}
     events = follow_run(state.bus, run.run_id, submit=run)
     # The first event (the run id, seq 1) is read before answering, so a run that could not be
     # queued is a 413 or 503 the client can act on, not a 200 stream with an error in it.
     try:
         first = await anext(events)
-    except PayloadTooLargeError as exc:
-        return error(413, f"The prompt is too large: {exc}", "ingress.too_large")
     except BusError as exc:
-        log.warning("SSE run %s not submitted: %s", run.run_id, exc)
-        return _unavailable()
+        raise _not_submitted(run, exc) from None
     return _sse_response(state, run.run_id, _starting_with(first, events), headers=headers)
 
 
@@ -460,13 +460,14 @@ async def _starting_with(first: RunEvent, rest: AsyncIterator[RunEvent]) -> Asyn
         yield event
 
 
-def _unavailable() -> JSONResponse:
-    """The run was not queued: the broker is unreachable; nothing will run, so try again."""
-    response = error(
-        503, "The run could not be submitted (the message broker is unavailable); try again", "ingress.unavailable"
+def _not_submitted(run: RunRequest, exc: BusError) -> RequestTooLargeError | UnavailableError:
+    """Why a run was not queued: too large for the broker, or the broker is unreachable (try again)."""
+    if isinstance(exc, PayloadTooLargeError):
+        return RequestTooLargeError(f"The prompt is too large: {exc}")
+    log.warning("run %s (%s) not submitted: %s", run.run_id, run.transport, exc)
+    return UnavailableError(
+        "The run could not be submitted (the message broker is unavailable); try again", retry_after=RETRY_AFTER
     )
-    response.headers["Retry-After"] = "2"
-    return response
 
 
 @router.post(
@@ -475,9 +476,9 @@ def _unavailable() -> JSONResponse:
     openapi_extra=PROMPT_BODY,
     response_class=StreamingResponse,
     response_model=None,
-    responses={200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 403, 404, 413)},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 403, 404, 413)},
 )
-async def agent_sse(request: Request, name: str) -> StreamingResponse | JSONResponse:
+async def agent_sse(request: Request, name: str) -> StreamingResponse:
     """The body is the prompt: plain text or `{"prompt": "...", "hints": {...}}`."""
     return await start_sse(request, await _descriptor(state_of(request), name=name))
 
@@ -487,47 +488,37 @@ async def agent_sse(request: Request, name: str) -> StreamingResponse | JSONResp
     summary="Resume a run's frames after Last-Event-ID (Server-Sent Events)",
     response_class=StreamingResponse,
     response_model=None,
-    responses={200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 503)},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 404, 503)},
 )
 async def run_events(
     request: Request,
     run_id: RunId,
     last_event_id: Annotated[str, Header(pattern=r"^[0-9]{0,15}$")] = "",
     lastEventId: Annotated[int | None, Query(ge=0, le=2**53)] = None,  # noqa: N803 - EventSource's name
-) -> StreamingResponse | JSONResponse:
+) -> StreamingResponse:
     """Every frame after the client's last seq, then the live tail; a finished run ends at its terminal frame."""
     state = state_of(request)
-    try:
-        subjects.token(run_id, what="run id")
-        after = int(last_event_id) if last_event_id else (lastEventId or 0)
-        if after < 0:
-            raise ValueError
-    except ValueError:
-        return error(400, "Malformed run id or Last-Event-ID", "ingress.bad_request")
-    principal = await _authorize_run(state, request, run_id)
-    if isinstance(principal, JSONResponse):
-        return principal
+    require_token(run_id, what="run id", message="Malformed run id or Last-Event-ID")
+    after = int(last_event_id) if last_event_id else (lastEventId or 0)
+    await _authorize_run(state, request, run_id)
     events = follow_run(state.bus, run_id, after_seq=after)
     return _sse_response(state, run_id, events, after_seq=after, headers=SSE_HEADERS)
 
 
-async def _authorize_run(state: IngressState, request: Request, run_id: str) -> Principal | JSONResponse:
-    """The caller's principal when it may read, cancel or answer this stored run, else the error to answer.
+async def _authorize_run(state: IngressState, request: Request, run_id: str) -> Principal:
+    """The caller's principal when it may read, cancel or answer this stored run, else a typed refusal.
 
     Authentication comes first, so a 401 says nothing about the run. A run the caller does not
     own, or whose agent its grant does not cover, is answered exactly like one that does not
     exist (404), so run ids cannot be probed. No-auth mode: every caller may use every run.
     """
-    try:
-        caller = state.authenticator.identify(request.headers, request.query_params)
-    except AuthError as exc:
-        return error(exc.status, exc.message, "ingress.unauthorized")
+    caller = identified_caller(state, request)
     try:
         stored = await _run_agent(state, run_id)
     except BusError:
-        return error(503, "Runs cannot be looked up right now; try again", "ingress.unavailable")
+        raise UnavailableError("Runs cannot be looked up right now; try again") from None
     if stored is None or not caller.may_access(owner=stored.owner, path=stored.agent.path):
-        return error(404, f"Unknown run {run_id}", "ingress.unknown_run")
+        raise RunNotFoundError(f"Unknown run {run_id}")
     return caller.principal
 
 
@@ -540,23 +531,19 @@ async def _authorize_run(state: IngressState, request: Request, run_id: str) -> 
     response_model=RunStarted,
     summary="Start a run for long-polling",
     openapi_extra=PROMPT_BODY,
-    responses=_errors(400, 401, 403, 404, 413, 503),
+    responses=error_responses(400, 401, 403, 404, 413, 503),
 )
-async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResponse:
+async def agent_poll_start(request: Request, name: str) -> RunStarted:
     """Queue the prompt; then `GET` the returned `next` URL until `done`."""
     state = state_of(request)
     descriptor = await _descriptor(state, name=name)
     if descriptor is None:
-        return error(404, f"Unknown agent '{name}'", "ingress.unknown_agent")
+        raise AgentNotFoundError(f"Unknown agent '{name}'")
     run = await _accept_prompt(request, descriptor, transport="long-poll")
-    if isinstance(run, JSONResponse):
-        return run
     try:
         await submit_run(state.bus, run)
-    except PayloadTooLargeError as exc:
-        return error(413, f"The prompt is too large: {exc}", "ingress.too_large")
-    except BusError:
-        return _unavailable()
+    except BusError as exc:
+        raise _not_submitted(run, exc) from None
     return RunStarted(runId=run.run_id, sessionId=run.session_id, next=f"/atmosphere/runs/{run.run_id}/poll?after=0")
 
 
@@ -564,28 +551,23 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted | JSONResp
     "/atmosphere/runs/{run_id}/poll",
     response_model=PollResult,
     summary="Frames of a run after a seq (long-poll)",
-    responses=_errors(400, 401, 404, 503),
+    responses=error_responses(400, 401, 404, 503),
 )
 async def run_poll(
     request: Request,
     run_id: RunId,
     after: Annotated[int, Query(ge=0, le=2**53)] = 0,
     wait: Annotated[float, Query(ge=0, le=120)] = 25.0,
-) -> PollResult | JSONResponse:
+) -> PollResult:
     """Waits up to `wait` seconds (capped by the server) for frames after `after`."""
     state = state_of(request)
-    try:
-        subjects.token(run_id, what="run id")
-    except ValueError:
-        return error(400, "Malformed run id", "ingress.bad_request")
-    principal = await _authorize_run(state, request, run_id)
-    if isinstance(principal, JSONResponse):
-        return principal
+    require_token(run_id, what="run id", message="Malformed run id")
+    await _authorize_run(state, request, run_id)
     wait = min(wait, state.settings.ingress.long_poll_max_wait)
     try:
         frames, done = await _poll_frames(state, run_id, after, wait)
     except (UnknownRunError, StreamGapError, BusError):
-        return error(404, f"Run {run_id} cannot be read", "ingress.unknown_run")
+        raise RunNotFoundError(f"Run {run_id} cannot be read") from None
     return PollResult(frames=frames, done=done, after=int(frames[-1]["seq"]) if frames else after)
 
 
@@ -633,18 +615,13 @@ async def _ended(state: IngressState, run_id: str) -> bool:
     "/atmosphere/runs/{run_id}/cancel",
     response_model=ControlResult,
     summary="Cancel a run",
-    responses=_errors(400, 401, 404, 503),
+    responses=error_responses(400, 401, 404, 503),
 )
-async def run_cancel(request: Request, run_id: RunId) -> ControlResult | JSONResponse:
+async def run_cancel(request: Request, run_id: RunId) -> ControlResult:
     """False when no worker owns the run any more (it already ended)."""
     state = state_of(request)
-    try:
-        subjects.token(run_id, what="run id")
-    except ValueError:
-        return error(400, "Malformed run id", "ingress.bad_request")
+    require_token(run_id, what="run id", message="Malformed run id")
     principal = await _authorize_run(state, request, run_id)
-    if isinstance(principal, JSONResponse):
-        return principal
     return ControlResult(accepted=await cancel_run(state.bus, run_id, "cancelled by the client", principal=principal))
 
 
@@ -653,24 +630,14 @@ async def run_cancel(request: Request, run_id: RunId) -> ControlResult | JSONRes
     response_model=ControlResult,
     summary="Answer an approval request",
     openapi_extra=APPROVAL_BODY,
-    responses=_errors(400, 401, 404, 413, 503),
+    responses=error_responses(400, 401, 404, 413, 503),
 )
-async def run_approval(request: Request, run_id: RunId) -> ControlResult | JSONResponse:
+async def run_approval(request: Request, run_id: RunId) -> ControlResult:
     """The body is `/__approval/<id>/<approve|yes|deny|respond> [payload]`."""
     state = state_of(request)
-    try:
-        subjects.token(run_id, what="run id")
-    except ValueError:
-        return error(400, "Malformed run id", "ingress.bad_request")
+    require_token(run_id, what="run id", message="Malformed run id")
     # Who asks, and whether the run is theirs, is settled before the body is read at all.
     principal = await _authorize_run(state, request, run_id)
-    if isinstance(principal, JSONResponse):
-        return principal
-    try:
-        reply = parse_approval(await read_text(request, limit=_message_limit(state)))
-        ack = await send_approval(state.bus, run_id, reply, principal=principal)
-    except BodyError as exc:
-        return error(exc.status, exc.message, f"ingress.{exc.code}")
-    except InboundError as exc:
-        return error(exc.status, str(exc), exc.code)
+    reply = parse_approval(await bounded_text(request, limit=message_limit_of(state)))
+    ack = await send_approval(state.bus, run_id, reply, principal=principal)
     return ControlResult(accepted=ack.accepted, detail=ack.detail)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
@@ -19,10 +19,24 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from atmosphere.bus import BusError
+from atmosphere.bus import Bus, BusError
 from atmosphere.ingress import admin_api, agents_api, docs, openai_api, workspace_api
-from atmosphere.ingress.agents_api import start_sse, state_of
-from atmosphere.ingress.openai_wire import OpenAiError
+from atmosphere.ingress.agents_api import start_sse
+from atmosphere.ingress.errors import (
+    IngressError,
+    InternalError,
+    MalformedRequestError,
+    MethodNotAllowedError,
+    OpenAiBrokerUnavailableError,
+    OpenAiError,
+    OpenAiHttpError,
+    OpenAiInternalError,
+    OpenAiInvalidRequestError,
+    OtherHttpError,
+    PathNotFoundError,
+    UnavailableError,
+)
+from atmosphere.ingress.http import error_responses, ingress_error_response, openai_error_response, state_of
 from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
@@ -47,48 +61,71 @@ def _describe(error: Any) -> str:
     return f"{where}: {str(error.get('msg', 'invalid'))[:120]}"
 
 
+def _under_openai(request: Request) -> bool:
+    return request.url.path.startswith(openai_api.router.prefix)
+
+
+def _answer(request: Request, native: IngressError, openai: OpenAiError) -> JSONResponse:
+    """`native` in ingress's shape, or `openai` in OpenAI's under its prefix (whatever went wrong)."""
+    if _under_openai(request):
+        return openai_error_response(openai)
+    return ingress_error_response(native)
+
+
+HTTP_ERRORS: Mapping[int, type[IngressError]] = {404: PathNotFoundError, 405: MethodNotAllowedError}
+"""Starlette's own HTTP errors, as ingress's classes (any other is an `OtherHttpError`, with its own status)."""
+RETRY_AFTER = 2
+"""Seconds a client is asked to wait when the broker did not answer."""
+
+
+def _from_http_exception(exc: StarletteHTTPException) -> IngressError:
+    return HTTP_ERRORS.get(exc.status_code, OtherHttpError)(str(exc.detail), headers=exc.headers)
+
+
 def _answer_errors_in_json(app: FastAPI) -> None:
-    """Every error ingress answers itself is JSON: `{"error", "code"}`, or OpenAI's shape under its prefix."""
+    """Every error ingress answers itself is JSON: `{"error", "code"}`, or OpenAI's shape under its prefix.
+
+    Routes raise `IngressError` or `OpenAiError`, each answered by its one handler; Starlette's own
+    errors, malformed parameters, an unanswering broker and bugs are turned into those classes.
+    """
+
+    @app.exception_handler(IngressError)
+    async def ingress_error(_request: Request, exc: IngressError) -> JSONResponse:
+        return ingress_error_response(exc)
+
+    @app.exception_handler(OpenAiError)
+    async def openai_error(_request: Request, exc: OpenAiError) -> JSONResponse:
+        return openai_error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own 404/405 answers, in the same shape as every other ingress error.
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
-        if request.url.path.startswith(openai_api.router.prefix):
-            # The OpenAI API answers in OpenAI's error shape, whatever went wrong.
-            body = OpenAiError(exc.status_code, str(exc.detail), code=code).body()
-            return JSONResponse(body, exc.status_code, headers=exc.headers)
-        return JSONResponse({"error": str(exc.detail), "code": f"ingress.{code}"}, exc.status_code, headers=exc.headers)
+        openai = OpenAiHttpError(exc.status_code, str(exc.detail))
+        if _under_openai(request):
+            return openai_error_response(openai, headers=exc.headers)
+        return ingress_error_response(_from_http_exception(exc), status=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # A malformed path, query or header value: 400 in the ingress shape, not FastAPI's 422.
         message = "Invalid request: " + "; ".join(_describe(error) for error in exc.errors()[:5])
-        if request.url.path.startswith(openai_api.router.prefix):
-            return JSONResponse(OpenAiError(400, message).body(), 400)
-        return JSONResponse({"error": message, "code": "ingress.bad_request"}, 400)
+        return _answer(request, MalformedRequestError(message), OpenAiInvalidRequestError(message))
 
     @app.exception_handler(BusError)
     async def bus_unavailable(request: Request, exc: BusError) -> JSONResponse:
         # The broker (or the service behind it) did not answer: a retry may help, a 500 would lie.
         log.warning("bus unavailable on %s %s: %s", request.method, request.url.path, exc)
-        headers = {"Retry-After": "2"}
-        if request.url.path.startswith(openai_api.router.prefix):
-            body = OpenAiError(503, "Service unavailable; try again", type_="server_error").body()
-            return JSONResponse(body, 503, headers=headers)
-        body = {
-            "error": "Service unavailable (the message broker did not answer); try again",
-            "code": "ingress.unavailable",
-        }
-        return JSONResponse(body, 503, headers=headers)
+        native = UnavailableError(
+            "Service unavailable (the message broker did not answer); try again", retry_after=RETRY_AFTER
+        )
+        openai = OpenAiBrokerUnavailableError("Service unavailable; try again", retry_after=RETRY_AFTER)
+        return _answer(request, native, openai)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         # The last resort: a bug answers JSON 500 (and is logged), never a plain-text page.
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        if request.url.path.startswith(openai_api.router.prefix):
-            return JSONResponse(OpenAiError(500, "Internal error", type_="server_error").body(), 500)
-        return JSONResponse({"error": "Internal error", "code": "ingress.internal"}, 500)
+        return _answer(request, InternalError("Internal error"), OpenAiInternalError("Internal error"))
 
 
 def create_app(
@@ -97,16 +134,41 @@ def create_app(
     info: Callable[[], dict[str, Any]] | None = None,
     stop: asyncio.Event | None = None,
     drain: Drain | None = None,
+    bus: Bus | None = None,
 ) -> FastAPI:
     """The ingress ASGI app; its lifespan connects to NATS and answers health and info.
 
     `stop` is set when the NATS connection closes for good, so the server shuts down;
     `drain` is started when ingress stops, so open streams end and say where to resume.
+    `bus` replaces the connection to NATS (a test's `FakeBus`); the caller closes it.
     """
+    lifespan = _lifespan(settings, info=info, stop=stop, drain=drain, bus=bus)
+    # `/docs` is served from ingress's own copy of Swagger UI (`docs.py`); ReDoc would need a CDN.
+    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _allow_cors(app, settings)
+    _answer_errors_in_json(app)
+    _add_probes(app)
+    fixed = _include_routers(app, settings)
+    _add_endpoint_paths(app, fixed, openai_prefix=openai_api.router.prefix if settings.ai_openai_enabled else None)
+    return app
+
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _lifespan(
+    settings: IngressSettings,
+    *,
+    info: Callable[[], dict[str, Any]] | None,
+    stop: asyncio.Event | None,
+    drain: Drain | None,
+    bus: Bus | None,
+) -> Lifespan:
+    """The app's lifespan: the running service (bus, health, info), the shared state, the conversation sweeper."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_service("ingress", settings, info=info, stop=stop) as runtime:
+        async with open_service("ingress", settings, info=info, stop=stop, bus=bus) as runtime:
             app.state.ingress = state = IngressState.build(settings, runtime, drain=drain)
             sweeping = asyncio.Event()
             sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
@@ -122,25 +184,31 @@ def create_app(
                 sweeping.set()
                 await sweeper
 
-    # `/docs` is served from ingress's own copy of Swagger UI (`docs.py`); ReDoc would need a CDN.
-    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
-    if settings.ingress.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.ingress.cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=[
-                "Authorization",
-                "Content-Type",
-                "X-API-Key",
-                "Last-Event-ID",
-                "X-Atmosphere-Run-Id",
-                "X-Atmosphere-Conversation-Id",
-            ],
-            expose_headers=["X-Atmosphere-Run-Id"],
-        )
+    return lifespan
 
-    _answer_errors_in_json(app)
+
+def _allow_cors(app: FastAPI, settings: IngressSettings) -> None:
+    """Let the configured browser origins call (Starlette's pure ASGI middleware), if any are."""
+    if not settings.ingress.cors_origins:
+        return
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(settings.ingress.cors_origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=[
+            "Authorization",
+            "Content-Type",
+            "X-API-Key",
+            "Last-Event-ID",
+            "X-Atmosphere-Run-Id",
+            "X-Atmosphere-Conversation-Id",
+        ],
+        expose_headers=["X-Atmosphere-Run-Id"],
+    )
+
+
+def _add_probes(app: FastAPI) -> None:
+    """`/healthz` and `/readyz` (also answered over the connection cap, see `limits.py`)."""
 
     @app.get("/healthz", summary="Liveness", responses={503: {"description": "the NATS connection closed for good"}})
     async def healthz(request: Request) -> JSONResponse:
@@ -156,16 +224,18 @@ def create_app(
         ready = state_of(request).runtime.health.ready
         return JSONResponse({"ready": ready, "service": "ingress"}, status_code=200 if ready else 503)
 
+
+def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
+    """Include every router; the fixed routes they serve (a catch-all hit on their paths is a 405)."""
     app.include_router(docs.router)
     app.include_router(agents_api.router)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
     app.include_router(workspace_api.router)  # before admin's catch-all
     app.include_router(admin_api.router)
-    # Every fixed route, from the routers themselves (FastAPI wraps included routers in objects
-    # of its own): a catch-all hit on one of their paths is a wrong method, not an endpoint.
+    # From the routers themselves: FastAPI wraps included routers in objects of its own.
     openai_routes = openai_api.router.routes if settings.ai_openai_enabled else []
-    fixed = [
+    return [
         r
         for r in (
             *app.router.routes,
@@ -178,10 +248,10 @@ def create_app(
         if isinstance(r, Route) and "{path:path}" not in r.path
     ]
 
-    openai_prefix = openai_api.router.prefix if settings.ai_openai_enabled else None
 
-    # `@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow
-    # the routes above.
+def _add_endpoint_paths(app: FastAPI, fixed: Sequence[Route], *, openai_prefix: str | None) -> None:
+    """`@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow the rest."""
+
     @app.websocket("/{path:path}")
     async def endpoint_socket(websocket: WebSocket, path: str) -> None:
         await agents_api.serve_socket_at(websocket, state_of(websocket).directory.by_path("/" + path))
@@ -192,13 +262,9 @@ def create_app(
         openapi_extra=agents_api.PROMPT_BODY,
         response_class=StreamingResponse,
         response_model=None,
-        responses={
-            200: {"content": {"text/event-stream": {}}},
-            405: {"model": agents_api.ErrorBody},
-            **{s: {"model": agents_api.ErrorBody} for s in (400, 401, 403, 404, 413)},
-        },
+        responses={200: {"content": {"text/event-stream": {}}}, **error_responses(405, 400, 401, 403, 404, 413)},
     )
-    async def endpoint_sse(request: Request, path: str) -> StreamingResponse | JSONResponse:
+    async def endpoint_sse(request: Request, path: str) -> StreamingResponse:
         """The body is the prompt."""
         _refuse_other_routes(request, fixed, openai_prefix=openai_prefix)
         return await start_sse(request, await state_of(request).directory.by_path("/" + path))
@@ -212,8 +278,6 @@ def create_app(
             # An `@ai_endpoint` path: prompts are POSTed (or sent over its WebSocket).
             raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})
         raise StarletteHTTPException(404, "Not Found")
-
-    return app
 
 
 OTHER_METHODS = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")

@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from atmosphere.bus import ConnectionLostError
+from atmosphere.bus import Bus, ConnectionLostError
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.limits import HttpLimits, bounded_protocol
 from atmosphere.ingress.pacing import Drain
@@ -31,8 +31,12 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
-    """Serve HTTP and WebSocket until `stop` is set."""
+async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
+    """Serve HTTP and WebSocket until `stop` is set.
+
+    `bus` replaces the connection to NATS (a test's `FakeBus`); the caller closes it. The port
+    may be 0: the one bound is in the service info (`ingress.http`).
+    """
     server: _Server | None = None
 
     def info() -> dict[str, Any]:
@@ -40,7 +44,7 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event) -> None:
 
     options = settings.ingress
     drain = Drain()
-    app = create_app(settings, info=info, stop=stop, drain=drain)
+    app = create_app(settings, info=info, stop=stop, drain=drain, bus=bus)
     config = uvicorn.Config(
         app,
         host=options.host,

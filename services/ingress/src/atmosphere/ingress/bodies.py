@@ -7,7 +7,8 @@
 counts while it reads, so a body without a length (chunked) is cut at the limit instead of
 being buffered whole. `parse_json` turns every way `json.loads` can blow up (nesting that
 exhausts the stack, integers past Python's digit limit, `NaN`/`Infinity`, lone surrogates that
-protobuf refuses to serialize) into one typed error.
+protobuf refuses to serialize) into one typed error. The errors themselves are defined with
+every other ingress error in `errors.py`: each names the `IngressError` it is answered with.
 """
 
 from __future__ import annotations
@@ -20,41 +21,23 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 
 from atmosphere.bus.text import has_lone_surrogate
+from atmosphere.ingress.errors import BodyError, BodyTooLargeError, MalformedJsonError, UnusableJsonError
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "BodyError",
+    "BodyTooLargeError",
+    "MalformedJsonError",
+    "UnusableJsonError",
+    "declared_length",
+    "parse_json",
+    "read_body",
+    "read_text",
+    "require_usable",
+]
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects `parse_json` accepts (no client needs more)."""
-
-
-class BodyError(ValueError):
-    """A request body that cannot be used; `status` and `code` say how to answer it."""
-
-    status = 400
-    code = "bad_request"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class BodyTooLargeError(BodyError):
-    """The body is (or declares to be) larger than the route's limit: answer 413."""
-
-    status = 413
-    code = "too_large"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"The request body exceeds {limit} bytes")
-        self.limit = limit
-
-
-class MalformedJsonError(BodyError):
-    """Text that is not JSON a service can use (syntax, depth, numbers or Unicode)."""
-
-    code = "malformed_json"
-
-
-class UnusableJsonError(MalformedJsonError):
-    """Syntactically JSON, but nested too deep, with a number out of range or a lone surrogate."""
 
 
 def declared_length(request: Request) -> int | None:

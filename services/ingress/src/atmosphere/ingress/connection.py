@@ -28,10 +28,20 @@ from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunRequest
 from atmosphere.ingress.conversations import ConversationTracker
+from atmosphere.ingress.errors import (
+    ApprovalRejectedError,
+    EventsUnavailableError,
+    IngressError,
+    InternalError,
+    MalformedRequestError,
+    RequestTooLargeError,
+    RunNotFoundError,
+    UnavailableError,
+    UnknownApprovalError,
+)
 from atmosphere.ingress.frames import Frame, error_frame, to_frame
-from atmosphere.ingress.handlers import (
+from atmosphere.ingress.inbound import (
     ApprovalReply,
-    InboundError,
     Prompt,
     close_reason,
     new_run_request,
@@ -140,10 +150,10 @@ class Connection:
             allowed = self.may_resume is None or await self.may_resume(run_id)
         except BusError as exc:
             log.warning("resuming run %s: the owner check failed: %s", run_id, exc)
-            self._enqueue(error_frame("The run could not be followed; reconnect to resume", code="ingress.unavailable"))
+            self._enqueue(error_frame(UnavailableError("The run could not be followed; reconnect to resume")))
             return
         if not allowed:
-            self._enqueue(error_frame(f"Unknown run {run_id}", code="ingress.unknown_run"))
+            self._enqueue(error_frame(RunNotFoundError(f"Unknown run {run_id}")))
             return
         self._follow(run_id, after_seq=after_seq)
 
@@ -165,9 +175,9 @@ class Connection:
         _drop_queued(self._outbound)
         self._outbound.put_nowait(_Close(SERVICE_RESTART_CODE, close_reason(reason)))
 
-    def reject(self, message: str, *, code: str = "ingress.bad_request") -> None:
+    def reject(self, error: IngressError) -> None:
         """Answer an unusable inbound message with an error frame; the socket stays open."""
-        self._enqueue(error_frame(message, code=code))
+        self._enqueue(error_frame(error))
 
     async def _handle(self, raw: str) -> None:
         # The last resort: whatever one message does, the socket and its other runs carry on.
@@ -175,7 +185,7 @@ class Connection:
             await self._handle_inbound(raw)
         except Exception:
             log.exception("an inbound message could not be handled")
-            self.reject("The message could not be handled", code="ingress.internal")
+            self.reject(InternalError("The message could not be handled"))
 
     async def _handle_inbound(self, raw: str) -> None:
         try:
@@ -185,26 +195,24 @@ class Connection:
                 await self._approve(inbound)
             else:
                 self._start(inbound)
-        except InboundError as exc:
-            self.reject(str(exc), code=exc.code)
+        except MalformedRequestError as exc:
+            self.reject(exc)
 
     async def _approve(self, reply: ApprovalReply) -> None:
         run_id = self.approvals.get(reply.approval_id)
         if run_id is None:
-            self._enqueue(error_frame(f"Unknown approval {reply.approval_id}", code="ingress.unknown_approval"))
+            self._enqueue(error_frame(UnknownApprovalError(f"Unknown approval {reply.approval_id}")))
             return
         ack = await send_approval(self.bus, run_id, reply, principal=self.principal)
         if not ack.accepted:
-            self._enqueue(
-                error_frame(
-                    f"Approval {reply.approval_id} was not accepted: {ack.detail}", code="ingress.approval_rejected"
-                )
-            )
+            rejected = ApprovalRejectedError(f"Approval {reply.approval_id} was not accepted: {ack.detail}")
+            self._enqueue(error_frame(rejected))
 
     def _start(self, prompt: Prompt) -> None:
         active = sum(not task.done() for task in self.runs.values())
         if active >= self.max_prompts:
-            self._enqueue(error_frame(f"At most {self.max_prompts} prompts may run at once on one connection"))
+            too_many = MalformedRequestError(f"At most {self.max_prompts} prompts may run at once on one connection")
+            self._enqueue(error_frame(too_many))
             return
         request = new_run_request(
             agent=self.agent.name,
@@ -237,32 +245,8 @@ class Connection:
                     self._enqueue(frame)
             if submit is None and not followed:
                 await self._answer_resume_past_end(run_id)
-        except UnknownRunError:
-            self._enqueue(error_frame(f"Unknown run {run_id}", code="ingress.unknown_run"))
-        except StreamGapError as exc:
-            log.warning("%s", exc)
-            self._enqueue(
-                error_frame(
-                    "Part of the stream is no longer available", session_id=session_id, code="ingress.stream_gap"
-                )
-            )
-        except PayloadTooLargeError as exc:
-            self._enqueue(
-                error_frame(f"The prompt is too large: {exc}", session_id=session_id, code="ingress.too_large")
-            )
-        except SubmitError as exc:
-            # Nothing was queued: the client may simply send the prompt again.
-            log.warning("%s", exc)
-            message = "The run was not started (the message broker is unavailable); send the prompt again"
-            self._enqueue(error_frame(message, session_id=session_id, code="ingress.unavailable"))
-        except BusError as exc:
-            log.warning("following run %s failed: %s", run_id, exc)
-            frame = error_frame(
-                f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume",
-                session_id=session_id,
-                code="ingress.unavailable",
-            )
-            self._enqueue({**frame, "runId": run_id})
+        except (UnknownRunError, StreamGapError, BusError) as exc:
+            self._enqueue(_follow_failure(exc, run_id, session_id))
 
     async def _answer_resume_past_end(self, run_id: str) -> None:
         """Answer a resume at (or past) the end of a finished run with its terminal frame again.
@@ -273,10 +257,7 @@ class Connection:
         frame = to_frame(last) if last is not None and is_terminal(last) else None
         if frame is None:
             # Nothing came and the run has not ended: the live subscription itself closed.
-            frame = error_frame(
-                f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume",
-                code="ingress.unavailable",
-            )
+            frame = error_frame(_stream_broke(run_id))
         self._enqueue({**frame, "runId": run_id})
 
     def _enqueue(self, frame: Frame) -> None:
@@ -302,6 +283,31 @@ class Connection:
                 await send(item)
             except ClientGoneError:
                 return
+
+
+def _stream_broke(run_id: str) -> UnavailableError:
+    return UnavailableError(f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume")
+
+
+def _follow_failure(exc: Exception, run_id: str, session_id: str) -> Frame:
+    """The error frame of a run that could not be followed (or submitted), by what went wrong.
+
+    `UnknownRunError` and `StreamGapError` are `BusError`s too: they are told apart first.
+    """
+    if isinstance(exc, UnknownRunError):
+        return error_frame(RunNotFoundError(f"Unknown run {run_id}"))
+    if isinstance(exc, StreamGapError):
+        log.warning("%s", exc)
+        return error_frame(EventsUnavailableError("Part of the stream is no longer available"), session_id=session_id)
+    if isinstance(exc, PayloadTooLargeError):
+        return error_frame(RequestTooLargeError(f"The prompt is too large: {exc}"), session_id=session_id)
+    if isinstance(exc, SubmitError):
+        # Nothing was queued: the client may simply send the prompt again.
+        log.warning("%s", exc)
+        message = "The run was not started (the message broker is unavailable); send the prompt again"
+        return error_frame(UnavailableError(message), session_id=session_id)
+    log.warning("following run %s failed: %s", run_id, exc)
+    return {**error_frame(_stream_broke(run_id), session_id=session_id), "runId": run_id}
 
 
 def _drop_queued(queue: asyncio.Queue[Frame | _Close]) -> None:

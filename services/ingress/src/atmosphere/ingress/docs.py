@@ -12,7 +12,9 @@ from pathlib import Path
 import swagger_ui_bundle  # type: ignore[import-untyped]  # the distribution ships no py.typed
 from fastapi import APIRouter
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse
+
+from atmosphere.ingress.errors import PathNotFoundError
 
 DOCS_PATH = "/docs"
 ASSETS_PATH = f"{DOCS_PATH}/assets"
@@ -54,9 +56,9 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 
 @router.get(f"{ASSETS_PATH}/{{name}}", response_model=None)
-async def swagger_asset(name: str) -> FileResponse | JSONResponse:
+async def swagger_asset(name: str) -> FileResponse:
     """One of Swagger UI's files."""
     media_type = ASSETS.get(name)
     if media_type is None:
-        return JSONResponse({"error": f"No such asset: {name[:64]}", "code": "ingress.not_found"}, 404)
+        raise PathNotFoundError(f"No such asset: {name[:64]}")
     return FileResponse(_asset_dir() / name, media_type=media_type, headers={"Cache-Control": ASSET_CACHE})

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.ingress.errors import IngressError
 
 Frame = dict[str, Any]
 
@@ -232,6 +233,13 @@ def to_frame(event: RunEvent) -> Frame | None:
     return frame
 
 
-def error_frame(message: str, *, session_id: str = "", code: str = "ingress.bad_request") -> Frame:
-    """A frame for an error ingress itself detects (e.g. a malformed inbound frame)."""
-    return {"type": "error", "data": message, "code": code, "recoverable": True, "sessionId": session_id, "seq": 0}
+def error_frame(error: IngressError, *, session_id: str = "") -> Frame:
+    """A frame for an error ingress itself detects (e.g. a malformed inbound frame): its code is the class's."""
+    return {
+        "type": "error",
+        "data": error.message,
+        "code": error.code,
+        "recoverable": True,
+        "sessionId": session_id,
+        "seq": 0,
+    }

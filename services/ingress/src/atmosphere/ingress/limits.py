@@ -34,6 +34,15 @@ import httptools
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from atmosphere.ingress.errors import (
+    BusyError,
+    HeadersTooLargeError,
+    IngressError,
+    MalformedRequestError,
+    SlowRequestError,
+    UriTooLongError,
+)
+
 log = logging.getLogger("atmosphere.ingress")
 
 LINGER_SECONDS = 2.0
@@ -58,11 +67,15 @@ class HttpLimits:
     max_connections: int = 4096
 
 
-def refusal(status: int, message: str, code: str) -> bytes:
-    """A complete HTTP/1.1 answer with an ingress JSON error body, closing the connection."""
-    body = json.dumps({"error": message, "code": code}).encode()
+OVER_CAPACITY = "Too many connections to this ingress; retry shortly"
+MALFORMED_HTTP = "Malformed HTTP request"
+
+
+def refusal(error: IngressError) -> bytes:
+    """A complete HTTP/1.1 answer with `error`'s JSON body and status, closing the connection."""
+    body = json.dumps(error.body()).encode()
     head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -88,11 +101,12 @@ def over_capacity(app: Any) -> Any:
 
 async def refuse_over_capacity(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     """503, JSON, then close."""
-    body = json.dumps({"error": "Too many connections to this ingress; retry shortly", "code": "ingress.busy"})
+    busy = BusyError(OVER_CAPACITY)
+    body = json.dumps(busy.body())
     await send(
         {
             "type": "http.response.start",
-            "status": 503,
+            "status": busy.status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
@@ -130,7 +144,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         self._upgraded = False
         self._over_capacity = False
-        self._refusal: tuple[int, str, str] | None = None
+        self._refusal: IngressError | None = None
         self._in_head = True
         """Between requests or inside a head: what arrives is head bytes."""
         self._head_fed = 0
@@ -199,14 +213,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if refusal is None:
                 # Malformed HTTP as llhttp sees it, or a request uvicorn cannot use (a non-ASCII path).
                 log.info("refused an unusable HTTP request", exc_info=True)
-                refusal = (400, "Malformed HTTP request", "bad_request")
-            self._refuse(*refusal)
+                refusal = MalformedRequestError(MALFORMED_HTTP)
+            self._refuse(refusal)
             return False
         return True
 
-    def _stop_parsing(self, status: int, message: str, code: str) -> None:
-        self._refusal = (status, message, code)
-        raise _RefusedError(message)
+    def _stop_parsing(self, refusal: IngressError) -> None:
+        self._refusal = refusal
+        raise _RefusedError(refusal.message)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -215,18 +229,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > self.limits.max_request_line_bytes:
-            self._stop_parsing(*self._long_request_line())
+            self._stop_parsing(self._long_request_line())
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value) + _HEADER_LINE_FRAMING
         if self._head_size + len(self.url) > self.limits.max_header_bytes:
-            self._stop_parsing(*self._large_head())
+            self._stop_parsing(self._large_head())
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         head = len(self.parser.get_method()) + len(self.url) + _REQUEST_LINE_FRAMING + self._head_size + 2
         if head > self.limits.max_header_bytes:
-            self._stop_parsing(*self._large_head())
+            self._stop_parsing(self._large_head())
         self._disarm()
         self._in_head, self._head_fed = False, 0
         self._body_pending = True
@@ -245,16 +259,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         self._disarm()
         if self._over_capacity:
-            self._refuse(503, "Too many connections to this ingress; retry shortly", "busy")
+            self._refuse(BusyError(OVER_CAPACITY))
             return
         if too_big := self._websocket_head_too_big():
-            self._refuse(431, too_big, "headers_too_large")
+            self._refuse(HeadersTooLargeError(too_big))
             return
         self._upgraded = True
         super().handle_websocket_upgrade()
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, "Malformed HTTP request", "bad_request")
+        self._refuse(MalformedRequestError(MALFORMED_HTTP))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -286,26 +300,26 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         elif what == "body" and self.cycle is not None and self.cycle.response_started:
             self.transport.close()  # the app already answers; a 408 cannot follow its head
         else:
-            self._refuse(408, f"The request {what} did not arrive in time", "request_timeout")
+            self._refuse(SlowRequestError(f"The request {what} did not arrive in time"))
 
     # -- refusals -----------------------------------------------------------------------------
 
-    def _refuse(self, status: int, message: str, code: str) -> None:
+    def _refuse(self, error: IngressError) -> None:
         if self.transport.is_closing():
             return
-        self.transport.write(refusal(status, message, f"ingress.{code}"))
+        self.transport.write(refusal(error))
         self._linger()
 
-    def _long_request_line(self) -> tuple[int, str, str]:
-        return 414, f"The request line exceeds {self.limits.max_request_line_bytes} bytes", "uri_too_long"
+    def _long_request_line(self) -> UriTooLongError:
+        return UriTooLongError(f"The request line exceeds {self.limits.max_request_line_bytes} bytes")
 
-    def _large_head(self) -> tuple[int, str, str]:
-        return 431, f"The request headers exceed {self.limits.max_header_bytes} bytes", "headers_too_large"
+    def _large_head(self) -> HeadersTooLargeError:
+        return HeadersTooLargeError(f"The request headers exceed {self.limits.max_header_bytes} bytes")
 
     def _refuse_large_head(self) -> None:
         # No header has completed yet and the URL is still open: it is the request line that is long.
         long_line = self._head_size == 0 and len(getattr(self, "url", b"")) >= self.limits.max_request_line_bytes
-        self._refuse(*(self._long_request_line() if long_line else self._large_head()))
+        self._refuse(self._long_request_line() if long_line else self._large_head())
 
     def _linger(self) -> None:
         self._lingering = True

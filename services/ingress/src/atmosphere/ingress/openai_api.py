@@ -22,28 +22,41 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import BusError, PayloadTooLargeError
-from atmosphere.bus.runs import RESUMED_METADATA_KEY, StreamGapError, cancel_run, follow_run
+from atmosphere.bus.runs import (
+    HISTORY_METADATA_KEY,
+    RESUMED_METADATA_KEY,
+    StreamGapError,
+    cancel_run,
+    follow_run,
+    new_run,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
-from atmosphere.ingress.agents_api import state_of
 from atmosphere.ingress.auth import AuthError
 from atmosphere.ingress.bodies import BodyError, read_body
-from atmosphere.ingress.handlers import HISTORY_METADATA_KEY, message_limit
+from atmosphere.ingress.errors import (
+    OpenAiError,
+    OpenAiInvalidApiKeyError,
+    OpenAiModelNotFoundError,
+    OpenAiPermissionDeniedError,
+    OpenAiTooLargeError,
+    OpenAiUnavailableError,
+    OpenAiUnsupportedMediaTypeError,
+)
+from atmosphere.ingress.http import message_limit_of, state_of
 from atmosphere.ingress.openai_wire import (
     ChatRequest,
     Completion,
-    OpenAiError,
+    agent_failed,
     body_error,
     error_for_run,
     model_list,
     parse_chat_request,
     resolve_target,
     sse_data,
-    unavailable,
 )
 from atmosphere.ingress.pacing import Drain, PacedResponse
 from atmosphere.ingress.state import IngressState
@@ -65,13 +78,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 MISSING_KEY = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'."
 
 
-def _answer(exc: OpenAiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
-
-
 def _run_error(event: RunEvent) -> OpenAiError:
-    error = event.error
-    return error_for_run(error.code, error.message, retryable=error.retryable, details=error.details)
+    return error_for_run(event.error)
 
 
 def _authorize(state: IngressState, request: Request) -> None:
@@ -82,7 +90,7 @@ def _authorize(state: IngressState, request: Request) -> None:
         return
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), key.encode()):
-        raise OpenAiError(401, MISSING_KEY, code="invalid_api_key")
+        raise OpenAiInvalidApiKeyError(MISSING_KEY)
 
 
 def _grant_principal(state: IngressState, request: Request, *, path: str | None) -> Principal | None:
@@ -96,9 +104,9 @@ def _grant_principal(state: IngressState, request: Request, *, path: str | None)
     try:
         caller = state.authenticator.identify(request.headers)
     except AuthError:
-        raise OpenAiError(401, MISSING_KEY, code="invalid_api_key") from None
+        raise OpenAiInvalidApiKeyError(MISSING_KEY) from None
     if path is not None and not caller.may_use(path):
-        raise OpenAiError(403, "This key may not use that model.", type_="permission_error", code="permission_denied")
+        raise OpenAiPermissionDeniedError("This key may not use that model.")
     return caller.principal
 
 
@@ -106,13 +114,11 @@ def _grant_principal(state: IngressState, request: Request, *, path: str | None)
 async def list_models(request: Request) -> JSONResponse:
     """`{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`."""
     state = state_of(request)
+    _authorize(state, request)
     try:
-        _authorize(state, request)
         agents = await state.directory.all()
-    except OpenAiError as exc:
-        return _answer(exc)
     except BusError:
-        return _answer(unavailable("The agent directory is unavailable."))
+        raise OpenAiUnavailableError("The agent directory is unavailable.") from None
     return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
 
 
@@ -183,23 +189,19 @@ class _Run:
 
 
 def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal) -> RunRequest:
-    submitted = Timestamp()
-    submitted.FromNanoseconds(time.time_ns())
+    """The run a completion is: the last user message, earlier turns as its history."""
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
     # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
     metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)} if chat.prior else {}
-    return RunRequest(
-        run_id=uuid.uuid4().hex,
-        session_id=str(uuid.uuid4()),
-        # Scoped like every user's conversation, so it counts against its user's quotas only.
-        conversation_id=scoped_conversation(key, principal),
+    return new_run(
         agent=agent,
         message=chat.prompt,
         principal=principal,
-        metadata=metadata,
-        submitted_at=submitted,
+        # Scoped like every user's conversation, so it counts against its user's quotas only.
+        conversation_id=scoped_conversation(key, principal),
         transport="openai",
         path=path,
+        metadata=metadata,
     )
 
 
@@ -208,16 +210,16 @@ async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, Ru
     settings = state.settings
     _authorize(state, request)
     if "application/json" not in request.headers.get("content-type", "").lower():
-        raise OpenAiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
+        raise OpenAiUnsupportedMediaTypeError("Content-Type must be application/json.")
     try:
         # Read as it arrives, within the broker's limit with room for the envelope: 413 early.
-        raw = await read_body(request, limit=message_limit(settings.ingress.max_message_bytes, state.bus.max_payload))
+        raw = await read_body(request, limit=message_limit_of(state))
     except BodyError as exc:
         raise body_error(exc) from None
     chat = parse_chat_request(raw)
     target, agents = await _resolve(state, chat)
     if state.openai_permits.locked():
-        raise _unavailable("Too many completions in flight; try again.")
+        raise OpenAiUnavailableError("Too many completions in flight; try again.")
     granted = None if settings.ai_openai_api_key else _grant_principal(state, request, path=agents[target].path)
     principal = granted or Principal(
         auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or ""
@@ -235,7 +237,7 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
         try:
             agents = {a.name: a for a in await state.directory.all(after_miss=after_miss)}
         except BusError:
-            raise _unavailable("The agent directory is unavailable.") from None
+            raise OpenAiUnavailableError("The agent directory is unavailable.") from None
         try:
             target = resolve_target(
                 chat.model,
@@ -243,16 +245,12 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
                 default_agent=settings.ai_openai_default_agent,
                 registered=list(agents),
             )
-        except OpenAiError as exc:
-            if after_miss or exc.status not in {404, 503}:
+        except (OpenAiModelNotFoundError, OpenAiUnavailableError):
+            if after_miss:
                 raise
             continue
         return target, agents
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _unavailable(message: str) -> OpenAiError:
-    return unavailable(message)
 
 
 @router.post(
@@ -297,10 +295,7 @@ def _unavailable(message: str) -> OpenAiError:
 async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
     """OpenAI's `POST /v1/chat/completions`, served by the agent the model maps to."""
     state = state_of(request)
-    try:
-        chat, run = await _admit(state, request)
-    except OpenAiError as exc:
-        return _answer(exc)
+    chat, run = await _admit(state, request)
     await state.openai_permits.acquire()
     active = _Run(
         state,
@@ -315,7 +310,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         handed_over = isinstance(response, StreamingResponse)
         return response
     except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, RunRestartedError) as exc:
-        return _answer(_failure(exc))
+        raise _failure(exc) from None
     finally:
         if not handed_over:
             await active.close()
@@ -324,14 +319,14 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
 def _failure(exc: Exception) -> OpenAiError:
     """The OpenAI error for a completion that could not be answered."""
     if isinstance(exc, PayloadTooLargeError):
-        return OpenAiError(413, "The request is too large to run.", code="payload_too_large")
+        return OpenAiTooLargeError("The request is too large to run.")
     if isinstance(exc, DrainingError):
-        return _unavailable("The server is restarting; send the request again.")
+        return OpenAiUnavailableError("The server is restarting; send the request again.")
     if isinstance(exc, TimeoutError):
-        return _unavailable("The agent did not answer in time.")
+        return OpenAiUnavailableError("The agent did not answer in time.")
     if isinstance(exc, RunRestartedError):
-        return _unavailable("The agent restarted in the middle of the answer; send the request again.")
-    return _unavailable("The agent is unavailable right now; try again.")
+        return OpenAiUnavailableError("The agent restarted in the middle of the answer; send the request again.")
+    return OpenAiUnavailableError("The agent is unavailable right now; try again.")
 
 
 class DrainingError(Exception):
@@ -365,9 +360,9 @@ async def _respond(active: _Run, chat: ChatRequest) -> JSONResponse | StreamingR
     # error inside.
     first = await active.next()
     if first is None:
-        return _answer(error_for_run("internal", "no answer"))
+        raise agent_failed()
     if first.WhichOneof("kind") == "error":
-        return _answer(_run_error(first))
+        raise _run_error(first)
     if not chat.stream:
         return await _whole(active, first)
     return _paced(active, first, chat)
@@ -381,7 +376,7 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
         if kind == "text_delta":
             active.text.append(event.text_delta.text)
         elif kind == "error":
-            return _answer(_run_error(event))
+            raise _run_error(event)
         elif kind == "complete":
             summary = event.complete.summary
             finish_reason = event.complete.finish_reason or "stop"
@@ -400,7 +395,7 @@ def _paced(active: _Run, first: RunEvent, chat: ChatRequest) -> PacedResponse:
     """
 
     async def last_words() -> bytes:
-        failure = unavailable("The server is restarting; send the request again.")
+        failure = OpenAiUnavailableError("The server is restarting; send the request again.")
         return sse_data(failure.body()) + sse_data("[DONE]")
 
     return PacedResponse(
@@ -441,7 +436,7 @@ async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIter
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
     except (TimeoutError, BusError, StreamGapError, RunRestartedError) as exc:
-        failure = unavailable("The agent stopped answering.")
+        failure = OpenAiUnavailableError("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())
         yield sse_data("[DONE]")

@@ -5,10 +5,10 @@ Atmosphere's rules (reference §10): anything we cannot honour exactly is refuse
 sampling parameters are accepted (when well-typed) and ignored (the agent's configuration
 decides).
 
-Errors say whether retrying helps, in the way OpenAI's clients read it: a 5xx (or 429) comes
-with `Retry-After` only when a later retry can succeed; every other error that a client would
-retry by default (408, 409, 429, 5xx) carries `x-should-retry: false`, so the official client
-does not multiply runs that cannot succeed.
+Errors say whether retrying helps, in the way OpenAI's clients read it (`errors.OpenAiError`):
+a 5xx (or 429) comes with `Retry-After` only when a later retry can succeed; every other error
+that a client would retry by default carries `x-should-retry: false`, so the official client
+does not multiply runs that cannot succeed. A run's error is mapped by its catalogue class.
 """
 
 from __future__ import annotations
@@ -21,70 +21,59 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atmosphere.bus.errors import (
+    BudgetExceededError,
+    GovernanceDeniedError,
+    ProviderMisconfiguredError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    RuntimeUnavailableError,
+    ServiceError,
+)
+from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.ingress.bodies import BodyError, parse_json
+from atmosphere.ingress.errors import (
+    DEFAULT_RETRY_AFTER,
+    BodyTooLargeError,
+    OpenAiBadGatewayError,
+    OpenAiBudgetExceededError,
+    OpenAiError,
+    OpenAiInvalidRequestError,
+    OpenAiModelNotFoundError,
+    OpenAiProviderRefusalError,
+    OpenAiRateLimitedError,
+    OpenAiRequestBlockedError,
+    OpenAiServerError,
+    OpenAiTooLargeError,
+    OpenAiUnavailableError,
+    OpenAiUnsupportedParameterError,
+    is_provider_failure,
+    is_unavailable,
+)
 
 MAX_BODY_CHARS = 1_048_576
 MAX_MODEL_CHARS = 256
 """Longest `model` (and `user`) accepted; model ids are short names."""
 MAX_MESSAGES = 1024
 UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call")
-DEFAULT_RETRY_AFTER = 5
-"""Seconds suggested in `Retry-After` when nobody upstream said when to come back."""
 MAX_RETRY_AFTER = 3600
-RETRIED_BY_CLIENTS = frozenset({408, 409, 429})
-"""Statuses (besides 5xx) OpenAI's clients retry unless told not to."""
-
-
-class OpenAiError(Exception):
-    """An error answered in OpenAI's JSON shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after
-        """Seconds after which the same request may succeed; None: retrying does not help."""
-        super().__init__(message)
-
-    def body(self) -> dict[str, Any]:
-        """`{"error": {"message", "type", "param", "code"}}`."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def headers(self) -> dict[str, str]:
-        """`Retry-After` when a retry can help; `x-should-retry: false` when a client would retry in vain."""
-        if self.retry_after is not None:
-            return {"Retry-After": str(self.retry_after)}
-        if self.status >= 500 or self.status in RETRIED_BY_CLIENTS:
-            return {"x-should-retry": "false"}
-        return {}
-
-
-def unavailable(message: str, *, retry_after: int = DEFAULT_RETRY_AFTER) -> OpenAiError:
-    """A 503 the client may retry after `retry_after` seconds."""
-    return OpenAiError(503, message, type_="server_error", code="service_unavailable", retry_after=retry_after)
 
 
 def body_error(exc: BodyError) -> OpenAiError:
     """A body that could not be read (too large, not UTF-8, cut off) in OpenAI's shape."""
-    if exc.status == 413:
-        return OpenAiError(413, exc.message + ".", code="payload_too_large")
-    return OpenAiError(exc.status, exc.message + ".")
+    if isinstance(exc, BodyTooLargeError):
+        return OpenAiTooLargeError(exc.message + ".")
+    return OpenAiInvalidRequestError(exc.message + ".")
 
 
 def unsupported(param: str, what: str) -> OpenAiError:
     """A 400 `unsupported_parameter` error."""
-    return OpenAiError(400, f"{what} is not supported by this server.", param=param, code="unsupported_parameter")
+    return OpenAiUnsupportedParameterError(f"{what} is not supported by this server.", param=param)
+
+
+def agent_failed() -> OpenAiError:
+    """The 500 of an agent that failed: what went wrong stays in the log."""
+    return OpenAiServerError("The agent failed to complete the request.")
 
 
 @dataclass(frozen=True)
@@ -114,20 +103,22 @@ def _text(content: Any, index: int) -> str:
                 raise unsupported("messages", f"messages[{index}]: a content part that is not text")
             parts.append(part["text"])
         return "".join(parts)
-    raise OpenAiError(
-        400, f"messages[{index}].content must be a string, null or a list of text parts.", param="messages"
+    raise OpenAiInvalidRequestError(
+        f"messages[{index}].content must be a string, null or a list of text parts.", param="messages"
     )
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
-        raise OpenAiError(400, "'messages' must be a non-empty array.", param="messages")
+        raise OpenAiInvalidRequestError("'messages' must be a non-empty array.", param="messages")
     if len(raw) > MAX_MESSAGES:
-        raise OpenAiError(400, f"'messages' may hold at most {MAX_MESSAGES} messages.", param="messages")
+        raise OpenAiInvalidRequestError(f"'messages' may hold at most {MAX_MESSAGES} messages.", param="messages")
     messages = []
     for index, message in enumerate(raw):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise OpenAiError(400, f"messages[{index}] must be an object with a string 'role'.", param="messages")
+            raise OpenAiInvalidRequestError(
+                f"messages[{index}] must be an object with a string 'role'.", param="messages"
+            )
         if message.get("tool_calls"):
             raise unsupported("messages", f"messages[{index}].tool_calls")
         role = message["role"]
@@ -136,27 +127,27 @@ def _messages(raw: Any) -> list[dict[str, str]]:
         if role == "developer":
             role = "system"
         if role not in {"system", "user", "assistant"}:
-            raise OpenAiError(400, f"messages[{index}].role '{role}' is not valid.", param="messages")
+            raise OpenAiInvalidRequestError(f"messages[{index}].role '{role}' is not valid.", param="messages")
         messages.append({"role": role, "content": _text(message.get("content"), index)})
     return messages
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:
     if not raw:
-        raise OpenAiError(400, "Request body is empty.")
+        raise OpenAiInvalidRequestError("Request body is empty.")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise OpenAiError(400, "Request body must be UTF-8 text.") from None
+        raise OpenAiInvalidRequestError("Request body must be UTF-8 text.") from None
     if len(text) > MAX_BODY_CHARS:
-        raise OpenAiError(413, f"Request body exceeds {MAX_BODY_CHARS} characters.", code="payload_too_large")
+        raise OpenAiTooLargeError(f"Request body exceeds {MAX_BODY_CHARS} characters.")
     try:
         # Total: deep nesting, 5,000-digit numbers, NaN and lone surrogates are all a 400.
         body = parse_json(text)
     except BodyError as exc:
-        raise OpenAiError(400, f"Invalid JSON payload ({exc.message}).") from None
+        raise OpenAiInvalidRequestError(f"Invalid JSON payload ({exc.message}).") from None
     if not isinstance(body, dict):
-        raise OpenAiError(400, "Request body must be a JSON object.")
+        raise OpenAiInvalidRequestError("Request body must be a JSON object.")
     return body
 
 
@@ -169,18 +160,18 @@ def _check_sampling(body: dict[str, Any]) -> None:
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         value = body.get(name)
         if value is not None and not _is_number(value):
-            raise OpenAiError(400, f"'{name}' must be a number.", param=name)
+            raise OpenAiInvalidRequestError(f"'{name}' must be a number.", param=name)
     for name in ("max_tokens", "max_completion_tokens", "n"):
         value = body.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
-            raise OpenAiError(400, f"'{name}' must be an integer.", param=name)
+            raise OpenAiInvalidRequestError(f"'{name}' must be an integer.", param=name)
     stop = body.get("stop")
     if (
         stop is not None
         and not isinstance(stop, str)
         and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
-        raise OpenAiError(400, "'stop' must be a string or a list of strings.", param="stop")
+        raise OpenAiInvalidRequestError("'stop' must be a string or a list of strings.", param="stop")
 
 
 def _check_names(body: dict[str, Any]) -> None:
@@ -189,9 +180,9 @@ def _check_names(body: dict[str, Any]) -> None:
         if value is None:
             continue
         if not isinstance(value, str):
-            raise OpenAiError(400, f"'{name}' must be a string.", param=name)
+            raise OpenAiInvalidRequestError(f"'{name}' must be a string.", param=name)
         if len(value) > MAX_MODEL_CHARS:
-            raise OpenAiError(400, f"'{name}' is longer than {MAX_MODEL_CHARS} characters.", param=name)
+            raise OpenAiInvalidRequestError(f"'{name}' is longer than {MAX_MODEL_CHARS} characters.", param=name)
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
@@ -211,12 +202,12 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     _check_names(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        raise OpenAiError(400, "'stream' must be a boolean.", param="stream")
+        raise OpenAiInvalidRequestError("'stream' must be a boolean.", param="stream")
     include_usage = _include_usage(body.get("stream_options"))
     messages = _messages(body.get("messages"))
     last = messages[-1]
     if last["role"] != "user" or not last["content"].strip():
-        raise OpenAiError(400, "The last message must be a user message with content.", param="messages")
+        raise OpenAiInvalidRequestError("The last message must be a user message with content.", param="messages")
     model = (body.get("model") or "").strip() or None
     user = (body.get("user") or "").strip() or None
     return ChatRequest(
@@ -238,10 +229,10 @@ def _include_usage(options: Any) -> bool:
     if options is None:
         return False
     if not isinstance(options, dict):
-        raise OpenAiError(400, "'stream_options' must be an object.", param="stream_options")
+        raise OpenAiInvalidRequestError("'stream_options' must be an object.", param="stream_options")
     include = options.get("include_usage")
     if include is not None and not isinstance(include, bool):
-        raise OpenAiError(400, "'stream_options.include_usage' must be a boolean.", param="stream_options")
+        raise OpenAiInvalidRequestError("'stream_options.include_usage' must be a boolean.", param="stream_options")
     return bool(include)
 
 
@@ -256,20 +247,17 @@ def resolve_target(
     if model is None:
         if default_agent:
             return default_agent
-        raise OpenAiError(400, "'model' is required.", param="model")
+        raise OpenAiInvalidRequestError("'model' is required.", param="model")
     if models:
         target = models.get(model) or default_agent
     else:
         target = model if model in registered else default_agent
     if not target:
-        raise OpenAiError(
-            404,
-            f"The model '{model}' does not exist or is not exposed by this server.",
-            param="model",
-            code="model_not_found",
+        raise OpenAiModelNotFoundError(
+            f"The model '{model}' does not exist or is not exposed by this server.", param="model"
         )
     if target not in registered:
-        raise unavailable(f"The agent behind '{model}' is not available right now.")
+        raise OpenAiUnavailableError(f"The agent behind '{model}' is not available right now.")
     return target
 
 
@@ -283,63 +271,51 @@ def model_list(models: Mapping[str, str], registered: Sequence[str]) -> dict[str
     }
 
 
-def error_for_run(
-    code: str, message: str, *, retryable: bool = False, details: Mapping[str, str] | None = None
-) -> OpenAiError:
-    """The HTTP error for a run that ended in an error (the run's `Error` fields)."""
-    details = details or {}
-    if code == "budget.exceeded":
-        return OpenAiError(429, message, type_="rate_limit_error", code="budget_exceeded")
-    if code == "governance.denied":
-        return OpenAiError(403, message, code="request_blocked")
-    if code.startswith("provider."):
-        return _provider_error(code, message, retryable=retryable, details=details)
-    if code == "runtime.unavailable":
+def error_for_run(error: Error) -> OpenAiError:
+    """The HTTP error for a run that ended in `error` (its terminal event's), by the error's class."""
+    failure = ServiceError.from_proto(error)
+    if isinstance(failure, BudgetExceededError):
+        return OpenAiBudgetExceededError(failure.message)
+    if isinstance(failure, GovernanceDeniedError):
+        return OpenAiRequestBlockedError(failure.message)
+    if is_provider_failure(failure):
+        return _provider_error(failure)
+    if isinstance(failure, RuntimeUnavailableError):
         # No model is configured: the message names the setting, and retrying cannot help.
-        return OpenAiError(503, message, type_="server_error", code="service_unavailable")
-    if retryable or code.endswith(".unavailable"):
-        return unavailable("The agent is unavailable right now; try again.", retry_after=_retry_after(details))
-    return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")
+        return OpenAiUnavailableError(failure.message, retry_after=None)
+    if failure.retryable or is_unavailable(failure):
+        return OpenAiUnavailableError(
+            "The agent is unavailable right now; try again.", retry_after=_retry_after(failure.details)
+        )
+    return agent_failed()
 
 
-PROVIDER_ERROR_TYPES = {429: "insufficient_quota"}
-
-
-def _provider_error(code: str, message: str, *, retryable: bool, details: Mapping[str, str]) -> OpenAiError:
+def _provider_error(failure: ServiceError) -> OpenAiError:
     """A model provider's failure, as close to what the provider itself said as is honest.
 
     Its 4xx is the client's 4xx (same status, the provider's reason and code); a rate limit is a
     429 and an outage a 503, each with `Retry-After`; a provider that answered nonsense (an
     empty or malformed answer) is a 502 that no retry is asked for.
     """
+    message, details = failure.message, failure.details
     status = _status(details.get("status"))
     provider_code = details.get("provider_code") or None
-    param = details.get("provider_param") or None
-    if code == "provider.rejected" and status in {401, 403}:
+    if isinstance(failure, ProviderRejectedError) and status in {401, 403}:
         # The provider refused the platform's own credentials (LLM_API_KEY), not the client's:
         # telling the client its key is wrong would send it looking in the wrong place.
-        return OpenAiError(
-            502,
-            f"The model provider refused this server's credentials: {message}",
-            type_="server_error",
-            code="bad_gateway",
+        return OpenAiBadGatewayError(f"The model provider refused this server's credentials: {message}")
+    if isinstance(failure, ProviderRejectedError) and status is not None and 400 <= status < 500:
+        param = details.get("provider_param") or None
+        return OpenAiProviderRefusalError(message, status=status, param=param, code=provider_code)
+    if isinstance(failure, ProviderRateLimitedError):
+        return OpenAiRateLimitedError(message, provider_code=provider_code, retry_after=_retry_after(details))
+    if failure.retryable:
+        return OpenAiUnavailableError(
+            f"The model provider is unavailable: {message}", retry_after=_retry_after(details)
         )
-    if code == "provider.rejected" and status is not None and 400 <= status < 500:
-        kind = PROVIDER_ERROR_TYPES.get(status, "invalid_request_error")
-        return OpenAiError(status, message, type_=kind, param=param, code=provider_code)
-    if code == "provider.rate_limited":
-        return OpenAiError(
-            429,
-            message,
-            type_="rate_limit_error",
-            code=provider_code or "rate_limit_exceeded",
-            retry_after=_retry_after(details),
-        )
-    if retryable:
-        return unavailable(f"The model provider is unavailable: {message}", retry_after=_retry_after(details))
-    if code == "provider.misconfigured":
-        return OpenAiError(500, "The agent failed to complete the request.", type_="server_error")
-    return OpenAiError(502, f"The model provider failed: {message}", type_="server_error", code="bad_gateway")
+    if isinstance(failure, ProviderMisconfiguredError):
+        return agent_failed()
+    return OpenAiBadGatewayError(f"The model provider failed: {message}")
 
 
 def _status(raw: str | None) -> int | None:

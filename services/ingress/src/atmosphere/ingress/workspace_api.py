@@ -17,7 +17,6 @@ import unicodedata
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
 
 from atmosphere.bus import Bus, subjects
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
@@ -31,7 +30,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.ingress.admin_api import ADMIN_TIMEOUT, ERRORS, admin_call
-from atmosphere.ingress.agents_api import error
+from atmosphere.ingress.errors import AdminBadRequestError, AdminSurfaceAbsentError
 
 router = APIRouter()
 
@@ -90,18 +89,14 @@ async def workspace_owners(request: Request) -> Any:
     return await admin_call(request, "dispatch", ask)
 
 
-async def _surface(request: Request, name: str, session_id: str, feature: str) -> AgentDescriptor | JSONResponse:
-    """The descriptor of `name` if it has `feature`; else the error to answer with."""
+async def _surface(request: Request, name: str, session_id: str, feature: str) -> AgentDescriptor:
+    """The descriptor of `name` if it has `feature`; else the `AdminError` to answer with."""
     if not re.fullmatch(SESSION_PATTERN, session_id):
-        return error(400, "Malformed sessionId", "admin.bad_request")
-    descriptor: AgentDescriptor | JSONResponse | None = await admin_call(
-        request, "dispatch", lambda bus: _descriptor(bus, name)
-    )
-    if isinstance(descriptor, JSONResponse):
-        return descriptor
+        raise AdminBadRequestError("Malformed sessionId")
+    descriptor = await admin_call(request, "dispatch", lambda bus: _descriptor(bus, name))
     if descriptor is None or feature not in descriptor.harness:
         what = "plan store" if feature == "planning" else "file workspace"
-        return error(404, f"Agent '{name}' has no {what}", "admin.absent")
+        raise AdminSurfaceAbsentError(f"Agent '{name}' has no {what}")
     return descriptor
 
 
@@ -109,8 +104,6 @@ async def _surface(request: Request, name: str, session_id: str, feature: str) -
 async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:  # noqa: N803
     """`{agent, sessionId, goal?, steps}` (steps as in `plan-update`)."""
     descriptor = await _surface(request, name, sessionId, "planning")
-    if isinstance(descriptor, JSONResponse):
-        return descriptor
 
     async def ask(bus: Bus) -> Any:
         reply = await bus.request(
@@ -120,7 +113,7 @@ async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:
             timeout=ADMIN_TIMEOUT,
         )
         if not reply.found:
-            return error(404, f"Agent '{name}' has no plan in conversation {sessionId}", "admin.absent")
+            raise AdminSurfaceAbsentError(f"Agent '{name}' has no plan in conversation {sessionId}")
         plan = reply.plan
         body: dict[str, Any] = {"agent": name, "sessionId": sessionId}
         if plan.HasField("goal"):
@@ -135,10 +128,8 @@ async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:
 async def agent_files(request: Request, name: Name, sessionId: SessionId, path: FilePath = ".") -> Any:  # noqa: N803
     """`{agent, sessionId, path, entries: [{path, size, directory}]}`."""
     if traversal_shaped(path):
-        return error(400, "Malformed path", "admin.bad_request")
+        raise AdminBadRequestError("Malformed path")
     descriptor = await _surface(request, name, sessionId, "filesystem")
-    if isinstance(descriptor, JSONResponse):
-        return descriptor
 
     async def ask(bus: Bus) -> Any:
         reply = await bus.request(
@@ -159,10 +150,8 @@ async def agent_files(request: Request, name: Name, sessionId: SessionId, path: 
 async def agent_file_content(request: Request, name: Name, sessionId: SessionId, path: FilePath) -> Any:  # noqa: N803
     """`{agent, sessionId, path, content}`."""
     if not path or path == "." or traversal_shaped(path):
-        return error(400, "Malformed path", "admin.bad_request")
+        raise AdminBadRequestError("Malformed path")
     descriptor = await _surface(request, name, sessionId, "filesystem")
-    if isinstance(descriptor, JSONResponse):
-        return descriptor
 
     async def ask(bus: Bus) -> Any:
         reply = await bus.request(

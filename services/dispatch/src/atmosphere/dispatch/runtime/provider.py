@@ -41,6 +41,7 @@ from atmosphere.bus.errors import (
     ProviderUnavailableError,
 )
 from atmosphere.bus.text import replace_lone_surrogates
+from atmosphere.dispatch.errors import CONTEXT_OVERFLOW, OUT_OF_CREDIT
 from atmosphere.dispatch.runtime.sse import SseError, sse_data
 from atmosphere.sdk import RetryPolicy, TokenUsage
 from atmosphere.sdk.runtime import RuntimeConfig
@@ -56,7 +57,6 @@ MAX_ROUND_CHARS = 8 << 20
 """Text plus tool-call arguments of one round held in memory; more is refused, not buffered."""
 CUT_OFF_REASONS = frozenset({"length", "content_filter"})
 """Finish reasons of an answer the provider cut short (the token limit, its content filter)."""
-CONTEXT_OVERFLOW = "context_length_exceeded"
 
 _TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 
@@ -414,7 +414,7 @@ async def _status_failure(response: httpx.Response) -> Exception:
     status = response.status_code
     fault = provider_fault(await _bounded_read(response))
     description = f"API returned {status}: {fault.message}"
-    if status == 429 and "insufficient_quota" in {fault.code, fault.type}:
+    if status == 429 and OUT_OF_CREDIT in {fault.code, fault.type}:
         # Out of credit is not a rate limit: waiting does not help.
         return ProviderCallError(ProviderRejectedError, description, status=status, fault=fault)
     if _retryable(status):

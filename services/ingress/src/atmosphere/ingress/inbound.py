@@ -1,4 +1,6 @@
-"""Transport-independent logic: what a client sends, the agents there are, run control.
+"""What a client sends, parsed and bounded: prompts, approval replies, and the runs they start.
+
+Transport-independent: WebSocket messages and HTTP bodies go through the same rules.
 
 Following a run's event stream (`follow_run`, the heart of resumable streams) lives in
 `atmosphere.bus.runs`: dispatch follows its sub-runs the same way.
@@ -8,15 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import Bus
-from atmosphere.bus.runs import send_control
+from atmosphere.bus.runs import new_run, send_control
 from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -27,15 +26,13 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     RunRequest,
 )
 from atmosphere.ingress.bodies import MalformedJsonError, UnusableJsonError, parse_json
+from atmosphere.ingress.errors import MalformedRequestError, RequestTooLargeError
 
 log = logging.getLogger("atmosphere.ingress")
 
 APPROVAL_PREFIX = "/__approval/"
 MAX_APPROVAL_HEAD = 256
 """`<apr_id>/<action>` of an approval reply is short; anything longer is not one."""
-HISTORY_METADATA_KEY = "ai.request.history"
-"""Request metadata carrying prior turns (JSON list of `{role, content}`) when memory is absent."""
-
 
 HEADER_BYTES = 2 * 1024
 """A generous bound on the headers a run submission or control request carries."""
@@ -43,20 +40,6 @@ MAX_HINTS = 64
 MAX_HINT_NAME = 128
 CLOSE_REASON_BYTES = 123
 """A WebSocket close frame's payload is at most 125 bytes, two of them the code."""
-
-
-class InboundError(ValueError):
-    """An inbound frame that is not a usable prompt or command."""
-
-    code = "ingress.bad_request"
-    status = 400
-
-
-class TooLargeError(InboundError):
-    """An inbound message larger than ingress (or the broker behind it) accepts."""
-
-    code = "ingress.too_large"
-    status = 413
 
 
 def message_limit(configured: int, max_payload: int) -> int:
@@ -70,22 +53,22 @@ def message_limit(configured: int, max_payload: int) -> int:
 
 
 def require_message_size(raw: str | bytes, limit: int) -> None:
-    """Raise `TooLargeError` when `raw` is over `limit` bytes (as UTF-8)."""
+    """Raise `RequestTooLargeError` when `raw` is over `limit` bytes (as UTF-8)."""
     # Encoding is only needed when the character count alone cannot decide.
     oversized = len(raw) > limit or (
         isinstance(raw, str) and len(raw) * 4 > limit and len(raw.encode("utf-8", "surrogatepass")) > limit
     )
     if oversized:
         msg = f"The message exceeds {limit} bytes"
-        raise TooLargeError(msg)
+        raise RequestTooLargeError(msg)
 
 
 def require_fits(message: Message, max_payload: int, *, what: str = "The prompt") -> None:
-    """Raise `TooLargeError` unless `message` and its headers fit the broker's `max_payload`."""
+    """Raise `RequestTooLargeError` unless `message` and its headers fit the broker's `max_payload`."""
     size = message.ByteSize() + HEADER_BYTES
     if size > max_payload:
         msg = f"{what} is too large for the message broker ({size} of at most {max_payload} bytes)"
-        raise TooLargeError(msg)
+        raise RequestTooLargeError(msg)
 
 
 def close_reason(text: str) -> str:
@@ -124,12 +107,12 @@ def parse_approval(raw: str) -> ApprovalReply:
     text = raw.strip()
     if not text.startswith(APPROVAL_PREFIX):
         msg = "An approval reply looks like /__approval/<apr_id>/<approve|deny|respond> [payload]"
-        raise InboundError(msg)
+        raise MalformedRequestError(msg)
     head, _, payload = text[len(APPROVAL_PREFIX) :].partition(" ")
     approval_id, _, action = head.partition("/")
     if not approval_id.startswith("apr_") or not action or len(head) > MAX_APPROVAL_HEAD:
         msg = "An approval reply looks like /__approval/<apr_id>/<approve|deny|respond> [payload]"
-        raise InboundError(msg)
+        raise MalformedRequestError(msg)
     payload = payload.strip()
     deny = ApprovalReply(approval_id, "deny")
     if action in {"approve", "yes"}:
@@ -156,13 +139,13 @@ def parse_inbound(raw: str) -> Prompt | ApprovalReply:
 
     Text that merely starts with `{` but is not JSON is taken as a plain prompt. JSON that
     parses but cannot be used (nested too deep, a number past Python's digit limit, a lone
-    surrogate protobuf would refuse) is an `InboundError`, as is any unusable field.
+    surrogate protobuf would refuse) is a `MalformedRequestError`, as is any unusable field.
     """
     text = raw.strip()
     if not text:
-        raise InboundError("Empty prompt")
+        raise MalformedRequestError("Empty prompt")
     if has_lone_surrogate(text):
-        raise InboundError("The message contains a lone UTF-16 surrogate, which is not valid Unicode")
+        raise MalformedRequestError("The message contains a lone UTF-16 surrogate, which is not valid Unicode")
     if text.startswith(APPROVAL_PREFIX):
         return parse_approval(text)
     if not text.startswith("{"):
@@ -170,14 +153,14 @@ def parse_inbound(raw: str) -> Prompt | ApprovalReply:
     try:
         envelope = parse_json(text)
     except UnusableJsonError as exc:
-        raise InboundError(str(exc)) from None
+        raise MalformedRequestError(str(exc)) from None
     except MalformedJsonError:
         return Prompt(text=raw)
     if not isinstance(envelope, dict):
         return Prompt(text=raw)
     prompt = envelope.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
-        raise InboundError('A JSON frame needs a non-empty "prompt" string')
+        raise MalformedRequestError('A JSON frame needs a non-empty "prompt" string')
     return Prompt(text=prompt, metadata=_hint_metadata(envelope.get("hints")))
 
 
@@ -185,13 +168,13 @@ def _hint_metadata(hints: object) -> dict[str, str]:
     if hints is None:
         return {}
     if not isinstance(hints, dict):
-        raise InboundError('"hints" must be an object')
+        raise MalformedRequestError('"hints" must be an object')
     if len(hints) > MAX_HINTS:
         msg = f"At most {MAX_HINTS} hints are accepted"
-        raise InboundError(msg)
+        raise MalformedRequestError(msg)
     if any(not name or len(name) > MAX_HINT_NAME for name in hints):
         msg = f"A hint name must have 1 to {MAX_HINT_NAME} characters"
-        raise InboundError(msg)
+        raise MalformedRequestError(msg)
     return {f"hints.{name}": json.dumps(value) for name, value in hints.items()}
 
 
@@ -204,20 +187,15 @@ def new_run_request(
     transport: str,
     path: str,
 ) -> RunRequest:
-    """A fresh `RunRequest` with new run and session ids."""
-    submitted = Timestamp()
-    submitted.FromNanoseconds(time.time_ns())
-    return RunRequest(
-        run_id=uuid.uuid4().hex,
-        session_id=str(uuid.uuid4()),
-        conversation_id=conversation_id,
+    """The run a parsed prompt starts (`atmosphere.bus.runs.new_run`: fresh ids, submitted now)."""
+    return new_run(
         agent=agent,
         message=prompt.text,
         principal=principal,
-        metadata=prompt.metadata,
-        submitted_at=submitted,
+        conversation_id=conversation_id,
         transport=transport,
         path=path,
+        metadata=prompt.metadata,
     )
 
 
@@ -226,7 +204,7 @@ async def send_approval(
 ) -> ControlAck:
     """Route an approval reply to the worker running `run_id`.
 
-    Raises `TooLargeError` when the reply (its edited arguments) cannot fit the broker's limit.
+    Raises `RequestTooLargeError` when the reply (its edited arguments) cannot fit the broker's limit.
     """
     control = Control(
         run_id=run_id,
