@@ -270,9 +270,7 @@ class MemoryHandlers:
             return await self._write_todos(call, arguments)
         if call.name in FILE_TOOL_NAMES:
             return await asyncio.to_thread(self._file_tool, call, arguments)
-        return ToolReply(
-            call_id=call.call_id, content=f"Error: memory serves no tool named {call.name}", is_error=True
-        )
+        return ToolReply(call_id=call.call_id, content=f"Error: memory serves no tool named {call.name}", is_error=True)
 
     async def _write_todos(self, call: ToolCall, arguments: dict[str, Any]) -> ToolReply:
         scope = call.workspace
