@@ -11,7 +11,7 @@ from typing import Any
 import websockets
 
 from atmosphere.bus import NatsBus, connect, subjects
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
 from atmosphere.dispatch.app import run_queue_consumers
 from atmosphere.testing import NatsServer, run_stack, running_service, wait_until
@@ -60,7 +60,7 @@ async def test_a_run_submitted_without_workers_runs_once_a_worker_starts(
 
     async with contextlib.AsyncExitStack() as queues:
         for spec in run_queue_consumers(run_ack_wait=30):
-            await queues.enter_async_context(nats_bus.consume(spec, RunRequest, collect))
+            await queues.enter_async_context(nats_bus.consume(spec, RunSubmission, collect))
         await asyncio.sleep(1.0)
     assert leftovers == []
 

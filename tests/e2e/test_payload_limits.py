@@ -39,7 +39,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReadFileRequest,
     ReadFileResponse,
 )
-from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunRequest, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunSubmission, TextDelta
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, TapeRun, TapeStep
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
@@ -74,7 +74,7 @@ class World:
         )
 
     async def run(self, agent: str, message: str, conversation_id: str = "") -> list[RunEvent]:
-        request = RunRequest(
+        request = RunSubmission(
             run_id=uuid.uuid4().hex,
             session_id=str(uuid.uuid4()),
             conversation_id=conversation_id or uuid.uuid4().hex,
@@ -195,7 +195,7 @@ async def test_dispatch_a_tool_call_one_byte_over_is_a_tool_error_for_the_model(
     arguments = json.loads(call.arguments_json)
     big = dataclasses.replace(Reply.tools(ToolCallScript("produce", arguments, call_id="call-1")), split_arguments=8192)
     world.provider.script(big, Reply.text("understood"))
-    request = RunRequest(run_id=run_id, session_id="s", conversation_id=conversation, agent="toolbox", message="go")
+    request = RunSubmission(run_id=run_id, session_id="s", conversation_id=conversation, agent="toolbox", message="go")
     events = [event async for event in follow_run(world.bus, run_id, submit=request)]
 
     size = len(call.arguments_json.encode())

@@ -42,7 +42,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReplaceHistoryRequest,
     SaveFactsRequest,
 )
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ListRunsRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 
@@ -214,7 +214,7 @@ async def still_answering(bus: NatsBus) -> None:
     await bus.request(subjects.memory("history.load"), history(), LoadHistoryResponse)
     await bus.request(subjects.tape("steps"), GetStepsRequest(run_id="none"), GetStepsResponse)
     await bus.request(subjects.governance("decisions"), ListDecisionsRequest(limit=1), ListDecisionsResponse)
-    run = RunRequest(run_id=uuid.uuid4().hex, session_id="s", conversation_id="c", agent="echo", message="a b")
+    run = RunSubmission(run_id=uuid.uuid4().hex, session_id="s", conversation_id="c", agent="echo", message="a b")
     events = [event async for event in follow_run(bus, run.run_id, submit=run)]
     assert events[-1].WhichOneof("kind") == "complete", events[-1]
 
@@ -258,7 +258,7 @@ def test_a_run_for_an_unknown_agent_ends_with_a_clear_error(hostile: HostileStac
     bus = hostile.stack.bus
 
     async def run() -> list[RunEvent]:
-        request = RunRequest(run_id=uuid.uuid4().hex, session_id="s", agent="nobody-home", message="hi")
+        request = RunSubmission(run_id=uuid.uuid4().hex, session_id="s", agent="nobody-home", message="hi")
         return [event async for event in follow_run(bus, request.run_id, submit=request)]
 
     events = hostile.call(run())

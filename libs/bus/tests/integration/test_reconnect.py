@@ -17,7 +17,7 @@ from atmosphere.bus import (
     connect,
     subjects,
 )
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
 from atmosphere.testing import NatsServer, wait_until
 
@@ -43,7 +43,7 @@ async def test_clients_reconnect_and_acknowledged_work_survives_a_broker_crash(f
         async with server_bus.serve(router):
             assert (await client_bus.request("svc.echo", GetStepsRequest(run_id="a"), GetStepsResponse)).run_id == "a"
             ack = await client_bus.js_publish(
-                subjects.run_submit("echo"), RunRequest(run_id="r1", agent="echo"), headers=Headers(msg_id="r1")
+                subjects.run_submit("echo"), RunSubmission(run_id="r1", agent="echo"), headers=Headers(msg_id="r1")
             )
             assert not ack.duplicate
 
@@ -73,14 +73,14 @@ async def test_clients_reconnect_and_acknowledged_work_survives_a_broker_crash(f
         seen: list[str] = []
         got = asyncio.Event()
 
-        async def take(item: WorkItem[RunRequest]) -> None:
+        async def take(item: WorkItem[RunSubmission]) -> None:
             seen.append(item.envelope.message.run_id)
             got.set()
 
         spec = ConsumerSpec(
             stream=subjects.RUNS_STREAM, durable="after-crash", filter_subject=subjects.run_submit_all()
         )
-        async with client_bus.consume(spec, RunRequest, take):
+        async with client_bus.consume(spec, RunSubmission, take):
             await asyncio.wait_for(got.wait(), 10)
             await asyncio.sleep(0.3)
         assert seen == ["r1"]

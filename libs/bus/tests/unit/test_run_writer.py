@@ -16,7 +16,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     Complete,
     Progress,
     RunEvent,
-    RunRequest,
+    RunSubmission,
     TextDelta,
     ToolCallDelta,
 )
@@ -55,8 +55,8 @@ class FlakyBroker(FakeBus):
         return await super().js_publish(subject, message, headers=headers, timeout=timeout)
 
 
-def request(run_id: str = "r1", user: str = "alice") -> RunRequest:
-    return RunRequest(run_id=run_id, agent="echo", principal=Principal(user_id=user))
+def request(run_id: str = "r1", user: str = "alice") -> RunSubmission:
+    return RunSubmission(run_id=run_id, agent="echo", principal=Principal(user_id=user))
 
 
 def stored_seqs(bus: FakeBus, run_id: str = "r1") -> list[int]:

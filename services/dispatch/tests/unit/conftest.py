@@ -12,7 +12,7 @@ import pytest
 from atmosphere.bus import JetStreamLayout, MessageContext, Router, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.pipeline import ModelPipeline
@@ -105,8 +105,8 @@ def kinds(events: list[RunEvent]) -> list[str]:
     return [e.WhichOneof("kind") or "" for e in events]
 
 
-def request(agent: str, message: str = "a b c", run_id: str = "r1") -> RunRequest:
-    return RunRequest(run_id=run_id, session_id="s1", conversation_id="c1", agent=agent, message=message)
+def request(agent: str, message: str = "a b c", run_id: str = "r1") -> RunSubmission:
+    return RunSubmission(run_id=run_id, session_id="s1", conversation_id="c1", agent=agent, message=message)
 
 
 @pytest.fixture

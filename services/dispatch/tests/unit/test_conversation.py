@@ -29,7 +29,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsResponse,
 )
 from atmosphere.contracts.memory.v1.memory_pb2 import ChatMessage as WireMessage
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch import conversation
 from atmosphere.dispatch.conversation import (
     EXTRACTION_SYSTEM_PROMPT,
@@ -165,8 +165,10 @@ async def memory() -> AsyncIterator[Memory]:
         yield Memory(store, MemoryClient(bus, timeout=1))
 
 
-def run(*, agent: str = "chat", conversation_id: str = "c1", user: str | None = "ada", **metadata: str) -> RunRequest:
-    request = RunRequest(run_id="r1", session_id="s1", conversation_id=conversation_id, agent=agent, message="hi")
+def run(
+    *, agent: str = "chat", conversation_id: str = "c1", user: str | None = "ada", **metadata: str
+) -> RunSubmission:
+    request = RunSubmission(run_id="r1", session_id="s1", conversation_id=conversation_id, agent=agent, message="hi")
     if user is not None:
         request.principal.CopyFrom(Principal(user_id=user))
     request.metadata.update(metadata)
@@ -226,7 +228,7 @@ def test_with_facts_appends_after_a_blank_line() -> None:
     ],
 )
 def test_user_id_of(principal: Principal | None, user: str) -> None:
-    request = RunRequest(run_id="r")
+    request = RunSubmission(run_id="r")
     closed = ConversationClosed(conversation_id="c")
     if principal is not None:
         request.principal.CopyFrom(principal)

@@ -25,7 +25,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     Metadata,
     Progress,
     RunEvent,
-    RunRequest,
+    RunSubmission,
     TextDelta,
     ToolStart,
 )
@@ -47,7 +47,7 @@ class World:
     """The bus, a fake worker answering sub-runs, a fake memory recording workspace drops."""
 
     bus: FakeBus
-    submitted: list[RunRequest] = field(default_factory=list)
+    submitted: list[RunSubmission] = field(default_factory=list)
     controls: list[Control] = field(default_factory=list)
     drops: list[DropWorkspaceRequest] = field(default_factory=list)
     forwarded: list[RunEvent] = field(default_factory=list)
@@ -57,15 +57,15 @@ class World:
         self.forwarded.append(event)
 
     def delegation(
-        self, parent: RunRequest | None = None, *, fleet: tuple[str, ...] = FLEET, **kw: float
+        self, parent: RunSubmission | None = None, *, fleet: tuple[str, ...] = FLEET, **kw: float
     ) -> Delegation:
         return Delegation(
             self.bus, parent or parent_run(), self.emit, fleet=fleet, memory=MemoryClient(self.bus, timeout=1), **kw
         )
 
 
-def parent_run(**metadata: str) -> RunRequest:
-    return RunRequest(
+def parent_run(**metadata: str) -> RunSubmission:
+    return RunSubmission(
         run_id="parent-1",
         session_id="s1",
         conversation_id="c1",
@@ -76,7 +76,7 @@ def parent_run(**metadata: str) -> RunRequest:
     )
 
 
-async def _hang(world: World, request: RunRequest) -> None:
+async def _hang(world: World, request: RunSubmission) -> None:
     """Serve the run's control subject (as the owning worker does) until a cancel arrives."""
     cancelled = asyncio.Event()
 
@@ -93,7 +93,7 @@ async def _hang(world: World, request: RunRequest) -> None:
             await asyncio.wait_for(cancelled.wait(), HANG_CAP)
 
 
-async def _answer(world: World, request: RunRequest) -> None:
+async def _answer(world: World, request: RunSubmission) -> None:
     """What a sub-run does, by its message: `hang`, `fail:<msg>`, `deny`, `empty`, `chatty`, or an echo."""
     writer = RunEventWriter(world.bus, request)
     message = request.message
@@ -143,7 +143,7 @@ async def world() -> AsyncIterator[World]:
         w.drops.append(request)
         return DropWorkspaceResponse(existed=True)
 
-    async def work(item: WorkItem[RunRequest]) -> None:
+    async def work(item: WorkItem[RunSubmission]) -> None:
         request = item.envelope.message
         w.submitted.append(request)
         await _answer(w, request)
@@ -153,16 +153,16 @@ async def world() -> AsyncIterator[World]:
     consumer = ConsumerSpec(
         stream=subjects.RUNS_STREAM, durable="fake-workers", filter_subject=subjects.run_submit_all()
     )
-    async with bus.serve(memory), bus.consume(consumer, RunRequest, work, drain_timeout=2):
+    async with bus.serve(memory), bus.consume(consumer, RunSubmission, work, drain_timeout=2):
         yield w
 
 
-def only_child(world: World) -> RunRequest:
+def only_child(world: World) -> RunSubmission:
     assert len(world.submitted) == 1
     return world.submitted[0]
 
 
-def assert_dropped_workspace_of(world: World, child: RunRequest) -> None:
+def assert_dropped_workspace_of(world: World, child: RunSubmission) -> None:
     """The sub-agent's whole workspace was dropped exactly once, and it is the child's own."""
     assert len(world.drops) == 1
     drop = world.drops[0]

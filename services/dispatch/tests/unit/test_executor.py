@@ -12,7 +12,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     Control,
     ControlAck,
     RunEvent,
-    RunRequest,
+    RunSubmission,
     TextDelta,
 )
 from atmosphere.dispatch.handlers import agent_descriptors
@@ -351,7 +351,7 @@ def test_descriptors_carry_runtime_truth() -> None:
     assert without["echo"].path == "/atmosphere/agent/echo"
 
 
-def work_item(run: RunRequest, delivered: int) -> WorkItem[RunRequest]:
+def work_item(run: RunSubmission, delivered: int) -> WorkItem[RunSubmission]:
     return WorkItem(Envelope(subjects.run_submit("echo"), run, Headers()), stream_seq=1, delivered=delivered)
 
 
@@ -388,4 +388,4 @@ async def test_events_lost_with_a_dead_worker_are_marked_so_readers_go_on(harnes
 async def test_a_malformed_run_request_is_dropped_for_good(harness: Harness, run_id: str, agent: str) -> None:
     executor = harness.executor(APP)
     with pytest.raises(Term):
-        await executor.on_work(work_item(RunRequest(run_id=run_id, agent=agent, message="hi"), delivered=1))
+        await executor.on_work(work_item(RunSubmission(run_id=run_id, agent=agent, message="hi"), delivered=1))

@@ -23,7 +23,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
     SaveFactsResponse,
 )
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
@@ -187,7 +187,7 @@ async def test_a_run_whose_history_cannot_be_loaded_ends_with_a_clear_error(fake
             App(agents=[Chat]), bus, ModelPipeline(runtime, conversation), harnesses={"chat": harness}
         )
         async with bus.serve(governance_router(Policy())):
-            await executor.execute(RunRequest(run_id="r1", session_id="s", conversation_id="c1", agent="chat"))
+            await executor.execute(RunSubmission(run_id="r1", session_id="s", conversation_id="c1", agent="chat"))
     finally:
         await runtime.aclose()
     events = [RunEvent.FromString(data) for _, data in bus.stream_messages(subjects.EVENTS_STREAM)]

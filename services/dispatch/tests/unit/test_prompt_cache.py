@@ -2,7 +2,7 @@
 
 import pytest
 
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.pipeline import cache_hint
 from atmosphere.dispatch.runtime.openai import accepts_cache_key
@@ -33,7 +33,7 @@ def test_hint_keys() -> None:
     @agent(name="a")
     class A: ...
 
-    run = RunRequest(conversation_id="c1")
+    run = RunSubmission(conversation_id="c1")
     spec = spec_of(A)
     assert cache_hint(spec, AgentHarness(prompt_cache=PromptCache.NONE), run) is None
     conservative = cache_hint(spec, AgentHarness(prompt_cache=PromptCache.CONSERVATIVE), run)

@@ -8,7 +8,7 @@ import pytest
 
 from atmosphere.bus import Headers, MessageContext, subjects
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Control, ControlAck, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Control, ControlAck, RunSubmission
 from atmosphere.dispatch.control import NOT_THE_OWNER, RunControl
 from atmosphere.dispatch.settings import DispatchSettings
 from atmosphere.sdk import App, agent
@@ -64,7 +64,7 @@ class Talker:
 
 async def test_the_executor_makes_the_requesting_user_the_owner(harness: Harness) -> None:
     harness.provider.script(Reply.stalled("Thinking", seconds=30))
-    request = RunRequest(
+    request = RunSubmission(
         run_id="r1", session_id="s1", conversation_id="c1", agent="talker", message="hi", principal=ADA
     )
     run = asyncio.create_task(harness.executor(App(agents=[Talker])).execute(request))

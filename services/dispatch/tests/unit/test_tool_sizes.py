@@ -14,7 +14,7 @@ from atmosphere.bus.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.tools import MAX_OFFLOAD_PARTS, ToolGateway, split_for_saving
@@ -51,7 +51,7 @@ class World:
     ) -> ToolGateway:
         spec = ToolSpec(name="echo", description="", parameters=SCHEMA, requires_approval=approval)
         local = ToolSpec(name="big", description="", parameters=SCHEMA)
-        run = RunRequest(run_id="r1", conversation_id="c1", agent="chat", principal=principal or Principal())
+        run = RunSubmission(run_id="r1", conversation_id="c1", agent="chat", principal=principal or Principal())
 
         async def big(_arguments: dict[str, object]) -> str:
             return self.result  # in process (like delegation): no bus message bounds it

@@ -14,7 +14,7 @@ from atmosphere.bus import BusError, JetStreamLayout
 from atmosphere.bus.runs import RESUMED_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.config import NatsSettings
-from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission, TextDelta
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.openai_api import RunRestartedError, _Run
 from atmosphere.ingress.openai_wire import Completion
@@ -77,7 +77,7 @@ async def test_an_openai_completion_whose_run_started_over_is_an_error_not_a_dou
         yield RunEvent(seq=3, metadata=Metadata(key=RESUMED_METADATA_KEY, value_json='{"fromSeq": 3}'))
         yield RunEvent(seq=4, text_delta=TextDelta(text="w0 w1 w2"))
 
-    active = _Run(None, RunRequest(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
+    active = _Run(None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
     first = await active.next()
     assert first is not None
     active.text.append(first.text_delta.text)

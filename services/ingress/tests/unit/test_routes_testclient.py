@@ -21,7 +21,7 @@ from atmosphere.bus.runs import RunEventWriter
 from atmosphere.bus.testing import FakeBus
 from atmosphere.config import TokenGrant
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunRequest, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunSubmission, TextDelta
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
 
@@ -31,7 +31,7 @@ OTHER_AGENT = AgentDescriptor(name="secret", path="/atmosphere/agent/secret")
 ADMIN_TOKEN = "admin-token-1"
 
 
-async def echo_run(item: WorkItem[RunRequest], bus: FakeBus) -> None:
+async def echo_run(item: WorkItem[RunSubmission], bus: FakeBus) -> None:
     """What a dispatch worker would write for a run: its message back as text, then the end."""
     request = item.envelope.message
     writer = RunEventWriter(bus, request)
@@ -53,10 +53,10 @@ async def fake_dispatch(bus: FakeBus) -> AsyncIterator[None]:
         batch_fetch=False,
     )
 
-    async def handle(item: WorkItem[RunRequest]) -> None:
+    async def handle(item: WorkItem[RunSubmission]) -> None:
         await echo_run(item, bus)
 
-    async with bus.consume(consumer, RunRequest, handle):
+    async with bus.consume(consumer, RunSubmission, handle):
         yield
 
 

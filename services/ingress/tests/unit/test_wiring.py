@@ -18,7 +18,7 @@ from atmosphere.contracts.common.v1.service_pb2 import (
     ServiceInfoResponse,
 )
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.ingress.app import serve
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
 
@@ -68,5 +68,5 @@ async def test_serve_binds_its_own_port_and_a_prompt_is_queued_through_the_bus()
     assert health.json() == {"status": "ok", "service": "ingress"}
     assert started.status_code == 202
     run_id = started.json()["runId"]
-    queued = [m for s, m in bus.published if s == subjects.run_submit(ECHO.name) and isinstance(m, RunRequest)]
+    queued = [m for s, m in bus.published if s == subjects.run_submit(ECHO.name) and isinstance(m, RunSubmission)]
     assert [(r.run_id, r.message, r.transport) for r in queued] == [(run_id, "hello", "long-poll")]

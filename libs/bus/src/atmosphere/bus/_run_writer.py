@@ -29,7 +29,7 @@ from atmosphere.bus._api import Bus
 from atmosphere.bus._codec import Headers, wire_size
 from atmosphere.bus._retry import FINAL_ERRORS
 from atmosphere.bus.errors import BusError, PayloadTooLargeError
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 
 log = logging.getLogger("atmosphere.bus")
 
@@ -83,7 +83,7 @@ class RunEventWriter:
     def __init__(
         self,
         bus: Bus,
-        request: RunRequest,
+        request: RunSubmission,
         *,
         first_seq: int = WORKER_FIRST_SEQ,
         ack_patience: float = ACK_PATIENCE,

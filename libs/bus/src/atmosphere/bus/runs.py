@@ -2,7 +2,7 @@
 
 A run's events form one ordered stream on `atmo.run.<run_id>.evt` with `seq` from 1 and a
 single writer at a time. The submitter (ingress, or dispatch for gRPC) writes seq 1, the
-`X-Atmosphere-Run-Id` metadata event, before it queues the `RunRequest`, so a client learns
+`X-Atmosphere-Run-Id` metadata event, before it queues the `RunSubmission`, so a client learns
 the run id (and can resume by it) even before a worker picks the run up. The worker that
 owns the run writes from seq 2 on, each event stored exactly once even across a broker
 restart (`RunEventWriter`, in `_run_writer`); the stream pieces that make up nearly every
@@ -38,7 +38,7 @@ from atmosphere.bus._run_writer import (
 )
 from atmosphere.bus.errors import BusError, DecodeError, PayloadTooLargeError
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, Metadata, RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, Metadata, RunEvent, RunSubmission
 
 RUN_ID_METADATA_KEY = "X-Atmosphere-Run-Id"
 """The metadata key of the run-id event (seq 1), as Atmosphere clients expect it."""
@@ -53,7 +53,7 @@ SUBMIT_DEADLINE = 20.0
 """Seconds a submission keeps trying (a frozen or restarting broker) before it is refused."""
 
 NESTING_METADATA_KEY = "atmosphere.run.nesting"
-"""A sub-run's nesting level in `RunRequest.metadata`: 1 below a top-level run, 2 below that."""
+"""A sub-run's nesting level in `RunSubmission.metadata`: 1 below a top-level run, 2 below that."""
 
 MAX_NESTING = 3
 """The deepest level with a queue of its own; deeper sub-runs share it (a coordinator's fleet
@@ -74,12 +74,12 @@ def new_run(
     transport: str,
     path: str = "",
     metadata: Mapping[str, str] | None = None,
-    parent: RunRequest | None = None,
+    parent: RunSubmission | None = None,
     subagent: bool = False,
-) -> RunRequest:
+) -> RunSubmission:
     """A submitted run: fresh run and session ids, the submission time, and its nesting.
 
-    The one place a `RunRequest` is made. A sub-run (`parent` given) runs as its parent's
+    The one place a `RunSubmission` is made. A sub-run (`parent` given) runs as its parent's
     principal, one nesting level below it (so it is queued where its parent cannot starve it),
     and one `task` depth below it when it is a `subagent` (else at its parent's depth).
     """
@@ -90,7 +90,7 @@ def new_run(
         metadata[NESTING_METADATA_KEY] = str(nesting_of(parent) + 1)
         metadata[SUBAGENT_DEPTH_METADATA_KEY] = str(subagent_depth_of(parent) + (1 if subagent else 0))
         principal = parent.principal
-    return RunRequest(
+    return RunSubmission(
         run_id=uuid.uuid4().hex,
         session_id=str(uuid.uuid4()),
         conversation_id=conversation_id,
@@ -110,7 +110,7 @@ SUBAGENT_DEPTH_METADATA_KEY = "ai.subagent.depth"
 `delegate_task`): what the harness's subagent nesting bound reads."""
 
 
-def _level(request: RunRequest, key: str) -> int:
+def _level(request: RunSubmission, key: str) -> int:
     """A non-negative level from `request.metadata[key]` (absent or malformed reads as 0)."""
     try:
         return max(0, int(request.metadata.get(key, "0")))
@@ -118,17 +118,17 @@ def _level(request: RunRequest, key: str) -> int:
         return 0
 
 
-def nesting_of(request: RunRequest) -> int:
+def nesting_of(request: RunSubmission) -> int:
     """How many runs `request` is nested below (0 for a top-level run)."""
     return _level(request, NESTING_METADATA_KEY)
 
 
-def subagent_depth_of(request: RunRequest) -> int:
+def subagent_depth_of(request: RunSubmission) -> int:
     """How many `task` sub-agents deep `request` runs (0 outside any)."""
     return _level(request, SUBAGENT_DEPTH_METADATA_KEY)
 
 
-def queue_level(request: RunRequest) -> int:
+def queue_level(request: RunSubmission) -> int:
     """The `ATMO_RUNS` level `request` is queued on: its nesting, capped at `MAX_NESTING`."""
     return min(nesting_of(request), MAX_NESTING)
 
@@ -137,7 +137,7 @@ class SubmitError(BusError):
     """A run could not be queued (the broker is unreachable): nothing runs it; try again."""
 
 
-async def submit_run(bus: Bus, request: RunRequest, *, deadline: float = SUBMIT_DEADLINE) -> PublishAck:
+async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBMIT_DEADLINE) -> PublishAck:
     """Accept a run: write its run-id event (seq 1), then queue it on `ATMO_RUNS` at its level.
 
     Subscribe to `subjects.run_events(request.run_id)` before calling this to see every event.
@@ -200,7 +200,9 @@ def _keep(task: asyncio.Task[object]) -> None:
     task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
-async def _publish_until(bus: Bus, subject: str, message: RunRequest, headers: Headers, deadline: float) -> PublishAck:
+async def _publish_until(
+    bus: Bus, subject: str, message: RunSubmission, headers: Headers, deadline: float
+) -> PublishAck:
     """`js_publish` with the same message id until acknowledged or `deadline` seconds passed."""
     give_up = time.monotonic() + deadline
     attempt = 0
@@ -352,7 +354,7 @@ async def follow_run(
     run_id: str,
     *,
     after_seq: int = 0,
-    submit: RunRequest | None = None,
+    submit: RunSubmission | None = None,
     gap_patience: float = GAP_PATIENCE,
 ) -> AsyncGenerator[RunEvent, None]:
     """Yield the events of `run_id` with seq > `after_seq`, in order, once each, through the terminal one.

@@ -7,8 +7,8 @@ Layout (logical names; a bus with a namespace prefixes every subject with `<name
 
 | subject                      | kind                                   |
 |------------------------------|----------------------------------------|
-| `atmo.submit.<agent>`        | a `RunRequest`, captured by `ATMO_RUNS` |
-| `atmo.submit.nested.<n>.<agent>` | a sub-run's `RunRequest`, `n` levels below a top-level run |
+| `atmo.submit.<agent>`        | a `RunSubmission`, captured by `ATMO_RUNS` |
+| `atmo.submit.nested.<n>.<agent>` | a sub-run's `RunSubmission`, `n` levels below a top-level run |
 | `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
 | `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
 | `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
@@ -71,7 +71,7 @@ def validate_namespace(namespace: str) -> str:
 
 
 def run_submit(agent: str, *, level: int = 0) -> str:
-    """Where a `RunRequest` for `agent` is published (stream `ATMO_RUNS`); `level` > 0 for sub-runs."""
+    """Where a `RunSubmission` for `agent` is published (stream `ATMO_RUNS`); `level` > 0 for sub-runs."""
     name = token(agent, what="agent name")
     return f"{ROOT}.submit.{name}" if level == 0 else f"{_nested(level)}.{name}"
 

@@ -54,7 +54,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ScreenFactsRequest,
     ScreenFactsResponse,
 )
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunSubmission
 from atmosphere.sdk._app import App
 from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.runtime import RuntimeConfig
@@ -510,7 +510,7 @@ class AgentTestEnv:
             raise UserError(msg)
         number = next(self._runs)
         run_id = f"run-{number}-{uuid.uuid4().hex[:8]}"
-        request = RunRequest(
+        request = RunSubmission(
             run_id=run_id,
             session_id=f"session-{number}",
             conversation_id=conversation_id,

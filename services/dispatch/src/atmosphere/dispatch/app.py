@@ -14,7 +14,7 @@ from atmosphere.bus import Bus, Consumer, ConsumerSpec, MessageContext, Router, 
 from atmosphere.bus.runs import MAX_NESTING
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.descriptors import live_descriptors
 from atmosphere.dispatch.generation import runtime_config
@@ -182,7 +182,7 @@ class Dispatch:
         options = self.settings.dispatch
         return [
             await stack.enter_async_context(
-                bus.consume(consumer, RunRequest, executor.on_work, max_inflight=options.max_concurrent_runs)
+                bus.consume(consumer, RunSubmission, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
             for consumer in run_queue_consumers(options.run_ack_wait, max_deliveries=options.max_run_deliveries)
         ]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from atmosphere.bus.errors import HistoryUnavailableError
 from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.memory.v1.memory_pb2 import Compaction, ConversationClosed
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
@@ -48,7 +48,7 @@ EXTRACTION_PROMPT = (
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
-def user_id_of(run: RunRequest | ConversationClosed) -> str:
+def user_id_of(run: RunSubmission | ConversationClosed) -> str:
     """The principal's user id, or "" for an anonymous caller."""
     user = run.principal.user_id if run.HasField("principal") else ""
     return "" if user.strip().lower() in ANONYMOUS else user
@@ -126,7 +126,7 @@ class ConversationMemory:
         )
 
     async def history(
-        self, run: RunRequest, harness: AgentHarness, staged: Sequence[ChatMessage]
+        self, run: RunSubmission, harness: AgentHarness, staged: Sequence[ChatMessage]
     ) -> tuple[ChatMessage, ...]:
         """The history to send with this run's prompt.
 
@@ -153,7 +153,9 @@ class ConversationMemory:
             loaded = await self._summarized(run, harness, loaded)
         return tuple(loaded)
 
-    async def _summarized(self, run: RunRequest, harness: AgentHarness, loaded: list[ChatMessage]) -> list[ChatMessage]:
+    async def _summarized(
+        self, run: RunSubmission, harness: AgentHarness, loaded: list[ChatMessage]
+    ) -> list[ChatMessage]:
         messages = [compacting.Message(m.role, m.content) for m in loaded]
         plan = compacting.split_for_summary(
             messages, harness.max_history_messages, recent_window=self._config.recent_window
@@ -179,7 +181,7 @@ class ConversationMemory:
 
     async def record(
         self,
-        run: RunRequest,
+        run: RunSubmission,
         harness: AgentHarness,
         *,
         user: str,
@@ -203,7 +205,7 @@ class ConversationMemory:
             compaction=self.compaction(harness, model),
         )
 
-    async def recall(self, run: RunRequest, harness: AgentHarness, request: AiRequest) -> AiRequest:
+    async def recall(self, run: RunSubmission, harness: AgentHarness, request: AiRequest) -> AiRequest:
         """`request` with the user's known facts at the end of its system prompt."""
         user = user_id_of(run)
         if not harness.long_term_memory or not user:

@@ -1,6 +1,6 @@
 """`delegate_task` and `task`: a coordinator's sub-runs, streamed into its own stream.
 
-Both start a real run on the bus (`RunRequest` with `parent_run_id`), so a sub-run gets what
+Both start a real run on the bus (`RunSubmission` with `parent_run_id`), so a sub-run gets what
 every run gets — governance admission (the fleet edge), a worker, the tape — and follow its
 events. Every event of the sub-run except its run-id and terminal events is forwarded into the
 parent's stream tagged with the sub-run's id and agent (`origin_run_id`, `origin_agent`), so
@@ -39,7 +39,7 @@ from atmosphere.bus.runs import (
     subagent_depth_of,
 )
 from atmosphere.bus.sizes import data_budget
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
@@ -64,7 +64,7 @@ WORKSPACE_KEY = "ai.subagent.workspace"
 SUBAGENT_CATEGORY = "subagents"
 
 
-def subagent_scope(run: RunRequest) -> WorkspaceScope | None:
+def subagent_scope(run: RunSubmission) -> WorkspaceScope | None:
     """The workspace of a `task` sub-run, from its metadata; None for other runs."""
     raw = run.metadata.get(WORKSPACE_KEY)
     if run.agent != SUBAGENT or not raw:
@@ -94,7 +94,7 @@ class Delegation:
     def __init__(
         self,
         bus: Bus,
-        parent: RunRequest,
+        parent: RunSubmission,
         emit: Emit,
         *,
         fleet: tuple[str, ...],
@@ -112,7 +112,7 @@ class Delegation:
 
     def _child(
         self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str], subagent: bool = False
-    ) -> RunRequest:
+    ) -> RunSubmission:
         # One level below the parent on the run queue, whatever kind of delegation this is.
         return new_run(
             agent=agent,
@@ -210,7 +210,7 @@ class Delegation:
             return f"task failed: {error.message or 'unknown error'}"
         return outcome.text.strip() or "task completed with no output."
 
-    async def _follow(self, child: RunRequest) -> _Outcome:
+    async def _follow(self, child: RunSubmission) -> _Outcome:
         """Submit `child`, forward its events, and return its answer (or how it ended)."""
         text: list[str] = []
         if child.ByteSize() > data_budget(self._bus.max_payload):

@@ -12,7 +12,7 @@ import logging
 from atmosphere.bus import Bus, BusError, request_retrying, subjects
 from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError
 from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -27,7 +27,7 @@ class GovernanceClient:
         self._bus = bus
         self.timeout = timeout
 
-    async def admit(self, run: RunRequest) -> None:
+    async def admit(self, run: RunSubmission) -> None:
         """Return when `run` may start.
 
         Raises:
@@ -58,7 +58,7 @@ class GovernanceClient:
                 details={"policy": policy, "reason": decision.reason},
             )
 
-    async def check_tool(self, run: RunRequest, tool_name: str, arguments_json: str) -> Decision:
+    async def check_tool(self, run: RunSubmission, tool_name: str, arguments_json: str) -> Decision:
         """Governance's decision on one tool call.
 
         Raises:

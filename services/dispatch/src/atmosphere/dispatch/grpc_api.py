@@ -151,7 +151,7 @@ class DispatchServicer:
             yield response
 
     async def _stream(
-        self, run: run_pb2.RunRequest, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
+        self, run: run_pb2.RunSubmission, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
     ) -> AsyncIterator[RunResponse]:
         finished = False
         # The same follower as every other transport: events in seq order, once each, with
@@ -258,7 +258,7 @@ def _invalid_metadata(metadata: Mapping[str, str]) -> str:
     return ""
 
 
-def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Principal) -> run_pb2.RunRequest:
+def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Principal) -> run_pb2.RunSubmission:
     return new_run(
         agent=agent.name,
         message=request.message,

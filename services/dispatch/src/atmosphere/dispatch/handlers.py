@@ -15,7 +15,7 @@ from atmosphere.bus.runs import (
     stored_events,
 )
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
@@ -97,7 +97,7 @@ class RunExecutor:
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}
 
-    async def on_work(self, item: WorkItem[RunRequest]) -> None:
+    async def on_work(self, item: WorkItem[RunSubmission]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
         request = item.envelope.message
         try:
@@ -121,7 +121,7 @@ class RunExecutor:
             )
         await self.execute(request, first_seq=first_seq)
 
-    async def _resume_point(self, request: RunRequest) -> int | None:
+    async def _resume_point(self, request: RunSubmission) -> int | None:
         """The next seq of a redelivered run, or None if it already has its terminal event.
 
         Seqs below it that the stream lacks (events the dead worker had in flight when the
@@ -141,7 +141,7 @@ class RunExecutor:
             log.warning("run %s: %d event(s) were lost with their worker; marked %s", request.run_id, len(holes), holes)
         return max(WORKER_FIRST_SEQ, max(stored, default=0) + 1)
 
-    async def _give_up(self, request: RunRequest, first_seq: int, delivered: int) -> None:
+    async def _give_up(self, request: RunSubmission, first_seq: int, delivered: int) -> None:
         """End a run that failed or took its worker down on every delivery (poison-run guard)."""
         log.error(
             "run %s: delivery %d of at most %d; ending it", request.run_id, delivered, self._options.max_deliveries
@@ -153,6 +153,6 @@ class RunExecutor:
         )
         await writer.emit(RunEvent(error=error.to_proto()))
 
-    async def execute(self, request: RunRequest, *, first_seq: int = WORKER_FIRST_SEQ) -> None:
+    async def execute(self, request: RunSubmission, *, first_seq: int = WORKER_FIRST_SEQ) -> None:
         """Run `request` to exactly one terminal event (see `Run.execute`)."""
         await Run(request, self._agents.get(request.agent), self._services, first_seq=first_seq).execute()

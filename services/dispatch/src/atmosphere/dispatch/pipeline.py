@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from atmosphere.bus.runs import HISTORY_METADATA_KEY
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.sdk import CacheHint, ChatMessage, PromptCache
@@ -21,7 +21,7 @@ MAX_HISTORY_TURNS = 200
 NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
 
 
-def history_of(run: RunRequest) -> tuple[ChatMessage, ...]:
+def history_of(run: RunSubmission) -> tuple[ChatMessage, ...]:
     """Prior turns the client sent with the request (the OpenAI API), bounded and sanitized.
 
     A client's system messages ride along as history; they never replace the agent's own
@@ -47,7 +47,7 @@ def history_of(run: RunRequest) -> tuple[ChatMessage, ...]:
     return tuple(history)
 
 
-def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunRequest) -> CacheHint | None:
+def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunSubmission) -> CacheHint | None:
     """The prompt-cache hint of a run: one key per agent, or per agent and conversation."""
     if harness.prompt_cache is PromptCache.NONE:
         return None

@@ -1,6 +1,6 @@
 """One run in dispatch: everything it has, and its named steps from admission to the recorded turn.
 
-`RunExecutor` makes a `Run` for each `RunRequest` a worker takes; the run lives until its
+`RunExecutor` makes a `Run` for each `RunSubmission` a worker takes; the run lives until its
 terminal event. Reading `Run.execute` top to bottom is reading a run's life:
 
 1. `execute`: the resumed marker of a re-driven run, the run's control subject, the agent task;
@@ -44,7 +44,7 @@ from atmosphere.bus.errors import (
     UnknownAgentError,
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, is_terminal
-from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
 from atmosphere.dispatch.control import RunControl
@@ -111,7 +111,7 @@ class Run:
 
     def __init__(
         self,
-        request: RunRequest,
+        request: RunSubmission,
         agent: AgentBinding | None,
         services: RunServices,
         *,

@@ -44,7 +44,14 @@ from atmosphere.bus import (
 )
 from atmosphere.bus.errors import ReplyTooLargeError
 from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired, RunEvent, RunRequest, ToolError, ToolResult, ToolStart
+from atmosphere.contracts.run.v1.run_pb2 import (
+    ApprovalRequired,
+    RunEvent,
+    RunSubmission,
+    ToolError,
+    ToolResult,
+    ToolStart,
+)
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.governance_client import GovernanceClient
@@ -162,7 +169,7 @@ class ToolGateway:
     """Runs the tool calls of one run."""
 
     bus: Bus
-    run: RunRequest
+    run: RunSubmission
     emit: Emit
     tools: Mapping[str, ToolSpec]
     control: RunControl

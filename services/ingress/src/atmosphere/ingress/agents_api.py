@@ -40,7 +40,7 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.errors import (
@@ -414,7 +414,7 @@ async def serve_socket_at(websocket: WebSocket, lookup: Awaitable[AgentDescripto
 # -- SSE -----------------------------------------------------------------------------------------
 
 
-async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunRequest:
+async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, transport: str) -> RunSubmission:
     """Authenticate a POSTed prompt and build its run; a typed `IngressError` says why it was refused.
 
     Everything the headers decide (credentials, the conversation id) is checked before a byte
@@ -460,7 +460,7 @@ async def _starting_with(first: RunEvent, rest: AsyncIterator[RunEvent]) -> Asyn
         yield event
 
 
-def _not_submitted(run: RunRequest, exc: BusError) -> RequestTooLargeError | UnavailableError:
+def _not_submitted(run: RunSubmission, exc: BusError) -> RequestTooLargeError | UnavailableError:
     """Why a run was not queued: too large for the broker, or the broker is unreachable (try again)."""
     if isinstance(exc, PayloadTooLargeError):
         return RequestTooLargeError(f"The prompt is too large: {exc}")

@@ -26,7 +26,7 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.errors import (
     ApprovalRejectedError,
@@ -227,11 +227,11 @@ class Connection:
             self.conversations.touch(self.agent.name, self.conversation_id, self.principal)
         self._follow(request.run_id, submit=request)
 
-    def _follow(self, run_id: str, *, after_seq: int = 0, submit: RunRequest | None = None) -> None:
+    def _follow(self, run_id: str, *, after_seq: int = 0, submit: RunSubmission | None = None) -> None:
         task = asyncio.create_task(self._pump(run_id, after_seq, submit))
         self.runs[run_id] = task
 
-    async def _pump(self, run_id: str, after_seq: int, submit: RunRequest | None) -> None:
+    async def _pump(self, run_id: str, after_seq: int, submit: RunSubmission | None) -> None:
         session_id = submit.session_id if submit is not None else ""
         followed = False
         try:

@@ -23,7 +23,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalDecision,
     Control,
     ControlAck,
-    RunRequest,
+    RunSubmission,
 )
 from atmosphere.ingress.bodies import MalformedJsonError, UnusableJsonError, parse_json
 from atmosphere.ingress.errors import MalformedRequestError, RequestTooLargeError
@@ -46,7 +46,7 @@ def message_limit(configured: int, max_payload: int) -> int:
     """The largest client message ingress admits.
 
     The setting, or less when the broker's `max_payload` leaves no room for the envelope around
-    a message that large (the other `RunRequest` fields: ids, principal, path, hints re-encoded
+    a message that large (the other `RunSubmission` fields: ids, principal, path, hints re-encoded
     as metadata; and the headers).
     """
     return max(1024, min(configured, max_payload - ENVELOPE_ROOM))
@@ -186,7 +186,7 @@ def new_run_request(
     principal: Principal,
     transport: str,
     path: str,
-) -> RunRequest:
+) -> RunSubmission:
     """The run a parsed prompt starts (`atmosphere.bus.runs.new_run`: fresh ids, submitted now)."""
     return new_run(
         agent=agent,

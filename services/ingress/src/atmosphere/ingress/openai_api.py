@@ -34,7 +34,7 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunRequest
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.ingress.auth import AuthError
 from atmosphere.ingress.bodies import BodyError, read_body
 from atmosphere.ingress.errors import (
@@ -131,7 +131,7 @@ class _Run:
     """A completion being produced."""
 
     state: IngressState
-    run: RunRequest
+    run: RunSubmission
     events: AsyncGenerator[RunEvent, None]
     completion: Completion
     deadline: float
@@ -188,7 +188,7 @@ class _Run:
         self.state.openai_permits.release()
 
 
-def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal) -> RunRequest:
+def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal) -> RunSubmission:
     """The run a completion is: the last user message, earlier turns as its history."""
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
     # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
@@ -205,7 +205,7 @@ def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal)
     )
 
 
-async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, RunRequest]:
+async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, RunSubmission]:
     """Check and map the request; the run it becomes. `OpenAiError` for anything refused."""
     settings = state.settings
     _authorize(state, request)

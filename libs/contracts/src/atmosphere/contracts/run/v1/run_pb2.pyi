@@ -21,7 +21,7 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
-class RunRequest(_message.Message):
+class RunSubmission(_message.Message):
     """One user turn to run on an agent. Published on `atmo.submit.<agent>` (stream `ATMO_RUNS`)
     with `Nats-Msg-Id` = `run_id`, so a resubmission is de-duplicated.
     """
@@ -104,7 +104,7 @@ class RunRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+Global___RunSubmission: _TypeAlias = RunSubmission  # noqa: Y015
 
 @_typing.final
 class RunEvent(_message.Message):
