@@ -5,12 +5,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atmosphere.contracts.memory.v1.memory_pb2 import ChatMessage
+from atmosphere.sdk import ChatMessage as Message
 from atmosphere.sdk.compaction import (
     DEFAULT_WINDOW,
     LOCAL_SUMMARY_MAX_CHARS,
     MODEL_WINDOWS,
     SUMMARY_SYSTEM_PROMPT,
-    Message,
     SummaryPlan,
     apply_summary,
     compact,

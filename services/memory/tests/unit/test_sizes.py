@@ -33,7 +33,8 @@ from atmosphere.memory.handlers import MemoryHandlers
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.store import StalePageTokenError as HistoryChangedError
 from atmosphere.memory.workspaces import Workspaces
-from atmosphere.sdk.compaction import Message, history_digest
+from atmosphere.sdk import ChatMessage as Message
+from atmosphere.sdk.compaction import history_digest
 
 LIMIT = 64 * 1024
 

@@ -16,9 +16,9 @@ from atmosphere.memory.store import (
     TRUNCATION_MARKER,
     MemoryStore,
 )
+from atmosphere.sdk import ChatMessage as Message
 from atmosphere.sdk import compaction as compaction_module
 from atmosphere.sdk.compaction import (
-    Message,
     apply_summary,
     estimate_tokens,
     split_for_summary,

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 
 from atmosphere.sdk._harness import PromptCache
 
 Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset(get_args(Role))
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One message of the conversation as the model sees it."""
+    """One message of the conversation as the model sees it (and as memory keeps and compacts it)."""
 
     role: Role
     content: str
+
+    def __post_init__(self) -> None:
+        """Refuse a role the models do not know (a stored or sent message is checked once, here)."""
+        if self.role not in ROLES:
+            msg = f"unknown message role {self.role!r} (expected one of {sorted(ROLES)})"
+            raise ValueError(msg)
 
 
 @dataclass(frozen=True, slots=True)

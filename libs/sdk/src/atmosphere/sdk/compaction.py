@@ -24,25 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol, get_args
 
+from atmosphere.sdk._request import ChatMessage
+
 _log = logging.getLogger(__name__)
-
-Role = Literal["system", "user", "assistant", "tool"]
-ROLES: Final[frozenset[str]] = frozenset(get_args(Role))
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message of a conversation (the memory service's own type: services don't import the SDK)."""
-
-    role: str
-    """`system`, `user`, `assistant` or `tool`."""
-    content: str
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            msg = f"unknown message role {self.role!r} (expected one of {sorted(ROLES)})"
-            raise ValueError(msg)
-
 
 # --------------------------------------------------------------------------------------------
 # Strategy names
@@ -107,7 +91,7 @@ def sliding_window_keep(roles: Sequence[str], max_messages: int) -> list[int]:
     return [index for index in range(len(roles)) if index not in dropped]
 
 
-def sliding_window(messages: Sequence[Message], max_messages: int) -> list[Message]:
+def sliding_window(messages: Sequence[ChatMessage], max_messages: int) -> list[ChatMessage]:
     """Drop the oldest non-system message until at most `max_messages` remain.
 
     When only system messages remain and there are still too many, the oldest ones go.
@@ -142,7 +126,7 @@ def summary_header(count: int) -> str:
     return f"[Conversation summary of {count} earlier messages]"
 
 
-def summary_of(message: Message) -> tuple[int, str] | None:
+def summary_of(message: ChatMessage) -> tuple[int, str] | None:
     """`(N, summary text)` if `message` is a summary message written by this module, else None."""
     if message.role != "system":
         return None
@@ -156,18 +140,18 @@ def summary_of(message: Message) -> tuple[int, str] | None:
 class SummaryPlan:
     """How a summarizing compaction splits a history that is over its bound."""
 
-    system: tuple[Message, ...]
+    system: tuple[ChatMessage, ...]
     """System messages kept verbatim, in order (previous summaries excluded)."""
-    old: tuple[Message, ...]
+    old: tuple[ChatMessage, ...]
     """What the summary replaces, oldest first: any previous summary message, then the evicted messages."""
-    recent: tuple[Message, ...]
+    recent: tuple[ChatMessage, ...]
     """The newest non-system messages, kept verbatim."""
     summarized_count: int
     """N of the new summary: earlier summaries' N plus the messages evicted now."""
 
 
 def split_for_summary(
-    messages: Sequence[Message], max_messages: int, recent_window: int = DEFAULT_RECENT_WINDOW
+    messages: Sequence[ChatMessage], max_messages: int, recent_window: int = DEFAULT_RECENT_WINDOW
 ) -> SummaryPlan | None:
     """Plan a summarizing compaction, or None when there is nothing a summary can do.
 
@@ -180,9 +164,9 @@ def split_for_summary(
     _check_max(max_messages)
     if len(messages) <= max_messages:
         return None
-    system: list[Message] = []
-    previous: list[Message] = []
-    conversation: list[Message] = []
+    system: list[ChatMessage] = []
+    previous: list[ChatMessage] = []
+    conversation: list[ChatMessage] = []
     for message in messages:
         if summary_of(message) is not None:
             previous.append(message)
@@ -213,7 +197,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def local_summary(old: Sequence[Message]) -> str:
+def local_summary(old: Sequence[ChatMessage]) -> str:
     """A summary without a model: one line `role: content` per message, content cut at 100 chars + `...`.
 
     Line breaks inside a message become spaces, so each message is one line. A previous summary's
@@ -236,7 +220,7 @@ def local_summary(old: Sequence[Message]) -> str:
     return "\n".join(reversed(kept))
 
 
-def summary_prompt(old: Sequence[Message]) -> str:
+def summary_prompt(old: Sequence[ChatMessage]) -> str:
     """The user prompt asking a model (with `SUMMARY_SYSTEM_PROMPT`) to summarize `old`.
 
     A previous summary is given as such so the model merges it; each quoted message is cut at
@@ -261,7 +245,7 @@ def summary_prompt(old: Sequence[Message]) -> str:
     return "\n\n".join(parts)
 
 
-def apply_summary(plan: SummaryPlan, summary_text: str | None) -> list[Message]:
+def apply_summary(plan: SummaryPlan, summary_text: str | None) -> list[ChatMessage]:
     """The compacted history: system messages, ONE summary message, then the recent window.
 
     A blank `summary_text` (the model failed or answered nothing) falls back to `local_summary`.
@@ -269,7 +253,7 @@ def apply_summary(plan: SummaryPlan, summary_text: str | None) -> list[Message]:
     text = (summary_text or "").strip() or local_summary(plan.old)
     if len(text) > MAX_SUMMARY_CHARS:
         text = text[:MAX_SUMMARY_CHARS] + "..."
-    summary = Message("system", f"{summary_header(plan.summarized_count)}\n{text}")
+    summary = ChatMessage("system", f"{summary_header(plan.summarized_count)}\n{text}")
     return [*plan.system, summary, *plan.recent]
 
 
@@ -308,7 +292,7 @@ def model_window(model: str | None) -> int:
     return MODEL_WINDOWS[best] if best else DEFAULT_WINDOW
 
 
-def estimate_tokens(message: Message) -> int:
+def estimate_tokens(message: ChatMessage) -> int:
     """Tokens of `message`, estimated as characters / 4 (at least 1)."""
     return _tokens(len(message.content))
 
@@ -339,7 +323,7 @@ def token_window_keep(roles: Sequence[str], chars: Sequence[int], max_messages: 
     return sorted(kept)
 
 
-def token_window(messages: Sequence[Message], max_messages: int, model: str | None) -> list[Message]:
+def token_window(messages: Sequence[ChatMessage], max_messages: int, model: str | None) -> list[ChatMessage]:
     """Keep the system messages, then the newest messages within the model's window and `max_messages`.
 
     A message that does not fit ends the window, so what is kept is the most recent stretch of
@@ -357,14 +341,14 @@ def token_window(messages: Sequence[Message], max_messages: int, model: str | No
 
 
 def compact(
-    messages: Sequence[Message],
+    messages: Sequence[ChatMessage],
     *,
     strategy: str,
     max_messages: int,
     model: str | None = None,
     summary: str | None = None,
     recent_window: int = DEFAULT_RECENT_WINDOW,
-) -> list[Message]:
+) -> list[ChatMessage]:
     """Compact `messages` with `strategy` (parsed with `parse_strategy`).
 
     For `summarizing`, `summary` is the model-written summary of this history's plan (see
@@ -389,7 +373,7 @@ def compact(
 
 
 class RoleAndContent(Protocol):
-    """A message as any side holds it: this module's `Message`, or memory's wire `ChatMessage`."""
+    """A message as any side holds it: this module's `ChatMessage`, or memory's wire `ChatMessage`."""
 
     @property
     def role(self) -> str:

@@ -156,9 +156,8 @@ class ConversationMemory:
     async def _summarized(
         self, run: RunSubmission, harness: AgentHarness, loaded: list[ChatMessage]
     ) -> list[ChatMessage]:
-        messages = [compacting.Message(m.role, m.content) for m in loaded]
         plan = compacting.split_for_summary(
-            messages, harness.max_history_messages, recent_window=self._config.recent_window
+            loaded, harness.max_history_messages, recent_window=self._config.recent_window
         )
         if plan is None:
             return loaded
@@ -170,10 +169,7 @@ class ConversationMemory:
         )
         if not summary or not summary.strip():
             summary = compacting.local_summary(plan.old)
-        compacted = [
-            ChatMessage(m.role, m.content)  # type: ignore[arg-type]  # compaction keeps the roles it was given
-            for m in compacting.apply_summary(plan, summary.strip())
-        ]
+        compacted = compacting.apply_summary(plan, summary.strip())
         # Guarded: a turn another prompt appended meanwhile is not overwritten (then the next
         # load summarizes again).
         await self._memory.replace_history(run.agent, run.conversation_id, compacted, base=loaded)

@@ -52,8 +52,9 @@ from atmosphere.memory.plans import AgentPlan, PlanError, run_write_todos
 from atmosphere.memory.store import MemoryStore, StalePageTokenError, bound_fact
 from atmosphere.memory.vfs import MissingFileError, WorkspaceError, run_file_tool
 from atmosphere.memory.workspaces import Workspaces
+from atmosphere.sdk import ChatMessage as Message
 from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
-from atmosphere.sdk.compaction import Message, parse_strategy
+from atmosphere.sdk.compaction import parse_strategy
 
 log = logging.getLogger("atmosphere.memory")
 

@@ -37,11 +37,11 @@ from typing import Any, Final
 import aiosqlite
 
 from atmosphere.bus.sizes import head, utf8_len
+from atmosphere.sdk import ChatMessage as Message
 from atmosphere.sdk.compaction import (
     DEFAULT_RECENT_WINDOW,
     SLIDING_WINDOW,
     TOKEN_WINDOW,
-    Message,
     apply_summary,
     history_digest,
     model_window,
