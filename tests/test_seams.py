@@ -152,3 +152,20 @@ def test_the_scan_recognises_codes_and_skips_what_is_not_one() -> None:
     assert DEFINED_ONCE["TERMINAL_KINDS ="].search("TERMINAL_KINDS: frozenset[str] = frozenset()")
     assert not DEFINED_ONCE["TERMINAL_KINDS ="].search("TERMINAL_KINDS == kinds")
     assert src_modules(), "no src modules found"
+
+
+def test_every_catalogued_error_reads_back_as_its_class() -> None:
+    # Each code's class must take what `from_proto` gives it, or a caller would crash on the error.
+    import atmosphere.governance.errors
+    import atmosphere.ingress.errors
+    import atmosphere.memory.errors
+    import atmosphere.tape.errors  # noqa: F401
+    from atmosphere.bus.errors import ServiceError, catalogue
+    from atmosphere.contracts.common.v1.common_pb2 import Error
+
+    assert len(catalogue()) >= 50
+    for code, cls in catalogue().items():
+        error = ServiceError.from_proto(Error(code=code, message="m", retryable=True, details={"k": "v"}))
+        assert type(error) is cls, code
+        assert (error.wire_code, error.message, error.details, error.retryable) == (code, "m", {"k": "v"}, True)
+        assert error.to_proto() == Error(code=code, message="m", retryable=True, details={"k": "v"})
