@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from atmosphere.bus import NoRespondersError, subjects
+from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
     CheckToolCallRequest,
@@ -20,19 +19,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 )
 from atmosphere.governance.app import serve
 from atmosphere.governance.settings import GovernanceSettings
-
-
-async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
-    """Ask governance's health until it says ready (the test's own timeout bounds the wait)."""
-    while True:
-        if task.done():
-            task.result()  # the service's own error, if it failed
-            raise AssertionError("governance ended before it was ready")
-        with contextlib.suppress(NoRespondersError):
-            health = await bus.request(subjects.service_health("governance"), HealthCheckRequest(), HealthCheckResponse)
-            if health.ready:
-                return
-        await asyncio.sleep(0.01)  # the SQLite log opens in a thread: let it
+from atmosphere.testing import running_service
 
 
 @contextlib.asynccontextmanager
@@ -40,14 +27,8 @@ async def governance(tmp_path: Path) -> AsyncIterator[FakeBus]:
     """Governance served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
     bus = FakeBus()
     settings = GovernanceSettings(data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
-    try:
-        await wait_ready(bus, task)
+    async with running_service("governance", functools.partial(serve, bus=bus), settings, bus=bus):
         yield bus
-    finally:
-        stop.set()
-        await task  # a clean exit: no exception
 
 
 async def test_serve_admits_checks_tools_and_logs_both_through_the_bus(tmp_path: Path) -> None:

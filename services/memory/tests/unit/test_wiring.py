@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from atmosphere.bus import MessageContext, NoRespondersError, Router, subjects
+from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenedFact, ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
@@ -27,6 +26,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.memory.app import serve
 from atmosphere.memory.settings import MemorySettings
+from atmosphere.testing import running_service
 
 SCOPE = WorkspaceScope(category="agents", owner="planner", agent_id="planner", conversation_id="c1")
 
@@ -36,19 +36,6 @@ class Running:
     bus: FakeBus
     data: Path
     workspace: Path
-
-
-async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
-    """Ask memory's health until it says ready (the test's own timeout bounds the wait)."""
-    while True:
-        if task.done():
-            task.result()  # the service's own error, if it failed
-            raise AssertionError("memory ended before it was ready")
-        with contextlib.suppress(NoRespondersError):
-            health = await bus.request(subjects.service_health("memory"), HealthCheckRequest(), HealthCheckResponse)
-            if health.ready:
-                return
-        await asyncio.sleep(0.01)  # the SQLite store opens in a thread: let it
 
 
 def governance_screen() -> Router:
@@ -69,15 +56,11 @@ async def memory(tmp_path: Path) -> AsyncIterator[Running]:
     bus = FakeBus()
     data, workspace = tmp_path / "data", tmp_path / "workspace"
     settings = MemorySettings(data_dir=data, workspace_root=workspace, probe_host="127.0.0.1", probe_port=0)
-    stop = asyncio.Event()
-    async with bus.serve(governance_screen()):
-        task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
-        try:
-            await wait_ready(bus, task)
-            yield Running(bus, data, workspace)
-        finally:
-            stop.set()
-            await task  # a clean exit: no exception
+    async with (
+        bus.serve(governance_screen()),
+        running_service("memory", functools.partial(serve, bus=bus), settings, bus=bus),
+    ):
+        yield Running(bus, data, workspace)
 
 
 async def tool(bus: FakeBus, name: str, arguments: dict[str, str]) -> ToolReply:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.bus import NoRespondersError, subjects
+from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
 from atmosphere.sandbox.app import serve
 from atmosphere.sandbox.settings import SandboxSettings
+from atmosphere.testing import running_service
 
 APP_MODULE = "sandbox_wiring_app"
 APP_SOURCE = '''
@@ -51,19 +51,6 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
-async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
-    """Ask sandbox's health until it says ready (the test's own timeout bounds the wait)."""
-    while True:
-        if task.done():
-            task.result()  # the service's own error, if it failed
-            raise AssertionError("sandbox ended before it was ready")
-        with contextlib.suppress(NoRespondersError):
-            health = await bus.request(subjects.service_health("sandbox"), HealthCheckRequest(), HealthCheckResponse)
-            if health.ready:
-                return
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def sandbox(app_dir: Path) -> AsyncIterator[FakeBus]:
     """Sandbox served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
@@ -71,14 +58,8 @@ async def sandbox(app_dir: Path) -> AsyncIterator[FakeBus]:
     settings = SandboxSettings(
         app=f"{APP_MODULE}:app", app_dir=app_dir, data_dir=app_dir / "data", probe_host="127.0.0.1", probe_port=0
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
-    try:
-        await wait_ready(bus, task)
+    async with running_service("sandbox", functools.partial(serve, bus=bus), settings, bus=bus):
         yield bus
-    finally:
-        stop.set()
-        await task  # a clean exit: no exception
 
 
 async def test_serve_publishes_and_hosts_the_apps_tools(app_dir: Path) -> None:

@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from atmosphere.bus import NoRespondersError, subjects
+from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, TextDelta
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ListRunsRequest, ListRunsResponse
 from atmosphere.tape.app import serve
 from atmosphere.tape.settings import TapeSettings
-
-
-async def wait_ready(bus: FakeBus, task: asyncio.Task[None]) -> None:
-    """Ask the tape's health until it says ready (the test's own timeout bounds the wait)."""
-    while True:
-        if task.done():
-            task.result()  # the service's own error, if it failed
-            raise AssertionError("the tape ended before it was ready")
-        with contextlib.suppress(NoRespondersError):
-            health = await bus.request(subjects.service_health("tape"), HealthCheckRequest(), HealthCheckResponse)
-            if health.ready:
-                return
-        await asyncio.sleep(0.01)  # the SQLite store opens in a thread: let it
+from atmosphere.testing import running_service
 
 
 @contextlib.asynccontextmanager
@@ -34,14 +22,8 @@ async def tape(tmp_path: Path) -> AsyncIterator[FakeBus]:
     """The tape served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
     bus = FakeBus()
     settings = TapeSettings(data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, stop=stop, bus=bus))
-    try:
-        await wait_ready(bus, task)
+    async with running_service("tape", functools.partial(serve, bus=bus), settings, bus=bus):
         yield bus
-    finally:
-        stop.set()
-        await task  # a clean exit: no exception
 
 
 async def steps_of(bus: FakeBus, run_id: str, count: int) -> GetStepsResponse:

@@ -397,41 +397,55 @@ async def follow_run(
                         yield event
 
 
+class TerminalGate:
+    """A run's first terminal event is its last: what comes after it is dropped, counted, logged once."""
+
+    def __init__(self, run_id: str) -> None:
+        """Guard the events of run `run_id`."""
+        self.run_id = run_id
+        self.closed = False
+        """Whether the terminal event went through."""
+        self.dropped = 0
+        """How many events arrived after it."""
+
+    def admit(self, event: RunEvent) -> bool:
+        """Whether `event` may go out (a terminal one closes the gate behind it)."""
+        if self.closed:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("run %s: dropped %s sent after the terminal event", self.run_id, event.WhichOneof("kind"))
+            return False
+        if is_terminal(event):
+            self.closed = True
+        return True
+
+
 class SinkHost:
     """The host of a `StreamingSession` outside dispatch: its events go to `sink`.
 
     For a runtime's tests and a summarizer's one-off model call. The first terminal event is
-    the last one sent (later ones are dropped and counted). It has no model, so `stream` is
-    refused.
+    the last one sent (`TerminalGate`). It has no model, so `stream` is refused.
     """
 
     def __init__(self, sink: Callable[[RunEvent], Awaitable[None]], *, run_id: str = "") -> None:
         """Send the events of run `run_id` to `sink`."""
         self._sink = sink
-        self._run_id = run_id
-        self._closed = False
-        self._dropped = 0
+        self._gate = TerminalGate(run_id)
 
     @property
     def closed(self) -> bool:
         """Whether a terminal event was sent."""
-        return self._closed
+        return self._gate.closed
 
     @property
     def dropped(self) -> int:
         """How many sends arrived after the terminal event and were dropped."""
-        return self._dropped
+        return self._gate.dropped
 
     async def emit(self, event: RunEvent) -> None:
         """Send `event`, unless the terminal one was already sent."""
-        if self._closed:
-            self._dropped += 1
-            if self._dropped == 1:
-                log.warning("run %s: dropped %s sent after the terminal event", self._run_id, event.WhichOneof("kind"))
-            return
-        if is_terminal(event):
-            self._closed = True
-        await self._sink(event)
+        if self._gate.admit(event):
+            await self._sink(event)
 
     async def stream(self, message: str) -> None:
         """Refused: only a host with a model (dispatch, `atmosphere.sdk.testing`) can stream."""
@@ -473,6 +487,7 @@ __all__ = [
     "SinkHost",
     "StreamGapError",
     "SubmitError",
+    "TerminalGate",
     "UnknownRunError",
     "cancel_run",
     "follow_run",

@@ -43,7 +43,7 @@ from atmosphere.bus.errors import (
     ServiceError,
     UnknownAgentError,
 )
-from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, is_terminal
+from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, TerminalGate, is_terminal
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
@@ -133,8 +133,7 @@ class Run:
         self.gateway = self._gateway() if agent is not None else None
         self.answer: list[str] = []
         """The answer's text so far (a sub-agent's forwarded text is not part of it)."""
-        self._closed = False
-        self._dropped = 0
+        self._gate = TerminalGate(request.run_id)
         self._breached = False
         self._turn: _Turn | None = None
         self._model_call: asyncio.Task[None] | None = None
@@ -208,7 +207,7 @@ class Run:
 
     async def finish(self) -> None:
         """End a run its agent left open: `complete`, or the cancel's error."""
-        if self._closed:
+        if self._gate.closed:
             return
         if self.control.cancelled:
             await self.fail(RunCancelledError(f"Run cancelled: {self.control.cancel_reason}"))
@@ -241,7 +240,7 @@ class Run:
             turn, self._turn = self._turn, None
             if not turn.recorded:
                 await asyncio.shield(self._record(turn, None))
-        if not self._breached and self._closed:
+        if not self._breached and self._gate.closed:
             await self._post_process(request)
 
     async def _history(self, staged: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
@@ -318,7 +317,7 @@ class Run:
                 log.error("runtime %s failed on run %s", runtime.name, ctx.run_id, exc_info=error)
                 await self.fail(RuntimeFailedError(f"The model runtime failed ({type(error).__name__})"))
                 return
-            if not self._closed:
+            if not self._gate.closed:
                 await self.emit(RunEvent(complete=Complete()))
         finally:
             self._model_call = None
@@ -364,28 +363,22 @@ class Run:
     @property
     def closed(self) -> bool:
         """Whether the terminal event was written."""
-        return self._closed
+        return self._gate.closed
 
     @property
     def dropped(self) -> int:
         """How many events arrived after the terminal one and were dropped."""
-        return self._dropped
+        return self._gate.dropped
 
     async def emit(self, event: RunEvent) -> None:
         """Write `event`: the terminal one once, the turn recorded before it; count usage after it."""
-        if self._closed:
-            self._dropped += 1
-            if self._dropped == 1:
-                kind = event.WhichOneof("kind")
-                log.warning("run %s: dropped %s sent after the terminal event", self.request.run_id, kind)
+        if not self._gate.admit(event):
             return
         kind = event.WhichOneof("kind")
-        if is_terminal(event):
-            self._closed = True
-            if self._turn is not None and not self._turn.recorded:
-                # Before the terminal event goes out, so the next turn of this conversation (or a
-                # fact extraction) finds this one stored.
-                await self._record(self._turn, event)
+        if is_terminal(event) and self._turn is not None and not self._turn.recorded:
+            # Before the terminal event goes out, so the next turn of this conversation (or a
+            # fact extraction) finds this one stored.
+            await self._record(self._turn, event)
         await self.writer.emit(event)
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)
