@@ -199,11 +199,6 @@ class UnknownServiceError(ServiceError):
         return self._wire_code
 
 
-def error_class(code: str) -> type[ServiceError] | None:
-    """The class registered for `code` in this process, or None."""
-    return _CATALOGUE.get(code)
-
-
 def catalogue() -> Mapping[str, type[ServiceError]]:
     """Every code registered in this process, and its class (a copy)."""
     return dict(_CATALOGUE)

@@ -173,7 +173,6 @@ class ToolGateway:
     emit: Emit
     tools: Mapping[str, ToolSpec]
     control: RunControl
-    governance_timeout: float = 5.0
     approval_timeout: float = 300.0
     workspace: WorkspaceScope | None = None
     """The run's harness workspace (plan and file tools, offload); None without one."""
@@ -184,12 +183,12 @@ class ToolGateway:
     """Results longer than this go to a workspace file (0: never; needs a workspace with files)."""
     offload: bool = False
     governance: GovernanceClient | None = None
-    """Who checks each call (by default a client on `bus` with `governance_timeout`)."""
+    """Who checks each call (by default a client on `bus` with its default timeout)."""
 
     def __post_init__(self) -> None:
         """Ask governance over the run's bus unless the run brought its client."""
         if self.governance is None:
-            self.governance = GovernanceClient(self.bus, timeout=self.governance_timeout)
+            self.governance = GovernanceClient(self.bus)
 
     @property
     def data_limit(self) -> int:

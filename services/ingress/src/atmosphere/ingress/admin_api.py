@@ -17,6 +17,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, RequestTimeoutError, subjects
+from atmosphere.bus.errors import BadRequestError, NotFoundError
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
@@ -36,8 +37,6 @@ from atmosphere.ingress.errors import (
     AdminSurfaceAbsentError,
     AdminUnavailableError,
     AdminUnknownRunError,
-    is_bad_request,
-    is_not_found,
 )
 from atmosphere.ingress.http import error_responses, require_admin, state_of
 
@@ -106,9 +105,9 @@ def _bus_failure(owner: str, exc: BusError) -> AdminError:
     if isinstance(exc, RequestTimeoutError):
         return AdminUnavailableError(f"The {owner} service did not answer in time")
     if isinstance(exc, RemoteError):
-        if is_not_found(exc.error):
+        if isinstance(exc.error, NotFoundError):
             return AdminSurfaceAbsentError(exc.message)
-        if is_bad_request(exc.error):
+        if isinstance(exc.error, BadRequestError):
             return AdminBadRequestError(exc.message)
         return AdminUnavailableError(f"The {owner} service failed: {exc.message}")
     return AdminUnavailableError(f"The {owner} service cannot be reached")

@@ -273,16 +273,6 @@ ADMIN_AUTH_REFUSALS: Mapping[int, type[IngressError]] = {401: AdminUnauthorizedE
 """An `AuthError`'s status as the admin gate's answer."""
 
 
-def is_not_found(error: ServiceError) -> bool:
-    """Whether another service answered "nothing under that key" (memory's, the tape's: catalogue classes)."""
-    return isinstance(error, NotFoundError)
-
-
-def is_bad_request(error: ServiceError) -> bool:
-    """Whether another service refused the request as malformed."""
-    return isinstance(error, BadRequestError)
-
-
 # A run's error may carry a code this process has no class for: an agent's own
 # (`session.error(code="billing.unavailable")`) or a newer dispatch's. Those are read by their
 # family, the part of the code the catalogue's naming fixes.
