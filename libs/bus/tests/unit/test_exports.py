@@ -36,6 +36,7 @@ def test_public_api_is_pinned() -> None:
         "Term",
         "WorkHandler",
         "WorkItem",
+        "WrongLastSequenceError",
         "connect",
         "reconnect_delay",
         "request_retrying",

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,7 @@ class Harness:
     tool_calls: list[ToolCall]
     stack: contextlib.AsyncExitStack
 
-    def executor(self, app: App, *, with_runtime: bool = True, **options: float) -> RunExecutor:
+    def executor(self, app: App, *, with_runtime: bool = True, **options: Any) -> RunExecutor:
         runtime = (
             BuiltInAgentRuntime(RuntimeConfig(base_url=self.provider.base_url, model="fake-model", stall_timeout=5))
             if with_runtime

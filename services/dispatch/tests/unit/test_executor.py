@@ -183,6 +183,7 @@ async def test_a_model_run_with_tools(harness: Harness) -> None:
     await harness.executor(APP).execute(request("model", "Weather in Paris?"))
     events = harness.events()
     assert [k for k in kinds(events) if k != "tool_call_delta"] == [
+        "input",
         "usage",
         "tool_start",
         "tool_result",
@@ -332,15 +333,17 @@ async def test_interceptors_run_fifo_before_and_lifo_after(harness: Harness) -> 
 
 async def test_a_redelivered_run_is_resumed_or_acknowledged(harness: Harness) -> None:
     executor = harness.executor(APP)
-    writer_events = [RunEvent(run_id="r1", seq=2, text_delta=TextDelta(text="half"))]
-    for event in writer_events:
-        await harness.bus.publish(subjects.run_events("r1"), event)
-    assert await executor._resume_point(request("echo")) == 3
-    await executor.execute(request("echo", "x y"), first_seq=3)
+    await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=1))
+    # The first worker sent part of the answer, then died.
+    await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=2, text_delta=TextDelta(text="x")))
+    await executor.on_work(work_item(request("echo", "x y"), delivered=2))
     events = harness.events()
-    assert [e.seq for e in events] == [2, 3, 4, 5, 6]
-    assert events[1].metadata.key == RESUMED_METADATA_KEY
-    assert await executor._resume_point(request("echo")) is None  # it has its terminal now
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[2].metadata.key == RESUMED_METADATA_KEY
+    # The stream goes on from its last seq with only what is new: no text is sent twice.
+    assert "".join(e.text_delta.text for e in events if e.WhichOneof("kind") == "text_delta") == "xy"
+    assert kinds(events)[-1] == "complete"
+    assert await executor._stored_unless_ended(request("echo")) is None  # it has its terminal now
 
 
 def test_descriptors_carry_runtime_truth() -> None:
@@ -379,7 +382,9 @@ async def test_events_lost_with_a_dead_worker_are_marked_so_readers_go_on(harnes
     executor = harness.executor(APP)
     for seq in (1, 2, 5):  # 3 and 4 were in flight when the worker and the broker both died
         await harness.bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=seq))
-    assert await executor._resume_point(request("echo")) == 6
+    stored = await executor._stored_unless_ended(request("echo"))
+    assert stored is not None
+    assert await executor._resume_point(request("echo"), stored) == 6
     markers = {e.seq: e.metadata.key for e in harness.events() if e.WhichOneof("kind") == "metadata"}
     assert markers == {3: EVENT_LOST_METADATA_KEY, 4: EVENT_LOST_METADATA_KEY}
 

@@ -354,7 +354,7 @@ def test_the_kill_switch_attaches_nothing_and_reports_the_disabled_seeds() -> No
         "planning": "INACTIVE(disabled)",
         "filesystem": "INACTIVE(disabled)",
         "skills": "CONVENTION",
-        "durable-runs": "INACTIVE(no-journal)",
+        "durable-runs": "INACTIVE(disabled)",
         "delegation": "INACTIVE(disabled)",
     }
 
@@ -368,7 +368,7 @@ def test_seeds_differ_for_app_wide_true_unset_and_kill_switch() -> None:
         "planning": "INACTIVE(no-endpoint)",
         "filesystem": "INACTIVE(no-endpoint)",
         "skills": "CONVENTION",
-        "durable-runs": "INACTIVE(no-journal)",
+        "durable-runs": "INACTIVE(disabled)",
         "delegation": "INACTIVE(no-coordinator)",
     }
     unset = runtime_state(UNSET, {})
@@ -399,7 +399,7 @@ def test_an_unset_switch_upgrades_only_what_attached() -> None:
     assert state["planning"] == "ACTIVE(builtin)"
     assert state["filesystem"] == "ACTIVE(builtin)"
     assert state["delegation"] == "ACTIVE"
-    assert (state["skills"], state["durable-runs"]) == ("CONVENTION", "INACTIVE(no-journal)")
+    assert (state["skills"], state["durable-runs"]) == ("CONVENTION", "INACTIVE(disabled)")
 
 
 def test_an_ai_endpoint_is_bare_by_default_and_full_under_app_wide_true() -> None:

@@ -41,6 +41,7 @@ from atmosphere.bus.errors import (
     RequestTimeoutError,
     ServiceError,
     Term,
+    WrongLastSequenceError,
 )
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "Term",
     "WorkHandler",
     "WorkItem",
+    "WrongLastSequenceError",
     "connect",
     "reconnect_delay",
     "request_retrying",

@@ -284,8 +284,7 @@ class Bus(abc.ABC):
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for the exact `subject`, or None."""
 
-    @abc.abstractmethod
-    def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
+    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
         """Every message `stream` holds now for the exact `subject`, oldest first; then stop.
 
         Undecodable messages are logged and left out, as subscriptions leave them out.
@@ -293,6 +292,16 @@ class Bus(abc.ABC):
         Messages stored after the call started may or may not be included; follow a live
         subscription for those.
         """
+        async for _, message in self.replay_sequenced(stream, subject, message_type):
+            yield message
+
+    @abc.abstractmethod
+    def replay_sequenced(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[tuple[int, M], None]:
+        """`replay`, each message with its stream sequence (what `expected_last_subject_seq` names)."""
+
+    @abc.abstractmethod
+    async def purge(self, stream: str, subject: str) -> None:
+        """Remove every message `stream` holds for the exact `subject`."""
 
     @abc.abstractmethod
     async def provision(self, layout: JetStreamLayout) -> None:

@@ -28,6 +28,7 @@ RUN_ID_HEADER = "atmo-run-id"
 PRINCIPAL_HEADER = "atmo-principal"
 TRACEPARENT_HEADER = "traceparent"
 MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
 _ERROR_TYPE = Error.DESCRIPTOR.full_name
 
@@ -50,6 +51,10 @@ class Headers:
     """W3C trace context, passed through untouched."""
     msg_id: str = ""
     """`Nats-Msg-Id`: JetStream de-duplicates messages with the same id."""
+    expected_last_subject_seq: int | None = None
+    """`Nats-Expected-Last-Subject-Sequence`: JetStream stores the message only if the newest one
+    on its subject has this stream sequence (0: the subject holds none) — a compare-and-set that
+    lets exactly one writer append to a subject (`WrongLastSequenceError` for the others)."""
 
     def with_msg_id(self, msg_id: str) -> Headers:
         """A copy with another `Nats-Msg-Id`."""
@@ -74,6 +79,8 @@ class Headers:
             wire[TRACEPARENT_HEADER] = self.traceparent
         if self.msg_id:
             wire[MSG_ID_HEADER] = self.msg_id
+        if self.expected_last_subject_seq is not None:
+            wire[EXPECTED_LAST_SUBJECT_SEQ_HEADER] = str(self.expected_last_subject_seq)
         return wire
 
     @classmethod

@@ -43,6 +43,8 @@ class ConsumerSpec:
     filter_subject: str
     ack_wait_seconds: float = 30
     """Unacked (and not kept alive) messages are redelivered after this long."""
+    heartbeat_seconds: float = 0
+    """How often a message being handled is kept alive (in-progress acks); 0: a third of the ack wait."""
     max_deliver: int = -1
     """-1 redelivers forever."""
     confirm_ack: bool = False
@@ -81,7 +83,7 @@ class ObjectBucketSpec:
 class JetStreamLayout:
     """The system's JetStream layout: its streams, key-value buckets and object buckets.
 
-    `ATMO_RUNS`, `ATMO_EVENTS`, the descriptor buckets `ATMO_AGENTS` and `ATMO_TOOLS`, and the
+    `ATMO_RUNS`, `ATMO_EVENTS`, `ATMO_JOURNAL`, the descriptor buckets `ATMO_AGENTS` and `ATMO_TOOLS`, and the
     object bucket `ATMO_TOOL_RESULTS` (tool results too large for one message).
     """
 
@@ -96,6 +98,10 @@ class JetStreamLayout:
     agents_max_age_seconds: float = 30.0
     """An agent descriptor expires this long after dispatch last wrote it (0: never). Dispatch
     rewrites its descriptors every third of it, so only agents some dispatch serves are listed."""
+    journal_max_age_seconds: float = 7 * 24 * 3600
+    """How long the journal of a failed (or unfinished) run is kept as a resume anchor; a run that
+    succeeds removes its journal at once."""
+    journal_max_bytes: int = 1 << 30
     extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
 
     def streams(self) -> tuple[StreamSpec, ...]:
@@ -112,7 +118,13 @@ class JetStreamLayout:
             max_age_seconds=self.events_max_age_seconds,
             max_bytes=self.events_max_bytes,
         )
-        return (runs, events, *self.extra_streams)
+        journal = StreamSpec(
+            name=subjects.JOURNAL_STREAM,
+            subjects=(subjects.run_journal_all(),),
+            max_age_seconds=self.journal_max_age_seconds,
+            max_bytes=self.journal_max_bytes,
+        )
+        return (runs, events, journal, *self.extra_streams)
 
     def buckets(self) -> tuple[BucketSpec, ...]:
         """Every key-value bucket of the layout."""

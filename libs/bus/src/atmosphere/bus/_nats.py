@@ -56,6 +56,7 @@ from atmosphere.bus.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     Term,
+    WrongLastSequenceError,
 )
 from atmosphere.bus.sizes import MAX_OBJECT_BYTES, data_budget
 
@@ -64,6 +65,8 @@ M = TypeVar("M", bound=Message)
 log = logging.getLogger("atmosphere.bus")
 
 # JetStream's error code for "stream name already in use with a different configuration".
+_WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a publish whose expected last subject sequence did not match."""
 _STREAM_EXISTS_DIFFERENT = 10058
 # Subscriptions buffer at most this many messages before NATS reports a slow consumer.
 _SUBSCRIPTION_PENDING_LIMIT = 65536
@@ -248,6 +251,11 @@ class NatsBus(ConnectionLiveness, Bus):
             ack = await self._js.publish(self.wire_subject(subject), data, timeout=timeout, headers=wire)
         except nats.js.errors.NoStreamResponseError as exc:
             raise NoStreamError(subject) from exc
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE and headers and headers.expected_last_subject_seq is not None:
+                raise WrongLastSequenceError(subject, headers.expected_last_subject_seq) from exc
+            msg = f"jetstream publish to {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError(subject, timeout) from exc
         except nats.errors.Error as exc:
@@ -405,7 +413,9 @@ class NatsBus(ConnectionLiveness, Bus):
             raise BusError(msg) from exc
         return decode(raw.data or b"", None, message_type)
 
-    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
+    async def replay_sequenced(
+        self, stream: str, subject: str, message_type: type[M]
+    ) -> AsyncGenerator[tuple[int, M], None]:
         """Every message `stream` holds now for `subject`, oldest first (an ordered consumer)."""
         stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
         try:
@@ -432,11 +442,19 @@ class NatsBus(ConnectionLiveness, Bus):
                     # later one unreadable: left out, as subscriptions leave it out.
                     log.warning("skipping an undecodable message of %s: %s", subject, exc)
                 else:
-                    yield message
+                    yield stored.metadata.sequence.stream, message
                 if stored.metadata.sequence.stream >= (last.seq or 0):
                     return
         finally:
             await _unsubscribe(sub)
+
+    async def purge(self, stream: str, subject: str) -> None:
+        """Remove every message of `subject` from `stream`."""
+        try:
+            await self._js.purge_stream(self.stream_name(stream), subject=self.wire_subject(subject))
+        except nats.errors.Error as exc:
+            msg = f"purging {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
 
     async def provision(self, layout: JetStreamLayout) -> None:
         """Create or update every stream and bucket of `layout`."""
@@ -683,7 +701,7 @@ class _Puller(Consumer):
 
     async def heartbeat(self) -> None:
         """Keep long-running items alive: one loop for all of them, not a task per message."""
-        interval = max(0.5, self._spec.ack_wait_seconds / 3)
+        interval = self._spec.heartbeat_seconds or max(0.5, self._spec.ack_wait_seconds / 3)
         while True:
             await asyncio.sleep(interval)
             due = time.monotonic() - interval

@@ -88,6 +88,18 @@ class NoStreamError(BusError):
         super().__init__(f"no stream captures {subject!r}")
 
 
+class WrongLastSequenceError(BusError):
+    """A compare-and-set append lost: the subject's newest message is not the one expected.
+
+    Another writer appended first (see `Headers.expected_last_subject_seq`).
+    """
+
+    def __init__(self, subject: str, expected: int) -> None:
+        self.subject = subject
+        self.expected = expected
+        super().__init__(f"{subject!r} moved past sequence {expected}")
+
+
 class RemoteError(BusError):
     """The responder answered with an `Error`; `error` is it as its catalogue class.
 
@@ -279,6 +291,12 @@ class RunAbandonedError(RunError):
     """The poison-run guard stopped a run that failed on every delivery."""
 
     code = "dispatch.run_abandoned"
+
+
+class EffectLimitError(RunError):
+    """A durable run reached its bound of journaled effects: it fails rather than dropping one."""
+
+    code = "dispatch.effect_limit"
 
 
 class RunCancelledError(RunError):

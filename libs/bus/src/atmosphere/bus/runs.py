@@ -76,12 +76,14 @@ def new_run(
     metadata: Mapping[str, str] | None = None,
     parent: RunSubmission | None = None,
     subagent: bool = False,
+    run_id: str = "",
 ) -> RunSubmission:
     """A submitted run: fresh run and session ids, the submission time, and its nesting.
 
     The one place a `RunSubmission` is made. A sub-run (`parent` given) runs as its parent's
     principal, one nesting level below it (so it is queued where its parent cannot starve it),
     and one `task` depth below it when it is a `subagent` (else at its parent's depth).
+    `run_id` fixes the id (a durable parent's resumed delegation finds its sub-run again).
     """
     submitted = Timestamp()
     submitted.FromNanoseconds(time.time_ns())
@@ -91,7 +93,7 @@ def new_run(
         metadata[SUBAGENT_DEPTH_METADATA_KEY] = str(subagent_depth_of(parent) + (1 if subagent else 0))
         principal = parent.principal
     return RunSubmission(
-        run_id=uuid.uuid4().hex,
+        run_id=run_id or uuid.uuid4().hex,
         session_id=str(uuid.uuid4()),
         conversation_id=conversation_id,
         agent=agent,

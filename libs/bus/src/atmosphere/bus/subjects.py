@@ -39,6 +39,8 @@ ROOT = "atmo"
 
 RUNS_STREAM = "ATMO_RUNS"
 EVENTS_STREAM = "ATMO_EVENTS"
+JOURNAL_STREAM = "ATMO_JOURNAL"
+"""The effect journal of durable runs: one subject per run, one writer at a time."""
 AGENTS_BUCKET = "ATMO_AGENTS"
 TOOLS_BUCKET = "ATMO_TOOLS"
 TOOL_RESULTS_BUCKET = "ATMO_TOOL_RESULTS"
@@ -114,6 +116,16 @@ def run_probe(run_id: str) -> str:
 def run_probes_all() -> str:
     """The filter of every run's probes."""
     return f"{ROOT}.run.*.probe"
+
+
+def run_journal(run_id: str) -> str:
+    """Where the effect journal of `run_id` is appended (stream `ATMO_JOURNAL`)."""
+    return f"{ROOT}.journal.{token(run_id, what='run id')}"
+
+
+def run_journal_all() -> str:
+    """The filter of every run's journal."""
+    return f"{ROOT}.journal.*"
 
 
 def run_control(run_id: str) -> str:

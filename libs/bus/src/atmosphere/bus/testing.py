@@ -51,6 +51,7 @@ from atmosphere.bus.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     Term,
+    WrongLastSequenceError,
 )
 from atmosphere.bus.sizes import MAX_OBJECT_BYTES
 from atmosphere.bus.subjects import matches, overlaps
@@ -264,6 +265,10 @@ class FakeBus(ConnectionLiveness, Bus):
                 return stream
         return None
 
+    @staticmethod
+    def _last_seq_of(stream: _Stream, subject: str) -> int:
+        return max((seq for seq, stored in stream.messages.items() if stored.subject == subject), default=0)
+
     def _store(self, stream: _Stream, subject: str, data: bytes, headers: Mapping[str, str] | None) -> PublishAck:
         msg_id = (headers or {}).get("Nats-Msg-Id", "")
         if msg_id in stream.msg_ids:
@@ -285,6 +290,9 @@ class FakeBus(ConnectionLiveness, Bus):
         data = message.SerializeToString()
         wire = (headers.to_wire() or None) if headers else None
         self._check(subject, data, wire)
+        expected = headers.expected_last_subject_seq if headers else None
+        if expected is not None and self._last_seq_of(stream, subject) != expected:
+            raise WrongLastSequenceError(subject, expected)
         self.published.append((subject, message))
         ack = self._store(stream, subject, data, wire)
         if not ack.duplicate:
@@ -335,8 +343,10 @@ class FakeBus(ConnectionLiveness, Bus):
                 return decode(stored.data, stored.headers, message_type)
         return None
 
-    async def replay(self, stream: str, subject: str, message_type: type[M]) -> AsyncGenerator[M, None]:
-        """Every message `stream` holds now for `subject`, oldest first."""
+    async def replay_sequenced(
+        self, stream: str, subject: str, message_type: type[M]
+    ) -> AsyncGenerator[tuple[int, M], None]:
+        """Every message `stream` holds now for `subject`, oldest first, with its sequence."""
         if stream not in self._streams:
             msg = f"stream {stream!r} is not provisioned"
             raise BusError(msg)
@@ -348,7 +358,16 @@ class FakeBus(ConnectionLiveness, Bus):
                 except DecodeError as exc:
                     log.warning("skipping an undecodable message of %s: %s", subject, exc)
                     continue
-                yield message
+                yield stored.seq, message
+
+    async def purge(self, stream: str, subject: str) -> None:
+        """Remove every message of `subject` from `stream`."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        messages = self._streams[stream].messages
+        for seq in [seq for seq, stored in messages.items() if stored.subject == subject]:
+            del messages[seq]
 
     def stream_messages(self, stream: str) -> list[tuple[str, bytes]]:
         """The subjects and payloads a stream holds now, in order (for assertions)."""

@@ -39,6 +39,9 @@ class JetStreamSettings(BaseModel):
     """Seconds a run's events stay replayable in `ATMO_EVENTS` (0 = no age limit)."""
     events_max_bytes: int = Field(default=1 << 30, ge=-1)
     """Size limit of `ATMO_EVENTS` in bytes (-1 = none); the oldest events go first."""
+    journal_max_age: float = Field(default=7 * 24 * 3600, ge=0)
+    """Seconds the effect journal of a failed or unfinished durable run is kept in `ATMO_JOURNAL` as
+    its resume anchor (a run that succeeds removes its journal at once; 0 = no age limit)."""
     runs_max_age: float = Field(default=24 * 3600, ge=0)
     """Seconds an unclaimed run waits in `ATMO_RUNS` before it expires."""
     agents_max_age: float = Field(default=30.0, ge=0)

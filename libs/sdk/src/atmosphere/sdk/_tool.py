@@ -81,6 +81,10 @@ class Tool(Generic[P, R]):
     kind: ToolKind = ToolKind.OTHER
     timeout: float = DEFAULT_TOOL_TIMEOUT
     requires_approval: bool = False
+    idempotent: bool = False
+    """Running it twice with the same arguments does no more than running it once. A durable
+    run whose worker died inside such a call runs it again; any other tool is reported to the
+    model as interrupted instead (it may or may not have run), never silently re-run."""
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R | Awaitable[R]:
         """Call the underlying function directly."""
@@ -154,6 +158,7 @@ def _build(
     kind: ToolKind,
     timeout: float | None,
     requires_approval: bool,
+    idempotent: bool = False,
 ) -> Tool[Any, Any]:
     tool_name = name or func.__name__
     if not _NAME.fullmatch(tool_name):
@@ -197,6 +202,7 @@ def _build(
         kind=kind,
         timeout=timeout if timeout is not None else DEFAULT_TOOL_TIMEOUT,
         requires_approval=requires_approval,
+        idempotent=idempotent,
     )
 
 
@@ -212,6 +218,7 @@ def tool(
     kind: ToolKind = ToolKind.OTHER,
     timeout: float | None = None,
     requires_approval: bool = False,
+    idempotent: bool = False,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -224,12 +231,14 @@ def tool(
     kind: ToolKind = ToolKind.OTHER,
     timeout: float | None = None,
     requires_approval: bool = False,
+    idempotent: bool = False,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool, bare (`@tool`) or with options (`@tool(timeout=5)`).
 
     The arguments' JSON schema comes from the signature (every parameter needs a type
     annotation) and the Google-style docstring (`Args:` gives each parameter's description).
-    Misuse raises `UserError` at import time.
+    Misuse raises `UserError` at import time. `idempotent=True` declares that a second call with
+    the same arguments changes nothing more (see `Tool.idempotent`).
     """
 
     def decorate(target: Callable[P, R]) -> Tool[P, R]:
@@ -242,6 +251,7 @@ def tool(
                 kind=kind,
                 timeout=timeout,
                 requires_approval=requires_approval,
+                idempotent=idempotent,
             ),
         )
 

@@ -59,6 +59,7 @@ WRITE_TODOS = ToolSpec(
         ["todos"],
     ),
     kind=ToolKind.EDIT,
+    idempotent=True,
     timeout=HARNESS_TOOL_TIMEOUT,
 )
 
@@ -68,6 +69,7 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
         description="List the entries directly under a workspace directory (directories first, then files with sizes).",
         parameters=_schema({"dir": _string("Directory relative to the workspace root; omit or '.' for the root.")}, []),
         kind=ToolKind.READ,
+        idempotent=True,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
     ToolSpec(
@@ -85,6 +87,7 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
             ["path"],
         ),
         kind=ToolKind.READ,
+        idempotent=True,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
     ToolSpec(
@@ -95,6 +98,7 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
             ["path", "content"],
         ),
         kind=ToolKind.EDIT,
+        idempotent=True,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
     ToolSpec(
@@ -119,6 +123,7 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
         description="Find workspace files whose relative path matches a glob pattern (e.g. '**/*.md').",
         parameters=_schema({"pattern": _string("A glob pattern; '**' spans directories.")}, ["pattern"]),
         kind=ToolKind.READ,
+        idempotent=True,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
     ToolSpec(
@@ -132,6 +137,7 @@ FILE_TOOLS: tuple[ToolSpec, ...] = (
             ["pattern"],
         ),
         kind=ToolKind.READ,
+        idempotent=True,
         timeout=HARNESS_TOOL_TIMEOUT,
     ),
     ToolSpec(
@@ -166,6 +172,7 @@ DELEGATE_TASK = ToolSpec(
         ["agent", "message"],
     ),
     kind=ToolKind.EXECUTE,
+    idempotent=True,
     timeout=DELEGATION_TIMEOUT + 5,
 )
 
@@ -184,6 +191,7 @@ TASK = ToolSpec(
         ["description"],
     ),
     kind=ToolKind.EXECUTE,
+    idempotent=True,
     timeout=DELEGATION_TIMEOUT + 5,
 )
 

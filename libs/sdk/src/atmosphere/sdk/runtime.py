@@ -11,16 +11,18 @@ every upstream request is closed as the cancellation unwinds.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from atmosphere.sdk._capability import AiCapability
 from atmosphere.sdk._policies import RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiRequest
-from atmosphere.sdk._session import StreamingSession
+from atmosphere.sdk._session import StreamingSession, TokenUsage
 from atmosphere.sdk._tool import DEFAULT_TOOL_TIMEOUT, Tool, ToolKind
 
 ENTRY_POINT_GROUP = "atmosphere.runtimes"
@@ -38,6 +40,8 @@ class ToolSpec:
     kind: ToolKind = ToolKind.OTHER
     timeout: float = DEFAULT_TOOL_TIMEOUT
     requires_approval: bool = False
+    idempotent: bool = False
+    """See `Tool.idempotent`: whether a call interrupted by a worker's death may be run again."""
 
     @classmethod
     def of(cls, tool: Tool[Any, Any]) -> ToolSpec:
@@ -49,6 +53,7 @@ class ToolSpec:
             kind=tool.kind,
             timeout=tool.timeout,
             requires_approval=tool.requires_approval,
+            idempotent=tool.idempotent,
         )
 
 
@@ -63,6 +68,75 @@ class ToolCallRequest:
 
 ToolRunner = Callable[[ToolCallRequest], Awaitable[str]]
 """Runs one tool call through dispatch's choke point and returns the text for the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedToolCall:
+    """A tool call as a recorded model round asked for it."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRound:
+    """One model round as the effect journal keeps it: enough to replay it without the model."""
+
+    text: str = ""
+    tool_calls: tuple[RecordedToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: TokenUsage | None = None
+
+    def to_json(self) -> str:
+        """The journal's payload (Atmosphere's RecordedRound: assistantText, toolCalls, usage)."""
+        usage = self.usage
+        return json.dumps(
+            {
+                "assistantText": self.text,
+                "toolCalls": [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
+                "finishReason": self.finish_reason,
+                "usage": None if usage is None else dataclasses.asdict(usage),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RecordedRound:
+        """Read a payload of `to_json`; `ValueError` when it is not one."""
+        try:
+            data = json.loads(text)
+            calls = tuple(
+                RecordedToolCall(str(c["id"]), str(c["name"]), str(c["arguments"])) for c in data["toolCalls"]
+            )
+            usage = data.get("usage")
+            return cls(
+                text=str(data["assistantText"]),
+                tool_calls=calls,
+                finish_reason=data.get("finishReason"),
+                usage=TokenUsage(**usage) if isinstance(usage, dict) else None,
+            )
+        except (TypeError, KeyError, AttributeError) as exc:
+            msg = f"not a recorded round: {exc}"
+            raise ValueError(msg) from exc
+
+
+class JournaledRound(Protocol):
+    """One model round under the effect journal: replayed if it was committed, else run live."""
+
+    @property
+    def recorded(self) -> RecordedRound | None:
+        """The committed round to replay (no model call), or None: call the model."""
+
+    async def commit(self, result: RecordedRound) -> None:
+        """Record a round that ran live, once its whole answer was consumed."""
+
+
+class ModelRounds(Protocol):
+    """The journal's view of a run's model rounds (`AgentExecutionContext.rounds`)."""
+
+    async def next_round(self) -> JournaledRound:
+        """The run's next round (rounds are counted across the whole run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +190,11 @@ class AgentExecutionContext:
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
     retry: RetryPolicy = RetryPolicy.DEFAULT
     structured_output_retries: int = 0
+    rounds: ModelRounds | None = None
+    """Present in a durable run: before each model round a runtime asks `rounds.next_round()`;
+    a recorded round is replayed (its text sent, its usage reported, its tool calls run through
+    `run_tool`, which replays them too) instead of calling the model, and a live round is
+    committed once consumed. A runtime that ignores it calls the model again on a resume."""
 
 
 class AgentRuntime(abc.ABC):

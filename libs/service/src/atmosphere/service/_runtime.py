@@ -33,6 +33,7 @@ def layout_from(settings: ServiceSettings) -> JetStreamLayout:
         events_max_age_seconds=js.events_max_age,
         events_max_bytes=js.events_max_bytes,
         runs_max_age_seconds=js.runs_max_age,
+        journal_max_age_seconds=js.journal_max_age,
         agents_max_age_seconds=js.agents_max_age,
     )
 

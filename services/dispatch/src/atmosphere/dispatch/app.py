@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +41,7 @@ WORKERS = "dispatch"
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
 
 
-def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5) -> list[ConsumerSpec]:
+def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5, heartbeat: float = 0) -> list[ConsumerSpec]:
     """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`).
 
     Each level gets its own `max_concurrent_runs` slots, so a coordinator waiting on its
@@ -51,9 +54,11 @@ def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5) -> list
             durable=WORKERS if level == 0 else f"{WORKERS}-nested-{level}",
             filter_subject=subjects.run_submit_level(level),
             ack_wait_seconds=run_ack_wait,
+            heartbeat_seconds=heartbeat,
             # A backstop behind the executor's own guard (which ends the run with an error at
-            # `max_deliveries`): a run that fails before even that is not delivered forever.
-            max_deliver=max_deliveries * 2,
+            # `max_deliveries` fruitless deliveries): a run failing before even that is not
+            # delivered forever. A durable run that keeps progressing gets more deliveries.
+            max_deliver=max_deliveries * 4,
             confirm_ack=True,
             # A run is handed over the moment it is queued, not when a batch pull expires.
             batch_fetch=False,
@@ -148,7 +153,7 @@ class Dispatch:
             "app": self.settings.app,
             "runtime": self.runtime_block,
             "grpc": f"{options.grpc_host}:{self.grpc_port}" if self.grpc_port else None,
-            "harness": runtime_state(self.config, self.harnesses),
+            "harness": runtime_state(self.config, self.harnesses, durable=self.settings.durable_runs),
             # Only when some agent genuinely has a browsable plan or file workspace.
             **({"hasWorkspace": True} if any(h.attached() and h.tools for h in self.harnesses.values()) else {}),
         }
@@ -165,6 +170,11 @@ class Dispatch:
                 approval_timeout=options.approval_timeout,
                 offload_threshold=self.config.offload_threshold,
                 max_deliveries=options.max_run_deliveries,
+                durable=self.settings.durable_runs,
+                owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                max_effects=self.settings.durable_runs_max_effects_per_run,
+                retain_on_success=self.settings.durable_runs_retain_on_success,
+                ack_wait=options.run_ack_wait,
             ),
             harnesses=self.harnesses,
         )
@@ -184,7 +194,9 @@ class Dispatch:
             await stack.enter_async_context(
                 bus.consume(consumer, RunSubmission, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
-            for consumer in run_queue_consumers(options.run_ack_wait, max_deliveries=options.max_run_deliveries)
+            for consumer in run_queue_consumers(
+                options.run_ack_wait, max_deliveries=options.max_run_deliveries, heartbeat=options.run_heartbeat
+            )
         ]
 
     async def serve_grpc(self, stack: contextlib.AsyncExitStack, service: ServiceRuntime) -> None:

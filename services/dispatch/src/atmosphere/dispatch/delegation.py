@@ -35,12 +35,14 @@ from atmosphere.bus.runs import (
     cancel_run,
     follow_run,
     is_terminal,
+    last_event,
     new_run,
     subagent_depth_of,
 )
 from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
+from atmosphere.dispatch.effects import current_call_key
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
@@ -114,7 +116,11 @@ class Delegation:
         self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str], subagent: bool = False
     ) -> RunSubmission:
         # One level below the parent on the run queue, whatever kind of delegation this is.
+        # In a durable parent the sub-run's id comes from the call's journal key: a resumed call
+        # finds the sub-run the interrupted one started instead of starting another.
+        key = current_call_key()
         return new_run(
+            run_id=key[:32],
             agent=agent,
             message=message,
             principal=self._parent.principal,
@@ -180,12 +186,13 @@ class Delegation:
             return refusal
         description = str(arguments["description"]).strip()
         self._spawns += 1  # a spawn counts even when it fails
-        spawn = uuid.uuid4().hex
+        key = current_call_key()
+        spawn = key[32:] or uuid.uuid4().hex
         agent_id = f"subagent-{spawn[:8]}"
         child = self._child(
             SUBAGENT,
             description,
-            conversation_id=str(uuid.uuid4()),
+            conversation_id=str(uuid.UUID(key[:32])) if key else str(uuid.uuid4()),
             metadata={
                 WORKSPACE_KEY: json.dumps({"owner": spawn, "agentId": agent_id}),
                 "subagent.spawn": SUBAGENT_TYPE,
@@ -221,7 +228,10 @@ class Delegation:
                 f"the sub-run's request is {child.ByteSize()} bytes; the limit is {data_budget(self._bus.max_payload)}"
             )
             return _Outcome("", error=error)
-        events = follow_run(self._bus, child.run_id, submit=child)
+        # A sub-run already under way (its durable parent resumed) is followed from its start,
+        # not submitted again: the parent's stream holds back what it already forwarded.
+        started = bool(current_call_key()) and await _exists(self._bus, child.run_id)
+        events = follow_run(self._bus, child.run_id, submit=None if started else child)
         finished = False
         try:
             async with asyncio.timeout(self._timeout):
@@ -280,3 +290,11 @@ class Delegation:
         forwarded.origin_run_id = event.origin_run_id or event.run_id
         forwarded.origin_agent = event.origin_agent or event.agent
         return forwarded
+
+
+async def _exists(bus: Bus, run_id: str) -> bool:
+    """Whether the run has any stored event (when it cannot be told: no, and it is submitted)."""
+    try:
+        return await last_event(bus, run_id) is not None
+    except BusError:
+        return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from atmosphere.bus import Bus, Term, WorkItem, subjects
+from atmosphere.bus import Bus, Nak, Term, WorkItem, subjects
 from atmosphere.bus.errors import RunAbandonedError
 from atmosphere.bus.runs import (
     EVENT_LOST_METADATA_KEY,
@@ -19,8 +19,10 @@ from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmissio
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
+from atmosphere.dispatch.journal import RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -106,33 +108,68 @@ class RunExecutor:
         except ValueError as exc:
             # No run can come of it (nothing can even be written for it): drop it for good.
             raise Term(f"malformed run request: {exc}") from None
-        first_seq = WORKER_FIRST_SEQ
+        first_seq, delivered = WORKER_FIRST_SEQ, None
         if item.delivered > 1:
-            resumed = await self._resume_point(request)
-            if resumed is None:
+            stored = await self._stored_unless_ended(request)
+            if stored is None:
                 log.info("run %s redelivered but already ended; acknowledging", request.run_id)
+                if self._options.durable:
+                    await discard_journal(self._bus, request.run_id)
                 return
-            first_seq = resumed
-            if item.delivered >= self._options.max_deliveries:
-                await self._give_up(request, first_seq, item.delivered)
-                return
+            first_seq = await self._resume_point(request, stored)
+            delivered = DeliveredEvents(request.run_id, stored.values())
+        journal = await self._journal(request, item.delivered)
+        attempts = journal.fruitless_deliveries if journal is not None else item.delivered
+        if attempts >= self._options.max_deliveries:
+            await self._give_up(request, first_seq, item.delivered)
+            if journal is not None:
+                await journal.close(succeeded=False)
+            return
+        if item.delivered > 1:
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )
-        await self.execute(request, first_seq=first_seq)
+        run = Run(
+            request,
+            self._agents.get(request.agent),
+            self._services,
+            first_seq=first_seq,
+            delivered=delivered,
+            journal=journal,
+        )
+        await run.execute()
+        if journal is not None and journal.lost:
+            # Another worker holds the run now: this delivery's ack must not end its work item.
+            raise Nak(delay=self._options.ack_wait)
 
-    async def _resume_point(self, request: RunSubmission) -> int | None:
-        """The next seq of a redelivered run, or None if it already has its terminal event.
+    async def _journal(self, request: RunSubmission, delivery: int) -> RunJournal | None:
+        """The run's effect journal, taken for this worker (None when runs are not durable)."""
+        if not self._options.durable:
+            return None
+        return await RunJournal.open(
+            self._bus,
+            request.run_id,
+            owner=self._options.owner,
+            delivery=delivery,
+            max_effects=self._options.max_effects,
+        )
 
-        Seqs below it that the stream lacks (events the dead worker had in flight when the
-        broker lost them too) are filled with an `ai.run.event_lost` marker, so that readers
-        go on instead of waiting for an event nobody will write.
-        """
+    async def _stored_unless_ended(self, request: RunSubmission) -> dict[int, RunEvent] | None:
+        """Every stored event of a redelivered run by seq, or None if it has its terminal event."""
         # Every stored event, not just the newest: an event resent after a broker restart may
         # be stored behind a later one.
         stored = await stored_events(self._bus, request.run_id)
         if any(is_terminal(event) for event in stored.values()):
             return None
+        return stored
+
+    async def _resume_point(self, request: RunSubmission, stored: dict[int, RunEvent]) -> int:
+        """The next seq of a redelivered run.
+
+        Seqs below it that the stream lacks (events the dead worker had in flight when the
+        broker lost them too) are filled with an `ai.run.event_lost` marker, so that readers
+        go on instead of waiting for an event nobody will write.
+        """
         holes = [seq for seq in range(WORKER_FIRST_SEQ, max(stored, default=0)) if seq not in stored]
         for seq in holes:
             marker = RunEvent(metadata=Metadata(key=EVENT_LOST_METADATA_KEY, value_json="true"))
@@ -153,6 +190,6 @@ class RunExecutor:
         )
         await writer.emit(RunEvent(error=error.to_proto()))
 
-    async def execute(self, request: RunSubmission, *, first_seq: int = WORKER_FIRST_SEQ) -> None:
-        """Run `request` to exactly one terminal event (see `Run.execute`)."""
-        await Run(request, self._agents.get(request.agent), self._services, first_seq=first_seq).execute()
+    async def execute(self, request: RunSubmission) -> None:
+        """Run `request` to exactly one terminal event, not journaled (see `Run.execute`)."""
+        await Run(request, self._agents.get(request.agent), self._services).execute()

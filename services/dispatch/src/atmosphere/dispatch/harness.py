@@ -27,8 +27,8 @@ DEFAULT_OFFLOAD_THRESHOLD = 8000
 """Characters above which a tool result goes to a workspace file (`LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD`)."""
 LONG_TERM_STORE = "memory-service"
 """How the long-term-memory state names its store: the memory service's SQLite fact store."""
-DURABLE_RUNS = "INACTIVE(no-journal)"
-"""What `durable-runs` reports: redelivery re-drives a crashed run, but no effect journal replays it."""
+DURABLE_RUNS_ACTIVE = "ACTIVE(jetstream)"
+"""What `durable-runs` reports when the effect journal (`ATMO_JOURNAL`) is attached."""
 
 
 class SurfaceMode(enum.StrEnum):
@@ -254,7 +254,9 @@ def resolve_app(
     }
 
 
-def runtime_state(config: HarnessConfig, agents: Mapping[str, AgentHarness]) -> dict[str, str]:
+def runtime_state(
+    config: HarnessConfig, agents: Mapping[str, AgentHarness], *, durable: bool = False
+) -> dict[str, str]:
     """The `harness` block of `/api/console/info`: seeded, then upgraded by what attached."""
     on = config.switch.enabled is True
     inactive = "INACTIVE(no-endpoint)" if on else "INACTIVE(disabled)"
@@ -270,9 +272,10 @@ def runtime_state(config: HarnessConfig, agents: Mapping[str, AgentHarness]) -> 
         "planning": inactive,
         "filesystem": inactive,
         "skills": "CONVENTION",
-        # No effect journal is attached: a run whose worker dies is re-driven from its prompt
-        # (tool calls may run again), so "CONTAINER-MANAGED" would claim what is not there.
-        "durable-runs": DURABLE_RUNS,
+        # What this process really does: with the journal, a re-driven run replays its committed
+        # rounds and tool calls; without it, a run whose worker dies is re-driven from its
+        # prompt and its tool calls may run again.
+        "durable-runs": DURABLE_RUNS_ACTIVE if durable else "INACTIVE(disabled)",
         "delegation": "INACTIVE(no-coordinator)" if on else "INACTIVE(disabled)",
     }
     for harness in agents.values():

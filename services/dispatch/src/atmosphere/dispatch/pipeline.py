@@ -67,3 +67,8 @@ class ModelPipeline:
 
     runtime: AgentRuntime | None
     conversation: ConversationMemory | None = None
+
+    @property
+    def model(self) -> str:
+        """The runtime's configured model ("" without a runtime)."""
+        return self.runtime.config.model if self.runtime is not None else ""

@@ -44,15 +44,21 @@ from atmosphere.bus.errors import (
     UnknownAgentError,
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, TerminalGate, is_terminal
+from atmosphere.bus.sizes import data_budget
+from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.delegation import SUBAGENT, Delegation, subagent_scope
+from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness
+from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS, RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
+from atmosphere.dispatch.resume import DeliveredEvents
+from atmosphere.dispatch.run_input import input_event, seed_json, seeded
 from atmosphere.dispatch.tools import LocalTool, ToolGateway
 from atmosphere.sdk import AiRequest, ChatMessage, StreamingSession
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -71,7 +77,18 @@ class ExecutorOptions:
     offload_threshold: int = 8000
     """Tool results longer than this go to the workspace (0 or less: never)."""
     max_deliveries: int = 5
-    """A run delivered this many times is ended with an error instead of run again."""
+    """A run delivered this many times is ended with an error instead of run again (a durable
+    run: this many deliveries in a row that committed no effect)."""
+    durable: bool = False
+    """Journal every effect (`ATMOSPHERE_DURABLE_RUNS_ENABLED`): a re-driven run replays them."""
+    owner: str = ""
+    """Who this worker is, in the journal's leases."""
+    max_effects: int = DEFAULT_MAX_EFFECTS
+    """A durable run's bound on journaled effects (it fails beyond it)."""
+    retain_on_success: bool = False
+    """Keep a succeeded run's journal instead of removing it."""
+    ack_wait: float = 4.0
+    """Seconds without a heartbeat before another worker takes a run over."""
 
 
 @dataclass(frozen=True)
@@ -116,12 +133,21 @@ class Run:
         services: RunServices,
         *,
         first_seq: int = WORKER_FIRST_SEQ,
+        delivered: DeliveredEvents | None = None,
+        journal: RunJournal | None = None,
     ) -> None:
-        """Run `request` as `agent` (None: no such agent), writing events from `first_seq`."""
+        """Run `request` as `agent` (None: no such agent), writing events from `first_seq`.
+
+        A re-driven run brings what its stream already holds (`delivered`, never sent again)
+        and, when durable, its effect `journal` (committed effects replay).
+        """
         self.request = request
         self.agent = agent
         self.services = services
         self.first_seq = first_seq
+        self.delivered = delivered
+        self.journal = journal
+        self.effects = self._effects()
         self.writer = RunEventWriter(services.bus, request, first_seq=first_seq)
         self.control = RunControl(request.run_id, owner=request.principal.user_id)
         spec = agent.spec if agent is not None else None
@@ -137,6 +163,8 @@ class Run:
         self._breached = False
         self._turn: _Turn | None = None
         self._model_call: asyncio.Task[None] | None = None
+        self.succeeded = False
+        """Whether the terminal event was `complete`."""
 
     # -- the run's life ----------------------------------------------------------------------
 
@@ -154,6 +182,8 @@ class Run:
             async with self.services.bus.serve(self.control.router(), max_inflight=4):
                 await self._until_done_or_cancelled()
             await self.finish()
+            if self.journal is not None:
+                await self.journal.close(succeeded=self.succeeded, retain=self.services.options.retain_on_success)
         finally:
             await self.writer.close()
 
@@ -225,23 +255,50 @@ class Run:
             return
         staged = history_of(self.request)
         try:
-            history = await self._history(staged)
+            request = await self._input(message, staged)
         except HistoryUnavailableError as exc:  # never answered as if the conversation were new
             await self.fail(exc)
             return
-        request = await self._model_request(message, history)
         if request is None:
             return
+        await self.emit(input_event(request, limit=data_budget(self.services.bus.max_payload)))
         model = request.model or pipeline.runtime.config.model
         self._turn = _Turn(message, model=model, staged=bool(staged), answer_from=len(self.answer))
+        handed_over = False
         try:
             await self.call_model(self._context(request))
+        except asyncio.CancelledError:
+            # The worker is stopping and another takes the run over: that one records the turn.
+            handed_over = not self.control.cancelled
+            raise
         finally:
             turn, self._turn = self._turn, None
-            if not turn.recorded:
+            if not turn.recorded and not handed_over:
                 await asyncio.shield(self._record(turn, None))
         if not self._breached and self._gate.closed:
             await self._post_process(request)
+
+    async def _input(self, message: str, staged: tuple[ChatMessage, ...]) -> AiRequest | None:
+        """What the model is asked: built live, or the journal's seed of it on a resume."""
+        effects = self.effects
+        if effects is None:
+            return await self._model_request(message, await self._history(staged))
+        key, digest, seed = effects.input()
+        if seed is not None:
+            with contextlib.suppress(ValueError):  # an unreadable seed is built live again
+                return seeded(self._base_request(message, ()), seed.payload)
+        await effects.journal.pending(EffectKind.RUN_INPUT, key, digest)
+        request = await self._model_request(message, await self._history(staged))
+        if request is not None:
+            payload = seed_json(
+                request,
+                conversation_id=self.request.conversation_id,
+                user_id=self.request.principal.user_id,
+                path=self.request.path,
+                tools_digest=digest,
+            )
+            await effects.journal.commit(key, payload)
+        return request
 
     async def _history(self, staged: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
         memory = self.services.pipeline.conversation
@@ -254,15 +311,7 @@ class Run:
         """The request the model gets, through the interceptors and recalled facts; None if one failed."""
         assert self.agent is not None
         spec, run = self.agent.spec, self.request
-        request = AiRequest(
-            message=message,
-            system_prompt=spec.system_prompt,
-            history=history,
-            model=spec.model,
-            metadata=dict(run.metadata),
-            response_format=spec.response_format,
-            cache_hint=cache_hint(spec, self.agent.harness, run),
-        )
+        request = self._base_request(message, history)
         for interceptor in spec.interceptors:
             try:
                 request = await interceptor.pre_process(request)
@@ -275,6 +324,20 @@ class Run:
             # The harness's long-term memory runs after the user's interceptors, as Atmosphere's does.
             request = await memory.recall(run, self.agent.harness, request)
         return request
+
+    def _base_request(self, message: str, history: tuple[ChatMessage, ...]) -> AiRequest:
+        """The agent's request for `message` before interceptors and recalled facts."""
+        assert self.agent is not None
+        spec, run = self.agent.spec, self.request
+        return AiRequest(
+            message=message,
+            system_prompt=spec.system_prompt,
+            history=history,
+            model=spec.model,
+            metadata=dict(run.metadata),
+            response_format=spec.response_format,
+            cache_hint=cache_hint(spec, self.agent.harness, run),
+        )
 
     def _context(self, request: AiRequest) -> AgentExecutionContext:
         assert self.agent is not None
@@ -289,6 +352,7 @@ class Run:
             tool_loop=spec.tool_loop,
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
+            rounds=self.effects,
         )
 
     async def call_model(self, ctx: AgentExecutionContext) -> None:
@@ -313,6 +377,9 @@ class Run:
                     raise asyncio.CancelledError
                 return
             error = task.exception()
+            if isinstance(error, ServiceError):  # e.g. the journal's effect bound: the run ends with it
+                await self.fail(error)
+                return
             if error is not None:
                 log.error("runtime %s failed on run %s", runtime.name, ctx.run_id, exc_info=error)
                 await self.fail(RuntimeFailedError(f"The model runtime failed ({type(error).__name__})"))
@@ -371,15 +438,25 @@ class Run:
         return self._gate.dropped
 
     async def emit(self, event: RunEvent) -> None:
-        """Write `event`: the terminal one once, the turn recorded before it; count usage after it."""
+        """Write `event`: the terminal one once, the turn recorded before it; count usage after it.
+
+        A re-driven run holds back what its stream already has (`delivered`); a run another
+        worker took over writes nothing more.
+        """
+        if self.journal is not None and self.journal.lost:
+            return
         if not self._gate.admit(event):
             return
         kind = event.WhichOneof("kind")
-        if is_terminal(event) and self._turn is not None and not self._turn.recorded:
-            # Before the terminal event goes out, so the next turn of this conversation (or a
-            # fact extraction) finds this one stored.
-            await self._record(self._turn, event)
-        await self.writer.emit(event)
+        if is_terminal(event):
+            self.succeeded = kind == "complete"
+            if self._turn is not None and not self._turn.recorded:
+                # Before the terminal event goes out, so the next turn of this conversation (or
+                # a fact extraction) finds this one stored.
+                await self._record(self._turn, event)
+        outgoing = event if self.delivered is None else self.delivered.admit(event)
+        if outgoing is not None:
+            await self.writer.emit(outgoing)
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)
         elif kind == "usage":
@@ -404,6 +481,17 @@ class Run:
             self._model_call.cancel()
 
     # -- what the run is given ---------------------------------------------------------------
+
+    def _effects(self) -> RunEffects | None:
+        """The journal's handles for this run's effects; None for a run that is not durable."""
+        if self.journal is None or self.agent is None:
+            return None
+        return RunEffects(
+            self.journal,
+            user_id=self.request.principal.user_id,
+            model=self.agent.spec.model or self.services.pipeline.model,
+            tool_names=self.agent.tools,
+        )
 
     def _workspace(self) -> WorkspaceScope | None:
         """Where this run's plan and files live; None when it has no plan or file tools."""
@@ -434,6 +522,7 @@ class Run:
             local_tools=self._delegation_tools(),
             offload_threshold=options.offload_threshold,
             offload=self.workspace is not None and harness.has_files,
+            effects=self.effects,
         )
 
     def _delegation_tools(self) -> dict[str, LocalTool]:

@@ -32,8 +32,12 @@ class DispatchOptions(BaseModel):
     max_concurrent_runs: int = Field(default=16, ge=1, le=4096)
     """Runs this instance executes at once, per nesting level (top-level runs, and sub-runs one,
     two and three levels down each have this many); more wait in `ATMO_RUNS` for a free worker."""
-    run_ack_wait: float = Field(default=30.0, ge=1)
-    """Seconds without a heartbeat after which JetStream hands a run to another worker."""
+    run_ack_wait: float = Field(default=4.0, ge=1)
+    """Seconds without a heartbeat after which JetStream hands a run to another worker: how soon a
+    run whose worker died continues elsewhere (a live worker's event loop must never stall this long)."""
+    run_heartbeat: float = Field(default=1.0, gt=0)
+    """Seconds between the heartbeats (in-progress acknowledgements) of a run being worked on;
+    keep it well under `run_ack_wait`."""
     grpc_host: str = "0.0.0.0"
     """Interface of the gRPC `DispatchService`."""
     grpc_port: int = Field(default=50051, ge=0, le=65535)
@@ -204,6 +208,22 @@ class DispatchSettings(WorkerSettings):
     """The policy seeded by the CACHE feature: `none`, `conservative` (when unset) or `aggressive`."""
     ai_compaction_recent_window: int = Field(default=6, ge=1, le=1000)
     """Messages `summarizing` keeps verbatim after its summary."""
+    durable_runs_enabled: bool | None = None
+    """`ATMOSPHERE_DURABLE_RUNS_ENABLED` (`atmosphere.durable-runs.enabled`): journal every model
+    round, tool call and approval in `ATMO_JOURNAL`, so a run whose worker died continues on
+    another with none repeated. Unset: on when the harness is explicitly enabled
+    (`ATMOSPHERE_AI_HARNESS_ENABLED=true`), else off; an explicit `false` always wins."""
+    durable_runs_retain_on_success: bool = False
+    """Keep the journal of a run that succeeded (audit) instead of removing it at its end."""
+    durable_runs_max_effects_per_run: int = Field(default=2000, ge=1, le=1_000_000)
+    """Journaled effects one run may have; a run that needs more fails (nothing is dropped)."""
+
+    @property
+    def durable_runs(self) -> bool:
+        """Whether runs are journaled: explicit setting first, else implied by an explicit harness `true`."""
+        if self.durable_runs_enabled is not None:
+            return self.durable_runs_enabled
+        return self.ai_harness_enabled is True
 
     @field_validator("ai_harness_enabled", mode="before")
     @classmethod

@@ -54,6 +54,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.effects import INTERRUPTED, RunEffects, ToolEffect, current_effect
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.schema import check_arguments
 from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
@@ -164,6 +165,20 @@ def _parts_preview(content: str, paths: list[str], saved_chars: int) -> str:
     return f"{content[:OFFLOAD_PREVIEW_CHARS]}\n\n{note}"
 
 
+async def _effect_starts() -> None:
+    """Journal the current call as pending, just before its side effect (durable runs)."""
+    effect = current_effect()
+    if effect is not None:
+        await effect.start()
+
+
+async def _effect_settles(*, error: bool, text: str) -> None:
+    """Commit the current call's outcome, just before it is reported (durable runs)."""
+    effect = current_effect()
+    if effect is not None:
+        await effect.settle(error=error, text=text)
+
+
 @dataclass
 class ToolGateway:
     """Runs the tool calls of one run."""
@@ -184,6 +199,8 @@ class ToolGateway:
     offload: bool = False
     governance: GovernanceClient | None = None
     """Who checks each call (by default a client on `bus` with its default timeout)."""
+    effects: RunEffects | None = None
+    """A durable run's journal handles: committed calls and approvals replay instead of running."""
 
     def __post_init__(self) -> None:
         """Ask governance over the run's bus unless the run brought its client."""
@@ -206,17 +223,52 @@ class ToolGateway:
         if isinstance(checked, str):
             return checked
         arguments, encoded = checked
+        start = RunEvent(tool_start=ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded))
+        effect = self.effects.tool_call(call.name, arguments) if self.effects is not None else None
+        if effect is not None:
+            replayed = await self._replayed(call, spec, effect, start)
+            if replayed is not None:
+                return replayed
         refusal = await self._govern(call)
         if refusal is not None:
             return refusal
-        start = ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded)
-        await self.emit(RunEvent(tool_start=start))
-        if spec.requires_approval:
-            outcome = await self._approved(call, arguments)
-            if isinstance(outcome, str):
-                return outcome
-            arguments = self._marked_approved(call, outcome)
-        return await self._execute(call, spec, arguments)
+        await self.emit(start)
+        token = effect.enter() if effect is not None else None
+        try:
+            if spec.requires_approval:
+                outcome = await self._approved(call, arguments)
+                if isinstance(outcome, str):
+                    return outcome
+                arguments = self._marked_approved(call, outcome)
+            return await self._execute(call, spec, arguments)
+        finally:
+            if token is not None:
+                ToolEffect.leave(token)
+
+    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: ToolEffect, start: RunEvent) -> str | None:
+        """A journaled call's outcome without running it (or any gate again), or None: run it.
+
+        Committed: its frames again (a client that has them gets nothing new) and its text. Started
+        by a worker that died before it reported: run again only if the tool is idempotent, else
+        reported to the model as interrupted — it may have taken effect, and is never silently
+        repeated.
+        """
+        outcome = effect.replay
+        if outcome is None and not (effect.interrupted and not spec.idempotent):
+            return None
+        await self.emit(start)
+        if outcome is None:
+            text = INTERRUPTED.format(name=call.name)
+            effect.started = True
+            await effect.settle(error=True, text=text)
+            log.warning("run %s: %s was interrupted with its worker; reported, not re-run", self.run.run_id, call.name)
+            outcome = (True, text)
+        is_error, text = outcome
+        if is_error:
+            await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=text)))
+        else:
+            await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=text)))
+        return text
 
     async def _checked_arguments(self, call: ToolCallRequest, spec: ToolSpec) -> tuple[dict[str, Any], str] | str:
         """The arguments and their JSON text, or the refusal the model gets instead."""
@@ -293,7 +345,14 @@ class ToolGateway:
     async def _approve(
         self, call: ToolCallRequest, arguments: dict[str, Any], *, message: str = ""
     ) -> dict[str, Any] | str:
-        approval_id = "apr_" + secrets.token_hex(6)
+        approval = self.effects.approval(call.name, arguments) if self.effects is not None else None
+        if approval is not None:
+            decided = approval.decided
+            if decided is not None:  # decided before the worker died: not asked again
+                return await self._decided(call, arguments, str(decided["action"]), str(decided["payload"]))
+            await approval.ask()
+        # A durable run asks again under the same id, so an answer to the first asking still counts.
+        approval_id = "apr_" + (approval.key[:12] if approval is not None else secrets.token_hex(6))
         decision_future = self.control.expect_approval(approval_id)
         await self.emit(
             RunEvent(
@@ -309,13 +368,23 @@ class ToolGateway:
         try:
             decision = await asyncio.wait_for(decision_future, self.approval_timeout)
         except TimeoutError:
+            if approval is not None:
+                await approval.expire()
             return await self._fail(call, _text({"status": "timeout", "message": "Approval timed out"}))
-        if decision.action in {"approve", "yes"}:
-            edited = _approved_arguments(decision.payload_json, arguments)
+        if approval is not None:
+            await approval.decide(decision.action, decision.payload_json)
+        return await self._decided(call, arguments, decision.action, decision.payload_json)
+
+    async def _decided(
+        self, call: ToolCallRequest, arguments: dict[str, Any], action: str, payload_json: str
+    ) -> dict[str, Any] | str:
+        """What a reviewer's decision makes of the call: arguments to run it with, or its outcome text."""
+        if action in {"approve", "yes"}:
+            edited = _approved_arguments(payload_json, arguments)
             return edited if edited is not None else await self._fail(call, CANCELLED_BY_USER)
-        if decision.action == "respond" and decision.payload_json:
+        if action == "respond" and payload_json:
             # The reviewer's answer stands in for the tool's: the model and the client get it as the result.
-            return await self._succeed(call, decision.payload_json)
+            return await self._succeed(call, payload_json)
         return await self._fail(call, CANCELLED_BY_USER)
 
     async def _execute(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
@@ -336,6 +405,7 @@ class ToolGateway:
             subject = subjects.memory_tool(call.name)
             if self.workspace is not None:
                 request.workspace.CopyFrom(self.workspace)
+        await _effect_starts()
         try:
             reply = await self.bus.request(subject, request, ToolReply, timeout=spec.timeout)
         except BusError as exc:
@@ -425,6 +495,7 @@ class ToolGateway:
     async def _run_local(
         self, call: ToolCallRequest, spec: ToolSpec, local: LocalTool, arguments: dict[str, Any]
     ) -> str:
+        await _effect_starts()
         try:
             content = await asyncio.wait_for(local(arguments), spec.timeout)
         except TimeoutError:
@@ -438,6 +509,7 @@ class ToolGateway:
         content = await self._maybe_offload(call, content)
         # The model and the client get the same text, and it must fit in one run event.
         content = clip(content, self.data_limit, f"the result of {call.name}")
+        await _effect_settles(error=False, text=content)
         await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=content)))
         return content
 
@@ -491,5 +563,6 @@ class ToolGateway:
 
     async def _fail(self, call: ToolCallRequest, message: str) -> str:
         message = clip(message, self.data_limit, f"the error of {call.name}")
+        await _effect_settles(error=True, text=message)
         await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=message)))
         return message

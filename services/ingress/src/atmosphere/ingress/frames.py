@@ -212,10 +212,18 @@ _TRANSLATORS: dict[str, Callable[[RunEvent], Frame]] = {
 }
 
 
+SERVER_SIDE_KINDS = frozenset({"input"})
+"""Event kinds no client is sent."""
+
+
 def to_frame(event: RunEvent) -> Frame | None:
-    """The client frame of `event`, or None for an event without a kind."""
+    """The client frame of `event`, or None for an event without a kind or one kept server-side.
+
+    `input` (what the model was given, system prompt included) is for the tape and the journal:
+    clients never see it, so their frame seqs skip its seq.
+    """
     kind = event.WhichOneof("kind")
-    if kind is None:
+    if kind is None or kind in SERVER_SIDE_KINDS:
         return None
     if event.origin_run_id:
         # A sub-agent's event inside its parent's stream. Its text is a typed `text-delta`, so a

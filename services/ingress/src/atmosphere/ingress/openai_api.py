@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from atmosphere.bus import BusError, PayloadTooLargeError
 from atmosphere.bus.runs import (
     HISTORY_METADATA_KEY,
-    RESUMED_METADATA_KEY,
     StreamGapError,
     cancel_run,
     follow_run,
@@ -122,10 +121,6 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
 
 
-class RunRestartedError(Exception):
-    """The run's worker died after part of the answer was produced, and the run started over."""
-
-
 @dataclass
 class _Run:
     """A completion being produced."""
@@ -157,11 +152,9 @@ class _Run:
                 return None
             if event.origin_run_id:
                 continue  # a sub-agent's activity has no OpenAI representation; its report does
+            # A run whose worker died goes on where it stopped (dispatch sends none of what the
+            # stream already has again), so its `ai.run.resumed` marker needs nothing here.
             kind = event.WhichOneof("kind")
-            if kind == "metadata" and event.metadata.key == RESUMED_METADATA_KEY and self.text:
-                # Its worker died mid-answer and the run starts over: what was already collected
-                # would be followed by a second beginning. Honest is an error a retry can fix.
-                raise RunRestartedError
             if kind == "usage":
                 self.usage["prompt_tokens"] += event.usage.input_tokens
                 self.usage["completion_tokens"] += event.usage.output_tokens
@@ -309,7 +302,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         response = await _unless_draining(state.drain, _respond(active, chat))
         handed_over = isinstance(response, StreamingResponse)
         return response
-    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, RunRestartedError) as exc:
+    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError) as exc:
         raise _failure(exc) from None
     finally:
         if not handed_over:
@@ -324,8 +317,6 @@ def _failure(exc: Exception) -> OpenAiError:
         return OpenAiUnavailableError("The server is restarting; send the request again.")
     if isinstance(exc, TimeoutError):
         return OpenAiUnavailableError("The agent did not answer in time.")
-    if isinstance(exc, RunRestartedError):
-        return OpenAiUnavailableError("The agent restarted in the middle of the answer; send the request again.")
     return OpenAiUnavailableError("The agent is unavailable right now; try again.")
 
 
@@ -435,7 +426,7 @@ async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIter
             # loop; and only with counts, since no counts are not zero tokens.
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
-    except (TimeoutError, BusError, StreamGapError, RunRestartedError) as exc:
+    except (TimeoutError, BusError, StreamGapError) as exc:
         failure = OpenAiUnavailableError("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())

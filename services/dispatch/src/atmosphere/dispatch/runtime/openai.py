@@ -36,7 +36,14 @@ from atmosphere.dispatch.runtime.provider import (
 )
 from atmosphere.sdk import OnMaxIterations, StreamingSession
 from atmosphere.sdk.host import AiCapability
-from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest
+from atmosphere.sdk.runtime import (
+    AgentExecutionContext,
+    AgentRuntime,
+    RecordedRound,
+    RecordedToolCall,
+    RuntimeConfig,
+    ToolCallRequest,
+)
 
 log = logging.getLogger("atmosphere.dispatch.runtime")
 
@@ -224,6 +231,20 @@ class BuiltInAgentRuntime(AgentRuntime):
     async def _round(
         self, ctx: AgentExecutionContext, session: StreamingSession, body: dict[str, Any], *, forward_text: bool
     ) -> RoundResult:
+        """One model round; in a durable run a committed round replays with no call to the model."""
+        journaled = await ctx.rounds.next_round() if ctx.rounds is not None else None
+        if journaled is not None and journaled.recorded is not None:
+            return await _replay(session, journaled.recorded, forward_text=forward_text)
+        result = await self._live_round(ctx, session, body, forward_text=forward_text)
+        if journaled is not None:
+            await journaled.commit(_recorded(result))
+        if result.usage is not None:
+            await session.usage(result.usage)
+        return result
+
+    async def _live_round(
+        self, ctx: AgentExecutionContext, session: StreamingSession, body: dict[str, Any], *, forward_text: bool
+    ) -> RoundResult:
         async def on_text(text: str) -> None:
             if forward_text:
                 await session.send(text)
@@ -233,7 +254,7 @@ class BuiltInAgentRuntime(AgentRuntime):
                 RunEvent(tool_call_delta=ToolCallDelta(call_id=call_id, tool_name=name, arguments_fragment=fragment))
             )
 
-        result = await stream_round(
+        return await stream_round(
             self.client,
             url=self._url("chat/completions"),
             body=body,
@@ -242,9 +263,6 @@ class BuiltInAgentRuntime(AgentRuntime):
             hooks=RoundHooks(on_text=on_text, on_tool_delta=on_tool_delta, on_retry=session.progress),
             limits=CallLimits.of(self.config),
         )
-        if result.usage is not None:
-            await session.usage(result.usage)
-        return result
 
     async def _run_tools(self, ctx: AgentExecutionContext, calls: list[ToolCallBuffer]) -> list[dict[str, Any]]:
         if ctx.run_tool is None:
@@ -300,6 +318,24 @@ class BuiltInAgentRuntime(AgentRuntime):
             return
         msg = f"structured output did not match schema after {attempts} attempt(s): {error}"
         raise StructuredOutputInvalidError(msg)
+
+
+def _recorded(result: RoundResult) -> RecordedRound:
+    calls = tuple(
+        RecordedToolCall(call_id=c.call_id or f"call_{i}", name=c.name, arguments=c.arguments or "{}")
+        for i, c in enumerate(result.tool_calls)
+    )
+    return RecordedRound(text=result.text, tool_calls=calls, finish_reason=result.finish_reason, usage=result.usage)
+
+
+async def _replay(session: StreamingSession, recorded: RecordedRound, *, forward_text: bool) -> RoundResult:
+    """A committed round as if the model had just sent it (its text and usage reported again)."""
+    if forward_text and recorded.text:
+        await session.send(recorded.text)
+    if recorded.usage is not None:
+        await session.usage(recorded.usage)
+    calls = [ToolCallBuffer(call_id=c.call_id, name=c.name, arguments=c.arguments) for c in recorded.tool_calls]
+    return RoundResult(text=recorded.text, tool_calls=calls, finish_reason=recorded.finish_reason, usage=recorded.usage)
 
 
 def finish_reason(answer: RoundResult) -> str:

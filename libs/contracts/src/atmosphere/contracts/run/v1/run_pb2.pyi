@@ -148,6 +148,7 @@ class RunEvent(_message.Message):
     ENTITY_COMPLETE_FIELD_NUMBER: _builtins.int
     ROUTING_DECISION_FIELD_NUMBER: _builtins.int
     CITATION_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
@@ -212,6 +213,12 @@ class RunEvent(_message.Message):
     @_builtins.property
     def citation(self) -> Global___Citation: ...
     @_builtins.property
+    def input(self) -> Global___RunInput:
+        """What the model was given for one exchange: system prompt, history and the user's
+        message. For the tape and the effect journal; never forwarded to a client.
+        """
+
+    @_builtins.property
     def complete(self) -> Global___Complete:
         """Terminal: the run finished normally."""
 
@@ -254,14 +261,15 @@ class RunEvent(_message.Message):
         entity_complete: Global___EntityComplete | None = ...,
         routing_decision: Global___RoutingDecision | None = ...,
         citation: Global___Citation | None = ...,
+        input: Global___RunInput | None = ...,
         complete: Global___Complete | None = ...,
         error: _common_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "input", b"input", "kind", b"kind", "metadata", b"metadata", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "kind", b"kind", "metadata", b"metadata", "origin_agent", b"origin_agent", "origin_run_id", b"origin_run_id", "owner", b"owner", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_step", b"agent_step", "approval_required", b"approval_required", "citation", b"citation", "complete", b"complete", "confidence", b"confidence", "content", b"content", "conversation_id", b"conversation_id", "entity_complete", b"entity_complete", "entity_start", b"entity_start", "error", b"error", "handoff", b"handoff", "input", b"input", "kind", b"kind", "metadata", b"metadata", "origin_agent", b"origin_agent", "origin_run_id", b"origin_run_id", "owner", b"owner", "parent_run_id", b"parent_run_id", "plan_update", b"plan_update", "progress", b"progress", "reasoning_complete", b"reasoning_complete", "reasoning_delta", b"reasoning_delta", "routing_decision", b"routing_decision", "run_id", b"run_id", "seq", b"seq", "session_id", b"session_id", "structured_field", b"structured_field", "text_complete", b"text_complete", "text_delta", b"text_delta", "timestamp", b"timestamp", "tool_call_delta", b"tool_call_delta", "tool_error", b"tool_error", "tool_result", b"tool_result", "tool_start", b"tool_start", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text_delta", "text_complete", "progress", "metadata", "content", "tool_start", "tool_result", "tool_error", "tool_call_delta", "plan_update", "agent_step", "approval_required", "usage", "confidence", "reasoning_delta", "reasoning_complete", "handoff", "structured_field", "entity_start", "entity_complete", "routing_decision", "citation", "complete", "error"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text_delta", "text_complete", "progress", "metadata", "content", "tool_start", "tool_result", "tool_error", "tool_call_delta", "plan_update", "agent_step", "approval_required", "usage", "confidence", "reasoning_delta", "reasoning_complete", "handoff", "structured_field", "entity_start", "entity_complete", "routing_decision", "citation", "input", "complete", "error"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -830,6 +838,56 @@ class Citation(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Citation: _TypeAlias = Citation  # noqa: Y015
+
+@_typing.final
+class InputMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputMessage: _TypeAlias = InputMessage  # noqa: Y015
+
+@_typing.final
+class RunInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    OMITTED_MESSAGES_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model asked for (empty: the runtime's default)."""
+    omitted_messages: _builtins.int
+    """Older history messages were left out so that the event fits in one bus message."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___InputMessage] | None = ...,
+        model: _builtins.str = ...,
+        omitted_messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "omitted_messages", b"omitted_messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunInput: _TypeAlias = RunInput  # noqa: Y015
 
 @_typing.final
 class Complete(_message.Message):

@@ -1,0 +1,189 @@
+"""A durable run's effects, each under its journal key: inputs, model rounds, tool calls, approvals.
+
+`RunEffects` derives each effect's idempotency key and request digest exactly as Atmosphere's
+`EffectKeys` does and hands out one handle per effect. The run consults a handle before the
+effect (a committed one replays), marks it pending just before the side effect and commits its
+result just before the result is reported — so a result the client saw is always one the
+journal holds.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
+from atmosphere.dispatch.journal import Entry, RunJournal, canonical_json, effect_key
+from atmosphere.sdk.runtime import JournaledRound, RecordedRound
+
+_CURRENT: contextvars.ContextVar[ToolEffect | None] = contextvars.ContextVar("atmosphere_tool_effect", default=None)
+"""The tool call a task is executing (one task per concurrent call)."""
+
+INTERRUPTED = (
+    "Error: the tool call {name} was interrupted: the worker running it stopped before it reported a result,"
+    " so it may or may not have taken effect. It was not run again; check before repeating it."
+)
+"""What the model gets for a non-idempotent call that was under way when its worker died."""
+
+
+def current_call_key() -> str:
+    """The journal key of the tool call being executed in this task ("" outside a durable call).
+
+    A tool that starts something of its own (delegation's sub-run) derives that thing's id from
+    it, so the resumed call finds what the interrupted one started.
+    """
+    effect = _CURRENT.get()
+    return effect.key if effect is not None else ""
+
+
+def current_effect() -> ToolEffect | None:
+    """The journal handle of the tool call being executed in this task, if the run is durable."""
+    return _CURRENT.get()
+
+
+@dataclass
+class ToolEffect:
+    """One tool call under the journal."""
+
+    journal: RunJournal
+    key: str
+    digest: str
+    started: bool = False
+
+    @property
+    def replay(self) -> tuple[bool, str] | None:
+        """The committed outcome `(is_error, text)` to replay, or None."""
+        entry = self.journal.replayable(self.key, self.digest)
+        if entry is None:
+            return None
+        outcome = json.loads(entry.payload)
+        return bool(outcome["error"]), str(outcome["text"])
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether an earlier worker started this call and died before it reported."""
+        return self.journal.interrupted(self.key)
+
+    def enter(self) -> contextvars.Token[ToolEffect | None]:
+        """Make this the current call of the task (see `current_effect`)."""
+        return _CURRENT.set(self)
+
+    @staticmethod
+    def leave(token: contextvars.Token[ToolEffect | None]) -> None:
+        """Undo `enter`."""
+        _CURRENT.reset(token)
+
+    async def start(self) -> None:
+        """Just before the side effect."""
+        if not self.started:
+            self.started = True
+            await self.journal.pending(EffectKind.TOOL_CALL, self.key, self.digest)
+
+    async def settle(self, *, error: bool, text: str) -> None:
+        """Just before the outcome is reported (a call that never started records nothing)."""
+        if self.started:
+            await self.journal.commit(self.key, json.dumps({"error": error, "text": text}))
+
+
+@dataclass
+class ApprovalEffect:
+    """One approval decision under the journal."""
+
+    journal: RunJournal
+    key: str
+    digest: str
+
+    @property
+    def decided(self) -> dict[str, Any] | None:
+        """The committed decision `{action, payload}`, or None: ask (again)."""
+        entry = self.journal.replayable(self.key, self.digest)
+        return None if entry is None else dict(json.loads(entry.payload))
+
+    async def ask(self) -> None:
+        """The approval is being asked."""
+        await self.journal.pending(EffectKind.APPROVAL, self.key, self.digest)
+
+    async def decide(self, action: str, payload: str) -> None:
+        """The reviewer decided: a resume replays it without asking again."""
+        await self.journal.commit(self.key, json.dumps({"action": action, "payload": payload}))
+
+    async def expire(self) -> None:
+        """Nobody decided in time: not committed, so a resume asks again."""
+        await self.journal.fail(self.key, "approval timed out")
+
+
+@dataclass
+class _Round:
+    journal: RunJournal
+    key: str
+    digest: str
+    replayed: RecordedRound | None
+
+    @property
+    def recorded(self) -> RecordedRound | None:
+        return self.replayed
+
+    async def commit(self, result: RecordedRound) -> None:
+        await self.journal.commit(self.key, result.to_json())
+
+
+@dataclass
+class RunEffects:
+    """Keys, digests and handles for every effect of one durable run."""
+
+    journal: RunJournal
+    user_id: str
+    model: str
+    tool_names: Iterable[str]
+    _rounds: int = 0
+    _inputs: int = 0
+    _tools_digest: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        """Fix the run's tool set digest (Atmosphere's `toolsDigest`: sorted names)."""
+        self._tools_digest = effect_key(*sorted(self.tool_names))
+
+    @property
+    def run_id(self) -> str:
+        """The run the effects belong to."""
+        return self.journal.run_id
+
+    def input(self) -> tuple[str, str, Entry | None]:
+        """The next model exchange's input: its key, digest and committed seed (or None)."""
+        index = self._inputs
+        self._inputs += 1
+        key = effect_key(self.run_id, "input") if index == 0 else effect_key(self.run_id, "input", index)
+        digest = effect_key(self.model, self._tools_digest, self.user_id)
+        return key, digest, self.journal.replayable(key, digest)
+
+    async def next_round(self) -> JournaledRound:
+        """The run's next model round (`ModelRounds`): replayed if committed, else marked pending."""
+        index = self._rounds
+        self._rounds += 1
+        key = effect_key(self.run_id, "llm", index)
+        digest = effect_key(self.model, index)
+        entry = self.journal.replayable(key, digest)
+        if entry is not None:
+            try:
+                return _Round(self.journal, key, digest, RecordedRound.from_json(entry.payload))
+            except ValueError:
+                pass  # an unreadable record is run live again
+        await self.journal.pending(EffectKind.LLM_ROUND, key, digest)
+        return _Round(self.journal, key, digest, None)
+
+    def tool_call(self, name: str, arguments: dict[str, Any]) -> ToolEffect:
+        """The handle of one tool call (its occurrence counted now, on a first drive and a replay alike)."""
+        canonical = canonical_json(arguments)
+        occurrence = self.journal.occurrence("tool", name, canonical)
+        key = effect_key(self.run_id, "tool", name, canonical, occurrence)
+        return ToolEffect(self.journal, key, effect_key(name, canonical, self.user_id))
+
+    def approval(self, name: str, arguments: dict[str, Any]) -> ApprovalEffect:
+        """The handle of one approval of a call (approvals have their own occurrence counter)."""
+        canonical = canonical_json(arguments)
+        occurrence = self.journal.occurrence("approval", name, canonical)
+        key = effect_key(self.run_id, "approval", name, canonical, occurrence)
+        return ApprovalEffect(self.journal, key, effect_key("approval", name, canonical, self.user_id))

@@ -1,0 +1,272 @@
+"""The effect journal of a durable run (Atmosphere's `EffectJournal`, on JetStream).
+
+Every effect a run has on the world — its assembled input, each model round, each tool call,
+each approval — is written `PENDING` before it happens and `COMMITTED` with its result after
+(or `FAILED`). A worker that takes over a run whose worker died reads the journal and replays
+every committed effect instead of doing it again: no second model call, no second tool
+execution.
+
+Storage: one subject per run (`atmo.journal.<run_id>`, stream `ATMO_JOURNAL`), so the journal
+lives on the bus, replicated like the other streams, and outlives the worker that wrote it.
+Every append names the sequence of the subject's newest record (JetStream's expected last
+subject sequence): a worker that took the run over appends a `Lease` record first, after which
+every write of the earlier holder is refused (`RunTakenOverError`) — one writer per run, fenced
+by the broker rather than by clocks.
+
+Keys and digests follow Atmosphere's `EffectKeys`: SHA-256 hex over parts each followed by a
+NUL byte; arguments in canonical JSON (keys sorted recursively); digests bound to the
+principal, so a key hit whose digest differs (another user) is never replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from atmosphere.bus import Bus, BusError, Headers, WrongLastSequenceError, subjects
+from atmosphere.bus.errors import EffectLimitError
+from atmosphere.contracts.journal.v1.journal_pb2 import (
+    Effect,
+    EffectKind,
+    EffectStatus,
+    JournalRecord,
+    Lease,
+    Terminal,
+)
+
+log = logging.getLogger("atmosphere.dispatch.journal")
+
+DEFAULT_MAX_EFFECTS = 2000
+"""Atmosphere's `maxEffectsPerRun`: beyond it a run fails rather than dropping effects."""
+
+
+class RunTakenOverError(Exception):
+    """Another worker holds the run now: this one must stop writing for it."""
+
+
+def effect_key(*parts: str | int) -> str:
+    """SHA-256 hex over `parts`, each followed by a NUL byte (Atmosphere's `EffectKeys`)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(str(part).encode("utf-8"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with object keys sorted recursively, so equal arguments give equal keys."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class Entry:
+    """The latest state of one effect."""
+
+    seq: int
+    kind: EffectKind.ValueType
+    key: str
+    status: EffectStatus.ValueType
+    digest: str
+    payload: str
+    reason: str = ""
+
+    @property
+    def committed(self) -> bool:
+        """Whether it replays (only committed effects do)."""
+        return self.status == EffectStatus.COMMITTED
+
+    @property
+    def pending(self) -> bool:
+        """Whether it was started and never settled: its worker died inside it."""
+        return self.status == EffectStatus.PENDING
+
+
+class RunJournal:
+    """One run's journal, as the worker holding the run reads and writes it."""
+
+    def __init__(self, bus: Bus, run_id: str, *, owner: str, max_effects: int = DEFAULT_MAX_EFFECTS) -> None:
+        """An empty view; `open` reads what is stored and takes the run."""
+        self.bus = bus
+        self.run_id = run_id
+        self.owner = owner
+        self.max_effects = max_effects
+        self.subject = subjects.run_journal(run_id)
+        self.entries: dict[str, Entry] = {}
+        self.lost = False
+        """Set once another worker took the run: nothing more is written for it here."""
+        self.fruitless_deliveries = 0
+        """Deliveries of the run in a row (this one included) that committed no effect: the
+        poison-run guard counts these, so a run that keeps progressing is never given up on."""
+        self._last = 0
+        self._occurrences: Counter[tuple[str, ...]] = Counter()
+
+    @classmethod
+    async def open(
+        cls, bus: Bus, run_id: str, *, owner: str, delivery: int, max_effects: int = DEFAULT_MAX_EFFECTS
+    ) -> RunJournal:
+        """Read the run's journal and take the run (a `Lease` record fences earlier holders)."""
+        journal = cls(bus, run_id, owner=owner, max_effects=max_effects)
+        async for seq, record in bus.replay_sequenced(subjects.JOURNAL_STREAM, journal.subject, JournalRecord):
+            journal._last = max(journal._last, seq)
+            kind = record.WhichOneof("record")
+            if kind == "effect":
+                journal._fold(record.effect)
+            elif kind == "lease":
+                journal.fruitless_deliveries += 1
+        await journal._append(JournalRecord(lease=Lease(owner=owner, delivery=delivery)))
+        journal.fruitless_deliveries += 1
+        return journal
+
+    def _fold(self, effect: Effect) -> None:
+        if effect.status == EffectStatus.COMMITTED:
+            self.fruitless_deliveries = 0
+        self.entries[effect.idempotency_key] = Entry(
+            seq=effect.seq,
+            kind=effect.kind,
+            key=effect.idempotency_key,
+            status=effect.status,
+            digest=effect.request_digest,
+            payload=effect.result_payload,
+            reason=effect.reason,
+        )
+
+    @property
+    def resumed(self) -> bool:
+        """Whether an earlier worker left effects to replay."""
+        return bool(self.entries)
+
+    def occurrence(self, *identity: str) -> int:
+        """How many times an effect with this identity came before (0, 1, ...), counted on.
+
+        Advanced once per call on the first drive and on a replay alike, so identical repeated
+        calls (the same tool, the same arguments) get their own keys in the same order.
+        """
+        count = self._occurrences[identity]
+        self._occurrences[identity] += 1
+        return count
+
+    def replayable(self, key: str, digest: str) -> Entry | None:
+        """The committed effect under `key` when its inputs match (`digest`), else None."""
+        entry = self.entries.get(key)
+        if entry is None or not entry.committed:
+            return None
+        if entry.digest != digest:
+            log.warning("run %s: journal key hit with another digest; running live", self.run_id)
+            return None
+        return entry
+
+    def interrupted(self, key: str) -> bool:
+        """Whether the effect under `key` started and never settled (its worker died in it)."""
+        entry = self.entries.get(key)
+        return entry is not None and entry.pending
+
+    async def pending(self, kind: EffectKind.ValueType, key: str, digest: str) -> None:
+        """Record that the effect is about to happen (before its side effect).
+
+        Raises:
+            EffectLimitError: the run already has `max_effects` effects (the run fails).
+            RunTakenOverError: another worker holds the run.
+        """
+        entry = self.entries.get(key)
+        seq = entry.seq if entry is not None else len(self.entries) + 1
+        if entry is None and len(self.entries) >= self.max_effects:
+            msg = f"The run reached its limit of {self.max_effects} journaled effects"
+            raise EffectLimitError(msg, details={"limit": str(self.max_effects)})
+        await self._write(
+            Effect(seq=seq, kind=kind, idempotency_key=key, status=EffectStatus.PENDING, request_digest=digest)
+        )
+
+    async def commit(self, key: str, payload: str) -> None:
+        """Record the effect's result: from now on it replays instead of running."""
+        await self._settle(key, EffectStatus.COMMITTED, payload=payload)
+
+    async def fail(self, key: str, reason: str) -> None:
+        """Record that the effect failed: a resume runs it again."""
+        await self._settle(key, EffectStatus.FAILED, reason=reason)
+
+    async def _settle(self, key: str, status: EffectStatus.ValueType, *, payload: str = "", reason: str = "") -> None:
+        entry = self.entries[key]
+        await self._write(
+            Effect(
+                seq=entry.seq,
+                kind=entry.kind,
+                idempotency_key=key,
+                status=status,
+                request_digest=entry.digest,
+                result_payload=payload,
+                reason=reason,
+            )
+        )
+
+    async def _write(self, effect: Effect) -> None:
+        await self._append(JournalRecord(effect=effect))
+        self._fold(effect)
+
+    async def close(self, *, succeeded: bool, retain: bool = False) -> None:
+        """The run ended: a successful run's journal is removed (unless `retain`); a failed one stays.
+
+        A failed run's journal is its resume anchor (the stream's max age clears it). Never
+        raises: the run's outcome is already written.
+        """
+        if self.lost:
+            return
+        try:
+            if succeeded and not retain:
+                await self.bus.purge(subjects.JOURNAL_STREAM, self.subject)
+            else:
+                await self._append(JournalRecord(terminal=Terminal(succeeded=succeeded)))
+        except (BusError, RunTakenOverError) as exc:
+            log.warning("run %s: the journal was not closed (%s)", self.run_id, exc)
+
+    async def _append(self, record: JournalRecord) -> None:
+        if self.lost:
+            raise RunTakenOverError(self.run_id)
+        stamp = Timestamp()
+        stamp.GetCurrentTime()
+        record.recorded_at.CopyFrom(stamp)
+        try:
+            ack = await self.bus.js_publish(self.subject, record, headers=Headers(expected_last_subject_seq=self._last))
+        except WrongLastSequenceError:
+            if await self._stored_after_all(record):
+                return
+            self.lost = True
+            log.warning("run %s: another worker took the run; this one stops", self.run_id)
+            raise RunTakenOverError(self.run_id) from None
+        self._last = ack.seq
+
+    async def _stored_after_all(self, record: JournalRecord) -> bool:
+        """Whether the subject moved because of our own earlier write (acknowledged too late).
+
+        A publish that timed out may have been stored all the same; then the newest record is
+        ours and the journal goes on. If a newer lease is there, the run was taken over.
+        """
+        newest: tuple[int, JournalRecord] | None = None
+        async for seq, stored in self.bus.replay_sequenced(subjects.JOURNAL_STREAM, self.subject, JournalRecord):
+            newest = (seq, stored)
+            if stored.WhichOneof("record") == "lease" and stored.lease.owner != self.owner:
+                newest = None  # someone else's lease: whatever follows is theirs
+        if newest is None:
+            return False
+        seq, stored = newest
+        stored.ClearField("recorded_at")
+        mine = JournalRecord()
+        mine.CopyFrom(record)
+        mine.ClearField("recorded_at")
+        if stored != mine:
+            return False
+        self._last = seq
+        return True
+
+
+async def discard_journal(bus: Bus, run_id: str) -> None:
+    """Remove the journal of a run that already ended (a redelivery found its terminal event)."""
+    try:
+        await bus.purge(subjects.JOURNAL_STREAM, subjects.run_journal(run_id))
+    except BusError as exc:
+        log.debug("run %s: journal not purged (%s)", run_id, exc)
