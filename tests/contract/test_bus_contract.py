@@ -25,6 +25,7 @@ from atmosphere.bus import (
     Subscription,
     Term,
     WorkItem,
+    WrongLastSequenceError,
     subjects,
 )
 from atmosphere.bus.testing import FakeBus
@@ -444,3 +445,28 @@ async def test_replay_reads_what_a_subject_holds_in_order(bus: Bus) -> None:
     await bus.js_publish("log.r1", text("last"))
     replayed = [m.text_delta.text async for m in bus.replay("LOG", "log.r1", RunEvent)]
     assert replayed == [str(i) for i in range(0, 40, 2)] + ["last"]
+
+
+async def test_an_append_expecting_the_subjects_last_sequence_is_a_compare_and_set(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    first = await bus.js_publish("log.r1", text("a"), headers=Headers(expected_last_subject_seq=0))
+    await bus.js_publish("log.r2", text("elsewhere"))  # another subject's writes do not count
+    second = await bus.js_publish("log.r1", text("b"), headers=Headers(expected_last_subject_seq=first.seq))
+    # A writer that read the subject before `second` loses, and nothing of it is stored.
+    for stale in (0, first.seq):
+        with pytest.raises(WrongLastSequenceError) as lost:
+            await bus.js_publish("log.r1", text("stale"), headers=Headers(expected_last_subject_seq=stale))
+        assert lost.value.expected == stale
+    replayed = [(seq, m.text_delta.text) async for seq, m in bus.replay_sequenced("LOG", "log.r1", RunEvent)]
+    assert replayed == [(first.seq, "a"), (second.seq, "b")]
+
+
+async def test_purging_a_subject_leaves_the_others(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    for subject in ("log.r1", "log.r1", "log.r2"):
+        await bus.js_publish(subject, text(subject))
+    await bus.purge("LOG", "log.r1")
+    assert [m async for m in bus.replay("LOG", "log.r1", RunEvent)] == []
+    assert [m.text_delta.text async for m in bus.replay("LOG", "log.r2", RunEvent)] == ["log.r2"]
+    # A purged subject starts over: its last sequence is "none" again.
+    await bus.js_publish("log.r1", text("again"), headers=Headers(expected_last_subject_seq=0))

@@ -1,20 +1,28 @@
-"""The NATS follower example decodes a real run's events with nats-py and the contracts alone."""
+"""Following real runs from outside: the plain nats-py example, `atmosphere tape follow`, gRPC `Follow`.
+
+The NATS follower example decodes a run's events with nats-py and the contracts alone; the CLI
+follows with the services' own settings; the gRPC example starts a run and resumes it by seq.
+"""
 
 from __future__ import annotations
 
 import ast
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from atmosphere.bus import NatsBus
+from atmosphere.bus import NatsBus, subjects
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.testing import run_stack
 
 from .wsclient import ask
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "followers" / "follow_runs.py"
+FOLLOWERS = Path(__file__).resolve().parents[2] / "examples" / "followers"
+EXAMPLE = FOLLOWERS / "follow_runs.py"
+GRPC_EXAMPLE = FOLLOWERS / "grpc_follow.py"
 PROMPT = "hello brave new world"
 
 
@@ -85,3 +93,84 @@ def test_the_follower_imports_nothing_of_atmosphere_but_the_contracts() -> None:
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     ours = {m for m in imported if m.startswith(("atmosphere", "examples"))}
     assert ours == {"atmosphere.contracts.run.v1.run_pb2"}
+
+
+async def run_command(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def tape_follow(*args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "atmosphere.cli", "tape", "follow", *args)
+
+
+async def test_the_tape_follow_command_replays_a_run_and_tails_every_run(
+    services: dict[str, Any], nats_bus: NatsBus, nats_url: str, bus_namespace: str
+) -> None:
+    async with run_stack(services, bus=nats_bus) as stack:
+        url = await stack.ingress_url()
+        frames = await ask(url, "echo", PROMPT)
+        run_id = str(frames[0]["value"])
+        where = ("--server", nats_url, "--namespace", bus_namespace)
+        # A finished run: its text inline, the other events a line each; exit 0 at its end.
+        code, out, err = await run_command(*tape_follow(run_id, *where))
+        assert code == 0, err
+        first, text, last = out.splitlines()
+        assert first == f'#1 metadata X-Atmosphere-Run-Id = "{run_id}"'
+        assert text == PROMPT
+        assert last == f"#{len(frames)} complete"
+        # The services' own settings when no flag is given; JSON lines after a seq.
+        env = {"ATMOSPHERE_NATS__URL": nats_url, "ATMOSPHERE_NATS__NAMESPACE": bus_namespace, "PATH": ""}
+        code, out, err = await run_command(*tape_follow(run_id, "--json", "--after-seq", "1"), env=env)
+        assert code == 0, err
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [line["seq"] for line in lines] == list(range(2, len(frames) + 1))
+        assert "".join(line["data"]["text"] for line in lines if line["kind"] == "text_delta") == PROMPT
+
+        # Every run, live, until Ctrl-C (its normal end: exit 0).
+        every = await asyncio.create_subprocess_exec(
+            *tape_follow("--all", *where), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        assert every.stdout is not None
+        assert every.stderr is not None
+        ready = await asyncio.wait_for(every.stderr.readline(), 30)
+        assert ready.decode().startswith("following every run's new events")
+        frames = await ask(url, "echo", PROMPT)
+        next_run = str(frames[0]["value"])
+        seen = [(await asyncio.wait_for(every.stdout.readline(), 30)).decode() for _ in range(3)]
+        every.send_signal(signal.SIGINT)
+        await asyncio.wait_for(every.wait(), 30)
+        assert every.returncode == 0
+        assert seen == [
+            f'{next_run} #1 metadata X-Atmosphere-Run-Id = "{next_run}"\n',
+            f"{next_run} {PROMPT}\n",
+            f"{next_run} #{len(frames)} complete\n",
+        ]
+
+
+async def test_the_grpc_example_runs_an_agent_and_follows_a_run_by_seq(
+    services: dict[str, Any], nats_bus: NatsBus
+) -> None:
+    async with run_stack(services, bus=nats_bus):
+        reply = await nats_bus.request(subjects.service_info("dispatch"), ServiceInfoRequest(), ServiceInfoResponse)
+        target = json.loads(reply.info_json)["grpc"]
+        code, out, err = await run_command(sys.executable, str(GRPC_EXAMPLE), "--target", target, "echo", PROMPT)
+        assert code == 0, err
+        assert out == PROMPT
+        run_id = err.split("[run ", 1)[1].split("]", 1)[0]
+        code, out, err = await run_command(
+            sys.executable, str(GRPC_EXAMPLE), "--target", target, "--run", run_id, "--after-seq", "3"
+        )
+        assert code == 0, err
+        assert out == " ".join(PROMPT.split(" ")[2:])
+
+
+def test_the_grpc_example_imports_nothing_of_atmosphere_but_the_contracts() -> None:
+    tree = ast.parse(GRPC_EXAMPLE.read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    ours = {m for m in imported if m.startswith(("atmosphere", "examples"))}
+    assert ours == {"atmosphere.contracts.dispatch.v1"}

@@ -20,6 +20,7 @@ from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, Servi
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     CancelRequest,
+    FollowRequest,
     GetInfoRequest,
     ListAgentsRequest,
     RunRequest,
@@ -86,9 +87,22 @@ def raw(method: str, payload: bytes, *, stream: bool = False) -> Call:
     async def call(channel: grpc.aio.Channel, target: Target) -> Any:
         path = f"{SERVICE}/{method}"
         if stream:
-            responses = channel.unary_stream(path, response_deserializer=RunResponse.FromString)
+            responses: grpc.aio.UnaryStreamMultiCallable[bytes, RunResponse] = channel.unary_stream(
+                path, response_deserializer=RunResponse.FromString
+            )
             return [r async for r in responses(payload, metadata=target.auth)]
-        return await channel.unary_unary(path)(payload, metadata=target.auth)
+        method_call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+        return await method_call(payload, metadata=target.auth)
+
+    return call
+
+
+def follow(request: FollowRequest, metadata: Callable[[Target], Metadata] = lambda t: t.auth) -> Call:
+    """A `Follow` of `request`, read to its end."""
+
+    async def call(channel: grpc.aio.Channel, target: Target) -> list[RunResponse]:
+        stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+        return [r async for r in stub.Follow(request, metadata=metadata(target))]
 
     return call
 
@@ -138,7 +152,7 @@ BAD_AUTH: dict[str, Callable[[Target], Metadata]] = {
     "a 1 KB api key": lambda t: (("x-api-key", "k" * 1024),),
 }
 
-CASES: dict[str, tuple[Call, Code]] = {
+CASES: dict[str, tuple[Call, Code | None]] = {
     **{f"Run: {name}": (run_as(md), Code.UNAUTHENTICATED) for name, md in BAD_AUTH.items()},
     "Run: a 100 KB authorization header": (
         run_as(lambda t: (("authorization", "Bearer " + "t" * 100_000),)),
@@ -188,6 +202,21 @@ CASES: dict[str, tuple[Call, Code]] = {
     "Cancel: wildcard run id": (unary("Cancel", CancelRequest(run_id="a.b.>")), Code.INVALID_ARGUMENT),
     "Cancel: 200-character run id": (unary("Cancel", CancelRequest(run_id="r" * 200)), Code.INVALID_ARGUMENT),
     "Cancel: an unknown run": (unary("Cancel", CancelRequest(run_id="no-such-run")), Code.NOT_FOUND),
+    **{
+        f"Follow: {name}": (follow(FollowRequest(run_id="r1"), md), Code.UNAUTHENTICATED)
+        for name, md in BAD_AUTH.items()
+    },
+    "Follow: empty run id": (follow(FollowRequest(run_id="")), Code.INVALID_ARGUMENT),
+    "Follow: wildcard run id": (follow(FollowRequest(run_id="*")), Code.INVALID_ARGUMENT),
+    "Follow: full wildcard run id": (follow(FollowRequest(run_id=">")), Code.INVALID_ARGUMENT),
+    "Follow: 200-character run id": (follow(FollowRequest(run_id="r" * 200)), Code.INVALID_ARGUMENT),
+    "Follow: an unknown run": (follow(FollowRequest(run_id="no-such-run")), Code.NOT_FOUND),
+    "Follow: an unknown run, the largest after_seq": (
+        follow(FollowRequest(run_id="no-such-run", after_seq=2**64 - 1)),
+        Code.NOT_FOUND,
+    ),
+    "Follow: invalid UTF-8 run id": (raw("Follow", field(1, b"\xff\xfe"), stream=True), None),
+    "Follow: garbage bytes": (raw("Follow", b"\xff\xff\xff\xff\xff", stream=True), None),
     "an unknown method": (raw("Explode", b""), Code.UNIMPLEMENTED),
 }
 """name → (the call, the status it must get; None: `INVALID_ARGUMENT` naming the malformed request)."""
@@ -228,4 +257,24 @@ async def test_a_token_may_list_only_what_its_grant_covers(target: Target) -> No
         stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
         other = await stub.ListAgents(dispatch_pb2.ListAgentsRequest(), metadata=(("x-api-key", target.other_token),))
         assert [a.name for a in other.agents] == ["echo"]
+        await still_serving(channel, target)
+
+
+async def test_a_run_is_followed_by_its_owner_only(target: Target) -> None:
+    async with grpc.aio.insecure_channel(target.address) as channel:
+        stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+        started = await run(channel, RunRequest(agent="echo", message="mine alone"), target.auth)
+        run_id = started[0].run_id
+        followed = [r async for r in stub.Follow(FollowRequest(run_id=run_id), metadata=target.auth)]
+        assert [(r.run_id, r.seq) for r in followed] == [(r.run_id, r.seq) for r in started]
+        with pytest.raises(grpc.aio.AioRpcError) as other:
+            async for _ in stub.Follow(FollowRequest(run_id=run_id), metadata=(("x-api-key", target.other_token),)):
+                pass
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            async for _ in stub.Follow(FollowRequest(run_id="x" + run_id[1:]), metadata=target.auth):
+                pass
+        # Someone else's run reads exactly like a run that does not exist.
+        assert other.value.code() == unknown.value.code() == Code.NOT_FOUND
+        assert other.value.details() == f"Unknown run {run_id}"
+        assert unknown.value.details() == f"Unknown run x{run_id[1:]}"
         await still_serving(channel, target)

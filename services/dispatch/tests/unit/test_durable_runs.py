@@ -161,9 +161,9 @@ async def test_a_run_redelivered_after_it_committed_everything_calls_nothing(har
     first = harness.events()
     journal = await RunJournal.open(harness.bus, run.run_id, owner="reader", delivery=0)
     assert {e.kind for e in journal.entries.values()} == {
-        EffectKind.RUN_INPUT,
-        EffectKind.LLM_ROUND,
-        EffectKind.TOOL_CALL,
+        EffectKind.EFFECT_KIND_RUN_INPUT,
+        EffectKind.EFFECT_KIND_LLM_ROUND,
+        EffectKind.EFFECT_KIND_TOOL_CALL,
     }
     assert all(e.committed for e in journal.entries.values())
     assert kinds(first)[-1] == "complete"
@@ -184,9 +184,9 @@ async def test_a_later_holder_fences_the_earlier_one(harness: Harness) -> None:
     second = await RunJournal.open(harness.bus, "r1", owner="w2", delivery=2)
     key = effect_key("r1", "tool", "book", "{}", 0)
     with pytest.raises(RunTakenOverError):
-        await first.pending(EffectKind.TOOL_CALL, key, "d")
+        await first.pending(EffectKind.EFFECT_KIND_TOOL_CALL, key, "d")
     assert first.lost
-    await second.pending(EffectKind.TOOL_CALL, key, "d")
+    await second.pending(EffectKind.EFFECT_KIND_TOOL_CALL, key, "d")
     await second.commit(key, "ok")
     third = await RunJournal.open(harness.bus, "r1", owner="w3", delivery=3)
     assert third.replayable(key, "d") is not None
@@ -195,11 +195,11 @@ async def test_a_later_holder_fences_the_earlier_one(harness: Harness) -> None:
 
 async def test_the_effect_bound_fails_the_run_rather_than_dropping(harness: Harness) -> None:
     journal = await RunJournal.open(harness.bus, "r1", owner="w1", delivery=1, max_effects=2)
-    await journal.pending(EffectKind.LLM_ROUND, "k1", "d")
-    await journal.pending(EffectKind.LLM_ROUND, "k2", "d")
-    await journal.pending(EffectKind.LLM_ROUND, "k2", "d")  # the same effect again is no new one
+    await journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, "k1", "d")
+    await journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, "k2", "d")
+    await journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, "k2", "d")  # the same effect again is no new one
     with pytest.raises(EffectLimitError):
-        await journal.pending(EffectKind.LLM_ROUND, "k3", "d")
+        await journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, "k3", "d")
 
 
 async def test_a_durable_run_over_its_effect_bound_ends_with_an_error(harness: Harness) -> None:
@@ -214,7 +214,7 @@ async def test_a_durable_run_over_its_effect_bound_ends_with_an_error(harness: H
 async def test_a_run_that_progresses_on_each_delivery_is_not_taken_for_poison(harness: Harness) -> None:
     journal = await RunJournal.open(harness.bus, "r1", owner="w1", delivery=1)
     assert journal.fruitless_deliveries == 1
-    await journal.pending(EffectKind.LLM_ROUND, "k1", "d")
+    await journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, "k1", "d")
     await journal.commit("k1", "{}")
     again = await RunJournal.open(harness.bus, "r1", owner="w2", delivery=2)
     assert again.fruitless_deliveries == 1  # the first delivery committed something

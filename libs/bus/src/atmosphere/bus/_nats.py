@@ -433,6 +433,8 @@ class NatsBus(ConnectionLiveness, Bus):
                 try:
                     stored = await sub.next_msg(timeout=5.0)
                 except nats.errors.TimeoutError as exc:
+                    if not await self._still_holds(stream_name, wire):
+                        return  # purged meanwhile: nothing more to read
                     reason = f"replaying {subject!r} stalled"
                     raise BusError(reason) from exc
                 try:
@@ -447,6 +449,15 @@ class NatsBus(ConnectionLiveness, Bus):
                     return
         finally:
             await _unsubscribe(sub)
+
+    async def _still_holds(self, stream_name: str, wire: str) -> bool:
+        try:
+            await self._js.get_last_msg(stream_name, wire)
+        except nats.js.errors.NotFoundError:
+            return False
+        except nats.errors.Error:
+            return True
+        return True
 
     async def purge(self, stream: str, subject: str) -> None:
         """Remove every message of `subject` from `stream`."""

@@ -44,10 +44,15 @@ RUN_ID_METADATA_KEY = "X-Atmosphere-Run-Id"
 """The metadata key of the run-id event (seq 1), as Atmosphere clients expect it."""
 
 RESUMED_METADATA_KEY = "ai.run.resumed"
-"""The metadata event a re-driven run starts with (its worker died): what follows is a new attempt."""
+"""The metadata event a re-driven run starts with (its worker died): the run goes on from there,
+without sending again what its stream already has."""
 
 EVENT_LOST_METADATA_KEY = "ai.run.event_lost"
 """Marks a seq whose event was lost with the worker that wrote it."""
+
+SERVER_SIDE_KINDS = frozenset({"input"})
+"""Event kinds no client is sent: `input` holds the model's whole input, system prompt included
+(the tape and the journal keep it); a client's frame seqs skip them."""
 
 SUBMIT_DEADLINE = 20.0
 """Seconds a submission keeps trying (a frozen or restarting broker) before it is refused."""
@@ -480,6 +485,7 @@ __all__ = [
     "NESTING_METADATA_KEY",
     "RESUMED_METADATA_KEY",
     "RUN_ID_METADATA_KEY",
+    "SERVER_SIDE_KINDS",
     "STORE_DEADLINE",
     "SUBAGENT_DEPTH_METADATA_KEY",
     "SUBMIT_DEADLINE",

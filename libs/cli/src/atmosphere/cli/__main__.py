@@ -11,6 +11,7 @@ from pathlib import Path
 
 from atmosphere.cli.dev import DevOptions, run_dev
 from atmosphere.cli.new import NewProjectError, new_project
+from atmosphere.cli.tape import add_tape_commands, run_tape
 
 DEFAULT_APP = "examples.assistant:app"
 
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     new = commands.add_parser("new", help="write a starter project: one agent, its test, a README")
     new.add_argument("directory", type=Path, help="where to write it (created when missing)")
     new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
+    add_tape_commands(commands)
     return parser
 
 
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "new":
         return _new(args)
+    if args.command == "tape":
+        return run_tape(args)
     options = DevOptions(
         app=args.app,
         app_dir=args.app_dir.resolve(),

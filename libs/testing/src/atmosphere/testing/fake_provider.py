@@ -175,6 +175,9 @@ class FakeProvider:
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     default: Reply | None = None
     """Answered when the script is empty (benchmarks); None makes an empty script a 500."""
+    responder: Callable[[dict[str, Any]], Reply] | None = None
+    """Chooses the reply from the request body (the script is ignored): a model whose answer
+    depends only on what it is asked, as many concurrent runs (or a re-asked round) need."""
     base_url: str = ""
     """`http://127.0.0.1:<port>/v1`, set while serving."""
 
@@ -222,6 +225,9 @@ class FakeProvider:
         request = json.loads(raw or b"{}")
         self.requests.append(request)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        if self.responder is not None:
+            await self._reply(self.responder(request), request, send, receive)
+            return
         if not self.replies and self.default is None:
             await _json(send, 500, {"error": {"message": "script exhausted", "type": "server_error"}})
             return

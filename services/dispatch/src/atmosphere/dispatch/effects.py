@@ -80,7 +80,7 @@ class ToolEffect:
         """Just before the side effect."""
         if not self.started:
             self.started = True
-            await self.journal.pending(EffectKind.TOOL_CALL, self.key, self.digest)
+            await self.journal.pending(EffectKind.EFFECT_KIND_TOOL_CALL, self.key, self.digest)
 
     async def settle(self, *, error: bool, text: str) -> None:
         """Just before the outcome is reported (a call that never started records nothing)."""
@@ -104,7 +104,7 @@ class ApprovalEffect:
 
     async def ask(self) -> None:
         """The approval is being asked."""
-        await self.journal.pending(EffectKind.APPROVAL, self.key, self.digest)
+        await self.journal.pending(EffectKind.EFFECT_KIND_APPROVAL, self.key, self.digest)
 
     async def decide(self, action: str, payload: str) -> None:
         """The reviewer decided: a resume replays it without asking again."""
@@ -171,7 +171,7 @@ class RunEffects:
                 return _Round(self.journal, key, digest, RecordedRound.from_json(entry.payload))
             except ValueError:
                 pass  # an unreadable record is run live again
-        await self.journal.pending(EffectKind.LLM_ROUND, key, digest)
+        await self.journal.pending(EffectKind.EFFECT_KIND_LLM_ROUND, key, digest)
         return _Round(self.journal, key, digest, None)
 
     def tool_call(self, name: str, arguments: dict[str, Any]) -> ToolEffect:

@@ -1,11 +1,13 @@
-"""The gRPC `DispatchService`: runs, cancellation, agents and info, plus health and reflection.
+"""The gRPC `DispatchService`: runs, following, cancellation, agents and info, plus health and reflection.
 
 A gRPC run takes the same path as a WebSocket run — `ATMO_RUNS`, any dispatch worker,
-governance, tape — so both entry paths behave the same (mode parity). Authentication is the
-agent endpoints' too: with token grants configured (`ATMOSPHERE_INGRESS__AUTH_TOKENS`) every
+governance, tape — so both entry paths behave the same (mode parity). Its events come off the
+bus, never out of this process, so `Follow` works on any replica: a client whose `Run` stream
+broke with its dispatch continues on another one after the last seq it saw. Authentication is
+the agent endpoints' too: with token grants configured (`ATMOSPHERE_INGRESS__AUTH_TOKENS`) every
 `DispatchService` call needs `authorization: Bearer <token>` or `x-api-key: <token>` metadata
 (`UNAUTHENTICATED` otherwise), a grant covering the agent's path (`PERMISSION_DENIED`), and
-`Cancel` reaches only the caller's own runs. Health and reflection stay open for probes.
+`Follow` and `Cancel` reach only the caller's own runs. Health and reflection stay open for probes.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from grpc_reflection.v1alpha import reflection
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
 from atmosphere.bus.runs import (
+    SERVER_SIDE_KINDS,
     StreamGapError,
     SubmitError,
+    UnknownRunError,
     cancel_run,
     follow_run,
     is_terminal,
@@ -41,6 +45,7 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     AgentDescriptor,
     CancelRequest,
     CancelResponse,
+    FollowRequest,
     GetInfoRequest,
     GetInfoResponse,
     ListAgentsRequest,
@@ -61,6 +66,7 @@ RESERVED_METADATA_PREFIXES = ("atmosphere.", "ai.subagent.", "ai.run.")
 MAX_REASON_CHARS = 1024
 HEALTH_POLL = 0.5
 """Seconds between looks at dispatch's readiness for gRPC health `Watch` streams."""
+MALFORMED_RUN_ID = "Malformed run id (1-128 letters, digits, _-:@)"
 
 M = TypeVar("M", bound=Message)
 
@@ -108,6 +114,16 @@ class DispatchServicer:
         self._agents = {d.name: d for d in descriptors}
         self._info = info
         self._auth = authenticator or Authenticator(())
+        self._stopping = False
+
+    def stop_serving(self) -> None:
+        """The server is going down: `Run` streams it cuts leave their runs running.
+
+        Only a client that drops its own `Run` call cancels the run. A stream broken by a
+        dispatch stopping (a deploy, a scale-down) is the server's doing: the client goes on
+        with `Follow` on another replica.
+        """
+        self._stopping = True
 
     async def _accept(
         self, request: M | MalformedRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -159,7 +175,8 @@ class DispatchServicer:
         events = follow_run(self._bus, run.run_id, submit=run)
         try:
             async for event in events:
-                yield RunResponse(event=event)
+                if event.WhichOneof("kind") not in SERVER_SIDE_KINDS:
+                    yield _response(event)
                 if is_terminal(event):
                     finished = True
                     return
@@ -175,9 +192,35 @@ class DispatchServicer:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the run's stream broke (run {run.run_id})")
         finally:
             await events.aclose()
-            if not finished:
+            if not finished and not self._stopping:
                 # The client went away (or the call was cancelled): stop the run upstream too.
                 await _cancel(self._bus, run.run_id, "the gRPC client cancelled the call", run.principal)
+
+    async def Follow(  # noqa: N802 - the gRPC method name
+        self, received: FollowRequest | MalformedRequest, context: grpc.aio.ServicerContext[FollowRequest, RunResponse]
+    ) -> AsyncIterator[RunResponse]:
+        """Stream an existing run's events after `after_seq` through the terminal one.
+
+        A finished run's stored events are replayed; a live run's continue as they happen.
+        Dropping the call leaves the run running. With auth on, only the caller's own runs.
+        """
+        caller, request = await self._accept(received, context)
+        await self._check_run(caller, request.run_id, context)
+        events = follow_run(self._bus, request.run_id, after_seq=request.after_seq)
+        try:
+            async for event in events:
+                if event.WhichOneof("kind") not in SERVER_SIDE_KINDS:
+                    yield _response(event)
+        except UnknownRunError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {request.run_id}")
+        except (StreamGapError, BusError) as exc:
+            log.warning("gRPC follow of run %s broke: %s", request.run_id, exc)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the run cannot be followed right now (run {request.run_id}); try again after the last seq received",
+            )
+        finally:
+            await events.aclose()
 
     async def Cancel(  # noqa: N802 - the gRPC method name
         self,
@@ -186,20 +229,29 @@ class DispatchServicer:
     ) -> CancelResponse:
         """Cancel a running run (false when no worker owns it); with auth on, only the caller's own."""
         caller, request = await self._accept(received, context)
-        try:
-            subjects.token(request.run_id, what="run id")
-        except ValueError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Malformed run id (1-128 letters, digits, _-:@)")
-        if self._auth.enabled:
-            try:
-                mine = await self._may_control(caller, request.run_id)
-            except BusError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "runs cannot be looked up right now; try again")
-            if not mine:
-                # Someone else's run reads exactly like one that does not exist: ids cannot be probed.
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {request.run_id}")
+        await self._check_run(caller, request.run_id, context)
         reason = request.reason[:MAX_REASON_CHARS] or "cancelled"
         return CancelResponse(accepted=await _cancel(self._bus, request.run_id, reason, caller.principal))
+
+    async def _check_run(self, caller: Caller, run_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Abort unless `run_id` is well-formed and, with auth on, the caller's own run.
+
+        `INVALID_ARGUMENT` for an id that cannot be a run's, `UNAVAILABLE` when the run cannot
+        be looked up, `NOT_FOUND` for someone else's run and for an unknown one alike.
+        """
+        try:
+            subjects.token(run_id, what="run id")
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_RUN_ID)
+        if not self._auth.enabled:
+            return
+        try:
+            mine = await self._may_control(caller, run_id)
+        except BusError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "runs cannot be looked up right now; try again")
+        if not mine:
+            # Someone else's run reads exactly like one that does not exist: ids cannot be probed.
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {run_id}")
 
     async def _may_control(self, caller: Caller, run_id: str) -> bool:
         """Whether `caller` owns the stored run `run_id` and may use its agent."""
@@ -271,6 +323,11 @@ def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Princip
     )
 
 
+def _response(event: run_pb2.RunEvent) -> RunResponse:
+    """The response carrying `event`, its run id and seq copied up for clients that resume by them."""
+    return RunResponse(event=event, run_id=event.run_id, seq=event.seq)
+
+
 async def _cancel(bus: Bus, run_id: str, reason: str, principal: Principal) -> bool:
     # The worker accepts control only from the run's owner: the caller's principal goes along.
     return await cancel_run(bus, run_id, reason, principal=principal)
@@ -282,6 +339,11 @@ def _handlers(servicer: DispatchServicer) -> grpc.GenericRpcHandler:
         "Run": grpc.unary_stream_rpc_method_handler(
             servicer.Run,
             request_deserializer=_tolerant(RunRequest),
+            response_serializer=RunResponse.SerializeToString,
+        ),
+        "Follow": grpc.unary_stream_rpc_method_handler(
+            servicer.Follow,
+            request_deserializer=_tolerant(FollowRequest),
             response_serializer=RunResponse.SerializeToString,
         ),
         "Cancel": grpc.unary_unary_rpc_method_handler(
@@ -351,11 +413,14 @@ async def serve_grpc(
     port: int,
     max_message_bytes: int = 4 << 20,
     ready: Callable[[], bool] = lambda: True,
+    stop_grace: float = 5.0,
 ) -> AsyncIterator[int]:
     """Run the gRPC server (with health and reflection) while the context is open; yield its port.
 
     A request larger than `max_message_bytes` is refused by gRPC itself (`RESOURCE_EXHAUSTED`)
-    before it is read into memory. Health is `SERVING` while `ready()` is true.
+    before it is read into memory. Health is `SERVING` while `ready()` is true. On exit, calls
+    in progress get `stop_grace` seconds to finish; the runs of `Run` calls cut after that go on
+    (their clients `Follow` them on another replica).
     """
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)])
     server.add_generic_rpc_handlers((_handlers(servicer),))
@@ -374,5 +439,6 @@ async def serve_grpc(
         following.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await following
+        servicer.stop_serving()
         await health_servicer.enter_graceful_shutdown()
-        await server.stop(grace=5)
+        await server.stop(grace=stop_grace)

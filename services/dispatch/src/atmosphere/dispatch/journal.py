@@ -79,12 +79,12 @@ class Entry:
     @property
     def committed(self) -> bool:
         """Whether it replays (only committed effects do)."""
-        return self.status == EffectStatus.COMMITTED
+        return self.status == EffectStatus.EFFECT_STATUS_COMMITTED
 
     @property
     def pending(self) -> bool:
         """Whether it was started and never settled: its worker died inside it."""
-        return self.status == EffectStatus.PENDING
+        return self.status == EffectStatus.EFFECT_STATUS_PENDING
 
 
 class RunJournal:
@@ -124,7 +124,7 @@ class RunJournal:
         return journal
 
     def _fold(self, effect: Effect) -> None:
-        if effect.status == EffectStatus.COMMITTED:
+        if effect.status == EffectStatus.EFFECT_STATUS_COMMITTED:
             self.fruitless_deliveries = 0
         self.entries[effect.idempotency_key] = Entry(
             seq=effect.seq,
@@ -179,16 +179,22 @@ class RunJournal:
             msg = f"The run reached its limit of {self.max_effects} journaled effects"
             raise EffectLimitError(msg, details={"limit": str(self.max_effects)})
         await self._write(
-            Effect(seq=seq, kind=kind, idempotency_key=key, status=EffectStatus.PENDING, request_digest=digest)
+            Effect(
+                seq=seq,
+                kind=kind,
+                idempotency_key=key,
+                status=EffectStatus.EFFECT_STATUS_PENDING,
+                request_digest=digest,
+            )
         )
 
     async def commit(self, key: str, payload: str) -> None:
         """Record the effect's result: from now on it replays instead of running."""
-        await self._settle(key, EffectStatus.COMMITTED, payload=payload)
+        await self._settle(key, EffectStatus.EFFECT_STATUS_COMMITTED, payload=payload)
 
     async def fail(self, key: str, reason: str) -> None:
         """Record that the effect failed: a resume runs it again."""
-        await self._settle(key, EffectStatus.FAILED, reason=reason)
+        await self._settle(key, EffectStatus.EFFECT_STATUS_FAILED, reason=reason)
 
     async def _settle(self, key: str, status: EffectStatus.ValueType, *, payload: str = "", reason: str = "") -> None:
         entry = self.entries[key]

@@ -287,7 +287,7 @@ class Run:
         if seed is not None:
             with contextlib.suppress(ValueError):  # an unreadable seed is built live again
                 return seeded(self._base_request(message, ()), seed.payload)
-        await effects.journal.pending(EffectKind.RUN_INPUT, key, digest)
+        await effects.journal.pending(EffectKind.EFFECT_KIND_RUN_INPUT, key, digest)
         request = await self._model_request(message, await self._history(staged))
         if request is not None:
             payload = seed_json(

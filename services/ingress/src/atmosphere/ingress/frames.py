@@ -20,6 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from atmosphere.bus.runs import SERVER_SIDE_KINDS
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.ingress.errors import IngressError
 
@@ -210,10 +211,6 @@ _TRANSLATORS: dict[str, Callable[[RunEvent], Frame]] = {
         },
     ),
 }
-
-
-SERVER_SIDE_KINDS = frozenset({"input"})
-"""Event kinds no client is sent."""
 
 
 def to_frame(event: RunEvent) -> Frame | None:

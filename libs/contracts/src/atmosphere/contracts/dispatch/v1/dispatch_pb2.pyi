@@ -75,20 +75,55 @@ class RunResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The event's run id and seq, copied up (the same as `event.run_id` and `event.seq`)."""
+    seq: _builtins.int
+    """Increasing within a run, but not always by one: server-side events (the model's `input`)
+    are never sent, so their seqs are skipped. Resume with the last seq received.
+    """
     @_builtins.property
     def event(self) -> _run_pb2.RunEvent: ...
     def __init__(
         self,
         *,
         event: _run_pb2.RunEvent | None = ...,
+        run_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "run_id", b"run_id", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunResponse: _TypeAlias = RunResponse  # noqa: Y015
+
+@_typing.final
+class FollowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    after_seq: _builtins.int
+    """Only events after this seq (0: from the run's first event). A seq beyond the run's last
+    one waits for later events.
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowRequest: _TypeAlias = FollowRequest  # noqa: Y015
 
 @_typing.final
 class CancelRequest(_message.Message):

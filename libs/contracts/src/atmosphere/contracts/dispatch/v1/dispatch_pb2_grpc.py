@@ -41,6 +41,11 @@ class DispatchServiceStub:
                 request_serializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunRequest.SerializeToString,
                 response_deserializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.FromString,
                 _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/atmosphere.contracts.dispatch.v1.DispatchService/Follow',
+                request_serializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.FollowRequest.SerializeToString,
+                response_deserializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/atmosphere.contracts.dispatch.v1.DispatchService/Cancel',
                 request_serializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.CancelRequest.SerializeToString,
@@ -64,7 +69,21 @@ class DispatchServiceServicer:
     """
 
     def Run(self, request, context):
-        """Starts a run and streams its events until the terminal one.
+        """Starts a run and streams its events until the terminal one. Dropping the call cancels the run.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Follow(self, request, context):
+        """Streams the events of an existing run with seq > `after_seq`, in order, once each, through
+        the terminal one: a finished run's stored events, then a live run's new ones. Any dispatch
+        replica serves it, so a client whose `Run` stream broke (its dispatch died) continues on
+        another with the last seq it saw. Dropping the call leaves the run running.
+        `Run` and `Follow` stream the same responses on purpose: one reader serves both.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +116,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
             'Run': grpc.unary_stream_rpc_method_handler(
                     servicer.Run,
                     request_deserializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunRequest.FromString,
+                    response_serializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.FollowRequest.FromString,
                     response_serializer=atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
@@ -143,6 +167,33 @@ class DispatchService:
             target,
             '/atmosphere.contracts.dispatch.v1.DispatchService/Run',
             atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunRequest.SerializeToString,
+            atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/atmosphere.contracts.dispatch.v1.DispatchService/Follow',
+            atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.FollowRequest.SerializeToString,
             atmosphere_dot_contracts_dot_dispatch_dot_v1_dot_dispatch__pb2.RunResponse.FromString,
             options,
             channel_credentials,

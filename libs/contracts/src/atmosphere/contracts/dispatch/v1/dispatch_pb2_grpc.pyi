@@ -36,7 +36,18 @@ class DispatchServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DispatchServiceAsyncStub: ...
     Run: _grpc.UnaryStreamMultiCallable[_dispatch_pb2.RunRequest, _dispatch_pb2.RunResponse]
-    """Starts a run and streams its events until the terminal one."""
+    """Starts a run and streams its events until the terminal one. Dropping the call cancels the run.
+    buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+    """
+    Follow: _grpc.UnaryStreamMultiCallable[_dispatch_pb2.FollowRequest, _dispatch_pb2.RunResponse]
+    """Streams the events of an existing run with seq > `after_seq`, in order, once each, through
+    the terminal one: a finished run's stored events, then a live run's new ones. Any dispatch
+    replica serves it, so a client whose `Run` stream broke (its dispatch died) continues on
+    another with the last seq it saw. Dropping the call leaves the run running.
+    `Run` and `Follow` stream the same responses on purpose: one reader serves both.
+    buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+    buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+    """
     Cancel: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.CancelRequest, _dispatch_pb2.CancelResponse]
     """Cancels a running run."""
     ListAgents: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListAgentsRequest, _dispatch_pb2.ListAgentsResponse]
@@ -52,7 +63,18 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Run: _aio.UnaryStreamMultiCallable[_dispatch_pb2.RunRequest, _dispatch_pb2.RunResponse]  # type: ignore[assignment]
-    """Starts a run and streams its events until the terminal one."""
+    """Starts a run and streams its events until the terminal one. Dropping the call cancels the run.
+    buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+    """
+    Follow: _aio.UnaryStreamMultiCallable[_dispatch_pb2.FollowRequest, _dispatch_pb2.RunResponse]  # type: ignore[assignment]
+    """Streams the events of an existing run with seq > `after_seq`, in order, once each, through
+    the terminal one: a finished run's stored events, then a live run's new ones. Any dispatch
+    replica serves it, so a client whose `Run` stream broke (its dispatch died) continues on
+    another with the last seq it saw. Dropping the call leaves the run running.
+    `Run` and `Follow` stream the same responses on purpose: one reader serves both.
+    buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+    buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+    """
     Cancel: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.CancelRequest, _dispatch_pb2.CancelResponse]  # type: ignore[assignment]
     """Cancels a running run."""
     ListAgents: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListAgentsRequest, _dispatch_pb2.ListAgentsResponse]  # type: ignore[assignment]
@@ -71,7 +93,24 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatch_pb2.RunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_dispatch_pb2.RunResponse], _abc.AsyncIterator[_dispatch_pb2.RunResponse]]:
-        """Starts a run and streams its events until the terminal one."""
+        """Starts a run and streams its events until the terminal one. Dropping the call cancels the run.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        """
+
+    @_abc_1.abstractmethod
+    def Follow(
+        self,
+        request: _dispatch_pb2.FollowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatch_pb2.RunResponse], _abc.AsyncIterator[_dispatch_pb2.RunResponse]]:
+        """Streams the events of an existing run with seq > `after_seq`, in order, once each, through
+        the terminal one: a finished run's stored events, then a live run's new ones. Any dispatch
+        replica serves it, so a client whose `Run` stream broke (its dispatch died) continues on
+        another with the last seq it saw. Dropping the call leaves the run running.
+        `Run` and `Follow` stream the same responses on purpose: one reader serves both.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        """
 
     @_abc_1.abstractmethod
     def Cancel(

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atmosphere/contracts/journal/v1/journal.proto\x12\x1f\x61tmosphere.contracts.journal.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x01\n\rJournalRecord\x12\x37\n\x05lease\x18\x01 \x01(\x0b\x32&.atmosphere.contracts.journal.v1.LeaseH\x00\x12\x39\n\x06\x65\x66\x66\x65\x63t\x18\x02 \x01(\x0b\x32\'.atmosphere.contracts.journal.v1.EffectH\x00\x12=\n\x08terminal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.journal.v1.TerminalH\x00\x12/\n\x0brecorded_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x08\n\x06record\"(\n\x05Lease\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\"\xe8\x01\n\x06\x45\x66\x66\x65\x63t\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x39\n\x04kind\x18\x02 \x01(\x0e\x32+.atmosphere.contracts.journal.v1.EffectKind\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12=\n\x06status\x18\x04 \x01(\x0e\x32-.atmosphere.contracts.journal.v1.EffectStatus\x12\x16\n\x0erequest_digest\x18\x05 \x01(\t\x12\x16\n\x0eresult_payload\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\"\x1d\n\x08Terminal\x12\x11\n\tsucceeded\x18\x01 \x01(\x08*d\n\nEffectKind\x12\x1b\n\x17\x45\x46\x46\x45\x43T_KIND_UNSPECIFIED\x10\x00\x12\r\n\tRUN_INPUT\x10\x01\x12\r\n\tLLM_ROUND\x10\x02\x12\r\n\tTOOL_CALL\x10\x03\x12\x0c\n\x08\x41PPROVAL\x10\x04*U\n\x0c\x45\x66\x66\x65\x63tStatus\x12\x1d\n\x19\x45\x46\x46\x45\x43T_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tCOMMITTED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atmosphere/contracts/journal/v1/journal.proto\x12\x1f\x61tmosphere.contracts.journal.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x01\n\rJournalRecord\x12\x37\n\x05lease\x18\x01 \x01(\x0b\x32&.atmosphere.contracts.journal.v1.LeaseH\x00\x12\x39\n\x06\x65\x66\x66\x65\x63t\x18\x02 \x01(\x0b\x32\'.atmosphere.contracts.journal.v1.EffectH\x00\x12=\n\x08terminal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.journal.v1.TerminalH\x00\x12/\n\x0brecorded_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x08\n\x06record\"(\n\x05Lease\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\"\xe8\x01\n\x06\x45\x66\x66\x65\x63t\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x39\n\x04kind\x18\x02 \x01(\x0e\x32+.atmosphere.contracts.journal.v1.EffectKind\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12=\n\x06status\x18\x04 \x01(\x0e\x32-.atmosphere.contracts.journal.v1.EffectStatus\x12\x16\n\x0erequest_digest\x18\x05 \x01(\t\x12\x16\n\x0eresult_payload\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\"\x1d\n\x08Terminal\x12\x11\n\tsucceeded\x18\x01 \x01(\x08*\x94\x01\n\nEffectKind\x12\x1b\n\x17\x45\x46\x46\x45\x43T_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45\x46\x46\x45\x43T_KIND_RUN_INPUT\x10\x01\x12\x19\n\x15\x45\x46\x46\x45\x43T_KIND_LLM_ROUND\x10\x02\x12\x19\n\x15\x45\x46\x46\x45\x43T_KIND_TOOL_CALL\x10\x03\x12\x18\n\x14\x45\x46\x46\x45\x43T_KIND_APPROVAL\x10\x04*\x7f\n\x0c\x45\x66\x66\x65\x63tStatus\x12\x1d\n\x19\x45\x46\x46\x45\x43T_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45\x46\x46\x45\x43T_STATUS_PENDING\x10\x01\x12\x1b\n\x17\x45\x46\x46\x45\x43T_STATUS_COMMITTED\x10\x02\x12\x18\n\x14\x45\x46\x46\x45\x43T_STATUS_FAILED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atmosphere.contracts.journal.v1.journal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EFFECTKIND']._serialized_start=679
-  _globals['_EFFECTKIND']._serialized_end=779
-  _globals['_EFFECTSTATUS']._serialized_start=781
-  _globals['_EFFECTSTATUS']._serialized_end=866
+  _globals['_EFFECTKIND']._serialized_start=680
+  _globals['_EFFECTKIND']._serialized_end=828
+  _globals['_EFFECTSTATUS']._serialized_start=830
+  _globals['_EFFECTSTATUS']._serialized_end=957
   _globals['_JOURNALRECORD']._serialized_start=116
   _globals['_JOURNALRECORD']._serialized_end=369
   _globals['_LEASE']._serialized_start=371

@@ -28,25 +28,25 @@ class _EffectKind:
 class _EffectKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EffectKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EFFECT_KIND_UNSPECIFIED: _EffectKind.ValueType  # 0
-    RUN_INPUT: _EffectKind.ValueType  # 1
+    EFFECT_KIND_RUN_INPUT: _EffectKind.ValueType  # 1
     """The assembled input of one model exchange (the seed's RunSeed)."""
-    LLM_ROUND: _EffectKind.ValueType  # 2
+    EFFECT_KIND_LLM_ROUND: _EffectKind.ValueType  # 2
     """One model round: its text, tool calls and usage."""
-    TOOL_CALL: _EffectKind.ValueType  # 3
+    EFFECT_KIND_TOOL_CALL: _EffectKind.ValueType  # 3
     """One tool call: the exact text the model got."""
-    APPROVAL: _EffectKind.ValueType  # 4
+    EFFECT_KIND_APPROVAL: _EffectKind.ValueType  # 4
     """One approval decision."""
 
 class EffectKind(_EffectKind, metaclass=_EffectKindEnumTypeWrapper): ...
 
 EFFECT_KIND_UNSPECIFIED: EffectKind.ValueType  # 0
-RUN_INPUT: EffectKind.ValueType  # 1
+EFFECT_KIND_RUN_INPUT: EffectKind.ValueType  # 1
 """The assembled input of one model exchange (the seed's RunSeed)."""
-LLM_ROUND: EffectKind.ValueType  # 2
+EFFECT_KIND_LLM_ROUND: EffectKind.ValueType  # 2
 """One model round: its text, tool calls and usage."""
-TOOL_CALL: EffectKind.ValueType  # 3
+EFFECT_KIND_TOOL_CALL: EffectKind.ValueType  # 3
 """One tool call: the exact text the model got."""
-APPROVAL: EffectKind.ValueType  # 4
+EFFECT_KIND_APPROVAL: EffectKind.ValueType  # 4
 """One approval decision."""
 Global___EffectKind: _TypeAlias = EffectKind  # noqa: Y015
 
@@ -57,21 +57,21 @@ class _EffectStatus:
 class _EffectStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EffectStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EFFECT_STATUS_UNSPECIFIED: _EffectStatus.ValueType  # 0
-    PENDING: _EffectStatus.ValueType  # 1
+    EFFECT_STATUS_PENDING: _EffectStatus.ValueType  # 1
     """Written before the side effect."""
-    COMMITTED: _EffectStatus.ValueType  # 2
+    EFFECT_STATUS_COMMITTED: _EffectStatus.ValueType  # 2
     """Written after it, with its result: only committed effects replay."""
-    FAILED: _EffectStatus.ValueType  # 3
+    EFFECT_STATUS_FAILED: _EffectStatus.ValueType  # 3
     """The effect failed (or an approval timed out): a resume runs it again."""
 
 class EffectStatus(_EffectStatus, metaclass=_EffectStatusEnumTypeWrapper): ...
 
 EFFECT_STATUS_UNSPECIFIED: EffectStatus.ValueType  # 0
-PENDING: EffectStatus.ValueType  # 1
+EFFECT_STATUS_PENDING: EffectStatus.ValueType  # 1
 """Written before the side effect."""
-COMMITTED: EffectStatus.ValueType  # 2
+EFFECT_STATUS_COMMITTED: EffectStatus.ValueType  # 2
 """Written after it, with its result: only committed effects replay."""
-FAILED: EffectStatus.ValueType  # 3
+EFFECT_STATUS_FAILED: EffectStatus.ValueType  # 3
 """The effect failed (or an approval timed out): a resume runs it again."""
 Global___EffectStatus: _TypeAlias = EffectStatus  # noqa: Y015
 

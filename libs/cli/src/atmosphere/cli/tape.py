@@ -1,0 +1,430 @@
+"""`atmosphere tape`: watch runs live from NATS, and export the tape as a fine-tuning dataset.
+
+`tape follow` reads a run's events the way every Atmosphere client does (`follow_run`: in seq
+order, once each, gaps completed from `ATMO_EVENTS`), so it also replays a finished run. It
+connects with the services' own settings (`ATMOSPHERE_NATS__URL`, `ATMOSPHERE_NATS__NAMESPACE`,
+what `atmosphere dev` sets), which `--server` and `--namespace` override. `tape export` writes
+the tape's finished runs as chat-format JSON lines (`atmosphere.tape.dataset.export_jsonl`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from google.protobuf.json_format import MessageToDict
+from pydantic import ValidationError
+
+from atmosphere.bus import Bus, BusError, ConnectError, subjects
+from atmosphere.bus import connect as connect_bus
+from atmosphere.bus.runs import StreamGapError, UnknownRunError, follow_run
+from atmosphere.config import ServiceSettings
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+
+if TYPE_CHECKING:
+    from atmosphere.tape.dataset import ExportReport
+
+EXIT_FAILED = 1
+"""NATS unreachable, the run's stream broken, the tape database missing or unreadable."""
+EXIT_USAGE = 2
+"""Bad flags (argparse's own code), or settings in the environment that do not validate."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C while following one run (with `--all`, Ctrl-C is the normal end: 0)."""
+CONNECT_TIMEOUT = 3.0
+"""Seconds to reach NATS before saying it cannot be reached."""
+HINT_AFTER = 3.0
+"""Seconds a run id may stay unknown before `tape follow` says so (and goes on waiting)."""
+UNKNOWN_RUN_POLL = 0.5
+"""Seconds between looks for the first stored event of a run not known yet."""
+SUMMARY_CHARS = 160
+"""Where a one-line event summary is cut."""
+
+STREAMED_INLINE = frozenset({"text_delta", "reasoning_delta"})
+"""Pieces printed as they come, on one line, instead of a line each."""
+NOT_SHOWN_AS_TEXT = frozenset({"tool_call_delta"})
+"""Pieces of something printed whole later (`tool_start` carries the full arguments)."""
+
+
+def add_tape_commands(commands: Any) -> None:
+    """Register `tape follow` and `tape export` under `commands` (the top-level subparsers)."""
+    tape = commands.add_parser("tape", help="follow runs live; export the tape as a dataset")
+    actions = tape.add_subparsers(dest="tape_command", required=True)
+    follow = actions.add_parser(
+        "follow",
+        help="print a run's events as they happen (or every run's, with --all)",
+        description=(
+            "Print a run's events as they happen: text inline, every other event on a line of its "
+            "own. A finished run is replayed; the command exits 0 at the run's last event. A run id "
+            "nothing is stored for yet is waited for (with a hint on stderr after a few seconds). "
+            "With --all, every run's new events are printed until Ctrl-C."
+        ),
+    )
+    which = follow.add_mutually_exclusive_group(required=True)
+    which.add_argument("run_id", nargs="?", type=_run_id, help="the run to follow")
+    which.add_argument("--all", action="store_true", help="every run's new events, until Ctrl-C")
+    follow.add_argument(
+        "--after-seq", type=_seq, default=0, metavar="N", help="only events after seq N (default: from the first)"
+    )
+    follow.add_argument("--json", action="store_true", help="one JSON object per event instead of text")
+    follow.add_argument("--server", help="NATS URL(s), comma-separated (default: $ATMOSPHERE_NATS__URL or local)")
+    follow.add_argument(
+        "--namespace", type=_namespace, help="the stack's bus namespace (default: $ATMOSPHERE_NATS__NAMESPACE)"
+    )
+    follow.set_defaults(usage_error=follow.error)
+    export = actions.add_parser(
+        "export",
+        help="write finished runs as chat-format JSON lines (a fine-tuning dataset)",
+        description=(
+            'Write one {"messages": [...]} line per completed run that has a model input and an '
+            "answer. Progress and the closing report go to stderr. Safe while the tape is recording."
+        ),
+    )
+    export.add_argument("out", type=Path, metavar="OUT.jsonl", help="the file to write")
+    export.add_argument("--db", type=Path, help="the tape's SQLite file (default: the tape service's own)")
+    export.add_argument("--max-runs", type=_seq, default=0, metavar="N", help="at most N runs (default: 0, all)")
+
+
+def run_tape(args: argparse.Namespace) -> int:
+    """Run the `tape` subcommand `args` asks for; the exit status."""
+    if args.tape_command == "export":
+        return export(args.out, db=args.db, max_runs=args.max_runs)
+    if args.after_seq and args.all:
+        args.usage_error("--after-seq needs a RUN_ID (with --all only new events are shown)")
+    try:
+        options = FollowOptions.resolve(args)
+    except ValidationError as exc:
+        print(f"error: invalid settings in the environment:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(follow(options))
+    except KeyboardInterrupt:
+        return 0 if options.run_id is None else EXIT_INTERRUPTED
+
+
+# -- follow ------------------------------------------------------------------------------------
+
+
+def _run_id(value: str) -> str:
+    try:
+        return subjects.token(value, what="run id")
+    except ValueError as exc:
+        msg = f"invalid run id {value!r}: use 1-128 letters, digits, '_', '-', ':' or '@'"
+        raise argparse.ArgumentTypeError(msg) from exc
+
+
+def _seq(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        msg = f"{value!r} is not a whole number of 0 or more"
+        raise argparse.ArgumentTypeError(msg)
+    return number
+
+
+def _namespace(value: str) -> str:
+    try:
+        return subjects.validate_namespace(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """What `tape follow` follows, where, and how it prints."""
+
+    servers: list[str]
+    namespace: str
+    run_id: str | None
+    """None: every run (`--all`)."""
+    after_seq: int = 0
+    as_json: bool = False
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace) -> FollowOptions:
+        """The flags, with the services' NATS settings where no flag is given.
+
+        Raises:
+            ValidationError: the environment's `ATMOSPHERE_*` settings do not validate.
+        """
+        nats = ServiceSettings().nats
+        servers = [s.strip() for s in args.server.split(",") if s.strip()] if args.server else nats.servers
+        namespace = nats.namespace if args.namespace is None else args.namespace
+        return cls(servers, namespace, args.run_id, args.after_seq, args.json)
+
+
+Connect = Callable[["FollowOptions"], AbstractAsyncContextManager[Bus]]
+
+
+def connect_nats(options: FollowOptions) -> AbstractAsyncContextManager[Bus]:
+    """The bus the services use, in `options.namespace`."""
+    return connect_bus(
+        options.servers, name="atmosphere-tape-follow", namespace=options.namespace, connect_timeout=CONNECT_TIMEOUT
+    )
+
+
+async def follow(
+    options: FollowOptions,
+    *,
+    connect: Connect = connect_nats,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    hint_after: float = HINT_AFTER,
+) -> int:
+    """Print events until the run's terminal one (or forever with `--all`); the exit status."""
+    out, err = out or sys.stdout, err or sys.stderr
+    printer = EventPrinter(out, as_json=options.as_json, all_runs=options.run_id is None)
+    try:
+        async with connect(options) as bus:
+            if options.run_id is None:
+                events = every_run(bus, listening=lambda: print(_LISTENING, file=err, flush=True))
+            else:
+                events = one_run(bus, options.run_id, options.after_seq, hint=_hint(err, options), after=hint_after)
+            async with contextlib.aclosing(events) as stream:
+                async for event in stream:
+                    printer.show(event)
+    except ConnectError:
+        print(f"error: cannot reach NATS at {', '.join(options.servers)}; is the stack running?", file=err)
+        return EXIT_FAILED
+    except (StreamGapError, BusError) as exc:
+        print(f"error: following stopped: {exc}", file=err)
+        return EXIT_FAILED
+    finally:
+        printer.close()
+    return 0
+
+
+def _hint(err: TextIO, options: FollowOptions) -> Callable[[], None]:
+    def hint() -> None:
+        where = f"namespace {options.namespace!r}" if options.namespace else "no namespace"
+        print(
+            f"nothing is stored for run {options.run_id} yet ({where}, {', '.join(options.servers)}); "
+            "still waiting for it, Ctrl-C to stop. A mistyped id, or another --namespace?",
+            file=err,
+            flush=True,
+        )
+
+    return hint
+
+
+async def one_run(
+    bus: Bus, run_id: str, after_seq: int, *, hint: Callable[[], None], after: float
+) -> AsyncGenerator[RunEvent, None]:
+    """The run's events after `after_seq` through its terminal one, waiting for a run not stored yet."""
+    since = time.monotonic()
+    hinted = False
+    while True:
+        try:
+            async with contextlib.aclosing(follow_run(bus, run_id, after_seq=after_seq)) as events:
+                async for event in events:
+                    yield event
+            return
+        except UnknownRunError:
+            pass  # raised before any event: nothing stored for the run yet
+        if not hinted and time.monotonic() - since >= after:
+            hint()
+            hinted = True
+        await asyncio.sleep(UNKNOWN_RUN_POLL)
+
+
+_LISTENING = "following every run's new events (Ctrl-C to stop)"
+
+
+async def every_run(bus: Bus, *, listening: Callable[[], None]) -> AsyncGenerator[RunEvent, None]:
+    """Every run's events from now on, as they are published; `listening()` once nothing can be missed."""
+    async with bus.subscribe(subjects.run_events_all(), RunEvent) as live:
+        listening()
+        async for envelope in live:
+            yield envelope.message
+
+
+def describe(event: RunEvent) -> dict[str, Any]:
+    """One event as plain JSON data: which run, where in it, and the fields of its kind."""
+    kind = event.WhichOneof("kind") or "unset"
+    line: dict[str, Any] = {"run": event.run_id, "seq": event.seq, "agent": event.agent, "kind": kind}
+    if event.origin_run_id:  # forwarded from a sub-run
+        line["origin"] = {"run": event.origin_run_id, "agent": event.origin_agent}
+    if kind != "unset":
+        line["data"] = MessageToDict(getattr(event, kind))
+    return line
+
+
+def summary(event: RunEvent) -> str:
+    """What an event says, in one short line."""
+    kind = event.WhichOneof("kind") or "unset"
+    if kind == "input":
+        model = f" for {event.input.model}" if event.input.model else ""
+        return f"input: {len(event.input.messages)} messages{model}"
+    if kind == "tool_start":
+        text = f"tool {event.tool_start.tool_name} {event.tool_start.arguments_json}"
+    elif kind == "tool_result":
+        text = f"tool {event.tool_result.tool_name} → {event.tool_result.result}"
+    elif kind == "tool_error":
+        text = f"tool {event.tool_error.tool_name} failed: {event.tool_error.error}"
+    elif kind == "error":
+        text = f"error {event.error.code}: {event.error.message}"
+    elif kind == "metadata":
+        text = f"metadata {event.metadata.key} = {event.metadata.value_json}"
+    elif kind == "text_complete":
+        text = f"text complete ({len(event.text_complete.full_text)} characters)"
+    elif kind == "unset":
+        text = "an event of a kind this command does not know"
+    else:
+        fields = MessageToDict(getattr(event, kind))
+        text = f"{kind} {json.dumps(fields, separators=(',', ':'))}" if fields else kind
+    text = " ".join(text.split())  # one line, whatever the payload holds
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+class EventPrinter:
+    """Prints events as text (streamed pieces inline, the rest a line each) or as JSON lines."""
+
+    def __init__(self, out: TextIO, *, as_json: bool, all_runs: bool) -> None:
+        """Write to `out`; with `all_runs`, every line names its run."""
+        self._out = out
+        self._json = as_json
+        self._all_runs = all_runs
+        self._streaming: tuple[str, str, str] | None = None
+        """Whose pieces the unfinished line holds: run, sub-run, kind."""
+
+    def show(self, event: RunEvent) -> None:
+        """Print one event."""
+        if self._json:
+            self._write(json.dumps(describe(event)) + "\n")
+            return
+        kind = event.WhichOneof("kind") or "unset"
+        if kind in NOT_SHOWN_AS_TEXT:
+            return
+        if kind in STREAMED_INLINE:
+            self._piece(event, kind)
+            return
+        self.close()
+        self._write(f"{self._label(event)}#{event.seq} {summary(event)}\n")
+
+    def close(self) -> None:
+        """End an unfinished line of streamed text."""
+        if self._streaming is not None:
+            self._streaming = None
+            self._write("\n")
+
+    def _piece(self, event: RunEvent, kind: str) -> None:
+        whose = (event.run_id, event.origin_run_id, kind)
+        if whose != self._streaming:
+            self.close()
+            thinking = "(thinking) " if kind == "reasoning_delta" else ""
+            self._write(self._label(event) + thinking)
+            self._streaming = whose
+        self._write(event.text_delta.text if kind == "text_delta" else event.reasoning_delta.text)
+
+    def _label(self, event: RunEvent) -> str:
+        run = f"{event.run_id} " if self._all_runs else ""
+        origin = f"[{event.origin_agent or event.origin_run_id}] " if event.origin_run_id else ""
+        return run + origin
+
+    def _write(self, text: str) -> None:
+        self._out.write(text)
+        self._out.flush()
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+Exporter = Callable[..., "ExportReport"]
+"""`atmosphere.tape.dataset.export_jsonl`, or a stand-in with its signature."""
+
+
+def default_db() -> Path:
+    """Where the tape service keeps its database, by its own settings."""
+    from atmosphere.tape.settings import TapeSettings  # noqa: PLC0415 - the tape only when exporting
+
+    return TapeSettings().db_path
+
+
+def tape_exporter() -> Exporter:
+    """The tape's own exporter."""
+    from atmosphere.tape.dataset import export_jsonl  # noqa: PLC0415 - the tape only when exporting
+
+    return export_jsonl
+
+
+def export(
+    out: Path,
+    *,
+    db: Path | None,
+    max_runs: int = 0,
+    exporter: Callable[[], Exporter] = tape_exporter,
+    err: TextIO | None = None,
+) -> int:
+    """Export the tape at `db` (default: the tape service's) to `out`; the exit status."""
+    err = err or sys.stderr
+    try:
+        db_path = db or default_db()
+    except ValidationError as exc:
+        print(f"error: invalid settings in the environment:\n{exc}", file=err)
+        return EXIT_USAGE
+    if not db_path.is_file():
+        print(f"error: no tape database at {db_path} (pass --db, or set ATMOSPHERE_DATA_DIR)", file=err)
+        return EXIT_FAILED
+    from atmosphere.tape.dataset import TapeFileError  # noqa: PLC0415 - the tape only when exporting
+
+    bar = ProgressBar(err)
+    try:
+        report = exporter()(db_path, out, max_runs=max_runs, progress=bar.update)
+    except (TapeFileError, sqlite3.Error, OSError) as exc:
+        bar.finish()
+        print(f"error: the export failed: {exc}", file=err)
+        return EXIT_FAILED
+    bar.finish()
+    for line in report_lines(report, out):
+        print(line, file=err)
+    return 0
+
+
+def report_lines(report: ExportReport, out: Path) -> list[str]:
+    """The closing report, in words."""
+    lines = [
+        f"wrote {report.emitted} of {report.runs_seen} runs to {out}",
+        f"skipped: {report.skipped_not_terminal} not completed, {report.skipped_no_input} without a model input, "
+        f"{report.skipped_no_output} without an answer",
+    ]
+    return lines + [f"note: {note}" for note in report.notes]
+
+
+class ProgressBar:
+    """A plain-text bar on one line of `err`, redrawn in place (a carriage return) when it moves a step."""
+
+    WIDTH = 30
+
+    def __init__(self, err: TextIO) -> None:
+        """Draw on `err`."""
+        self._err = err
+        self._drawn: tuple[int, int] | None = None
+
+    def update(self, done: int, total: int) -> None:
+        """`done` of `total` runs processed (what `export_jsonl` calls as it goes)."""
+        filled = self.WIDTH if total <= 0 else min(self.WIDTH, self.WIDTH * done // total)
+        step = (filled, done * 100 // total if total > 0 else 100)
+        if step == self._drawn and done != total:
+            return
+        self._drawn = step
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self._err.write(f"\r[{bar}] {done}/{total} runs")
+        self._err.flush()
+
+    def finish(self) -> None:
+        """End the bar's line (if one was drawn)."""
+        if self._drawn is not None:
+            self._err.write("\n")
+            self._err.flush()
+            self._drawn = None

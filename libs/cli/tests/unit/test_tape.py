@@ -1,0 +1,383 @@
+"""`atmosphere tape follow` and `atmosphere tape export`: flags, output, exit codes.
+
+`follow` runs on the in-memory bus (its connection is the one thing swapped), with events
+written the way a run's submitter and worker write them; `export` runs against a stand-in
+with `export_jsonl`'s signature, plus the tape's real exporter on a real tape database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere.bus import Bus, JetStreamLayout, subjects
+from atmosphere.bus.testing import FakeBus
+from atmosphere.cli import __main__ as cli_main
+from atmosphere.cli import tape
+from atmosphere.cli.tape import EventPrinter, FollowOptions, summary
+from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.contracts.run.v1.run_pb2 import (
+    Complete,
+    InputMessage,
+    Metadata,
+    ReasoningDelta,
+    RunEvent,
+    RunInput,
+    TextDelta,
+    ToolCallDelta,
+    ToolResult,
+    ToolStart,
+)
+from atmosphere.tape.dataset import ExportReport
+from atmosphere.tape.recorder import Recorder
+from atmosphere.tape.store import TapeStore
+from atmosphere.testing import wait_until
+
+DEADLINE = 10.0
+"""A safety net against a hang, never an assertion."""
+
+
+# -- flags -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["tape"], "tape_command"),
+        (["tape", "follow"], "one of the arguments run_id --all is required"),
+        (["tape", "follow", "r1", "--all"], "not allowed with argument"),
+        (["tape", "follow", "a.b"], "invalid run id 'a.b'"),
+        (["tape", "follow", "r" * 129], "invalid run id"),
+        (["tape", "follow", "r1", "--after-seq", "-1"], "'-1' is not a whole number of 0 or more"),
+        (["tape", "follow", "r1", "--after-seq", "three"], "'three' is not a whole number"),
+        (["tape", "follow", "--all", "--after-seq", "3"], "--after-seq needs a RUN_ID"),
+        (["tape", "follow", "r1", "--namespace", "bad ns"], "namespace"),
+        (["tape", "follow", "r1", "--colour"], "unrecognized arguments: --colour"),
+        (["tape", "export"], "the following arguments are required: OUT.jsonl"),
+        (["tape", "export", "out.jsonl", "--max-runs", "-3"], "'-3' is not a whole number"),
+    ],
+)
+def test_bad_flags_are_a_usage_error(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main(argv)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_follow_says_in_its_help_that_an_unknown_run_is_waited_for(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main.main(["tape", "follow", "--help"])
+    assert "is waited for" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_nats_settings_are_the_services_unless_a_flag_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATMOSPHERE_NATS__URL", "nats://a:4222,nats://b:4222")
+    monkeypatch.setenv("ATMOSPHERE_NATS__NAMESPACE", "team")
+    parser = cli_main._parser()
+    from_env = FollowOptions.resolve(parser.parse_args(["tape", "follow", "r1"]))
+    assert (from_env.servers, from_env.namespace) == (["nats://a:4222", "nats://b:4222"], "team")
+    flags = FollowOptions.resolve(
+        parser.parse_args(["tape", "follow", "r1", "--server", "nats://c:1", "--namespace", ""])
+    )
+    assert (flags.servers, flags.namespace) == (["nats://c:1"], "")
+
+
+def test_unreachable_nats_is_a_clear_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 1 (tcpmux) is privileged and served by nothing here: the connection is refused.
+    assert cli_main.main(["tape", "follow", "r1", "--server", "nats://127.0.0.1:1"]) == 1
+    assert "error: cannot reach NATS at nats://127.0.0.1:1; is the stack running?" in capsys.readouterr().err
+
+
+# -- follow ------------------------------------------------------------------------------------
+
+
+class Run:
+    """Writes one run's events as its submitter and worker do: numbered from 1."""
+
+    def __init__(self, bus: FakeBus, run_id: str = "r1") -> None:
+        self.bus, self.run_id, self.seq = bus, run_id, 0
+
+    async def emit(self, **kind: Any) -> None:
+        self.seq += 1
+        event = RunEvent(run_id=self.run_id, seq=self.seq, agent="echo", **kind)
+        await self.bus.js_publish(subjects.run_events(self.run_id), event)
+
+    async def answer(self, *pieces: str) -> None:
+        await self.emit(metadata=Metadata(key="X-Atmosphere-Run-Id", value_json=json.dumps(self.run_id)))
+        for piece in pieces:
+            await self.emit(text_delta=TextDelta(text=piece))
+        await self.emit(complete=Complete())
+
+
+@dataclass
+class Terminal:
+    out: io.StringIO = field(default_factory=io.StringIO)
+    err: io.StringIO = field(default_factory=io.StringIO)
+
+    async def err_says(self, text: str) -> None:
+        async def said() -> bool:
+            return text in self.err.getvalue()
+
+        await wait_until(said, what=f"stderr to say {text!r}")
+
+
+def on(bus: Bus) -> Callable[[FollowOptions], contextlib.AbstractAsyncContextManager[Bus]]:
+    @contextlib.asynccontextmanager
+    async def connect(_options: FollowOptions) -> AsyncIterator[Bus]:
+        yield bus
+
+    return connect
+
+
+@pytest.fixture
+async def bus() -> FakeBus:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    return bus
+
+
+async def follow(bus: Bus, terminal: Terminal, run_id: str | None = "r1", **options: Any) -> int:
+    settings = FollowOptions(["nats://test:4222"], "", run_id, **options)
+    async with asyncio.timeout(DEADLINE):
+        return await tape.follow(settings, connect=on(bus), out=terminal.out, err=terminal.err, hint_after=0)
+
+
+async def test_a_finished_run_is_printed_text_inline_and_the_command_ends_with_it(bus: FakeBus) -> None:
+    await Run(bus).answer("hello ", "brave ", "world")
+    terminal = Terminal()
+    assert await follow(bus, terminal) == 0
+    assert terminal.out.getvalue() == ('#1 metadata X-Atmosphere-Run-Id = "r1"\nhello brave world\n#5 complete\n')
+
+
+async def test_json_prints_one_object_per_event_after_the_seq_given(bus: FakeBus) -> None:
+    await Run(bus).answer("a ", "b")
+    terminal = Terminal()
+    assert await follow(bus, terminal, after_seq=2, as_json=True) == 0
+    lines = [json.loads(line) for line in terminal.out.getvalue().splitlines()]
+    assert lines == [
+        {"run": "r1", "seq": 3, "agent": "echo", "kind": "text_delta", "data": {"text": "b"}},
+        {"run": "r1", "seq": 4, "agent": "echo", "kind": "complete", "data": {}},
+    ]
+
+
+async def test_a_live_run_is_printed_as_it_happens(bus: FakeBus) -> None:
+    run = Run(bus)
+    await run.emit(metadata=Metadata(key="X-Atmosphere-Run-Id", value_json='"r1"'))
+    terminal = Terminal()
+    following = asyncio.create_task(follow(bus, terminal))
+
+    async def printed(text: str) -> None:
+        async def there() -> bool:
+            return text in terminal.out.getvalue()
+
+        await wait_until(there, what=repr(text))
+
+    await printed("#1 metadata")
+    await run.emit(text_delta=TextDelta(text="live "))
+    await printed("live ")
+    assert not following.done()
+    await run.emit(text_delta=TextDelta(text="text"))
+    await run.emit(error=Error(code="run.cancelled", message="cancelled by the user"))
+    assert await following == 0
+    assert terminal.out.getvalue().endswith("live text\n#4 error run.cancelled: cancelled by the user\n")
+
+
+async def test_an_unknown_run_is_waited_for_with_a_hint(bus: FakeBus) -> None:
+    terminal = Terminal()
+    following = asyncio.create_task(follow(bus, terminal, "later"))
+    await terminal.err_says("nothing is stored for run later yet")
+    assert "still waiting" in terminal.err.getvalue()
+    await Run(bus, "later").answer("at last")
+    assert await following == 0
+    assert "at last\n#3 complete" in terminal.out.getvalue()
+
+
+async def test_bus_trouble_is_a_clear_failure() -> None:
+    unprovisioned = FakeBus()  # no `ATMO_EVENTS`: reading a run's events fails
+    terminal = Terminal()
+    assert await follow(unprovisioned, terminal) == 1
+    assert terminal.err.getvalue().startswith("error: following stopped:")
+
+
+async def test_all_prints_every_runs_new_events_each_line_naming_its_run(bus: FakeBus) -> None:
+    await Run(bus, "before").answer("not shown")
+    terminal = Terminal()
+    following = asyncio.create_task(follow(bus, terminal, None))
+    await terminal.err_says("following every run's new events")
+    one, two = Run(bus, "one"), Run(bus, "two")
+    await one.emit(text_delta=TextDelta(text="from "))
+    await two.emit(text_delta=TextDelta(text="other"))
+    await one.emit(text_delta=TextDelta(text="one"))
+    await one.emit(complete=Complete())
+
+    async def all_there() -> bool:
+        return "#3 complete" in terminal.out.getvalue()
+
+    await wait_until(all_there, what="the events")
+    following.cancel()  # what Ctrl-C does
+    with pytest.raises(asyncio.CancelledError):
+        await following
+    assert terminal.out.getvalue() == "one from \ntwo other\none one\none #3 complete\n"
+
+
+# -- printing ----------------------------------------------------------------------------------
+
+
+def printed(*events: RunEvent, all_runs: bool = False) -> str:
+    out = io.StringIO()
+    printer = EventPrinter(out, as_json=False, all_runs=all_runs)
+    for event in events:
+        printer.show(event)
+    printer.close()
+    return out.getvalue()
+
+
+def test_sub_agent_text_and_reasoning_get_lines_of_their_own() -> None:
+    events = [
+        RunEvent(run_id="r", seq=1, reasoning_delta=ReasoningDelta(text="hmm")),
+        RunEvent(run_id="r", seq=2, text_delta=TextDelta(text="Asking. ")),
+        RunEvent(run_id="r", seq=3, origin_run_id="s", origin_agent="helper", text_delta=TextDelta(text="sub")),
+        RunEvent(run_id="r", seq=4, tool_call_delta=ToolCallDelta(call_id="c", arguments_fragment='{"a"')),
+        RunEvent(run_id="r", seq=5, text_delta=TextDelta(text="Done.")),
+    ]
+    assert printed(*events) == "(thinking) hmm\nAsking. \n[helper] sub\nDone.\n"
+
+
+def test_a_summary_is_one_short_line_and_the_models_input_is_only_counted() -> None:
+    long_result = RunEvent(tool_result=ToolResult(tool_name="read", result="line\n" * 500))
+    assert "\n" not in summary(long_result)
+    assert len(summary(long_result)) == tape.SUMMARY_CHARS
+    assert summary(long_result).endswith("…")
+    assert summary(RunEvent(tool_start=ToolStart(tool_name="add", arguments_json='{"a": 1}'))) == 'tool add {"a": 1}'
+    model_input = RunEvent(input=RunInput(messages=[InputMessage(role="system", content="secret")], model="m"))
+    assert summary(model_input) == "input: 1 messages for m"
+    assert summary(RunEvent()) == "an event of a kind this command does not know"
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+def report() -> ExportReport:
+    return ExportReport(3, 1, 1, 0, 1, ["run r2 has no answer"])
+
+
+@dataclass
+class StandIn:
+    """Has `export_jsonl`'s signature; records its call and reports progress as it goes."""
+
+    calls: list[tuple[Path, Path, int]] = field(default_factory=list)
+    fails: Exception | None = None
+
+    def __call__(
+        self, db_path: Path, out: Path, *, max_runs: int = 0, progress: Callable[[int, int], None] | None = None
+    ) -> ExportReport:
+        self.calls.append((db_path, out, max_runs))
+        if self.fails is not None:
+            raise self.fails
+        for done in range(4):
+            assert progress is not None
+            progress(done, 3)
+        out.write_text('{"messages": []}\n')
+        return report()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "tape.db"
+    sqlite3.connect(path).close()
+    return path
+
+
+def test_export_shows_progress_and_the_report_on_stderr(db: Path, tmp_path: Path) -> None:
+    stand_in, err = StandIn(), io.StringIO()
+    out = tmp_path / "dataset.jsonl"
+    assert tape.export(out, db=db, max_runs=7, exporter=lambda: stand_in, err=err) == 0
+    assert stand_in.calls == [(db, out, 7)]
+    assert out.read_text() == '{"messages": []}\n'
+    bar, *report = err.getvalue().split("\n")
+    assert bar.split("\r")[1:] == [
+        "[------------------------------] 0/3 runs",
+        "[##########--------------------] 1/3 runs",
+        "[####################----------] 2/3 runs",
+        "[##############################] 3/3 runs",
+    ]
+    assert report == [
+        f"wrote 1 of 3 runs to {out}",
+        "skipped: 1 not completed, 0 without a model input, 1 without an answer",
+        "note: run r2 has no answer",
+        "",
+    ]
+
+
+def test_the_default_database_is_the_tape_services_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ATMOSPHERE_DATA_DIR", str(tmp_path / "data"))
+    err = io.StringIO()
+    assert tape.export(tmp_path / "out.jsonl", db=None, exporter=StandIn, err=err) == 1
+    assert err.getvalue() == (
+        f"error: no tape database at {tmp_path / 'data' / 'tape.db'} (pass --db, or set ATMOSPHERE_DATA_DIR)\n"
+    )
+
+
+def test_a_missing_database_fails_through_the_command_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl"), "--db", str(tmp_path / "none.db")]) == 1
+    assert f"error: no tape database at {tmp_path / 'none.db'}" in capsys.readouterr().err
+
+
+def test_a_database_the_export_cannot_read_is_a_clear_failure(db: Path, tmp_path: Path) -> None:
+    stand_in, err = StandIn(fails=sqlite3.DatabaseError("file is not a database")), io.StringIO()
+    assert tape.export(tmp_path / "out.jsonl", db=db, exporter=lambda: stand_in, err=err) == 1
+    assert err.getvalue() == "error: the export failed: file is not a database\n"
+
+
+async def record(db: Path, *runs: list[RunEvent]) -> None:
+    async with TapeStore.open(db) as store:
+        await Recorder(store).record([event for run in runs for event in run])
+
+
+def tape_run(run_id: str, *, prompt: bool) -> list[RunEvent]:
+    kinds: list[dict[str, Any]] = [{"metadata": Metadata(key="X-Atmosphere-Run-Id", value_json=json.dumps(run_id))}]
+    if prompt:
+        messages = [InputMessage(role="system", content="Be brief."), InputMessage(role="user", content="Hi")]
+        kinds.append({"input": RunInput(messages=messages)})
+    kinds += [{"text_delta": TextDelta(text="Hello")}, {"text_delta": TextDelta(text=" there.")}]
+    kinds.append({"complete": Complete()})
+    return [RunEvent(run_id=run_id, seq=n, agent="helper", **kind) for n, kind in enumerate(kinds, start=1)]
+
+
+async def test_the_tapes_own_exporter_writes_the_dataset_through_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, out = tmp_path / "data" / "tape.db", tmp_path / "sets" / "chat.jsonl"
+    await record(db, tape_run("prompted", prompt=True), tape_run("bare", prompt=False))
+    assert cli_main.main(["tape", "export", str(out), "--db", str(db)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello there."},
+            ]
+        }
+    ]
+    err = capsys.readouterr().err
+    assert "\r[##############################] 2/2 runs\n" in err
+    assert f"wrote 1 of 2 runs to {out}" in err
+    assert "skipped: 0 not completed, 1 without a model input, 0 without an answer" in err
+
+
+def test_a_file_that_is_no_tape_is_a_clear_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    not_a_tape = tmp_path / "notes.txt"
+    not_a_tape.write_text("not a database")
+    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl"), "--db", str(not_a_tape)]) == 1
+    assert f"{not_a_tape} is not a tape database" in capsys.readouterr().err

@@ -1,0 +1,284 @@
+"""Chaos: two dispatch processes killed with SIGKILL over and over while 100 durable runs stream.
+
+Every run calls a tool that records its own execution in a ledger, then streams a slow answer.
+A random worker is killed at random moments (while the other is up), at least 20 times, and
+restarted. Through it all every WebSocket client must get its whole answer exactly once, one
+terminal frame, and each tool effect at most once; a killed worker's runs must continue on the
+other within seconds (takeover p50 ≤ 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from atmosphere.bus import BusError, NatsBus, subjects
+from atmosphere.contracts.journal.v1.journal_pb2 import JournalRecord
+from atmosphere.testing import run_stack, wait_until
+from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+
+from .apps.chaos_app import LEDGER_ENV
+from .conftest import ROOT, service_map
+from .wsclient import ws_url
+
+RUNS = 100
+CLIENTS = 10
+MIN_KILLS = 20
+WORDS = 24
+WORD_DELAY = 0.05
+"""The answer streams for ~1.2 s: long enough to be killed in the middle of it."""
+APP = "tests.e2e.apps.chaos_app:app"
+_TAG = re.compile(r"run-\d+")
+
+
+def answer_of(tag: str) -> str:
+    return " ".join(f"{tag}/w{i}" for i in range(WORDS))
+
+
+def respond(request: dict[str, Any]) -> Reply:
+    """The model: round 0 says a sentence and calls the tool; after the tool, the slow answer."""
+    messages = request["messages"]
+    tag = _TAG.findall(next(m["content"] for m in messages if m["role"] == "user"))[0]
+    if messages[-1]["role"] == "tool":
+        return Reply.text(answer_of(tag), chunk_delay=WORD_DELAY)
+    call = ToolCallScript("record_effect", {"tag": tag}, call_id=f"call-{tag}")
+    return dataclasses.replace(Reply.tools(call, text=f"Recording {tag} now. "), chunk_delay=WORD_DELAY)
+
+
+@dataclass
+class Worker:
+    """One dispatch process, restartable."""
+
+    env: dict[str, str]
+    log_dir: Path
+    process: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    starts: int = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        log = self.log_dir / f"dispatch-{id(self)}-{self.starts}.log"
+        self.ready = False
+        with log.open("wb") as sink:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
+            )
+        port = await _probe_port(log, self.process)
+        async with httpx.AsyncClient() as client:
+
+            async def up() -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                return False
+
+            await wait_until(up, timeout=60, interval=0.1, what="a dispatch process to be ready")
+        self.ready = True
+
+    def kill(self) -> int:
+        assert self.process is not None
+        self.ready = False
+        self.process.send_signal(signal.SIGKILL)
+        return self.process.pid
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+
+
+async def _probe_port(log: Path, process: asyncio.subprocess.Process) -> int:
+    found: list[int] = []
+
+    async def logged() -> bool:
+        if process.returncode is not None:
+            raise AssertionError(f"dispatch exited: {log.read_text(errors='replace')[-2000:]}")
+        match = re.search(r"probes on http://[\d.]+:(\d+)/readyz", log.read_text(errors="replace"))
+        if match:
+            found.append(int(match.group(1)))
+        return bool(found)
+
+    await wait_until(logged, timeout=60, interval=0.1, what="dispatch to log its probe port")
+    return found[0]
+
+
+@dataclass
+class Client:
+    """One run as a WebSocket client sees it."""
+
+    tag: str
+    run_id: str = ""
+    frames: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    done: bool = False
+
+    def text(self) -> str:
+        return "".join(f["data"] for _, f in self.frames if f.get("type") == "streaming-text")
+
+    def point(self) -> str:
+        """Where the run stood, as its client saw it."""
+        kinds = [f.get("event") or f.get("type") for _, f in self.frames]
+        if "tool-result" in kinds:
+            after = kinds[len(kinds) - kinds[::-1].index("tool-result") :]
+            return "answering" if "streaming-text" in after else "between tool and answer"
+        if "tool-start" in kinds:
+            return "inside the tool"
+        return "first model round"
+
+
+async def drive(url: str, client: Client) -> None:
+    async with websockets.connect(ws_url(url, "worker"), open_timeout=30) as ws:
+        await ws.send(f"Please handle {client.tag}.")
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 90))
+            client.frames.append((time.monotonic(), frame))
+            if frame.get("key") == "X-Atmosphere-Run-Id":
+                client.run_id = str(frame["value"])
+            if frame.get("type") in {"complete", "error"} and frame.get("seq", 0) > 0:
+                client.done = True
+                with contextlib.suppress(TimeoutError, websockets.ConnectionClosed):
+                    extra = await asyncio.wait_for(ws.recv(), 0.3)  # nothing may follow a terminal frame
+                    client.frames.append((time.monotonic(), json.loads(extra)))
+                return
+
+
+async def lease_owner(bus: NatsBus, run_id: str) -> str:
+    owner = ""
+    with contextlib.suppress(BusError):  # a run that just ended has no journal left
+        journal = subjects.run_journal(run_id)
+        async for _, record in bus.replay_sequenced(subjects.JOURNAL_STREAM, journal, JournalRecord):
+            if record.WhichOneof("record") == "lease":
+                owner = record.lease.owner
+    return owner
+
+
+@dataclass
+class Kill:
+    at: float
+    affected: dict[str, str]
+    """Run id → where it stood."""
+
+
+async def chaos(workers: list[Worker], clients: list[Client], bus: NatsBus, rng: random.Random) -> list[Kill]:
+    kills: list[Kill] = []
+    while len(kills) < MIN_KILLS and not all(c.done for c in clients):
+        await asyncio.sleep(rng.uniform(0.8, 2.0))
+        live = [w for w in workers if w.ready]
+        if len(live) < len(workers):
+            continue  # the other is still restarting: there must be somewhere to take over
+        victim = rng.choice(live)
+        pid = victim.kill()
+        at = time.monotonic()
+        affected: dict[str, str] = {}
+        for client in clients:
+            if (
+                client.run_id
+                and not client.done
+                and (await lease_owner(bus, client.run_id)).split(":")[1:2] == [str(pid)]
+            ):
+                affected[client.run_id] = client.point()
+        kills.append(Kill(at, affected))
+        assert victim.process is not None
+        await victim.process.wait()
+        asyncio.get_running_loop().create_task(victim.start())
+    return kills
+
+
+def takeover_seconds(kills: list[Kill], clients: list[Client]) -> list[float]:
+    by_run = {c.run_id: c for c in clients}
+    delays = []
+    for kill in kills:
+        for run_id in kill.affected:
+            after = [t for t, _ in by_run[run_id].frames if t > kill.at]
+            if after:
+                delays.append(after[0] - kill.at)
+    return delays
+
+
+@pytest.mark.timeout(600)
+async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    os.environ[LEDGER_ENV] = str(ledger)  # the sandbox runs in this process
+    provider = FakeProvider(responder=respond)
+    rng = random.Random(11)
+    async with provider.serving():
+        services = service_map(
+            nats_url, bus_namespace, tmp_path / "data", ("governance", "memory", "tape", "sandbox", "ingress"), app=APP
+        )
+        env = {
+            **os.environ,
+            "ATMOSPHERE_NATS__URL": nats_url,
+            "ATMOSPHERE_NATS__NAMESPACE": bus_namespace,
+            "ATMOSPHERE_APP": APP,
+            "ATMOSPHERE_APP_DIR": str(ROOT),
+            "ATMOSPHERE_DATA_DIR": str(tmp_path / "data"),
+            "ATMOSPHERE_PROBE_HOST": "127.0.0.1",
+            "ATMOSPHERE_PROBE_PORT": "0",
+            "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
+            "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
+            "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
+            "LLM_BASE_URL": provider.base_url,
+            "LLM_MODEL": "fake-model",
+            "PYTHONPATH": str(ROOT),
+        }
+        workers = [Worker(env, tmp_path), Worker(env, tmp_path)]
+        async with run_stack(services, bus=nats_bus) as stack:
+            url = await stack.ingress_url()
+            try:
+                await asyncio.gather(*(w.start() for w in workers))
+                clients = [Client(f"run-{i}") for i in range(RUNS)]
+
+                async def one_client(mine: list[Client]) -> None:
+                    for client in mine:
+                        await drive(url, client)
+
+                driving = asyncio.gather(*(one_client(clients[i::CLIENTS]) for i in range(CLIENTS)))
+                kills = await chaos(workers, clients, nats_bus, rng)
+                await asyncio.wait_for(driving, 300)
+            finally:
+                for worker in workers:
+                    await worker.stop()
+
+    # 0 lost runs, one terminal frame each and nothing after it, the answer exactly once.
+    for client in clients:
+        terminals = [f for _, f in client.frames if f.get("type") in {"complete", "error"}]
+        assert [f["type"] for f in terminals] == ["complete"], (client.tag, terminals)
+        assert client.frames[-1][1]["type"] == "complete", client.tag
+        assert client.text() == f"Recording {client.tag} now. " + answer_of(client.tag), client.tag
+        seqs = [f["seq"] for _, f in client.frames]
+        assert seqs == sorted(set(seqs)), client.tag  # no frame twice, in order
+    # 0 doubled tool effects.
+    effects = Counter(ledger.read_text().split())
+    assert max(effects.values()) == 1, effects.most_common(3)
+    assert sum(effects.values()) >= RUNS - sum(1 for k in kills for p in k.affected.values() if p == "inside the tool")
+    # At least 20 kills, at every kind of moment; a killed worker's runs go on within seconds.
+    assert len(kills) >= MIN_KILLS
+    points = Counter(p for k in kills for p in k.affected.values())
+    for point in ("first model round", "inside the tool", "answering"):
+        assert points[point] >= 1, points
+    delays = takeover_seconds(kills, clients)
+    assert delays
+    p50 = statistics.median(delays)
+    print(
+        f"\nchaos: {len(kills)} kills, {sum(len(k.affected) for k in kills)} runs taken over ({dict(points)}),"
+        f" takeover p50 {p50:.2f}s max {max(delays):.2f}s, {sum(effects.values())} tool effects for {RUNS} runs"
+    )
+    assert p50 <= 5.0
