@@ -2,9 +2,11 @@
 
 Every run calls a tool that records its own execution in a ledger, then streams a slow answer.
 A random worker is killed at random moments (while the other is up), at least 20 times, and
-restarted. Through it all every WebSocket client must get its whole answer exactly once, one
-terminal frame, and each tool effect at most once; a killed worker's runs must continue on the
-other within seconds (takeover p50 ≤ 5 s).
+restarted. Four clients in five follow their run over WebSocket (through ingress); the fifth
+over gRPC, straight to a dispatch — when that dispatch is the one killed, the client calls
+`Follow(run_id, after_seq)` on the other. Through it all every client must get its whole answer
+exactly once, one terminal frame, and each tool effect at most once; a killed worker's runs must
+continue on the other within seconds (takeover p50 ≤ 5 s).
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import websockets
 
 from atmosphere.bus import BusError, NatsBus, subjects
+from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.journal.v1.journal_pb2 import JournalRecord
 from atmosphere.testing import run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
@@ -71,6 +76,7 @@ class Worker:
     process: asyncio.subprocess.Process | None = None
     ready: bool = False
     starts: int = 0
+    grpc_target: str = ""
 
     async def start(self) -> None:
         self.starts += 1
@@ -80,7 +86,7 @@ class Worker:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
             )
-        port = await _probe_port(log, self.process)
+        port = await _logged_port(log, self.process, r"probes on http://[\d.]+:(\d+)/readyz")
         async with httpx.AsyncClient() as client:
 
             async def up() -> bool:
@@ -89,6 +95,8 @@ class Worker:
                 return False
 
             await wait_until(up, timeout=60, interval=0.1, what="a dispatch process to be ready")
+        grpc_port = await _logged_port(log, self.process, r"gRPC DispatchService on [\d.]+:(\d+)")
+        self.grpc_target = f"127.0.0.1:{grpc_port}"
         self.ready = True
 
     def kill(self) -> int:
@@ -103,29 +111,31 @@ class Worker:
             await self.process.wait()
 
 
-async def _probe_port(log: Path, process: asyncio.subprocess.Process) -> int:
+async def _logged_port(log: Path, process: asyncio.subprocess.Process, pattern: str) -> int:
     found: list[int] = []
 
     async def logged() -> bool:
         if process.returncode is not None:
             raise AssertionError(f"dispatch exited: {log.read_text(errors='replace')[-2000:]}")
-        match = re.search(r"probes on http://[\d.]+:(\d+)/readyz", log.read_text(errors="replace"))
+        match = re.search(pattern, log.read_text(errors="replace"))
         if match:
             found.append(int(match.group(1)))
         return bool(found)
 
-    await wait_until(logged, timeout=60, interval=0.1, what="dispatch to log its probe port")
+    await wait_until(logged, timeout=60, interval=0.1, what=f"dispatch to log {pattern}")
     return found[0]
 
 
 @dataclass
 class Client:
-    """One run as a WebSocket client sees it."""
+    """One run as its client sees it: WebSocket frames (gRPC events in the same shape)."""
 
     tag: str
+    grpc: bool = False
     run_id: str = ""
     frames: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     done: bool = False
+    resumes: int = 0
 
     def text(self) -> str:
         return "".join(f["data"] for _, f in self.frames if f.get("type") == "streaming-text")
@@ -155,6 +165,57 @@ async def drive(url: str, client: Client) -> None:
                     extra = await asyncio.wait_for(ws.recv(), 0.3)  # nothing may follow a terminal frame
                     client.frames.append((time.monotonic(), json.loads(extra)))
                 return
+
+
+_GRPC_FRAMES = {"text_delta": "streaming-text", "tool_start": "tool-start", "tool_result": "tool-result"}
+
+
+def _frame(response: dispatch_pb2.RunResponse) -> dict[str, Any]:
+    """A gRPC response as the WebSocket frame the assertions read."""
+    event = response.event
+    kind = event.WhichOneof("kind") or ""
+    frame: dict[str, Any] = {"seq": response.seq}
+    if kind in {"complete", "error"}:
+        frame["type"] = kind
+    elif kind == "text_delta":
+        frame.update(type="streaming-text", data=event.text_delta.text)
+    else:
+        frame["event"] = _GRPC_FRAMES.get(kind, kind)
+    return frame
+
+
+async def drive_grpc(workers: list[Worker], client: Client, rng: random.Random) -> None:
+    """`Run` on a live dispatch; when its stream breaks (that dispatch was killed), `Follow` on another."""
+    request = dispatch_pb2.RunRequest(agent="worker", message=f"Please handle {client.tag}.")
+    last_seq = 0
+    while not client.done:
+        await wait_until(lambda: _true(any(w.ready for w in workers)), timeout=60, what="a live dispatch")
+        target = rng.choice([w for w in workers if w.ready]).grpc_target
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+            call: AsyncIterable[dispatch_pb2.RunResponse]
+            if client.run_id:
+                client.resumes += 1
+                call = stub.Follow(dispatch_pb2.FollowRequest(run_id=client.run_id, after_seq=last_seq))
+            else:
+                call = stub.Run(request)
+            try:
+                async for response in call:
+                    client.run_id = client.run_id or response.run_id
+                    last_seq = response.seq
+                    frame = _frame(response)
+                    client.frames.append((time.monotonic(), frame))
+                    if frame.get("type") in {"complete", "error"}:
+                        client.done = True
+            except grpc.aio.AioRpcError as exc:
+                # A stream cut by its dispatch's death; anything else, or no run yet, is a failure.
+                broken = exc.code() in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+                if not broken or not client.run_id:
+                    raise AssertionError(f"{client.tag}: {exc.code()} {exc.details()}") from exc
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def lease_owner(bus: NatsBus, run_id: str) -> str:
@@ -244,11 +305,14 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
             url = await stack.ingress_url()
             try:
                 await asyncio.gather(*(w.start() for w in workers))
-                clients = [Client(f"run-{i}") for i in range(RUNS)]
+                clients = [Client(f"run-{i}", grpc=i % 5 == 0) for i in range(RUNS)]
 
                 async def one_client(mine: list[Client]) -> None:
                     for client in mine:
-                        await drive(url, client)
+                        if client.grpc:
+                            await drive_grpc(workers, client, rng)
+                        else:
+                            await drive(url, client)
 
                 driving = asyncio.gather(*(one_client(clients[i::CLIENTS]) for i in range(CLIENTS)))
                 kills = await chaos(workers, clients, nats_bus, rng)
@@ -260,6 +324,7 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
     # 0 lost runs, one terminal frame each and nothing after it, the answer exactly once.
     for client in clients:
         terminals = [f for _, f in client.frames if f.get("type") in {"complete", "error"}]
+        assert client.run_id, client.tag
         assert [f["type"] for f in terminals] == ["complete"], (client.tag, terminals)
         assert client.frames[-1][1]["type"] == "complete", client.tag
         assert client.text() == f"Recording {client.tag} now. " + answer_of(client.tag), client.tag
@@ -277,8 +342,11 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
     delays = takeover_seconds(kills, clients)
     assert delays
     p50 = statistics.median(delays)
+    followed = sum(c.resumes for c in clients if c.grpc)
     print(
         f"\nchaos: {len(kills)} kills, {sum(len(k.affected) for k in kills)} runs taken over ({dict(points)}),"
-        f" takeover p50 {p50:.2f}s max {max(delays):.2f}s, {sum(effects.values())} tool effects for {RUNS} runs"
+        f" takeover p50 {p50:.2f}s max {max(delays):.2f}s, {sum(effects.values())} tool effects for {RUNS} runs,"
+        f" {followed} gRPC Follow resumes"
     )
     assert p50 <= 5.0
+    assert followed >= 1  # some gRPC stream died with its dispatch and was followed to the end elsewhere

@@ -54,7 +54,7 @@ async def test_without_a_model_the_info_shows_no_active_runtime_and_says_why(mod
         "capabilities": [],
     }
     # No effect journal is attached, so none is claimed.
-    assert info["harness"]["durable-runs"] == "INACTIVE(no-journal)"
+    assert info["harness"]["durable-runs"] == "INACTIVE(disabled)"
     assistant = next(a for a in agents if a["name"] == "assistant")
     assert (assistant["runtime"], assistant["capabilities"]) == ("", [])
 

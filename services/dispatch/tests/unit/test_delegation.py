@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -35,6 +35,8 @@ from atmosphere.dispatch.delegation import (
     Delegation,
     subagent_scope,
 )
+from atmosphere.dispatch.effects import ToolEffect
+from atmosphere.dispatch.journal import RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
 
 FLEET = ("writer", "critic")
@@ -398,3 +400,42 @@ async def test_delegate_task_timeout_cancels_the_member_run(world: World) -> Non
     result = await world.delegation(timeout=0.2).delegate_task({"agent": "writer", "message": "hang"})
     assert result == "delegate_task to 'writer' failed: no reply within 0.2 seconds"
     assert [c.run_id for c in world.controls] == [only_child(world).run_id]
+
+
+# -- durable parents ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def inside_journaled_call(world: World, key: str) -> Iterator[None]:
+    """As the tool gateway runs a durable run's call: the call's journal key is current."""
+    effect = ToolEffect(journal=RunJournal(world.bus, "parent-1", owner="w1"), key=key, digest="d")
+    token = effect.enter()
+    try:
+        yield
+    finally:
+        ToolEffect.leave(token)
+
+
+async def test_a_durable_parents_resumed_delegation_finds_its_sub_run_instead_of_starting_another(
+    world: World,
+) -> None:
+    key = "ab" * 32
+    with inside_journaled_call(world, key):
+        first = await world.delegation().delegate_task({"agent": "writer", "message": "draft it"})
+    child = only_child(world)
+    assert child.run_id == key[:32]  # derived from the call, not random
+    # The parent's worker died after the sub-run ended, before the call's result was journaled;
+    # the resumed call (same key) follows the sub-run it had started, from its first event.
+    with inside_journaled_call(world, key):
+        again = await world.delegation().delegate_task({"agent": "writer", "message": "draft it"})
+    assert again == first == "  echo: draft it  "
+    assert len(world.submitted) == 1  # not a second sub-run
+
+
+async def test_a_durable_parents_task_keeps_its_sub_agents_ids(world: World) -> None:
+    key = "cd" * 32
+    with inside_journaled_call(world, key):
+        await world.delegation().task({"description": "research it"})
+    child = only_child(world)
+    assert child.run_id == key[:32]
+    assert json.loads(child.metadata[WORKSPACE_KEY])["owner"] == key[32:]

@@ -31,7 +31,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 from atmosphere.dispatch.effects import INTERRUPTED
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.journal import RunJournal, RunTakenOverError, canonical_json, effect_key
-from atmosphere.dispatch.resume import DeliveredEvents
+from atmosphere.dispatch.resume import DeliveredEvents, same_events
 from atmosphere.sdk import App, agent, tool
 from atmosphere.testing import wait_until
 from atmosphere.testing.fake_provider import Reply, ToolCallScript
@@ -314,3 +314,36 @@ def test_a_diverging_redrive_is_noticed_and_never_repeats() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_run_replayed_from_its_journal_with_the_provider_stopped_produces_the_same_events(
+    harness: Harness,
+) -> None:
+    await harness.serve_tools({"book": "booked #1"})
+    harness.provider.script(
+        Reply.tools(ToolCallScript("book", {"city": "Paris"}, call_id="c1"), text="Booking it. "),
+        Reply.text("Your room in Paris is booked."),
+    )
+    run = request("travel", "Book Paris")
+    executor = harness.executor(APP, durable=True, owner="w1", retain_on_success=True)
+    await executor.on_work(work_item(run, 1))
+    recorded = harness.events()
+    assert kinds(recorded)[-1] == "complete"
+    calls = len(harness.provider.requests)
+
+    # No model (every further request would be an error), no tool: the journal alone.
+    harness.provider.script()
+    replayed = await harness.executor(APP, durable=True, owner="replayer").replay(run)
+    assert len(harness.provider.requests) == calls
+    assert len(harness.tool_calls) == 1
+    assert same_events(recorded, replayed)
+    assert text_of(replayed) == "Booking it. Your room in Paris is booked."
+    assert harness.events() == recorded  # nothing was written to the run's stream
+
+
+async def test_a_replay_that_needs_the_model_ends_with_a_clear_error(harness: Harness) -> None:
+    harness.provider.script(Reply.error(400, message="refused"))
+    run = request("travel", "x")
+    await durable(harness, "w1").on_work(work_item(run, 1))  # failed: its journal is kept, round 0 pending
+    replayed = await harness.executor(APP, durable=True, owner="replayer").replay(run)
+    assert replayed[-1].error.code == "dispatch.replay_diverged"

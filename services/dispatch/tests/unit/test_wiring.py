@@ -32,7 +32,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.dispatch.app import NO_MODEL, serve
 from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings, LlmSettings
 from atmosphere.sdk import App, agent
-from atmosphere.testing import running_service
+from atmosphere.testing import running_service, wait_until
 
 APP_MODULE = "atmosphere_dispatch_wiring_app"
 """The module name the test app is loaded under (`ATMOSPHERE_APP=<this>:app`)."""
@@ -74,8 +74,9 @@ def test_app(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, APP_MODULE, module)
 
 
-def dispatch_settings(base_url: str) -> DispatchSettings:
+def dispatch_settings(base_url: str, **extra: Any) -> DispatchSettings:
     return DispatchSettings(
+        **extra,
         app=f"{APP_MODULE}:app",
         probe_host="127.0.0.1",
         probe_port=0,
@@ -85,12 +86,12 @@ def dispatch_settings(base_url: str) -> DispatchSettings:
 
 
 @contextlib.asynccontextmanager
-async def dispatch_on(bus: FakeBus, base_url: str) -> AsyncIterator[asyncio.Task[None]]:
+async def dispatch_on(bus: FakeBus, base_url: str, **extra: Any) -> AsyncIterator[asyncio.Task[None]]:
     """The real `serve()` as a task until it is ready; on exit `stop` is set and it must end cleanly."""
     run_dispatch = functools.partial(serve, bus=bus, transport=httpx.MockTransport(completions))
     async with (
         bus.serve(admit_everything()),
-        running_service("dispatch", run_dispatch, dispatch_settings(base_url), bus=bus) as task,
+        running_service("dispatch", run_dispatch, dispatch_settings(base_url, **extra), bus=bus) as task,
     ):
         yield task
     assert task.done()
@@ -141,3 +142,30 @@ async def test_without_a_usable_provider_url_no_runtime_is_active_and_runs_say_s
         events = await run_to_the_end(bus, "Hi")
     assert kinds(events)[-1] == "error"
     assert isinstance(ServiceError.from_proto(events[-1].error), RuntimeUnavailableError)
+
+
+@pytest.mark.parametrize(
+    ("settings", "state"),
+    [
+        ({}, "INACTIVE(disabled)"),
+        ({"durable_runs_enabled": True}, "ACTIVE(jetstream)"),
+        ({"ai_harness_enabled": True}, "ACTIVE(jetstream)"),  # an explicit harness `true` implies it
+        ({"ai_harness_enabled": True, "durable_runs_enabled": False}, "INACTIVE(disabled)"),  # explicit false wins
+    ],
+)
+async def test_durable_runs_are_reported_only_when_the_journal_is_attached(
+    settings: dict[str, Any], state: str
+) -> None:
+    bus = FakeBus()
+    async with dispatch_on(bus, "http://model.test/v1", **settings):
+        info = await service_info(bus)
+        assert info["harness"]["durable-runs"] == state
+        events = await run_to_the_end(bus, "Hi")
+
+        async def journal_removed() -> bool:  # right after the terminal event, at the run's success
+            return not bus.stream_messages(subjects.JOURNAL_STREAM)
+
+        await wait_until(journal_removed, what="the succeeded run's journal to go")
+    assert kinds(events)[-1] == "complete"
+    journaled = any(subject == subjects.run_journal(events[0].run_id) for subject, _ in bus.published)
+    assert journaled == state.startswith("ACTIVE")

@@ -299,6 +299,12 @@ class EffectLimitError(RunError):
     code = "dispatch.effect_limit"
 
 
+class ReplayDivergedError(RunError):
+    """A replay of an ended run needed an effect its journal has no committed record of."""
+
+    code = "dispatch.replay_diverged"
+
+
 class RunCancelledError(RunError):
     """The client cancelled the run."""
 

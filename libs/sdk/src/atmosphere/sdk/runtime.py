@@ -80,6 +80,17 @@ class RecordedToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamedPiece:
+    """One piece of a round as it streamed: answer text, or a fragment of a tool call's arguments."""
+
+    text: str = ""
+    call_id: str = ""
+    """Set for a tool-call fragment (then `name` and `fragment` are too)."""
+    name: str = ""
+    fragment: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RecordedRound:
     """One model round as the effect journal keeps it: enough to replay it without the model."""
 
@@ -87,9 +98,15 @@ class RecordedRound:
     tool_calls: tuple[RecordedToolCall, ...] = ()
     finish_reason: str | None = None
     usage: TokenUsage | None = None
+    pieces: tuple[StreamedPiece, ...] = ()
+    """How it streamed, so that a replay sends the same events (empty: the text in one piece)."""
+
+    def without_pieces(self) -> RecordedRound:
+        """The round with its text in one piece (a smaller record)."""
+        return dataclasses.replace(self, pieces=())
 
     def to_json(self) -> str:
-        """The journal's payload (Atmosphere's RecordedRound: assistantText, toolCalls, usage)."""
+        """The journal's payload (Atmosphere's RecordedRound: assistantText, toolCalls, usage; plus pieces)."""
         usage = self.usage
         return json.dumps(
             {
@@ -97,8 +114,10 @@ class RecordedRound:
                 "toolCalls": [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
                 "finishReason": self.finish_reason,
                 "usage": None if usage is None else dataclasses.asdict(usage),
+                "pieces": [[p.text] if not p.call_id else [p.text, p.call_id, p.name, p.fragment] for p in self.pieces],
             },
             separators=(",", ":"),
+            ensure_ascii=False,
         )
 
     @classmethod
@@ -110,11 +129,13 @@ class RecordedRound:
                 RecordedToolCall(str(c["id"]), str(c["name"]), str(c["arguments"])) for c in data["toolCalls"]
             )
             usage = data.get("usage")
+            pieces = tuple(StreamedPiece(*(str(part) for part in piece)) for piece in data.get("pieces") or ())
             return cls(
                 text=str(data["assistantText"]),
                 tool_calls=calls,
                 finish_reason=data.get("finishReason"),
                 usage=TokenUsage(**usage) if isinstance(usage, dict) else None,
+                pieces=pieces,
             )
         except (TypeError, KeyError, AttributeError) as exc:
             msg = f"not a recorded round: {exc}"

@@ -127,7 +127,10 @@ class _Round:
         return self.replayed
 
     async def commit(self, result: RecordedRound) -> None:
-        await self.journal.commit(self.key, result.to_json())
+        """Record the round; one too large for a journal record is kept without its pieces, or not at all."""
+        if not await self.journal.commit(self.key, result.to_json()):
+            # Left pending if even this fails: a resume asks the model again (no side effect repeats).
+            await self.journal.commit(self.key, result.without_pieces().to_json())
 
 
 @dataclass

@@ -22,7 +22,7 @@ from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.journal import RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
-from atmosphere.dispatch.resume import DeliveredEvents
+from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -189,6 +189,19 @@ class RunExecutor:
             details={"deliveries": str(delivered)},
         )
         await writer.emit(RunEvent(error=error.to_proto()))
+
+    async def replay(self, request: RunSubmission) -> list[RunEvent]:
+        """Re-drive an ended run from its journal alone: the events it produces, nothing sent or called.
+
+        Needs the run's journal (a failed run keeps it; a succeeded one with
+        `ATMOSPHERE_DURABLE_RUNS_RETAIN_ON_SUCCESS`). Committed model rounds and tool calls
+        replay; a step the journal lacks ends the replay with `dispatch.replay_diverged`.
+        """
+        journal = await RunJournal.read(self._bus, request.run_id)
+        capture = CapturedEvents()
+        run = Run(request, self._agents.get(request.agent), self._services, journal=journal, replay=capture)
+        await run.execute()
+        return capture.events
 
     async def execute(self, request: RunSubmission) -> None:
         """Run `request` to exactly one terminal event, not journaled (see `Run.execute`)."""

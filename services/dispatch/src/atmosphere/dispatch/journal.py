@@ -29,8 +29,8 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import Bus, BusError, Headers, WrongLastSequenceError, subjects
-from atmosphere.bus.errors import EffectLimitError
+from atmosphere.bus import Bus, BusError, Headers, PayloadTooLargeError, WrongLastSequenceError, subjects
+from atmosphere.bus.errors import EffectLimitError, ReplayDivergedError
 from atmosphere.contracts.journal.v1.journal_pb2 import (
     Effect,
     EffectKind,
@@ -100,6 +100,7 @@ class RunJournal:
         self.entries: dict[str, Entry] = {}
         self.lost = False
         """Set once another worker took the run: nothing more is written for it here."""
+        self.read_only = False
         self.fruitless_deliveries = 0
         """Deliveries of the run in a row (this one included) that committed no effect: the
         poison-run guard counts these, so a run that keeps progressing is never given up on."""
@@ -135,6 +136,21 @@ class RunJournal:
             payload=effect.result_payload,
             reason=effect.reason,
         )
+
+    @classmethod
+    async def read(cls, bus: Bus, run_id: str) -> RunJournal:
+        """The run's journal to replay an ended run from: read only, any write is refused.
+
+        A replay that needs a write needs an effect the journal has no committed record of (the
+        model, a tool): `ReplayDivergedError` ends it.
+        """
+        journal = cls(bus, run_id, owner="")
+        journal.read_only = True
+        async for seq, record in bus.replay_sequenced(subjects.JOURNAL_STREAM, journal.subject, JournalRecord):
+            journal._last = max(journal._last, seq)
+            if record.WhichOneof("record") == "effect":
+                journal._fold(record.effect)
+        return journal
 
     @property
     def resumed(self) -> bool:
@@ -188,9 +204,18 @@ class RunJournal:
             )
         )
 
-    async def commit(self, key: str, payload: str) -> None:
-        """Record the effect's result: from now on it replays instead of running."""
-        await self._settle(key, EffectStatus.EFFECT_STATUS_COMMITTED, payload=payload)
+    async def commit(self, key: str, payload: str) -> bool:
+        """Record the effect's result: from now on it replays instead of running.
+
+        False when the record would not fit in one bus message: the effect then stays pending
+        (a resume treats it as interrupted), and the run goes on.
+        """
+        try:
+            await self._settle(key, EffectStatus.EFFECT_STATUS_COMMITTED, payload=payload)
+        except PayloadTooLargeError:
+            log.warning("run %s: an effect's result is too large to journal (%d chars)", self.run_id, len(payload))
+            return False
+        return True
 
     async def fail(self, key: str, reason: str) -> None:
         """Record that the effect failed: a resume runs it again."""
@@ -231,6 +256,9 @@ class RunJournal:
             log.warning("run %s: the journal was not closed (%s)", self.run_id, exc)
 
     async def _append(self, record: JournalRecord) -> None:
+        if self.read_only:
+            msg = "The replay reached a step the journal has no committed record of (a model call or a tool)"
+            raise ReplayDivergedError(msg)
         if self.lost:
             raise RunTakenOverError(self.run_id)
         stamp = Timestamp()

@@ -1,4 +1,4 @@
-"""What a re-driven run must not send again: the events its clients already have.
+"""What a re-driven run must not send again (the events its clients already have), and replays.
 
 A run whose worker died is re-driven by another worker, from its prompt. The journal replays
 what the first worker committed, and a round or tool call that was under way runs again — so
@@ -106,3 +106,33 @@ class DeliveredEvents:
         tail.CopyFrom(event)
         tail.text_delta.CopyFrom(TextDelta(text=text[len(self._text) - start :]))
         return tail
+
+
+class CapturedEvents:
+    """A replayed run's events, kept in memory instead of written to the run's stream."""
+
+    def __init__(self) -> None:
+        """Nothing captured yet; seqs count from the worker's first."""
+        self.events: list[RunEvent] = []
+
+    async def emit(self, event: RunEvent, *, durable: bool | None = None) -> RunEvent:
+        """Keep `event`, numbered (the writer's interface)."""
+        del durable
+        kept = RunEvent()
+        kept.CopyFrom(event)
+        kept.seq = WORKER_FIRST_SEQ + len(self.events)
+        self.events.append(kept)
+        return kept
+
+    async def close(self) -> None:
+        """Nothing to flush."""
+
+
+def same_events(first: Iterable[RunEvent], second: Iterable[RunEvent]) -> bool:
+    """Whether two runs' streams carry the same events in the same order (stamps and markers aside)."""
+
+    def content(events: Iterable[RunEvent]) -> list[bytes]:
+        ordered = sorted(events, key=lambda e: e.seq)
+        return [_identity(e) for e in ordered if e.seq >= WORKER_FIRST_SEQ and not _marker(e)]
+
+    return content(first) == content(second)

@@ -57,7 +57,7 @@ from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS, RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
-from atmosphere.dispatch.resume import DeliveredEvents
+from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run_input import input_event, seed_json, seeded
 from atmosphere.dispatch.tools import LocalTool, ToolGateway
 from atmosphere.sdk import AiRequest, ChatMessage, StreamingSession
@@ -135,11 +135,14 @@ class Run:
         first_seq: int = WORKER_FIRST_SEQ,
         delivered: DeliveredEvents | None = None,
         journal: RunJournal | None = None,
+        replay: CapturedEvents | None = None,
     ) -> None:
         """Run `request` as `agent` (None: no such agent), writing events from `first_seq`.
 
         A re-driven run brings what its stream already holds (`delivered`, never sent again)
-        and, when durable, its effect `journal` (committed effects replay).
+        and, when durable, its effect `journal` (committed effects replay). A `replay` of an
+        ended run re-drives it from its journal alone into that capture: no admission, no
+        memory, no interceptor, nothing written to the stream (see `RunExecutor.replay`).
         """
         self.request = request
         self.agent = agent
@@ -148,7 +151,10 @@ class Run:
         self.delivered = delivered
         self.journal = journal
         self.effects = self._effects()
-        self.writer = RunEventWriter(services.bus, request, first_seq=first_seq)
+        self.replay = replay
+        self.writer: RunEventWriter | CapturedEvents = replay or RunEventWriter(
+            services.bus, request, first_seq=first_seq
+        )
         self.control = RunControl(request.run_id, owner=request.principal.user_id)
         spec = agent.spec if agent is not None else None
         self.meter = BudgetMeter(spec.budget) if spec is not None and spec.budget and spec.budget.enforced else None
@@ -179,10 +185,13 @@ class Run:
             if self.first_seq > WORKER_FIRST_SEQ:
                 resumed = json.dumps({"fromSeq": self.first_seq})
                 await self.emit(RunEvent(metadata=Metadata(key=RESUMED_METADATA_KEY, value_json=resumed)))
-            async with self.services.bus.serve(self.control.router(), max_inflight=4):
+            if self.replay is not None:
                 await self._until_done_or_cancelled()
+            else:
+                async with self.services.bus.serve(self.control.router(), max_inflight=4):
+                    await self._until_done_or_cancelled()
             await self.finish()
-            if self.journal is not None:
+            if self.journal is not None and self.replay is None:
                 await self.journal.close(succeeded=self.succeeded, retain=self.services.options.retain_on_success)
         finally:
             await self.writer.close()
@@ -214,6 +223,8 @@ class Run:
 
     async def admit(self) -> bool:
         """Governance admission; a refusal (or no answer: fail-closed) ends the run."""
+        if self.replay is not None:
+            return True  # the run was admitted when it ran; its replay does nothing new
         try:
             await self.services.governance.admit(self.request)
         except ServiceError as refused:
@@ -400,6 +411,8 @@ class Run:
 
     async def _post_process(self, request: AiRequest) -> None:
         assert self.agent is not None
+        if self.replay is not None:
+            return
         text = "".join(self.answer)
         for interceptor in reversed(self.agent.spec.interceptors):
             try:
@@ -413,7 +426,7 @@ class Run:
         """Store the turn: on complete the user message and the answer, otherwise the message only."""
         turn.recorded = True
         memory = self.services.pipeline.conversation
-        if memory is None or self.agent is None:
+        if memory is None or self.agent is None or self.replay is not None:
             return
         completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
         await memory.record(

@@ -42,6 +42,7 @@ from atmosphere.sdk.runtime import (
     RecordedRound,
     RecordedToolCall,
     RuntimeConfig,
+    StreamedPiece,
     ToolCallRequest,
 )
 
@@ -235,21 +236,30 @@ class BuiltInAgentRuntime(AgentRuntime):
         journaled = await ctx.rounds.next_round() if ctx.rounds is not None else None
         if journaled is not None and journaled.recorded is not None:
             return await _replay(session, journaled.recorded, forward_text=forward_text)
-        result = await self._live_round(ctx, session, body, forward_text=forward_text)
+        pieces: list[StreamedPiece] = []
+        result = await self._live_round(ctx, session, body, forward_text=forward_text, pieces=pieces)
         if journaled is not None:
-            await journaled.commit(_recorded(result))
+            await journaled.commit(_recorded(result, pieces))
         if result.usage is not None:
             await session.usage(result.usage)
         return result
 
     async def _live_round(
-        self, ctx: AgentExecutionContext, session: StreamingSession, body: dict[str, Any], *, forward_text: bool
+        self,
+        ctx: AgentExecutionContext,
+        session: StreamingSession,
+        body: dict[str, Any],
+        *,
+        forward_text: bool,
+        pieces: list[StreamedPiece],
     ) -> RoundResult:
         async def on_text(text: str) -> None:
             if forward_text:
+                pieces.append(StreamedPiece(text=text))
                 await session.send(text)
 
         async def on_tool_delta(call_id: str, name: str, fragment: str) -> None:
+            pieces.append(StreamedPiece(call_id=call_id, name=name, fragment=fragment))
             await session.emit(
                 RunEvent(tool_call_delta=ToolCallDelta(call_id=call_id, tool_name=name, arguments_fragment=fragment))
             )
@@ -320,17 +330,30 @@ class BuiltInAgentRuntime(AgentRuntime):
         raise StructuredOutputInvalidError(msg)
 
 
-def _recorded(result: RoundResult) -> RecordedRound:
+def _recorded(result: RoundResult, pieces: list[StreamedPiece]) -> RecordedRound:
     calls = tuple(
         RecordedToolCall(call_id=c.call_id or f"call_{i}", name=c.name, arguments=c.arguments or "{}")
         for i, c in enumerate(result.tool_calls)
     )
-    return RecordedRound(text=result.text, tool_calls=calls, finish_reason=result.finish_reason, usage=result.usage)
+    return RecordedRound(
+        text=result.text,
+        tool_calls=calls,
+        finish_reason=result.finish_reason,
+        usage=result.usage,
+        pieces=tuple(pieces),
+    )
 
 
 async def _replay(session: StreamingSession, recorded: RecordedRound, *, forward_text: bool) -> RoundResult:
-    """A committed round as if the model had just sent it (its text and usage reported again)."""
-    if forward_text and recorded.text:
+    """A committed round as if the model had just sent it: the same pieces, then its usage."""
+    if recorded.pieces:
+        for piece in recorded.pieces:
+            if piece.call_id:
+                delta = ToolCallDelta(call_id=piece.call_id, tool_name=piece.name, arguments_fragment=piece.fragment)
+                await session.emit(RunEvent(tool_call_delta=delta))
+            elif forward_text:
+                await session.send(piece.text)
+    elif forward_text and recorded.text:
         await session.send(recorded.text)
     if recorded.usage is not None:
         await session.usage(recorded.usage)
