@@ -17,6 +17,7 @@ import pytest
 
 from atmosphere.bus import Envelope, Headers, WorkItem, subjects
 from atmosphere.bus.errors import EffectLimitError
+from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind, JournalRecord
 from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalDecision,
@@ -295,21 +296,29 @@ def test_delivered_events_hold_back_only_what_was_sent() -> None:
     stored.append(event(4, metadata=Metadata(key="ai.run.resumed", value_json="{}")))
     delivered = DeliveredEvents("r1", stored)
     # The re-drive, before the writer stamps its events: same text in other pieces, same tool start.
-    assert delivered.admit(RunEvent(text_delta=TextDelta(text="He"))) is None
-    tail = delivered.admit(RunEvent(text_delta=TextDelta(text="llo")))
-    assert tail is not None
+    assert delivered.admit(RunEvent(text_delta=TextDelta(text="He"))) == []
+    [tail] = delivered.admit(RunEvent(text_delta=TextDelta(text="llo")))
     assert tail.text_delta.text == "lo"
-    assert delivered.admit(RunEvent(tool_start=start)) is None
-    assert delivered.admit(RunEvent(tool_start=start)) is not None  # a second, new call goes out
+    assert delivered.admit(RunEvent(tool_start=start)) == []
+    assert len(delivered.admit(RunEvent(tool_start=start))) == 1  # a second, new call goes out
     marker = RunEvent(metadata=Metadata(key="ai.run.resumed", value_json="{}"))
-    assert delivered.admit(marker) is marker
+    assert delivered.admit(marker) == [marker]
     assert not delivered.diverged
 
 
-def test_a_diverging_redrive_is_noticed_and_never_repeats() -> None:
-    delivered = DeliveredEvents("r1", [RunEvent(seq=2, text_delta=TextDelta(text="Hello"))])
-    assert delivered.admit(RunEvent(text_delta=TextDelta(text="Goodbye"))) is not None
+def test_a_diverging_resumed_answer_is_rewound_never_spliced() -> None:
+    delivered = DeliveredEvents("r1", [RunEvent(seq=2, text_delta=TextDelta(text="Paris is the capit"))])
+    assert delivered.admit(RunEvent(text_delta=TextDelta(text="Paris "))) == []
+    rewound, text = delivered.admit(RunEvent(text_delta=TextDelta(text="has been the capital")))
+    assert rewound.metadata.key == ANSWER_REWOUND_METADATA_KEY
+    assert json.loads(rewound.metadata.value_json) == {"discard": len("is the capit")}
+    assert text.text_delta.text == "has been the capital"
     assert delivered.diverged
+    [rest] = delivered.admit(RunEvent(text_delta=TextDelta(text=" of France.")))  # goes out as it is
+    assert rest.text_delta.text == " of France."
+    # What the client ends with, applying the marker: the new answer, whole.
+    answer = "Paris is the capit"[: -json.loads(rewound.metadata.value_json)["discard"]]
+    assert answer + text.text_delta.text + rest.text_delta.text == "Paris has been the capital of France."
 
 
 async def _true(value: bool) -> bool:

@@ -50,6 +50,11 @@ without sending again what its stream already has."""
 EVENT_LOST_METADATA_KEY = "ai.run.event_lost"
 """Marks a seq whose event was lost with the worker that wrote it."""
 
+ANSWER_REWOUND_METADATA_KEY = "ai.run.answer_rewound"
+"""A resumed run's answer came out differently than what was already sent (a model asked again
+does not always say the same): the value `{"discard": N}` says to drop the last N characters of
+the answer received so far; the new text follows. Sent at most once per resume."""
+
 SERVER_SIDE_KINDS = frozenset({"input"})
 """Event kinds no client is sent: `input` holds the model's whole input, system prompt included
 (the tape and the journal keep it); a client's frame seqs skip them."""
@@ -476,6 +481,7 @@ async def cancel_run(bus: Bus, run_id: str, reason: str, *, principal: Principal
 
 __all__ = [
     "ACK_PATIENCE",
+    "ANSWER_REWOUND_METADATA_KEY",
     "EVENT_LOST_METADATA_KEY",
     "GAP_PATIENCE",
     "HISTORY_METADATA_KEY",

@@ -6,7 +6,9 @@ the re-drive produces, in the same order, events the stream already holds. `Deli
 holds them back: the stream continues from its last seq with only what is new.
 
 - The run's own text is one growing string: of each re-driven text delta only the characters
-  beyond what was already delivered go out (a diverging model is logged, never repeated).
+  beyond what was already delivered go out. A round asked again may come out differently: then
+  an `ai.run.answer_rewound` marker tells the client how many of the characters it has to drop,
+  and the new text goes out from there (never a silent splice of two answers).
 - Any other event goes out unless an identical one (same kind and payload, seq and timestamp
   aside) was delivered and not yet matched: a replayed `tool-start`, `tool-result` or `usage`
   is held back, a new one is sent.
@@ -16,16 +18,22 @@ holds them back: the stream continues from its last seq with only what is new.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable
 
-from atmosphere.bus.runs import EVENT_LOST_METADATA_KEY, RESUMED_METADATA_KEY, WORKER_FIRST_SEQ
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
+from atmosphere.bus.runs import (
+    ANSWER_REWOUND_METADATA_KEY,
+    EVENT_LOST_METADATA_KEY,
+    RESUMED_METADATA_KEY,
+    WORKER_FIRST_SEQ,
+)
+from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, TextDelta
 
 log = logging.getLogger("atmosphere.dispatch")
 
-_MARKERS = frozenset({RESUMED_METADATA_KEY, EVENT_LOST_METADATA_KEY})
+_MARKERS = frozenset({RESUMED_METADATA_KEY, EVENT_LOST_METADATA_KEY, ANSWER_REWOUND_METADATA_KEY})
 """Metadata a re-drive writes about itself: never matched against what came before."""
 _ALWAYS_SENT = frozenset({"approval_required"})
 
@@ -73,39 +81,46 @@ class DeliveredEvents:
         self.held_back = 0
         self.diverged = False
 
-    def admit(self, event: RunEvent) -> RunEvent | None:
-        """What of `event` still has to go out: itself, its unsent tail (text), or None."""
+    def admit(self, event: RunEvent) -> list[RunEvent]:
+        """What of `event` still has to go out: itself, its unsent tail (text), or nothing."""
         text = _own_text(event)
         if text is not None:
             return self._admit_text(event, text)
         kind = event.WhichOneof("kind")
         if kind in _ALWAYS_SENT or _marker(event):
-            return event
+            return [event]
         identity = _identity(event)
         if self._others[identity] > 0:
             self._others[identity] -= 1
             self.held_back += 1
-            return None
-        return event
+            return []
+        return [event]
 
-    def _admit_text(self, event: RunEvent, text: str) -> RunEvent | None:
+    def _admit_text(self, event: RunEvent, text: str) -> list[RunEvent]:
+        if self.diverged:
+            return [event]
         start = self._redriven
         self._redriven += len(text)
         delivered = self._text[start : self._redriven]
-        if not self.diverged and not text.startswith(delivered):
+        if not text.startswith(delivered):
+            # Everything sent from `start` on is not this answer: the client drops it, and the
+            # new text goes out whole from here.
             self.diverged = True
+            discard = len(self._text) - start
             log.warning(
-                "run %s: the re-driven answer differs from what was sent; sending only what is new", self.run_id
+                "run %s: the resumed answer differs from what was sent; rewinding %d chars", self.run_id, discard
             )
+            rewound = Metadata(key=ANSWER_REWOUND_METADATA_KEY, value_json=json.dumps({"discard": discard}))
+            return [RunEvent(metadata=rewound), event]
         if self._redriven <= len(self._text):
             self.held_back += 1
-            return None
+            return []
         if start >= len(self._text):
-            return event
+            return [event]
         tail = RunEvent()
         tail.CopyFrom(event)
         tail.text_delta.CopyFrom(TextDelta(text=text[len(self._text) - start :]))
-        return tail
+        return [tail]
 
 
 class CapturedEvents:

@@ -467,8 +467,7 @@ class Run:
                 # Before the terminal event goes out, so the next turn of this conversation (or
                 # a fact extraction) finds this one stored.
                 await self._record(self._turn, event)
-        outgoing = event if self.delivered is None else self.delivered.admit(event)
-        if outgoing is not None:
+        for outgoing in [event] if self.delivered is None else self.delivered.admit(event):
             await self.writer.emit(outgoing)
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)

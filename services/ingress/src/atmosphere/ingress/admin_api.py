@@ -26,6 +26,9 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsResponse,
     ListRunsRequest,
     ListRunsResponse,
+    ReplayedRun,
+    ReplayRequest,
+    ReplayResponse,
     TapeRun,
     TapeStep,
 )
@@ -132,9 +135,14 @@ def _run(run: TapeRun) -> dict[str, Any]:
         "parentRunId": run.parent_run_id or None,
         "status": run.status,
         "agent": run.agent,
+        "model": run.model or None,
+        "runtime": run.runtime or None,
+        "endpoint": run.endpoint or None,
         "startedAt": run.started_at,
         "endedAt": run.ended_at or None,
         "stepCount": run.step_count,
+        "droppedSteps": run.dropped_steps,
+        "truncated": run.truncated,
     }
 
 
@@ -167,7 +175,11 @@ async def admin_tape_runs(
     status: Annotated[str, Query(max_length=32)] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Any:
-    """`[{runId, tapeId, parentRunId, status, agent, startedAt, endedAt, stepCount}]`."""
+    """Newest first, as many as fit in one bus message.
+
+    `[{runId, tapeId, parentRunId, status, agent, model, runtime, endpoint, startedAt, endedAt,
+    stepCount, droppedSteps, truncated}]`.
+    """
     if tapeId and not valid_id(tapeId):
         raise AdminBadRequestError("Malformed tapeId")
 
@@ -219,6 +231,64 @@ async def admin_tape_steps(
         if reply.next_from_seq:
             page["nextFromSeq"] = reply.next_from_seq
         return page
+
+    return await admin_call(request, "tape", ask)
+
+
+def _replayed(run: ReplayedRun) -> dict[str, Any]:
+    shown: dict[str, Any] = {
+        "runId": run.run_id,
+        "parentRunId": run.parent_run_id or None,
+        "status": run.status,
+        "model": run.model or None,
+        "runtime": run.runtime or None,
+        "endpoint": run.endpoint or None,
+        "startedAt": run.started_at,
+        "endedAt": run.ended_at or None,
+        "input": [{"role": m.role, "content": m.content} for m in run.input],
+        "output": run.output,
+        "tools": [{"name": t.name, "arguments": t.arguments} for t in run.tools],
+    }
+    # What the tape left out so that the answer fits in one bus message, only when something was.
+    if run.input_omitted:
+        shown["inputOmitted"] = run.input_omitted
+    if run.tools_omitted:
+        shown["toolsOmitted"] = run.tools_omitted
+    if run.clipped:
+        shown["clipped"] = True
+    return shown
+
+
+@router.get("/api/admin/tape/runs/{run_id}/replay", summary="A run and the runs it started, rebuilt", responses=ERRORS)
+async def admin_tape_replay(
+    request: Request, run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]
+) -> Any:
+    """`{present: true, runCount, root, children}`, or `{runId, present: false}` for a run the tape does not have.
+
+    Each run is `{runId, parentRunId, status, model, runtime, endpoint, startedAt, endedAt,
+    input: [{role, content}], output, tools: [{name, arguments}]}`, rebuilt from its steps (no
+    model is called): the first input, its own text, its tool calls. `children` are the runs it
+    started, oldest first (not theirs). Too large for one answer, a run says what it left out
+    (`inputOmitted`, `toolsOmitted`, `clipped`) and the reply how many children (`childrenOmitted`).
+    """
+    if not valid_id(run_id):
+        raise AdminBadRequestError("Malformed run id")
+
+    async def ask(bus: Bus) -> Any:
+        reply = await bus.request(
+            subjects.tape("replay"), ReplayRequest(run_id=run_id), ReplayResponse, timeout=ADMIN_TIMEOUT
+        )
+        if not reply.present:
+            return {"runId": run_id, "present": False}
+        tree: dict[str, Any] = {
+            "present": True,
+            "runCount": reply.run_count,
+            "root": _replayed(reply.root),
+            "children": [_replayed(c) for c in reply.children],
+        }
+        if reply.children_omitted:
+            tree["childrenOmitted"] = reply.children_omitted
+        return tree
 
     return await admin_call(request, "tape", ask)
 

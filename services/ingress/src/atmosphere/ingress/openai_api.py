@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from atmosphere.bus import BusError, PayloadTooLargeError
 from atmosphere.bus.runs import (
+    ANSWER_REWOUND_METADATA_KEY,
     HISTORY_METADATA_KEY,
     StreamGapError,
     cancel_run,
@@ -121,6 +122,10 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
 
 
+class AnswerChangedError(Exception):
+    """The run resumed after its worker died and its answer came out differently than what was streamed."""
+
+
 @dataclass
 class _Run:
     """A completion being produced."""
@@ -136,6 +141,8 @@ class _Run:
         default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     )
     finished: bool = False
+    streaming: bool = False
+    """Whether text already went to the client (a streamed completion): it cannot be taken back."""
 
     async def next(self) -> RunEvent | None:
         """The next event worth answering with, or None at the end of the stream."""
@@ -155,7 +162,9 @@ class _Run:
             # A run whose worker died goes on where it stopped (dispatch sends none of what the
             # stream already has again), so its `ai.run.resumed` marker needs nothing here.
             kind = event.WhichOneof("kind")
-            if kind == "usage":
+            if kind == "metadata" and event.metadata.key == ANSWER_REWOUND_METADATA_KEY:
+                self._rewind(event.metadata.value_json)
+            elif kind == "usage":
                 self.usage["prompt_tokens"] += event.usage.input_tokens
                 self.usage["completion_tokens"] += event.usage.output_tokens
                 self.usage["total_tokens"] += event.usage.total_tokens or (
@@ -165,6 +174,17 @@ class _Run:
                 if kind != "text_delta":
                     self.finished = True
                 return event
+
+    def _rewind(self, value_json: str) -> None:
+        """Drop the end of the answer the resumed run replaced; streamed text cannot be, so that is an error."""
+        if self.streaming:
+            raise AnswerChangedError
+        try:
+            discard = max(0, int(json.loads(value_json)["discard"]))
+        except (ValueError, TypeError, KeyError):
+            raise AnswerChangedError from None
+        text = "".join(self.text)
+        self.text[:] = [text[: max(0, len(text) - discard)]]
 
     @property
     def counted_usage(self) -> dict[str, int] | None:
@@ -302,7 +322,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         response = await _unless_draining(state.drain, _respond(active, chat))
         handed_over = isinstance(response, StreamingResponse)
         return response
-    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError) as exc:
+    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, AnswerChangedError) as exc:
         raise _failure(exc) from None
     finally:
         if not handed_over:
@@ -317,6 +337,8 @@ def _failure(exc: Exception) -> OpenAiError:
         return OpenAiUnavailableError("The server is restarting; send the request again.")
     if isinstance(exc, TimeoutError):
         return OpenAiUnavailableError("The agent did not answer in time.")
+    if isinstance(exc, AnswerChangedError):
+        return OpenAiUnavailableError("The agent restarted in the middle of the answer; send the request again.")
     return OpenAiUnavailableError("The agent is unavailable right now; try again.")
 
 
@@ -408,6 +430,7 @@ async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIter
             kind = event.WhichOneof("kind")
             if kind == "text_delta":
                 active.text.append(event.text_delta.text)
+                active.streaming = True
                 yield sse_data(completion.chunk({"content": event.text_delta.text}))
             elif kind == "error":
                 yield sse_data(_run_error(event).body())
@@ -426,7 +449,7 @@ async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIter
             # loop; and only with counts, since no counts are not zero tokens.
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
-    except (TimeoutError, BusError, StreamGapError) as exc:
+    except (TimeoutError, BusError, StreamGapError, AnswerChangedError) as exc:
         failure = OpenAiUnavailableError("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())
