@@ -25,7 +25,7 @@ class Point(BaseModel):
     y: float
 
 
-@tool(name="distance", description="Distance between two points.", kind=ToolKind.READ, timeout=5)
+@tool(name="distance", description="Distance between two points.", kind=ToolKind.READ, timeout=5, idempotent=True)
 async def measure(a: Point, b: Point) -> float:
     return ((a.x - b.x) ** 2 + (a.y - b.y) ** 2) ** 0.5
 
@@ -57,6 +57,9 @@ def test_options_and_nested_models() -> None:
     descriptor = measure.descriptor()
     assert descriptor.kind == ProtoToolKind.TOOL_KIND_READ
     assert descriptor.timeout_seconds == 5
+    # Declared safe to repeat, and published so (a durable run re-runs it if its worker died in it).
+    assert (measure.idempotent, descriptor.idempotent) == (True, True)
+    assert (get_weather.idempotent, get_weather.descriptor().idempotent) == (False, False)
 
 
 async def test_invoke_validates_then_renders() -> None:

@@ -129,6 +129,7 @@ class Tool(Generic[P, R]):
             kind=self.kind.to_proto(),  # type: ignore[arg-type]
             timeout_seconds=self.timeout,
             provider=provider,
+            idempotent=self.idempotent,
         )
 
 

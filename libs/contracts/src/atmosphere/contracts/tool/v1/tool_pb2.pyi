@@ -55,6 +55,7 @@ class ToolDescriptor(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
+    IDEMPOTENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
     parameters_json_schema: _builtins.str
@@ -64,6 +65,10 @@ class ToolDescriptor(_message.Message):
     """Per-call timeout; 0 means the default (60 s)."""
     provider: _builtins.str
     """The service serving `atmo.tool.<name>`: "sandbox" or "memory"."""
+    idempotent: _builtins.bool
+    """Safe to run again with the same arguments: a durable run whose worker died inside the call
+    runs it again; any other tool is reported to the model as interrupted instead.
+    """
     def __init__(
         self,
         *,
@@ -73,10 +78,11 @@ class ToolDescriptor(_message.Message):
         kind: Global___ToolKind.ValueType = ...,
         timeout_seconds: _builtins.float = ...,
         provider: _builtins.str = ...,
+        idempotent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "kind", b"kind", "name", b"name", "parameters_json_schema", b"parameters_json_schema", "provider", b"provider", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "idempotent", b"idempotent", "kind", b"kind", "name", b"name", "parameters_json_schema", b"parameters_json_schema", "provider", b"provider", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
