@@ -39,7 +39,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReadFileRequest,
     ReadFileResponse,
 )
-from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunSubmission, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, RunSubmission, ToolResult
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, TapeRun, TapeStep
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
@@ -388,7 +388,7 @@ async def test_tape_steps_one_byte_over_come_in_pages(world: World) -> None:
     def event(seq: int, text: str | None) -> RunEvent:
         ts = Timestamp()
         ts.FromMilliseconds(1_700_000_000_000 + seq)
-        kind: dict[str, Any] = {"complete": Complete()} if text is None else {"text_delta": TextDelta(text=text)}
+        kind: dict[str, Any] = {"complete": Complete()} if text is None else {"tool_result": ToolResult(result=text)}
         return RunEvent(run_id=run_id, seq=seq, session_id="s", conversation_id="c", agent="echo", timestamp=ts, **kind)
 
     def events_of(n: int) -> list[RunEvent]:

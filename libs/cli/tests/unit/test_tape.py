@@ -1,8 +1,9 @@
 """`atmosphere tape follow` and `atmosphere tape export`: flags, output, exit codes.
 
 `follow` runs on the in-memory bus (its connection is the one thing swapped), with events
-written the way a run's submitter and worker write them; `export` runs against a stand-in
-with `export_jsonl`'s signature, plus the tape's real exporter on a real tape database.
+written the way a run's submitter and worker write them. `export` launches the tape service's
+own program (its own tests are the tape's `test_export_cli.py`): here, its flags, and that the
+command really exports a real tape database and passes the program's exit status on.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import asyncio
 import contextlib
 import io
 import json
-import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +39,6 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ToolResult,
     ToolStart,
 )
-from atmosphere.tape.dataset import ExportReport
-from atmosphere.tape.recorder import Recorder
-from atmosphere.tape.store import TapeStore
 from atmosphere.testing import wait_until
 
 DEADLINE = 10.0
@@ -266,83 +265,49 @@ def test_a_summary_is_one_short_line_and_the_models_input_is_only_counted() -> N
 # -- export ------------------------------------------------------------------------------------
 
 
-def report() -> ExportReport:
-    return ExportReport(3, 1, 1, 0, 1, ["run r2 has no answer"])
+def test_export_says_in_its_help_what_it_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main(["tape", "export", "--help"])
+    assert exited.value.code == 0
+    assert 'Write one {"messages": [...]} line per completed run' in " ".join(capsys.readouterr().out.split())
 
 
-@dataclass
-class StandIn:
-    """Has `export_jsonl`'s signature; records its call and reports progress as it goes."""
-
-    calls: list[tuple[Path, Path, int]] = field(default_factory=list)
-    fails: Exception | None = None
-
-    def __call__(
-        self, db_path: Path, out: Path, *, max_runs: int = 0, progress: Callable[[int, int], None] | None = None
-    ) -> ExportReport:
-        self.calls.append((db_path, out, max_runs))
-        if self.fails is not None:
-            raise self.fails
-        for done in range(4):
-            assert progress is not None
-            progress(done, 3)
-        out.write_text('{"messages": []}\n')
-        return report()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "tape.db"
-    sqlite3.connect(path).close()
-    return path
-
-
-def test_export_shows_progress_and_the_report_on_stderr(db: Path, tmp_path: Path) -> None:
-    stand_in, err = StandIn(), io.StringIO()
-    out = tmp_path / "dataset.jsonl"
-    assert tape.export(out, db=db, max_runs=7, exporter=lambda: stand_in, err=err) == 0
-    assert stand_in.calls == [(db, out, 7)]
-    assert out.read_text() == '{"messages": []}\n'
-    bar, *report = err.getvalue().split("\n")
-    assert bar.split("\r")[1:] == [
-        "[------------------------------] 0/3 runs",
-        "[##########--------------------] 1/3 runs",
-        "[####################----------] 2/3 runs",
-        "[##############################] 3/3 runs",
-    ]
-    assert report == [
-        f"wrote 1 of 3 runs to {out}",
-        "skipped: 1 not completed, 0 without a model input, 1 without an answer",
-        "note: run r2 has no answer",
-        "",
+def test_export_runs_the_tapes_own_program_with_the_flags_given() -> None:
+    program = [sys.executable, "-m", "atmosphere.tape.export_cli"]
+    assert tape.export_argv(Path("-odd.jsonl"), db=None) == [*program, "--max-runs", "0", "--", "-odd.jsonl"]
+    assert tape.export_argv(Path("o.jsonl"), db=Path("t.db"), max_runs=5) == [
+        *program,
+        "--max-runs",
+        "5",
+        "--db",
+        "t.db",
+        "--",
+        "o.jsonl",
     ]
 
 
-def test_the_default_database_is_the_tape_services_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("ATMOSPHERE_DATA_DIR", str(tmp_path / "data"))
-    err = io.StringIO()
-    assert tape.export(tmp_path / "out.jsonl", db=None, exporter=StandIn, err=err) == 1
-    assert err.getvalue() == (
-        f"error: no tape database at {tmp_path / 'data' / 'tape.db'} (pass --db, or set ATMOSPHERE_DATA_DIR)\n"
-    )
+# Written by the tape's own `Recorder`, in a process of its own: this library never imports a service.
+RECORD = """
+import asyncio, sys
+from pathlib import Path
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.tape.recorder import Recorder
+from atmosphere.tape.store import TapeStore
+
+async def record() -> None:
+    events = [RunEvent.FromString(bytes.fromhex(line)) for line in sys.stdin.read().split()]
+    async with TapeStore.open(Path(sys.argv[1])) as store:
+        await Recorder(store).record(events)
+
+asyncio.run(record())
+"""
 
 
-def test_a_missing_database_fails_through_the_command_itself(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl"), "--db", str(tmp_path / "none.db")]) == 1
-    assert f"error: no tape database at {tmp_path / 'none.db'}" in capsys.readouterr().err
-
-
-def test_a_database_the_export_cannot_read_is_a_clear_failure(db: Path, tmp_path: Path) -> None:
-    stand_in, err = StandIn(fails=sqlite3.DatabaseError("file is not a database")), io.StringIO()
-    assert tape.export(tmp_path / "out.jsonl", db=db, exporter=lambda: stand_in, err=err) == 1
-    assert err.getvalue() == "error: the export failed: file is not a database\n"
-
-
-async def record(db: Path, *runs: list[RunEvent]) -> None:
-    async with TapeStore.open(db) as store:
-        await Recorder(store).record([event for run in runs for event in run])
+def record(db: Path, *runs: list[RunEvent]) -> None:
+    events = "\n".join(event.SerializeToString().hex() for run in runs for event in run)
+    argv = [sys.executable, "-c", RECORD, str(db)]
+    recorded = subprocess.run(argv, input=events, capture_output=True, text=True, check=False, timeout=60)
+    assert recorded.returncode == 0, recorded.stderr
 
 
 def tape_run(run_id: str, *, prompt: bool) -> list[RunEvent]:
@@ -355,11 +320,9 @@ def tape_run(run_id: str, *, prompt: bool) -> list[RunEvent]:
     return [RunEvent(run_id=run_id, seq=n, agent="helper", **kind) for n, kind in enumerate(kinds, start=1)]
 
 
-async def test_the_tapes_own_exporter_writes_the_dataset_through_the_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_command_exports_a_real_tape(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db, out = tmp_path / "data" / "tape.db", tmp_path / "sets" / "chat.jsonl"
-    await record(db, tape_run("prompted", prompt=True), tape_run("bare", prompt=False))
+    record(db, tape_run("prompted", prompt=True), tape_run("bare", prompt=False))
     assert cli_main.main(["tape", "export", str(out), "--db", str(db)]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {
@@ -370,14 +333,21 @@ async def test_the_tapes_own_exporter_writes_the_dataset_through_the_command(
             ]
         }
     ]
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "\r[##############################] 2/2 runs\n" in err
     assert f"wrote 1 of 2 runs to {out}" in err
     assert "skipped: 0 not completed, 1 without a model input, 0 without an answer" in err
 
 
-def test_a_file_that_is_no_tape_is_a_clear_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    not_a_tape = tmp_path / "notes.txt"
-    not_a_tape.write_text("not a database")
-    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl"), "--db", str(not_a_tape)]) == 1
-    assert f"{not_a_tape} is not a tape database" in capsys.readouterr().err
+def test_a_missing_database_fails_through_the_command(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl"), "--db", str(tmp_path / "none.db")]) == 1
+    assert f"error: no tape database at {tmp_path / 'none.db'}" in capfd.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_without_the_tape_installed_export_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(tape, "TAPE_PACKAGE", "atmosphere.no_such_service")  # what find_spec finds nowhere
+    assert cli_main.main(["tape", "export", str(tmp_path / "out.jsonl")]) == 1
+    assert capsys.readouterr().err == "error: the tape service (atmosphere-ai-tape) is not installed\n"

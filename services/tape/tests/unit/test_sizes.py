@@ -11,20 +11,26 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import RemoteError, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, ToolResult
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ListRunsRequest, ListRunsResponse
-from atmosphere.tape.handlers import MAX_ID_CHARS, TapeHandlers, step_record
+from atmosphere.tape.handlers import MAX_ID_CHARS, TapeHandlers
+from atmosphere.tape.recorder import Recorder
 from atmosphere.tape.store import TapeStore
 
 LIMIT = 64 * 1024
 
 
-def text_event(seq: int, text: str, run_id: str = "r1") -> RunEvent:
+def result_event(seq: int, text: str, run_id: str = "r1") -> RunEvent:
+    """A tool result: a step of its own (text deltas in a row would coalesce into one)."""
     ts = Timestamp()
     ts.FromMilliseconds(1_000 + seq)
     return RunEvent(
-        run_id=run_id, seq=seq, conversation_id="c", agent="echo", timestamp=ts, text_delta=TextDelta(text=text)
+        run_id=run_id, seq=seq, conversation_id="c", agent="echo", timestamp=ts, tool_result=ToolResult(result=text)
     )
+
+
+def result_payload(text: str) -> dict[str, str]:
+    return {"toolName": "", "callId": "", "result": text}
 
 
 @pytest.fixture
@@ -44,7 +50,7 @@ async def steps(bus: FakeBus, **request: object) -> GetStepsResponse:
 async def test_steps_larger_than_one_reply_come_in_pages(tape: tuple[FakeBus, TapeStore]) -> None:
     bus, store = tape
     # JSON escapes make each payload larger than its event: a step's text of 3,000 "é" is 18 KB.
-    await store.record_many([step_record(text_event(seq, "é" * 3000)) for seq in range(1, 21)])
+    await Recorder(store).record([result_event(seq, "é" * 3000) for seq in range(1, 21)])
     seen: list[int] = []
     from_seq = 0
     while True:
@@ -58,23 +64,24 @@ async def test_steps_larger_than_one_reply_come_in_pages(tape: tuple[FakeBus, Ta
         assert page.next_from_seq == page.steps[-1].seq + 1
         from_seq = page.next_from_seq
     assert seen == list(range(1, 21))
-    assert all(json.loads(s.payload_json) == {"text": "é" * 3000} for s in page.steps)
+    assert all(json.loads(s.payload_json) == result_payload("é" * 3000) for s in page.steps)
 
 
 async def test_a_step_too_large_for_any_reply_is_named_by_its_size(tape: tuple[FakeBus, TapeStore]) -> None:
     bus, store = tape
-    await store.record_many([step_record(text_event(1, "ü" * 30_000)), step_record(text_event(2, "ok"))])
+    await Recorder(store).record([result_event(1, "ü" * 30_000), result_event(2, "ok")])
     page = await steps(bus, run_id="r1")
     first, second = page.steps
     assert first.payload_truncated
-    assert json.loads(first.payload_json) == {"truncated": True, "bytes": len(json.dumps({"text": "ü" * 30_000}))}
+    size = len(json.dumps(result_payload("ü" * 30_000), sort_keys=True))
+    assert json.loads(first.payload_json) == {"truncated": True, "bytes": size}
     assert not second.payload_truncated
-    assert json.loads(second.payload_json) == {"text": "ok"}
+    assert json.loads(second.payload_json) == result_payload("ok")
 
 
 async def test_the_run_list_is_the_newest_runs_that_fit(tape: tuple[FakeBus, TapeStore]) -> None:
     bus, store = tape
-    await store.record_many([step_record(text_event(1, "x", run_id=f"{i:04d}-" + "r" * 900)) for i in range(100)])
+    await Recorder(store).record([result_event(1, "x", run_id=f"{i:04d}-" + "r" * 900) for i in range(100)])
     listed = await bus.request(subjects.tape("runs"), ListRunsRequest(limit=1000), ListRunsResponse)
     assert listed.truncated
     assert 0 < len(listed.runs) < 100

@@ -4,7 +4,9 @@
 order, once each, gaps completed from `ATMO_EVENTS`), so it also replays a finished run. It
 connects with the services' own settings (`ATMOSPHERE_NATS__URL`, `ATMOSPHERE_NATS__NAMESPACE`,
 what `atmosphere dev` sets), which `--server` and `--namespace` override. `tape export` writes
-the tape's finished runs as chat-format JSON lines (`atmosphere.tape.dataset.export_jsonl`).
+the tape's finished runs as chat-format JSON lines: it runs the tape service's own export
+program (`python -m atmosphere.tape.export_cli`), since the tape owns its database, and a
+library never imports a service.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
-import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToDict
 from pydantic import ValidationError
@@ -31,15 +34,12 @@ from atmosphere.bus.runs import StreamGapError, UnknownRunError, follow_run
 from atmosphere.config import ServiceSettings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
-if TYPE_CHECKING:
-    from atmosphere.tape.dataset import ExportReport
-
 EXIT_FAILED = 1
-"""NATS unreachable, the run's stream broken, the tape database missing or unreadable."""
+"""NATS unreachable, the run's stream broken, the tape database missing or unreadable, the tape not installed."""
 EXIT_USAGE = 2
 """Bad flags (argparse's own code), or settings in the environment that do not validate."""
 EXIT_INTERRUPTED = 130
-"""Ctrl-C while following one run (with `--all`, Ctrl-C is the normal end: 0)."""
+"""Ctrl-C while following one run (with `--all`, Ctrl-C is the normal end: 0), or during an export."""
 CONNECT_TIMEOUT = 3.0
 """Seconds to reach NATS before saying it cannot be reached."""
 HINT_AFTER = 3.0
@@ -340,91 +340,39 @@ class EventPrinter:
 # -- export ------------------------------------------------------------------------------------
 
 
-Exporter = Callable[..., "ExportReport"]
-"""`atmosphere.tape.dataset.export_jsonl`, or a stand-in with its signature."""
+EXPORT_MODULE = "atmosphere.tape.export_cli"
+"""The tape service's export program: the tape owns its database, so the export is its own."""
+TAPE_PACKAGE = "atmosphere.tape"
+"""Looked up (not imported) to tell a missing tape service from a failed export."""
 
 
-def default_db() -> Path:
-    """Where the tape service keeps its database, by its own settings."""
-    from atmosphere.tape.settings import TapeSettings  # noqa: PLC0415 - the tape only when exporting
-
-    return TapeSettings().db_path
+def tape_installed() -> bool:
+    """Whether the tape service is installed beside this command (`find_spec` does not import it)."""
+    return importlib.util.find_spec(TAPE_PACKAGE) is not None
 
 
-def tape_exporter() -> Exporter:
-    """The tape's own exporter."""
-    from atmosphere.tape.dataset import export_jsonl  # noqa: PLC0415 - the tape only when exporting
+def export_argv(out: Path, *, db: Path | None, max_runs: int = 0) -> list[str]:
+    """The command line that runs the tape's export program with this Python."""
+    argv = [sys.executable, "-m", EXPORT_MODULE, "--max-runs", str(max_runs)]
+    if db is not None:
+        argv += ["--db", str(db)]
+    return [*argv, "--", str(out)]  # after `--`, an OUT starting with "-" is still the file
 
-    return export_jsonl
 
+def export(out: Path, *, db: Path | None, max_runs: int = 0) -> int:
+    """Run the tape's export of `db` (default: the tape service's) to `out`; its exit status.
 
-def export(
-    out: Path,
-    *,
-    db: Path | None,
-    max_runs: int = 0,
-    exporter: Callable[[], Exporter] = tape_exporter,
-    err: TextIO | None = None,
-) -> int:
-    """Export the tape at `db` (default: the tape service's) to `out`; the exit status."""
-    err = err or sys.stderr
-    try:
-        db_path = db or default_db()
-    except ValidationError as exc:
-        print(f"error: invalid settings in the environment:\n{exc}", file=err)
-        return EXIT_USAGE
-    if not db_path.is_file():
-        print(f"error: no tape database at {db_path} (pass --db, or set ATMOSPHERE_DATA_DIR)", file=err)
+    The program shares this terminal: its progress bar and report reach stderr as it writes them.
+    """
+    if not tape_installed():
+        print("error: the tape service (atmosphere-ai-tape) is not installed", file=sys.stderr)
         return EXIT_FAILED
-    from atmosphere.tape.dataset import TapeFileError  # noqa: PLC0415 - the tape only when exporting
-
-    bar = ProgressBar(err)
     try:
-        report = exporter()(db_path, out, max_runs=max_runs, progress=bar.update)
-    except (TapeFileError, sqlite3.Error, OSError) as exc:
-        bar.finish()
-        print(f"error: the export failed: {exc}", file=err)
+        finished = subprocess.run(export_argv(out, db=db, max_runs=max_runs), check=False)  # noqa: S603 - our argv
+    except KeyboardInterrupt:  # the program got the same Ctrl-C and removed its partial file
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        print(f"error: cannot start the tape's export: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    bar.finish()
-    for line in report_lines(report, out):
-        print(line, file=err)
-    return 0
-
-
-def report_lines(report: ExportReport, out: Path) -> list[str]:
-    """The closing report, in words."""
-    lines = [
-        f"wrote {report.emitted} of {report.runs_seen} runs to {out}",
-        f"skipped: {report.skipped_not_terminal} not completed, {report.skipped_no_input} without a model input, "
-        f"{report.skipped_no_output} without an answer",
-    ]
-    return lines + [f"note: {note}" for note in report.notes]
-
-
-class ProgressBar:
-    """A plain-text bar on one line of `err`, redrawn in place (a carriage return) when it moves a step."""
-
-    WIDTH = 30
-
-    def __init__(self, err: TextIO) -> None:
-        """Draw on `err`."""
-        self._err = err
-        self._drawn: tuple[int, int] | None = None
-
-    def update(self, done: int, total: int) -> None:
-        """`done` of `total` runs processed (what `export_jsonl` calls as it goes)."""
-        filled = self.WIDTH if total <= 0 else min(self.WIDTH, self.WIDTH * done // total)
-        step = (filled, done * 100 // total if total > 0 else 100)
-        if step == self._drawn and done != total:
-            return
-        self._drawn = step
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        self._err.write(f"\r[{bar}] {done}/{total} runs")
-        self._err.flush()
-
-    def finish(self) -> None:
-        """End the bar's line (if one was drawn)."""
-        if self._drawn is not None:
-            self._err.write("\n")
-            self._err.flush()
-            self._drawn = None
+    code = finished.returncode
+    return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says it

@@ -1,44 +1,112 @@
-"""Tape's wiring: record every run's events from `ATMO_EVENTS`, answer queries."""
+"""Tape's wiring: record every run's events from `ATMO_EVENTS`, sweep, answer queries."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from atmosphere.bus import Bus, ConsumerSpec, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.service import open_service
+from atmosphere.tape.agents import AgentDirectory
 from atmosphere.tape.handlers import TapeHandlers
-from atmosphere.tape.settings import TapeSettings
+from atmosphere.tape.recorder import Recorder
+from atmosphere.tape.redact import Redactor
+from atmosphere.tape.retention import Bounds, Retention
+from atmosphere.tape.runstate import Limits
+from atmosphere.tape.settings import TapeOptions, TapeSettings
 from atmosphere.tape.store import TapeStore
+from atmosphere.tape.sweep import sweep
 
 RECORDER = "tape"
 """The durable consumer the tape records from."""
 
+log = logging.getLogger("atmosphere.tape")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def describe(settings: TapeSettings) -> dict[str, Any]:
+    """The tape's part of the runtime truth (`/api/console/info`): what is really configured."""
+    options = settings.tape
+    return {
+        "tape": {
+            "enabled": True,
+            "store": "sqlite",
+            "path": str(settings.db_path),
+            "maxRuns": options.max_runs,
+            "maxAge": options.max_age,
+            "maxBytes": options.max_bytes,
+            "maxStepsPerRun": options.max_steps_per_run,
+            "maxTextChars": options.max_text_chars,
+            "idleTimeout": options.idle_timeout,
+            "redact": options.redact,
+        }
+    }
+
+
+def retention_of(options: TapeOptions) -> Retention:
+    """The retention `options` ask for."""
+    return Retention(Bounds(options.max_runs, options.max_bytes, int(options.max_age * 1000)))
+
+
+@contextlib.asynccontextmanager
+async def sweeping(store: TapeStore, retention: Retention, options: TapeOptions) -> AsyncIterator[None]:
+    """Sweep now and then every `sweep_interval` seconds, until exit."""
+
+    async def loop() -> None:
+        while True:
+            try:
+                result = await sweep(
+                    store, retention, idle_timeout_ms=int(options.idle_timeout * 1000), now_ms=_now_ms()
+                )
+                if result.abandoned or result.expired:
+                    log.info("tape sweep: %d runs abandoned, %d expired", result.abandoned, result.expired)
+            except Exception:
+                log.exception("tape sweep failed; retrying in %gs", options.sweep_interval)
+            await asyncio.sleep(options.sweep_interval)
+
+    task = asyncio.create_task(loop(), name="tape-sweep")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
 
 async def serve(settings: TapeSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
     """Run the tape until `stop` is set, on `bus` when given (else on a connection to `settings.nats`)."""
-
-    def info() -> dict[str, Any]:
-        return {"tape": {"enabled": True, "store": "sqlite"}}
-
+    options = settings.tape
     async with (
         TapeStore.open(settings.db_path) as store,
-        open_service("tape", settings, info=info, stop=stop, bus=bus) as runtime,
+        open_service("tape", settings, info=lambda: describe(settings), stop=stop, bus=bus) as runtime,
     ):
-        handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload)
-        recorder = ConsumerSpec(
+        retention = retention_of(options)
+        await retention.load(store.db)
+        recorder = Recorder(
+            store,
+            limits=Limits(options.max_steps_per_run, options.max_text_chars),
+            redactor=Redactor(enabled=options.redact),
+            retention=retention,
+            directory=AgentDirectory(runtime.bus),
+        )
+        handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload, recorder=recorder)
+        consumer = ConsumerSpec(
             stream=subjects.EVENTS_STREAM, durable=RECORDER, filter_subject=subjects.run_events_all()
         )
         async with (
             runtime.bus.serve(handlers.router(), queue="tape"),
             runtime.bus.consume_batches(
-                recorder,
-                RunEvent,
-                handlers.record,
-                max_batch=settings.tape.max_batch,
-                linger=settings.tape.batch_linger,
+                consumer, RunEvent, handlers.record, max_batch=options.max_batch, linger=options.batch_linger
             ),
+            sweeping(store, retention, options),
         ):
             runtime.health.mark_ready()
             await stop.wait()

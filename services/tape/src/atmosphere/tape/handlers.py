@@ -1,19 +1,14 @@
-"""Turning run events into tape steps, and answering tape queries.
+"""The tape's bus side: recording the batches `ATMO_EVENTS` delivers, and answering tape queries.
 
 Every answer fits in one bus message (`max_payload`): a run's steps come in pages (as many as
 fit; `next_from_seq` says where the next page starts), a step whose payload alone would not fit
-is sent with a stand-in payload naming its size (`payload_truncated`), and the run list is the
-newest runs that fit (`truncated`).
+is sent with a stand-in payload naming its size (`payload_truncated`), the run list is the
+newest runs that fit (`truncated`), and a replay shrinks what would not fit (`replay_reply`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-from typing import Any
-
-from google.protobuf.json_format import MessageToDict
 
 from atmosphere.bus import MessageContext, Router, WorkItem, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, reply_budget, utf8_len
@@ -23,13 +18,17 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsResponse,
     ListRunsRequest,
     ListRunsResponse,
+    ReplayRequest,
+    ReplayResponse,
     TapeRun,
     TapeStep,
 )
 from atmosphere.tape.errors import TapeBadRequestError
-from atmosphere.tape.store import RunRow, Step, StepRecord, TapeStore
-
-log = logging.getLogger("atmosphere.tape")
+from atmosphere.tape.recorder import MAX_SEQ, Recorder
+from atmosphere.tape.replay import reconstruct_tree
+from atmosphere.tape.replay_reply import replay_response
+from atmosphere.tape.steps import step_kind, step_payload, step_record
+from atmosphere.tape.store import RunRow, Step, TapeStore
 
 DEFAULT_MAX_STEPS = 500
 MAX_STEPS = 5000
@@ -38,8 +37,6 @@ MAX_RUNS = 1000
 STATUSES = frozenset({"OPEN", "COMPLETED", "ERROR", "CANCELLED", "ABANDONED"})
 MAX_ID_CHARS = 1024
 """The longest run or tape id accepted in a query."""
-MAX_SEQ = (1 << 63) - 1
-"""The largest seq SQLite can compare with (a larger `from_seq` is refused)."""
 _ITEM_OVERHEAD = 16
 """Protobuf framing of one step or run in a reply."""
 
@@ -48,60 +45,6 @@ def _check_id(name: str, value: str) -> None:
     if len(value) > MAX_ID_CHARS:
         msg = f"{name} is {len(value)} characters; the limit is {MAX_ID_CHARS}"
         raise TapeBadRequestError(msg)
-
-
-# Step kinds use the wire's event names; text deltas are recorded as "text" steps.
-_KIND_NAMES = {"text_delta": "text"}
-_TERMINAL_STATUS = {"complete": "COMPLETED", "error": "ERROR"}
-
-
-def step_kind(event: RunEvent) -> str:
-    """The step kind of `event`, e.g. "text", "tool-start", "complete"."""
-    kind = event.WhichOneof("kind") or "unknown"
-    return _KIND_NAMES.get(kind, kind.replace("_", "-"))
-
-
-def step_payload(event: RunEvent) -> dict[str, Any]:
-    """The JSON payload of `event`'s step; binary content is recorded as a descriptor only."""
-    kind = event.WhichOneof("kind")
-    if kind is None:
-        return {}
-    if kind == "content":
-        content = event.content
-        return {
-            "contentType": content.content_type,
-            "mimeType": content.mime_type,
-            "fileName": content.file_name,
-            "byteLength": len(content.data),
-            "sha256": hashlib.sha256(content.data).hexdigest(),
-        }
-    if kind == "metadata":
-        try:
-            value = json.loads(event.metadata.value_json or "null")
-        except json.JSONDecodeError:
-            value = event.metadata.value_json
-        return {"key": event.metadata.key, "value": value}
-    return MessageToDict(getattr(event, kind), always_print_fields_with_no_presence=True)
-
-
-def step_record(event: RunEvent) -> StepRecord:
-    """What the store writes for `event`."""
-    ts = event.timestamp.ToMilliseconds() if event.HasField("timestamp") else 0
-    step = Step(
-        run_id=event.run_id,
-        seq=event.seq,
-        kind=step_kind(event),
-        payload=json.dumps(step_payload(event), sort_keys=True),
-        ts=ts,
-    )
-    return StepRecord(
-        step=step,
-        tape_id=event.conversation_id,
-        session_id=event.session_id,
-        agent=event.agent,
-        parent_run_id=event.parent_run_id,
-        terminal_status=_TERMINAL_STATUS.get(event.WhichOneof("kind") or ""),
-    )
 
 
 def _run_message(row: RunRow) -> TapeRun:
@@ -115,35 +58,32 @@ def _run_message(row: RunRow) -> TapeRun:
         started_at=row.started_at,
         ended_at=row.ended_at or 0,
         step_count=row.step_count,
+        model=row.model,
+        runtime=row.runtime,
+        endpoint=row.endpoint,
+        dropped_steps=row.dropped_steps,
+        truncated=row.truncated,
     )
 
 
 class TapeHandlers:
-    """The recorder (fed by `ATMO_EVENTS`) and the query responders."""
+    """The recorder's entry point (fed by `ATMO_EVENTS`) and the query responders."""
 
-    def __init__(self, store: TapeStore, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        """Record into and answer from `store`, each answer within `max_payload` bytes."""
+    def __init__(
+        self, store: TapeStore, *, max_payload: int = DEFAULT_MAX_PAYLOAD, recorder: Recorder | None = None
+    ) -> None:
+        """Record with `recorder` (default: one on `store`); answer from `store` within `max_payload` bytes."""
         self._store = store
+        self._recorder = recorder or Recorder(store)
         self._reply_bytes = reply_budget(max_payload)
 
     async def record(self, items: list[WorkItem[RunEvent]]) -> None:
-        """Record a batch of events in one transaction; a redelivered event is stored once.
+        """Record a batch of events in one transaction; a redelivered event is recorded once.
 
         The batch is acked only after the commit, so an event is never acked before it is on
         disk; a failed commit redelivers the whole batch.
         """
-        records: list[StepRecord] = []
-        for item in items:
-            event = item.envelope.message
-            if not event.run_id or event.seq < 1:
-                continue
-            try:
-                records.append(step_record(event))
-            except Exception:
-                # One event that cannot become a step must not hold back the batch (it would be
-                # redelivered with it forever): it is logged and left out.
-                log.exception("run %s: event %d cannot be recorded; skipped", event.run_id, event.seq)
-        await self._store.record_many(records)
+        await self._recorder.record(item.envelope.message for item in items)
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
         """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped), as many as fit in one reply."""
@@ -196,9 +136,21 @@ class TapeHandlers:
             response.runs.append(message)
         return response
 
+    async def replay(self, request: ReplayRequest, _ctx: MessageContext) -> ReplayResponse:
+        """`atmo.tape.replay`: the run and the runs it started, rebuilt from their steps (no model call)."""
+        _check_id("run_id", request.run_id)
+        tree = await reconstruct_tree(self._store, request.run_id)
+        if tree is None:
+            return ReplayResponse(run_id=request.run_id, present=False)
+        return replay_response(tree, self._reply_bytes)
+
     def router(self) -> Router:
         """The tape's request/reply subjects."""
         router = Router()
         router.add(subjects.tape("steps"), GetStepsRequest, self.get_steps)
         router.add(subjects.tape("runs"), ListRunsRequest, self.list_runs)
+        router.add(subjects.tape("replay"), ReplayRequest, self.replay)
         return router
+
+
+__all__ = ["TapeHandlers", "step_kind", "step_payload", "step_record"]

@@ -21,6 +21,22 @@ class TapeOptions(BaseModel):
     batch_linger: float = Field(default=0.02, ge=0, le=1)
     """Seconds events may gather before the next fetch: fewer, larger commits under load (the
     tape's CPU per event halves at 0.02 s), at the price of recording up to this much later."""
+    max_runs: int = Field(default=10_000, ge=1)
+    """The most runs kept; past it the oldest ended runs are evicted with their steps."""
+    max_age: float = Field(default=0, ge=0)
+    """Seconds an ended run is kept after it started (0: no age limit)."""
+    max_bytes: int = Field(default=0, ge=0)
+    """The most payload bytes kept over all steps; past it the oldest ended runs are evicted (0: no limit)."""
+    max_steps_per_run: int = Field(default=5000, ge=1)
+    """Steps recorded per run; past it the run is marked truncated and later steps are dropped."""
+    max_text_chars: int = Field(default=262_144, ge=1)
+    """Characters of coalesced text in one `text` step; a longer answer continues in the next one."""
+    idle_timeout: float = Field(default=1800, gt=0)
+    """Seconds an open run may go without an event before the sweep marks it ABANDONED."""
+    sweep_interval: float = Field(default=60, gt=0)
+    """Seconds between sweeps (abandoned runs, the age limit)."""
+    redact: bool = False
+    """Mask email addresses, phone, SSN and card numbers (`[REDACTED]`) in every stored payload."""
 
 
 class TapeSettings(WorkerSettings):

@@ -1,41 +1,21 @@
-"""The tape's SQLite store: one row per run, one row per recorded step.
+"""The tape's SQLite store: opening it (schema and migration), its transactions, and its reads.
 
-The schema follows Atmosphere's `SqliteTapeStore`: epoch-millisecond timestamps, steps keyed
-by (run_id, seq) so a redelivered event is stored once, each write one transaction.
+What is written, and how, belongs to the recorder (`recorder.py`) and to retention
+(`retention.py`); both write inside `transaction()`, one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiosqlite
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tape_run (
-    run_id TEXT PRIMARY KEY,
-    tape_id TEXT,
-    session_id TEXT,
-    agent TEXT,
-    status TEXT NOT NULL,
-    started_at INTEGER NOT NULL,
-    ended_at INTEGER,
-    step_count INTEGER NOT NULL DEFAULT 0,
-    parent_run_id TEXT
-);
-CREATE TABLE IF NOT EXISTS tape_step (
-    run_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    ts INTEGER NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE INDEX IF NOT EXISTS idx_tape_run_status_started ON tape_run (status, started_at);
-"""
+from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY
+from atmosphere.tape.schema import migrate
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,115 +42,114 @@ class RunRow:
     ended_at: int | None
     step_count: int
     parent_run_id: str
+    model: str = ""
+    runtime: str = ""
+    endpoint: str = ""
+    dropped_steps: int = 0
+    truncated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What the recorder writes for one event."""
+RUN_COLUMNS = (
+    "run_id, COALESCE(tape_id, ''), COALESCE(session_id, ''), COALESCE(agent, ''), status, started_at,"
+    " ended_at, step_count, COALESCE(parent_run_id, ''), COALESCE(model, ''), COALESCE(runtime, ''),"
+    " COALESCE(endpoint, ''), dropped_steps, truncated"
+)
+"""The `tape_run` columns a `RunRow` is made of, in its field order."""
 
-    step: Step
-    tape_id: str
-    session_id: str
-    agent: str
-    parent_run_id: str
-    terminal_status: str | None
-    """"COMPLETED" or "ERROR" when the step ends the run."""
+
+# Each query is made once from constants (no input is ever formatted into SQL).
+_RUN_BY_ID = f"SELECT {RUN_COLUMNS} FROM tape_run WHERE run_id = ?"  # noqa: S608 - constants only
+_RUNS = (
+    f"SELECT {RUN_COLUMNS} FROM tape_run WHERE (? = '' OR tape_id = ?) AND (? = '' OR status = ?)"  # noqa: S608 - constants only
+    " ORDER BY started_at DESC LIMIT ?"
+)
+_CHILDREN = (
+    f"SELECT {RUN_COLUMNS} FROM tape_run WHERE parent_run_id = ?"  # noqa: S608 - constants only
+    " ORDER BY started_at, run_id LIMIT ?"
+)
+REPLAYED_STEPS = (
+    "SELECT run_id, seq, kind, payload, ts FROM tape_step WHERE run_id = ?"
+    " AND (kind IN ('input', 'text', 'tool-start') OR (kind = 'metadata' AND json_extract(payload, '$.key') = ?))"
+    " ORDER BY seq"
+)
+"""The steps a replay reads: inputs, text, tool starts, and a resumed answer's rewind marker."""
+
+
+def replayed_steps_parameters(run_id: str) -> tuple[str, str]:
+    """The parameters of `REPLAYED_STEPS` for `run_id`."""
+    return run_id, ANSWER_REWOUND_METADATA_KEY
+
+
+def run_row(row: Iterable[object]) -> RunRow:
+    """A `RunRow` from a row selected with `RUN_COLUMNS`."""
+    values = list(row)
+    values[-1] = bool(values[-1])
+    return RunRow(*values)  # type: ignore[arg-type]
 
 
 class TapeStore:
-    """Append-only storage of runs and their steps."""
+    """Runs and their steps in one SQLite database."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
-        """Use an open connection (see `open`)."""
-        self._db = db
+        """Use an open, migrated connection (see `open`)."""
+        self.db = db
         # One aiosqlite connection runs statements in order, but two coroutines could still
-        # interleave their statements inside one transaction; writes take turns.
+        # interleave their statements inside one transaction; writers take turns.
         self._write_lock = asyncio.Lock()
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, path: Path) -> AsyncIterator[TapeStore]:
-        """Open (creating if needed) the database at `path`."""
+        """Open (creating or migrating if needed) the database at `path`."""
         path.parent.mkdir(parents=True, exist_ok=True)
         async with aiosqlite.connect(path) as db:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
-            await db.executescript(_SCHEMA)
-            await db.commit()
+            await migrate(db)
             yield cls(db)
 
-    async def record(self, record: StepRecord) -> None:
-        """Store one step and update its run, in one transaction."""
-        await self.record_many([record])
-
-    async def record_many(self, records: list[StepRecord]) -> None:
-        """Store steps in one transaction: a handful of statements per batch, not per step.
-
-        A step already stored (same run and seq) is ignored. Each run's step count is recounted
-        and its earliest timestamp kept; the lowest-seq terminal step sets the status, once.
-        """
-        if not records:
-            return
-        first_of_run: dict[str, StepRecord] = {}
-        for record in records:
-            first_of_run.setdefault(record.step.run_id, record)
-        terminals = sorted((r for r in records if r.terminal_status), key=lambda r: r.step.seq)
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, for one writer's statements: committed on exit, rolled back on error."""
         async with self._write_lock:
             try:
-                await self._db.executemany(
-                    "INSERT INTO tape_run (run_id, tape_id, session_id, agent, status, started_at, parent_run_id)"
-                    " VALUES (?, ?, ?, ?, 'OPEN', ?, ?) ON CONFLICT (run_id) DO NOTHING",
-                    [
-                        (r.step.run_id, r.tape_id, r.session_id, r.agent, r.step.ts, r.parent_run_id)
-                        for r in first_of_run.values()
-                    ],
-                )
-                await self._db.executemany(
-                    "INSERT OR IGNORE INTO tape_step (run_id, seq, kind, payload, ts) VALUES (?, ?, ?, ?, ?)",
-                    [(r.step.run_id, r.step.seq, r.step.kind, r.step.payload, r.step.ts) for r in records],
-                )
-                await self._db.executemany(
-                    "UPDATE tape_run SET step_count = (SELECT COUNT(*) FROM tape_step WHERE tape_step.run_id = ?),"
-                    " started_at = MIN(started_at, (SELECT MIN(ts) FROM tape_step WHERE tape_step.run_id = ?))"
-                    " WHERE run_id = ?",
-                    [(run_id, run_id, run_id) for run_id in first_of_run],
-                )
-                # The first terminal wins: a run that already ended keeps its status.
-                await self._db.executemany(
-                    "UPDATE tape_run SET status = ?, ended_at = ? WHERE run_id = ? AND status = 'OPEN'",
-                    [(r.terminal_status, r.step.ts, r.step.run_id) for r in terminals],
-                )
+                yield self.db
             except BaseException:
-                await self._db.rollback()
+                await self.db.rollback()
                 raise
-            await self._db.commit()
+            await self.db.commit()
 
     async def run(self, run_id: str) -> RunRow | None:
         """The run `run_id`, or None."""
-        async with self._db.execute(
-            "SELECT run_id, tape_id, session_id, agent, status, started_at, ended_at, step_count,"
-            " parent_run_id FROM tape_run WHERE run_id = ?",
-            (run_id,),
-        ) as cursor:
+        async with self.db.execute(_RUN_BY_ID, (run_id,)) as cursor:
             row = await cursor.fetchone()
-        return None if row is None else RunRow(*row)
+        return None if row is None else run_row(row)
 
     async def steps(self, run_id: str, *, from_seq: int, limit: int) -> list[Step]:
         """Up to `limit` steps of `run_id` with seq >= `from_seq`, in order."""
-        async with self._db.execute(
+        async with self.db.execute(
             "SELECT run_id, seq, kind, payload, ts FROM tape_step WHERE run_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
             (run_id, from_seq, limit),
         ) as cursor:
             rows = await cursor.fetchall()
         return [Step(*row) for row in rows]
 
+    async def replayed_steps(self, run_id: str) -> list[Step]:
+        """The steps of `run_id` that a replay reads (see `REPLAYED_STEPS`), in order."""
+        async with self.db.execute(REPLAYED_STEPS, replayed_steps_parameters(run_id)) as cursor:
+            rows = await cursor.fetchall()
+        return [Step(*row) for row in rows]
+
     async def runs(self, *, tape_id: str, status: str, limit: int) -> list[RunRow]:
         """Newest runs first, optionally filtered by tape id and status."""
-        query = (
-            "SELECT run_id, tape_id, session_id, agent, status, started_at, ended_at, step_count,"
-            " parent_run_id FROM tape_run WHERE (? = '' OR tape_id = ?) AND (? = '' OR status = ?)"
-            " ORDER BY started_at DESC LIMIT ?"
-        )
-        async with self._db.execute(query, (tape_id, tape_id, status, status, limit)) as cursor:
+        async with self.db.execute(_RUNS, (tape_id, tape_id, status, status, limit)) as cursor:
             rows = await cursor.fetchall()
-        return [RunRow(*row) for row in rows]
+        return [run_row(row) for row in rows]
+
+    async def children(self, parent_run_id: str, *, limit: int) -> tuple[list[RunRow], int]:
+        """Up to `limit` runs started by `parent_run_id`, oldest first, and how many there are."""
+        async with self.db.execute(_CHILDREN, (parent_run_id, limit)) as cursor:
+            rows = [run_row(row) for row in await cursor.fetchall()]
+        async with self.db.execute("SELECT COUNT(*) FROM tape_run WHERE parent_run_id = ?", (parent_run_id,)) as cursor:
+            count = await cursor.fetchone()
+        return rows, int(count[0]) if count else 0

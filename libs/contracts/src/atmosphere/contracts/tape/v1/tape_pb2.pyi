@@ -72,6 +72,11 @@ class TapeRun(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     ENDED_AT_FIELD_NUMBER: _builtins.int
     STEP_COUNT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    DROPPED_STEPS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     tape_id: _builtins.str
     session_id: _builtins.str
@@ -82,6 +87,17 @@ class TapeRun(_message.Message):
     started_at: _builtins.int
     ended_at: _builtins.int
     step_count: _builtins.int
+    model: _builtins.str
+    """The model of the run's first `input` event (else of its usage), when known."""
+    runtime: _builtins.str
+    """The agent's runtime and endpoint path, as `ATMO_AGENTS` described it when the tape first
+    saw the run (empty when unknown).
+    """
+    endpoint: _builtins.str
+    dropped_steps: _builtins.int
+    """Events the tape saw but did not store: after the terminal, or past `max_steps_per_run`."""
+    truncated: _builtins.bool
+    """The run reached `max_steps_per_run`: later steps were not recorded."""
     def __init__(
         self,
         *,
@@ -94,10 +110,15 @@ class TapeRun(_message.Message):
         started_at: _builtins.int = ...,
         ended_at: _builtins.int = ...,
         step_count: _builtins.int = ...,
+        model: _builtins.str = ...,
+        runtime: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        dropped_steps: _builtins.int = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "ended_at", b"ended_at", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "session_id", b"session_id", "started_at", b"started_at", "status", b"status", "step_count", b"step_count", "tape_id", b"tape_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "dropped_steps", b"dropped_steps", "ended_at", b"ended_at", "endpoint", b"endpoint", "model", b"model", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "runtime", b"runtime", "session_id", b"session_id", "started_at", b"started_at", "status", b"status", "step_count", b"step_count", "tape_id", b"tape_id", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,3 +241,183 @@ class ListRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class ReplayRequest(_message.Message):
+    """Asked on `atmo.tape.replay`: a run rebuilt from its steps (no model is called), with the
+    runs it started (those whose `parent_run_id` is it; their own children are not included).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayRequest: _TypeAlias = ReplayRequest  # noqa: Y015
+
+@_typing.final
+class ReplayedMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayedMessage: _TypeAlias = ReplayedMessage  # noqa: Y015
+
+@_typing.final
+class ReplayedTool(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    arguments: _builtins.str
+    """The arguments as JSON text."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayedTool: _TypeAlias = ReplayedTool  # noqa: Y015
+
+@_typing.final
+class ReplayedRun(_message.Message):
+    """One run as its steps tell it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    INPUT_OMITTED_FIELD_NUMBER: _builtins.int
+    TOOLS_OMITTED_FIELD_NUMBER: _builtins.int
+    CLIPPED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    parent_run_id: _builtins.str
+    status: _builtins.str
+    model: _builtins.str
+    runtime: _builtins.str
+    endpoint: _builtins.str
+    started_at: _builtins.int
+    ended_at: _builtins.int
+    output: _builtins.str
+    """The run's own answer: its `text` steps in seq order (a sub-agent's text is not in it)."""
+    input_omitted: _builtins.int
+    """Left out so that the reply fits in one bus message: input messages (the oldest history
+    first) and tool calls (the last ones); `clipped` when some text was cut (it then ends with
+    a marker saying so).
+    """
+    tools_omitted: _builtins.int
+    clipped: _builtins.bool
+    @_builtins.property
+    def input(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayedMessage]:
+        """The messages of the run's first own `input` step (system prompt, history, user message)."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayedTool]:
+        """The tools it called (its own `tool-start` steps), in order."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        parent_run_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        model: _builtins.str = ...,
+        runtime: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        started_at: _builtins.int = ...,
+        ended_at: _builtins.int = ...,
+        input: _abc.Iterable[Global___ReplayedMessage] | None = ...,
+        output: _builtins.str = ...,
+        tools: _abc.Iterable[Global___ReplayedTool] | None = ...,
+        input_omitted: _builtins.int = ...,
+        tools_omitted: _builtins.int = ...,
+        clipped: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clipped", b"clipped", "ended_at", b"ended_at", "endpoint", b"endpoint", "input", b"input", "input_omitted", b"input_omitted", "model", b"model", "output", b"output", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "runtime", b"runtime", "started_at", b"started_at", "status", b"status", "tools", b"tools", "tools_omitted", b"tools_omitted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayedRun: _TypeAlias = ReplayedRun  # noqa: Y015
+
+@_typing.final
+class ReplayResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PRESENT_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    RUN_COUNT_FIELD_NUMBER: _builtins.int
+    CHILDREN_OMITTED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    present: _builtins.bool
+    """False when the tape has no such run (`root` is then absent)."""
+    run_count: _builtins.int
+    """The root and every child, those left out included."""
+    children_omitted: _builtins.int
+    """Children left out (the latest ones) so that the reply fits in one bus message."""
+    @_builtins.property
+    def root(self) -> Global___ReplayedRun: ...
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayedRun]:
+        """Ordered by start time."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        present: _builtins.bool = ...,
+        root: Global___ReplayedRun | None = ...,
+        children: _abc.Iterable[Global___ReplayedRun] | None = ...,
+        run_count: _builtins.int = ...,
+        children_omitted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["root", b"root"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "children_omitted", b"children_omitted", "present", b"present", "root", b"root", "run_count", b"run_count", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayResponse: _TypeAlias = ReplayResponse  # noqa: Y015
