@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from atmosphere.bus.runs import SERVER_SIDE_KINDS
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest
 
@@ -36,7 +37,9 @@ WIRE_KINDS = {
 
 def test_run_event_covers_every_wire_kind() -> None:
     kinds = {f.name for f in RunEvent.DESCRIPTOR.oneofs_by_name["kind"].fields}
-    assert kinds == WIRE_KINDS
+    # Plus the kinds kept server-side (the model's input, for the tape and the journal).
+    assert kinds == WIRE_KINDS | SERVER_SIDE_KINDS
+    assert not WIRE_KINDS & SERVER_SIDE_KINDS
 
 
 def test_round_trip_and_unknown_fields_are_kept() -> None:

@@ -140,8 +140,11 @@ async def assert_stored_once(bus: NatsBus, run: ClientRun) -> None:
 
 
 async def _tape_has(bus: NatsBus, run_id: str, last: int) -> bool:
+    """The tape holds the run whole: its terminal at `last`, each seq once, the answer's text exactly."""
     steps = await bus.request(subjects.tape("steps"), GetStepsRequest(run_id=run_id), GetStepsResponse)
-    return steps.run.status == "COMPLETED" and [s.seq for s in steps.steps] == list(range(1, last + 1))
+    seqs = [s.seq for s in steps.steps]
+    text = "".join(json.loads(s.payload_json)["text"] for s in steps.steps if s.kind == "text")
+    return steps.run.status == "COMPLETED" and seqs == sorted(set(seqs)) and seqs[-1] == last and text == EXPECTED_TEXT
 
 
 @pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ from atmosphere.testing import Stack, run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
 from .conftest import service_map
-from .wsclient import read_run, ws_url
+from .wsclient import assert_each_seq_once, read_run, ws_url
 
 ADMIN = "admin-token-123"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -326,7 +326,7 @@ class TestSubAgents:
         task_result = next(f for f in own if f.get("event") == "tool-result")
         assert task_result["data"] == {"toolName": "task", "result": "Report: escape room, cooking class, hackathon."}
         # One stream, every seq once.
-        assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+        assert_each_seq_once(frames)
         # The ephemeral workspace is gone.
         subagents = tmp_path / "data" / "workspace" / "subagents"
 

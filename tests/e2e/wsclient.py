@@ -27,3 +27,13 @@ async def ask(http_url: str, agent: str, prompt: str) -> list[dict[str, Any]]:
     async with websockets.connect(ws_url(http_url, agent)) as ws:
         await ws.send(prompt)
         return await read_run(ws)
+
+
+def assert_each_seq_once(frames: list[dict[str, Any]]) -> None:
+    """The frames of one run: in seq order from 1, none twice.
+
+    Seqs may skip: the server-side `input` events (the model's input) are never sent to clients.
+    """
+    seqs = [f["seq"] for f in frames]
+    assert seqs == sorted(set(seqs)), seqs
+    assert seqs[0] == 1, seqs

@@ -32,6 +32,7 @@ from atmosphere.bus import Bus, BusError, PayloadTooLargeError
 from atmosphere.bus.errors import GovernanceDeniedError, ServiceError
 from atmosphere.bus.runs import (
     RUN_ID_METADATA_KEY,
+    SERVER_SIDE_KINDS,
     cancel_run,
     follow_run,
     is_terminal,
@@ -244,6 +245,8 @@ class Delegation:
                         text.append(event.text_delta.text)
                     if kind == "metadata" and event.metadata.key == RUN_ID_METADATA_KEY:
                         continue  # the client's run id is the parent's; the sub-run's is on every frame
+                    if kind in SERVER_SIDE_KINDS:
+                        continue  # the sub-run's own tape has its model input
                     await self._forward(event)
         except TimeoutError:
             return _Outcome("".join(text), timed_out=True)
