@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -36,6 +37,7 @@ import websockets
 from atmosphere.bus import BusError, NatsBus, subjects
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.journal.v1.journal_pb2 import JournalRecord
+from atmosphere.contracts.tape.v1.tape_pb2 import ReplayRequest, ReplayResponse
 from atmosphere.testing import run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
@@ -218,6 +220,21 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def assert_taped_whole(bus: NatsBus, clients: list[Client]) -> None:
+    """The tape holds each run whole, resumes and all: its replay (no model) is the client's answer."""
+    for client in clients:
+        ended = functools.partial(_recorded, bus, client.run_id)
+        await wait_until(ended, timeout=30, what=f"the tape to end {client.tag}")
+        replay = await bus.request(subjects.tape("replay"), ReplayRequest(run_id=client.run_id), ReplayResponse)
+        assert replay.root.output == client.text(), client.tag
+        assert [t.name for t in replay.root.tools] == ["record_effect"], client.tag
+
+
+async def _recorded(bus: NatsBus, run_id: str) -> bool:
+    replay = await bus.request(subjects.tape("replay"), ReplayRequest(run_id=run_id), ReplayResponse)
+    return replay.present and replay.root.status == "COMPLETED"
+
+
 async def lease_owner(bus: NatsBus, run_id: str) -> str:
     owner = ""
     with contextlib.suppress(BusError):  # a run that just ended has no journal left
@@ -317,6 +334,7 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
                 driving = asyncio.gather(*(one_client(clients[i::CLIENTS]) for i in range(CLIENTS)))
                 kills = await chaos(workers, clients, nats_bus, rng)
                 await asyncio.wait_for(driving, 300)
+                await assert_taped_whole(nats_bus, clients)
             finally:
                 for worker in workers:
                     await worker.stop()

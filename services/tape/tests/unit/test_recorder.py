@@ -117,9 +117,12 @@ async def test_text_is_cut_into_steps_at_max_text_chars(store: TapeStore) -> Non
     ]
 
 
-async def test_a_full_resend_of_the_text_is_not_appended(store: TapeStore) -> None:
-    await Recorder(store).record([text(1, "Hi "), text(2, "there"), text(3, "Hi there")])
-    assert await steps_of(store) == [(1, "text", {"text": "Hi there"})]
+async def test_equal_pieces_in_a_row_are_each_part_of_the_answer(store: TapeStore) -> None:
+    recorder = Recorder(store)
+    await recorder.record([text(1, "ha "), text(2, "ha ")])
+    for seq in (3, 4):  # and across batches, as the recorder sees a slow stream
+        await recorder.record([text(seq, "ha ")])
+    assert await steps_of(store) == [(1, "text", {"text": "ha ha ha ha "})]
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,10 @@ class RunState:
         if isinstance(entry, Skip):
             return
         if isinstance(entry, Piece):
-            if (entry.text or entry.lane.redacted) and not self._resent(entry, late=late):
+            # Every delta is appended, as a client appends it: two equal pieces in a row ("ha",
+            # "ha") are two pieces of the answer, never one sent twice (the seed's re-send rule
+            # would drop the second).
+            if entry.text or entry.lane.redacted:
                 self._piece(seq, ts, entry, late=late, join=contiguous and not late, limits=limits)
         elif isinstance(entry, FullText):
             # A late one would add its whole text after what its round already recorded.
@@ -145,17 +148,6 @@ class RunState:
             if not late:
                 self.open = segment
         self._cap(segment, limits)
-
-    def _resent(self, piece: Piece, *, late: bool) -> bool:
-        """Whether `piece` is the whole open text sent again (a re-send: replace, not append)."""
-        open_ = self.open
-        return (
-            not late
-            and piece.lane == OWN_LANE
-            and open_ is not None
-            and open_.lane == OWN_LANE
-            and piece.text == open_.text
-        )
 
     def _full_text(self, seq: int, ts: int, text: str, *, contiguous: bool, limits: Limits) -> None:
         """`text_complete`: the round's text becomes `text`, adding only what is not recorded."""
