@@ -37,7 +37,8 @@ import websockets
 from atmosphere.bus import BusError, NatsBus, subjects
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.journal.v1.journal_pb2 import JournalRecord
-from atmosphere.contracts.tape.v1.tape_pb2 import ReplayRequest, ReplayResponse
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ReplayRequest, ReplayResponse
 from atmosphere.testing import run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
@@ -220,14 +221,35 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def assert_taped_whole(bus: NatsBus, clients: list[Client]) -> None:
+async def assert_taped_whole(bus: NatsBus, clients: list[Client], logs: Path) -> None:
     """The tape holds each run whole, resumes and all: its replay (no model) is the client's answer."""
     for client in clients:
         ended = functools.partial(_recorded, bus, client.run_id)
-        await wait_until(ended, timeout=30, what=f"the tape to end {client.tag}")
+        try:
+            await wait_until(ended, timeout=60, what=f"the tape to end {client.tag}")
+        except TimeoutError as exc:
+            evidence = await _tape_and_stream(bus, client)
+            lines = [
+                f"{log.name}: {line}"
+                for log in sorted(logs.glob("dispatch-*.log"))
+                for line in log.read_text(errors="replace").splitlines()
+                if client.run_id in line or "took the run" in line
+            ]
+            raise AssertionError(evidence + "\n" + "\n".join(lines[-40:])) from exc
         replay = await bus.request(subjects.tape("replay"), ReplayRequest(run_id=client.run_id), ReplayResponse)
         assert replay.root.output == client.text(), client.tag
         assert [t.name for t in replay.root.tools] == ["record_effect"], client.tag
+
+
+async def _tape_and_stream(bus: NatsBus, client: Client) -> str:
+    """What the tape and the stream hold of a run the tape did not end (a failure's evidence)."""
+    steps = await bus.request(subjects.tape("steps"), GetStepsRequest(run_id=client.run_id), GetStepsResponse)
+    stream = [e async for e in bus.replay(subjects.EVENTS_STREAM, subjects.run_events(client.run_id), RunEvent)]
+    return (
+        f"{client.tag}: tape {steps.run.status} {[(s.seq, s.kind) for s in steps.steps]};"
+        f" stream {[(e.seq, e.WhichOneof('kind')) for e in stream]};"
+        f" client {[f.get('seq') for _, f in client.frames]}"
+    )
 
 
 async def _recorded(bus: NatsBus, run_id: str) -> bool:
@@ -334,7 +356,7 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
                 driving = asyncio.gather(*(one_client(clients[i::CLIENTS]) for i in range(CLIENTS)))
                 kills = await chaos(workers, clients, nats_bus, rng)
                 await asyncio.wait_for(driving, 300)
-                await assert_taped_whole(nats_bus, clients)
+                await assert_taped_whole(nats_bus, clients, tmp_path)
             finally:
                 for worker in workers:
                     await worker.stop()

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from atmosphere.bus import Envelope, Headers, WorkItem, subjects
+from atmosphere.bus import Envelope, Headers, Nak, WorkItem, subjects
 from atmosphere.bus.errors import EffectLimitError
 from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind, JournalRecord
@@ -356,3 +356,26 @@ async def test_a_replay_that_needs_the_model_ends_with_a_clear_error(harness: Ha
     await durable(harness, "w1").on_work(work_item(run, 1))  # failed: its journal is kept, round 0 pending
     replayed = await harness.executor(APP, durable=True, owner="replayer").replay(run)
     assert replayed[-1].error.code == "dispatch.replay_diverged"
+
+
+async def test_a_holder_learns_it_was_taken_over_without_writing(harness: Harness) -> None:
+    first = await RunJournal.open(harness.bus, "r1", owner="w1", delivery=1)
+    assert await first.still_held()
+    await RunJournal.open(harness.bus, "r1", owner="w2", delivery=2)
+    assert not await first.still_held()
+    assert first.lost
+
+
+async def test_a_stalled_worker_whose_run_was_taken_over_stops_writing_its_events(harness: Harness) -> None:
+    harness.provider.script(Reply.text(" ".join(f"w{i}" for i in range(60)), chunk_delay=0.05))
+    run = request("travel", "Talk")
+    executor = durable(harness, "w1")
+    task = asyncio.create_task(executor.on_work(work_item(run, 1)))
+    await wait_until(lambda: _true(len(text_of(harness.events())) > 5), what="the answer to stream")
+    # Another worker takes the run over (this one's heartbeats stalled past the ack wait).
+    await RunJournal.open(harness.bus, run.run_id, owner="w2", delivery=2)
+    with pytest.raises(Nak):  # its delivery is handed back, never acked
+        await task
+    written = harness.events()
+    assert "complete" not in kinds(written)
+    assert len(text_of(written).split()) < 60  # it stopped within about a second

@@ -105,6 +105,8 @@ class RunJournal:
         """Deliveries of the run in a row (this one included) that committed no effect: the
         poison-run guard counts these, so a run that keeps progressing is never given up on."""
         self._last = 0
+        self._last_record: JournalRecord | None = None
+        """The newest record this worker wrote (what the subject's newest must be while it holds the run)."""
         self._occurrences: Counter[tuple[str, ...]] = Counter()
 
     @classmethod
@@ -239,6 +241,24 @@ class RunJournal:
         await self._append(JournalRecord(effect=effect))
         self._fold(effect)
 
+    async def still_held(self) -> bool:
+        """Whether this worker still holds the run: nobody appended since its own last record.
+
+        A worker that stalled past the ack wait may still be running a run another worker took
+        over; it learns so at its next append, or here (dispatch asks about once a second while
+        events flow), and writes nothing more. When the journal cannot be read, it is assumed held.
+        """
+        if self.lost or self.read_only or self._last_record is None:
+            return not self.lost
+        try:
+            newest = await self.bus.last_message(subjects.JOURNAL_STREAM, self.subject, JournalRecord)
+        except BusError:
+            return True
+        if newest is not None and newest != self._last_record:
+            self.lost = True
+            log.warning("run %s: another worker took the run; this one stops writing", self.run_id)
+        return not self.lost
+
     async def close(self, *, succeeded: bool, retain: bool = False) -> None:
         """The run ended: a successful run's journal is removed (unless `retain`); a failed one stays.
 
@@ -273,6 +293,7 @@ class RunJournal:
             log.warning("run %s: another worker took the run; this one stops", self.run_id)
             raise RunTakenOverError(self.run_id) from None
         self._last = ack.seq
+        self._last_record = record
 
     async def _stored_after_all(self, record: JournalRecord) -> bool:
         """Whether the subject moved because of our own earlier write (acknowledged too late).
@@ -288,13 +309,15 @@ class RunJournal:
         if newest is None:
             return False
         seq, stored = newest
+        kept = JournalRecord()
+        kept.CopyFrom(stored)
         stored.ClearField("recorded_at")
         mine = JournalRecord()
         mine.CopyFrom(record)
         mine.ClearField("recorded_at")
         if stored != mine:
             return False
-        self._last = seq
+        self._last, self._last_record = seq, kept
         return True
 
 

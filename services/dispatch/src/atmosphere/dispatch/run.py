@@ -67,6 +67,9 @@ from atmosphere.sdk.runtime import AgentExecutionContext, ToolCallRequest, ToolS
 
 log = logging.getLogger("atmosphere.dispatch")
 
+LEASE_CHECK_INTERVAL = 1.0
+"""Seconds between a durable run's checks that no other worker took it over while it writes events."""
+
 
 @dataclass(frozen=True)
 class ExecutorOptions:
@@ -171,6 +174,7 @@ class Run:
         self._model_call: asyncio.Task[None] | None = None
         self.succeeded = False
         """Whether the terminal event was `complete`."""
+        self._next_lease_check = 0.0
 
     # -- the run's life ----------------------------------------------------------------------
 
@@ -456,7 +460,7 @@ class Run:
         A re-driven run holds back what its stream already has (`delivered`); a run another
         worker took over writes nothing more.
         """
-        if self.journal is not None and self.journal.lost:
+        if self.journal is not None and not await self._still_held():
             return
         if not self._gate.admit(event):
             return
@@ -473,6 +477,17 @@ class Run:
             self.answer.append(event.text_delta.text)
         elif kind == "usage":
             await self._count(event)
+
+    async def _still_held(self) -> bool:
+        """Whether this worker still holds the run (its journal asked at most once a second)."""
+        assert self.journal is not None
+        if self.journal.lost:
+            return False
+        now = time.monotonic()
+        if self.replay is None and now >= self._next_lease_check:
+            self._next_lease_check = now + LEASE_CHECK_INTERVAL
+            return await self.journal.still_held()
+        return True
 
     async def fail(self, error: ServiceError) -> None:
         """End the run with `error` as its terminal event."""
