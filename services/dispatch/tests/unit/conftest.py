@@ -35,6 +35,8 @@ class Policy:
     """Seconds the tool check takes (longer than the timeout: governance "does not answer")."""
     checks: list[CheckToolCallRequest] = field(default_factory=list)
     admissions: list[AdmitRequest] = field(default_factory=list)
+    rewrite: str = ""
+    """A transform's rewritten message (e.g. PII redacted); empty: none."""
 
 
 def governance_router(policy: Policy) -> Router:
@@ -42,7 +44,9 @@ def governance_router(policy: Policy) -> Router:
 
     async def admit(request: AdmitRequest, _ctx: MessageContext) -> Decision:
         policy.admissions.append(request)
-        return Decision(allowed=policy.admit, policy="test-policy", reason=policy.reason)
+        return Decision(
+            allowed=policy.admit, policy="test-policy", reason=policy.reason, rewritten_message=policy.rewrite
+        )
 
     async def check(request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
         policy.checks.append(request)

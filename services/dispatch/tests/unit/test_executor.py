@@ -394,3 +394,10 @@ async def test_a_malformed_run_request_is_dropped_for_good(harness: Harness, run
     executor = harness.executor(APP)
     with pytest.raises(Term):
         await executor.on_work(work_item(RunSubmission(run_id=run_id, agent=agent, message="hi"), delivered=1))
+
+
+async def test_a_message_a_policy_rewrote_is_what_the_model_gets(harness: Harness) -> None:
+    harness.policy.rewrite = "Call me at [redacted-phone]"
+    harness.provider.script(Reply.text("Sure."))
+    await harness.executor(APP).execute(request("model", "Call me at +1 555 123 4567"))
+    assert harness.provider.requests[0]["messages"][-1] == {"role": "user", "content": "Call me at [redacted-phone]"}

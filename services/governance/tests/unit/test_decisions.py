@@ -10,7 +10,8 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ListDecisionsRequest,
     ListDecisionsResponse,
 )
-from atmosphere.governance.handlers import POLICY, GovernanceHandlers, runtime_info
+from atmosphere.governance.handlers import GovernanceHandlers, runtime_info
+from atmosphere.governance.plane import NO_POLICY as POLICY
 from atmosphere.governance.store import DecisionLog
 
 
@@ -45,4 +46,4 @@ async def test_every_decision_is_logged_and_listed(tmp_path: Path) -> None:
     # The log survives a restart.
     async with DecisionLog.open(tmp_path / "gov.db") as log:
         assert len(await log.recent(run_id="", limit=10)) == 3
-    assert runtime_info() == {"governance": {"policies": ["admit-all"], "decisionLog": "sqlite"}}
+    assert runtime_info() == {"governance": {"policies": [{"name": "admit-all"}], "decisionLog": "sqlite"}}

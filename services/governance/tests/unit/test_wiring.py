@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
+    CheckRequest,
+    CheckResponse,
     CheckToolCallRequest,
     Decision,
     ListDecisionsRequest,
     ListDecisionsResponse,
 )
 from atmosphere.governance.app import serve
+from atmosphere.governance.policies import PolicyFileError
 from atmosphere.governance.settings import GovernanceSettings
 from atmosphere.testing import running_service
 
 
 @contextlib.asynccontextmanager
-async def governance(tmp_path: Path) -> AsyncIterator[FakeBus]:
+async def governance(tmp_path: Path, **extra: Any) -> AsyncIterator[FakeBus]:
     """Governance served by its real `serve()` on a fresh `FakeBus`; stopped and awaited on exit."""
     bus = FakeBus()
-    settings = GovernanceSettings(data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0)
+    settings = GovernanceSettings(data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0, **extra)
     async with running_service("governance", functools.partial(serve, bus=bus), settings, bus=bus):
         yield bus
 
@@ -53,3 +61,96 @@ async def test_serve_admits_checks_tools_and_logs_both_through_the_bus(tmp_path:
         ("check_tool", "add", "ada"),
     }
     assert (tmp_path / "data" / "governance.db").exists()
+
+
+APP_POLICIES = """\
+version: "2.1"
+policies:
+  - name: no-secrets
+    type: deny-list
+    config:
+      phrases: ["launch codes"]
+  - name: no-deletes
+    type: deny-list
+    config:
+      regex: ["^call_tool:delete_"]
+"""
+
+MS_POLICIES = """\
+name: production-policy
+rules:
+  - name: block-wire-transfers
+    condition: {field: action, operator: eq, value: wire_transfer}
+    action: deny
+    priority: 100
+    message: "Wire transfers need a human"
+defaults: {action: allow}
+"""
+
+
+async def test_the_apps_policies_and_the_configured_files_decide_every_edge(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "atmosphere-policies.yaml").write_text(APP_POLICIES)
+    ms = tmp_path / "ms.yaml"
+    ms.write_text(MS_POLICIES)
+    extra = {"app_dir": app, "governance": {"policy_files": [ms]}}
+    async with governance(tmp_path, **extra) as bus:
+        principal = Principal(user_id="ada")
+
+        async def admit(message: str) -> Decision:
+            run = AdmitRequest(run_id="r1", agent="echo", message=message, principal=principal)
+            return await bus.request(subjects.governance("admit"), run, Decision)
+
+        fine, secret = await admit("hello"), await admit("What are the LAUNCH CODES?")
+        call = CheckToolCallRequest(run_id="r1", agent="echo", tool_name="delete_file", principal=principal)
+        deleted = await bus.request(subjects.governance("check_tool"), call, Decision)
+        body = {"agent_id": "banker", "action": "wire_transfer", "context": {"amount": 10}}
+        check = await bus.request(subjects.governance("check"), CheckRequest(body_json=json.dumps(body)), CheckResponse)
+        log = await bus.request(
+            subjects.governance("decisions"), ListDecisionsRequest(run_id="r1"), ListDecisionsResponse
+        )
+    assert (fine.allowed, fine.outcome) == (True, "admit")
+    assert (secret.allowed, secret.policy, secret.reason) == (
+        False,
+        "no-secrets",
+        "deny-list: request matched a denied phrase",
+    )
+    assert secret.policy_source == f"yaml:{app / 'atmosphere-policies.yaml'}"
+    assert (secret.policy_version, secret.policy_digest[:7]) == ("2.1", "sha256:")
+    assert (deleted.allowed, deleted.policy) == (False, "no-deletes")
+    answer = json.loads(check.result_json)
+    assert (answer["allowed"], answer["decision"], answer["matched_policy"]) == (
+        False,
+        "deny",
+        "production-policy",
+    )
+    assert answer["reason"] == "Wire transfers need a human"
+    assert [(d.operation, d.allowed, d.policy) for d in reversed(log.decisions)] == [
+        ("admit", True, "admit-all"),
+        ("admit", False, "no-secrets"),
+        ("check_tool", False, "no-deletes"),
+    ]
+
+
+async def test_a_policy_file_that_does_not_parse_stops_governance_at_start_naming_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policies:\n  - name: x\n    type: no-such-type\n")
+    settings = GovernanceSettings(
+        data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0, governance={"policy_files": [bad]}
+    )
+    bus = FakeBus()
+    with pytest.raises(PolicyFileError, match=r"bad.yaml:3"):
+        await serve(settings, stop=asyncio.Event(), bus=bus)
+
+
+async def test_a_policy_governance_cannot_feed_yet_is_refused_not_installed_idle(tmp_path: Path) -> None:
+    idle = tmp_path / "idle.yaml"
+    idle.write_text(
+        "policies:\n  - name: two-at-a-time\n    type: concurrency-limit\n    config: {max-concurrent: 2}\n"
+    )
+    settings = GovernanceSettings(
+        data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0, governance={"policy_files": [idle]}
+    )
+    with pytest.raises(PolicyFileError, match="not supported here yet"):
+        await serve(settings, stop=asyncio.Event(), bus=FakeBus())

@@ -27,8 +27,8 @@ class GovernanceClient:
         self._bus = bus
         self.timeout = timeout
 
-    async def admit(self, run: RunSubmission) -> None:
-        """Return when `run` may start.
+    async def admit(self, run: RunSubmission) -> str:
+        """Return when `run` may start: the message to run (a policy may have rewritten it, e.g. redacted).
 
         Raises:
             GovernanceDeniedError: a policy refused it (`details` name the policy and reason).
@@ -57,6 +57,7 @@ class GovernanceClient:
                 f"Request denied by policy {policy}: {decision.reason}",
                 details={"policy": policy, "reason": decision.reason},
             )
+        return decision.rewritten_message or run.message
 
     async def check_tool(self, run: RunSubmission, tool_name: str, arguments_json: str) -> Decision:
         """Governance's decision on one tool call.

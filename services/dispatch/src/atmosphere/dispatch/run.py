@@ -230,10 +230,12 @@ class Run:
         if self.replay is not None:
             return True  # the run was admitted when it ran; its replay does nothing new
         try:
-            await self.services.governance.admit(self.request)
+            message = await self.services.governance.admit(self.request)
         except ServiceError as refused:
             await self.fail(refused)
             return False
+        # A policy may rewrite the message (PII redaction): the run goes on with its version.
+        self.request.message = message
         return True
 
     async def prompt(self) -> None:

@@ -1,9 +1,11 @@
 """Governance's responders: admission, tool-call checks, the memory-injection screen, the log.
 
-The policy plane (YAML policies, guardrails) arrives later; until then the one admission
-policy in force is `admit-all`, and it says so in the decision log and the runtime info. Facts
-bound for long-term memory are screened by the rule-based injection classifier (on by
-default, fail-closed); every non-safe verdict is logged.
+Admissions and tool calls are decided by the policy ring loaded at start (`plane.py`): the
+app's `atmosphere-policies.yaml` and the configured policy files, native or Microsoft schema;
+with none installed everything is admitted under `admit-all`, and the log and the runtime info
+say so. Every decision names its policy (name, source, version, digest). Facts bound for
+long-term memory are screened by the rule-based injection classifier (on by default,
+fail-closed); every non-safe verdict is logged.
 
 Bounds: ids and names longer than `MAX_FIELD_CHARS` are refused (`governance.bad_request`)
 before anything is decided or logged; every answer fits in one bus message (`max_payload`):
@@ -13,6 +15,7 @@ decision log is returned newest first as far as it fits (`truncated`).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, reply_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
+    CheckRequest,
+    CheckResponse,
     CheckToolCallRequest,
     Decision,
     DecisionRecord,
@@ -36,9 +41,10 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 )
 from atmosphere.governance.errors import GovernanceBadRequestError
 from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
+from atmosphere.governance.plane import NO_POLICY, Outcome, admission_context, identities, tool_context
+from atmosphere.governance.policies import PolicyContext, PolicyRing, check_request
 from atmosphere.governance.store import DecisionLog, DecisionRow
 
-POLICY = "admit-all"
 SCREEN_POLICY = "memory-safety"
 TIER = "RULE_BASED"
 DEFAULT_LIMIT = 100
@@ -72,9 +78,10 @@ class MemorySafety:
     fail_open: bool = False
 
 
-def runtime_info(safety: MemorySafety | None = None) -> dict[str, Any]:
-    """Governance's runtime-truth fragment."""
-    info: dict[str, Any] = {"governance": {"policies": [POLICY], "decisionLog": "sqlite"}}
+def runtime_info(safety: MemorySafety | None = None, ring: PolicyRing | None = None) -> dict[str, Any]:
+    """Governance's runtime-truth fragment: the policies really in force."""
+    policies = identities(ring) if ring is not None and ring.policies else [{"name": NO_POLICY}]
+    info: dict[str, Any] = {"governance": {"policies": policies, "decisionLog": "sqlite"}}
     if safety is not None and safety.enabled:
         info["memorySafety"] = {"active": True, "tier": TIER, "breach": safety.breach.value}
     return info
@@ -88,17 +95,24 @@ class GovernanceHandlers:
     """Admission, tool-call checks and the decision log query."""
 
     def __init__(
-        self, log: DecisionLog, safety: MemorySafety | None = None, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+        self,
+        log: DecisionLog,
+        safety: MemorySafety | None = None,
+        *,
+        ring: PolicyRing | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> None:
-        """Record every decision in `log`; screen memory facts per `safety`; answer within `max_payload`."""
+        """Decide with `ring` (none: admit all), record every decision in `log`, screen memory facts per `safety`."""
         self._log = log
         self._safety = safety or MemorySafety()
+        self._ring = ring or PolicyRing(())
         self._reply_bytes = reply_budget(max_payload)
 
-    async def _decide(self, *, run_id: str, operation: str, subject: str, principal: Principal) -> Decision:
-        decision = Decision(
-            allowed=True, policy=POLICY, reason="no policy restricts this request", decision_id=uuid.uuid4().hex
-        )
+    async def _decide(
+        self, context: PolicyContext, *, run_id: str, operation: str, subject: str, principal: Principal
+    ) -> Decision:
+        evaluation = self._ring.evaluate(context)
+        decision = Outcome.of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message).decision
         await self._log.append(
             DecisionRow(
                 decision_id=decision.decision_id,
@@ -119,7 +133,11 @@ class GovernanceHandlers:
         _check_fields(run_id=request.run_id, agent=request.agent, transport=request.transport)
         _check_principal(request.principal)
         return await self._decide(
-            run_id=request.run_id, operation="admit", subject=request.agent, principal=request.principal
+            admission_context(request),
+            run_id=request.run_id,
+            operation="admit",
+            subject=request.agent,
+            principal=request.principal,
         )
 
     async def check_tool(self, request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
@@ -127,7 +145,11 @@ class GovernanceHandlers:
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
         return await self._decide(
-            run_id=request.run_id, operation="check_tool", subject=request.tool_name, principal=request.principal
+            tool_context(request),
+            run_id=request.run_id,
+            operation="check_tool",
+            subject=request.tool_name,
+            principal=request.principal,
         )
 
     async def screen_facts(self, request: ScreenFactsRequest, _ctx: MessageContext) -> ScreenFactsResponse:
@@ -213,9 +235,22 @@ class GovernanceHandlers:
                 return ListDecisionsResponse(decisions=records, truncated=True)
         return ListDecisionsResponse(decisions=records)
 
+    async def check(self, request: CheckRequest, _ctx: MessageContext) -> CheckResponse:
+        """`atmo.gov.check`: what the policies in force say of an action (MS `/check`; nothing is logged)."""
+        try:
+            body = json.loads(request.body_json)
+            if not isinstance(body, dict):
+                msg = "the body must be a JSON object"
+                raise ValueError(msg)
+            result = check_request(self._ring, body)
+        except (ValueError, RecursionError) as exc:
+            raise GovernanceBadRequestError(f"Malformed check: {exc}"[:MAX_FIELD_CHARS]) from None
+        return CheckResponse(result_json=json.dumps(result))
+
     def router(self) -> Router:
         """Governance's subjects."""
         router = Router()
+        router.add(subjects.governance("check"), CheckRequest, self.check)
         router.add(subjects.governance("admit"), AdmitRequest, self.admit)
         router.add(subjects.governance("check_tool"), CheckToolCallRequest, self.check_tool)
         router.add(subjects.governance("decisions"), ListDecisionsRequest, self.decisions)

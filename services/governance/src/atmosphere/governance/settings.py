@@ -17,12 +17,17 @@ class GovernanceOptions(BaseModel):
 
     db_path: Path | None = None
     """The decision log's SQLite file; default `<ATMOSPHERE_DATA_DIR>/governance.db`."""
+    policy_files: list[Path] = []
+    """Policy files (a JSON list of paths), native `policies:` or Microsoft `rules:` schema, after
+    the app's own `atmosphere-policies.yaml`; one that does not parse stops governance at start."""
 
 
 class GovernanceSettings(WorkerSettings):
     """Everything governance reads from the environment."""
 
     governance: GovernanceOptions = GovernanceOptions()
+    app_dir: Path = Path()
+    """The app's directory: its `atmosphere-policies.yaml`, if any, is loaded first."""
     ai_memory_safety_enabled: bool = True
     """Screen every long-term memory fact for prompt injection before it is stored."""
     ai_memory_safety_tier: str = "RULE_BASED"

@@ -26,7 +26,7 @@ from atmosphere.contracts.common.v1 import common_pb2 as atmosphere_dot_contract
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3atmosphere/contracts/governance/v1/governance.proto\x12\"atmosphere.contracts.governance.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n\x0c\x41\x64mitRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12<\n\tprincipal\x18\x04 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x11\n\ttransport\x18\x05 \x01(\t\"\x9e\x01\n\x14\x43heckToolCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\"P\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\"\xcd\x01\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\x0f\n\x07\x61llowed\x18\x05 \x01(\x08\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\ndecided_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\t \x01(\t\"5\n\x14ListDecisionsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"q\n\x15ListDecisionsResponse\x12\x45\n\tdecisions\x18\x01 \x03(\x0b\x32\x32.atmosphere.contracts.governance.v1.DecisionRecord\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"M\n\x12ScreenFactsRequest\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\"[\n\x0cScreenedFact\x12\r\n\x05store\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"t\n\x13ScreenFactsResponse\x12?\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedFact\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62reach\x18\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3atmosphere/contracts/governance/v1/governance.proto\x12\"atmosphere.contracts.governance.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n\x0c\x41\x64mitRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12<\n\tprincipal\x18\x04 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x11\n\ttransport\x18\x05 \x01(\t\"\x9e\x01\n\x14\x43heckToolCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\"\xc2\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12\x0f\n\x07outcome\x18\x05 \x01(\t\x12\x19\n\x11rewritten_message\x18\x06 \x01(\t\x12\x15\n\rpolicy_source\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\x15\n\rpolicy_digest\x18\t \x01(\t\"\xcd\x01\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\x0f\n\x07\x61llowed\x18\x05 \x01(\x08\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\ndecided_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\t \x01(\t\"5\n\x14ListDecisionsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"q\n\x15ListDecisionsResponse\x12\x45\n\tdecisions\x18\x01 \x03(\x0b\x32\x32.atmosphere.contracts.governance.v1.DecisionRecord\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"M\n\x12ScreenFactsRequest\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\"[\n\x0cScreenedFact\x12\r\n\x05store\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"t\n\x13ScreenFactsResponse\x12?\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedFact\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62reach\x18\x03 \x01(\t\"!\n\x0c\x43heckRequest\x12\x11\n\tbody_json\x18\x01 \x01(\t\"$\n\rCheckResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,18 +37,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMITREQUEST']._serialized_end=313
   _globals['_CHECKTOOLCALLREQUEST']._serialized_start=316
   _globals['_CHECKTOOLCALLREQUEST']._serialized_end=474
-  _globals['_DECISION']._serialized_start=476
-  _globals['_DECISION']._serialized_end=556
-  _globals['_DECISIONRECORD']._serialized_start=559
-  _globals['_DECISIONRECORD']._serialized_end=764
-  _globals['_LISTDECISIONSREQUEST']._serialized_start=766
-  _globals['_LISTDECISIONSREQUEST']._serialized_end=819
-  _globals['_LISTDECISIONSRESPONSE']._serialized_start=821
-  _globals['_LISTDECISIONSRESPONSE']._serialized_end=934
-  _globals['_SCREENFACTSREQUEST']._serialized_start=936
-  _globals['_SCREENFACTSREQUEST']._serialized_end=1013
-  _globals['_SCREENEDFACT']._serialized_start=1015
-  _globals['_SCREENEDFACT']._serialized_end=1106
-  _globals['_SCREENFACTSRESPONSE']._serialized_start=1108
-  _globals['_SCREENFACTSRESPONSE']._serialized_end=1224
+  _globals['_DECISION']._serialized_start=477
+  _globals['_DECISION']._serialized_end=671
+  _globals['_DECISIONRECORD']._serialized_start=674
+  _globals['_DECISIONRECORD']._serialized_end=879
+  _globals['_LISTDECISIONSREQUEST']._serialized_start=881
+  _globals['_LISTDECISIONSREQUEST']._serialized_end=934
+  _globals['_LISTDECISIONSRESPONSE']._serialized_start=936
+  _globals['_LISTDECISIONSRESPONSE']._serialized_end=1049
+  _globals['_SCREENFACTSREQUEST']._serialized_start=1051
+  _globals['_SCREENFACTSREQUEST']._serialized_end=1128
+  _globals['_SCREENEDFACT']._serialized_start=1130
+  _globals['_SCREENEDFACT']._serialized_end=1221
+  _globals['_SCREENFACTSRESPONSE']._serialized_start=1223
+  _globals['_SCREENFACTSRESPONSE']._serialized_end=1339
+  _globals['_CHECKREQUEST']._serialized_start=1341
+  _globals['_CHECKREQUEST']._serialized_end=1374
+  _globals['_CHECKRESPONSE']._serialized_start=1376
+  _globals['_CHECKRESPONSE']._serialized_end=1412
 # @@protoc_insertion_point(module_scope)

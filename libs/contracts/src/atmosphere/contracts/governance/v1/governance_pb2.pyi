@@ -98,11 +98,26 @@ class Decision(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DECISION_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REWRITTEN_MESSAGE_FIELD_NUMBER: _builtins.int
+    POLICY_SOURCE_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    POLICY_DIGEST_FIELD_NUMBER: _builtins.int
     allowed: _builtins.bool
     policy: _builtins.str
     """The policy that decided; empty for the default."""
     reason: _builtins.str
     decision_id: _builtins.str
+    outcome: _builtins.str
+    """"admit", "transform", "deny" or "prefer"."""
+    rewritten_message: _builtins.str
+    """A transform's rewritten user message (e.g. PII redacted); empty: the message stands."""
+    policy_source: _builtins.str
+    """Where the deciding policy comes from ("yaml:<path>", "code:<name>"), its version and the
+    SHA-256 of its definition.
+    """
+    policy_version: _builtins.str
+    policy_digest: _builtins.str
     def __init__(
         self,
         *,
@@ -110,10 +125,15 @@ class Decision(_message.Message):
         policy: _builtins.str = ...,
         reason: _builtins.str = ...,
         decision_id: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        rewritten_message: _builtins.str = ...,
+        policy_source: _builtins.str = ...,
+        policy_version: _builtins.str = ...,
+        policy_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decision_id", b"decision_id", "policy", b"policy", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decision_id", b"decision_id", "outcome", b"outcome", "policy", b"policy", "policy_digest", b"policy_digest", "policy_source", b"policy_source", "policy_version", b"policy_version", "reason", b"reason", "rewritten_message", b"rewritten_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -307,3 +327,45 @@ class ScreenFactsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScreenFactsResponse: _TypeAlias = ScreenFactsResponse  # noqa: Y015
+
+@_typing.final
+class CheckRequest(_message.Message):
+    """Asked on `atmo.gov.check`: Microsoft Agent Governance Toolkit's `/check`, as JSON both ways."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BODY_JSON_FIELD_NUMBER: _builtins.int
+    body_json: _builtins.str
+    """`{"agent_id": …, "action": …, "context": {…}}`."""
+    def __init__(
+        self,
+        *,
+        body_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_json", b"body_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckRequest: _TypeAlias = CheckRequest  # noqa: Y015
+
+@_typing.final
+class CheckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    result_json: _builtins.str
+    """`{"allowed", "decision", "reason", "matched_policy", "matched_source", "evaluation_ms"}`."""
+    def __init__(
+        self,
+        *,
+        result_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_json", b"result_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckResponse: _TypeAlias = CheckResponse  # noqa: Y015
