@@ -159,7 +159,7 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
         info = (await http.get("/api/console/info")).json()
     assert set(info["services"]) == {"ingress", "dispatch", "sandbox", "governance", "memory", "tape"}
     assert info["runtime"]["name"] == "built-in"
-    assert info["governance"] == {"policies": ["admit-all"], "decisionLog": "sqlite"}
+    assert info["governance"] == {"policies": [{"name": "admit-all"}], "decisionLog": "sqlite"}
     assert info["sandbox"]["tools"] == ["celsius_to_fahrenheit", "local_time"]
     assert info["tape"]["enabled"] is True
     assert info["memory"]["tools"][0] == "write_todos"

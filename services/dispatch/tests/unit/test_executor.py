@@ -401,3 +401,19 @@ async def test_a_message_a_policy_rewrote_is_what_the_model_gets(harness: Harnes
     harness.provider.script(Reply.text("Sure."))
     await harness.executor(APP).execute(request("model", "Call me at +1 555 123 4567"))
     assert harness.provider.requests[0]["messages"][-1] == {"role": "user", "content": "Call me at [redacted-phone]"}
+
+
+async def test_a_run_redelivered_to_the_worker_still_running_it_runs_once(harness: Harness) -> None:
+    harness.provider.script(Reply.text("only once", chunk_delay=0.05))
+    executor = harness.executor(APP)
+    run = request("model", "hi")
+    first = asyncio.create_task(executor.on_work(work_item(run, 1)))
+    await wait_until(lambda: _has_text(harness), what="the run to stream")
+    await executor.on_work(work_item(run, 2))  # waits for the execution in hand, starts none
+    await first
+    assert len(harness.provider.requests) == 1
+    assert kinds(harness.events()).count("complete") == 1
+
+
+async def _has_text(harness: Harness) -> bool:
+    return "text_delta" in kinds(harness.events())

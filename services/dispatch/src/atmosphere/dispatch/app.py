@@ -174,7 +174,7 @@ class Dispatch:
                 owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                 max_effects=self.settings.durable_runs_max_effects_per_run,
                 retain_on_success=self.settings.durable_runs_retain_on_success,
-                ack_wait=options.run_ack_wait,
+                ack_wait=self.settings.run_ack_wait,
             ),
             harnesses=self.harnesses,
         )
@@ -195,7 +195,9 @@ class Dispatch:
                 bus.consume(consumer, RunSubmission, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
             for consumer in run_queue_consumers(
-                options.run_ack_wait, max_deliveries=options.max_run_deliveries, heartbeat=options.run_heartbeat
+                self.settings.run_ack_wait,
+                max_deliveries=options.max_run_deliveries,
+                heartbeat=options.run_heartbeat,
             )
         ]
 

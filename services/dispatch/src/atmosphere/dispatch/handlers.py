@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -98,6 +99,8 @@ class RunExecutor:
         specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}
+        self._in_hand: dict[str, asyncio.Event] = {}
+        """The runs this worker executes now, by id (a redelivery of one waits for it)."""
 
     async def on_work(self, item: WorkItem[RunSubmission]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
@@ -108,6 +111,22 @@ class RunExecutor:
         except ValueError as exc:
             # No run can come of it (nothing can even be written for it): drop it for good.
             raise Term(f"malformed run request: {exc}") from None
+        running = self._in_hand.get(request.run_id)
+        if running is not None:
+            # Redelivered to the worker that still runs it (its heartbeats did not reach the
+            # broker in time, e.g. the broker froze): one execution, kept alive by this delivery too.
+            log.warning("run %s redelivered while this worker still runs it; waiting for it", request.run_id)
+            await running.wait()
+            return
+        done = self._in_hand[request.run_id] = asyncio.Event()
+        try:
+            await self._run(item)
+        finally:
+            del self._in_hand[request.run_id]
+            done.set()
+
+    async def _run(self, item: WorkItem[RunSubmission]) -> None:
+        request = item.envelope.message
         first_seq, delivered = WORKER_FIRST_SEQ, None
         if item.delivered > 1:
             stored = await self._stored_unless_ended(request)

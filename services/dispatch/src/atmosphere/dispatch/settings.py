@@ -23,6 +23,11 @@ from atmosphere.sdk.host import HarnessSwitch
 
 log = logging.getLogger("atmosphere.dispatch")
 
+DURABLE_ACK_WAIT = 4.0
+"""The default ack wait of durable runs: a dead worker's run continues elsewhere within seconds."""
+PLAIN_ACK_WAIT = 30.0
+"""The default ack wait without the journal, which alone fences a worker that only stalled."""
+
 
 class DispatchOptions(BaseModel):
     """`ATMOSPHERE_DISPATCH__*`."""
@@ -32,9 +37,11 @@ class DispatchOptions(BaseModel):
     max_concurrent_runs: int = Field(default=16, ge=1, le=4096)
     """Runs this instance executes at once, per nesting level (top-level runs, and sub-runs one,
     two and three levels down each have this many); more wait in `ATMO_RUNS` for a free worker."""
-    run_ack_wait: float = Field(default=4.0, ge=1)
+    run_ack_wait: float | None = Field(default=None, ge=1)
     """Seconds without a heartbeat after which JetStream hands a run to another worker: how soon a
-    run whose worker died continues elsewhere (a live worker's event loop must never stall this long)."""
+    run whose worker died continues elsewhere. Unset: 4 with durable runs (the journal fences a
+    worker that only stalled), else 30 (nothing would stop a stalled worker from running the run
+    alongside its successor, e.g. across a broker freeze)."""
     run_heartbeat: float = Field(default=1.0, gt=0)
     """Seconds between the heartbeats (in-progress acknowledgements) of a run being worked on;
     keep it well under `run_ack_wait`."""
@@ -217,6 +224,13 @@ class DispatchSettings(WorkerSettings):
     """Keep the journal of a run that succeeded (audit) instead of removing it at its end."""
     durable_runs_max_effects_per_run: int = Field(default=2000, ge=1, le=1_000_000)
     """Journaled effects one run may have; a run that needs more fails (nothing is dropped)."""
+
+    @property
+    def run_ack_wait(self) -> float:
+        """The ack wait in force (see `DispatchOptions.run_ack_wait`)."""
+        if self.dispatch.run_ack_wait is not None:
+            return self.dispatch.run_ack_wait
+        return DURABLE_ACK_WAIT if self.durable_runs else PLAIN_ACK_WAIT
 
     @property
     def durable_runs(self) -> bool:

@@ -20,12 +20,7 @@ from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, Reques
 from atmosphere.bus.errors import BadRequestError, NotFoundError
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.governance.v1.governance_pb2 import (
-    CheckRequest,
-    CheckResponse,
-    ListDecisionsRequest,
-    ListDecisionsResponse,
-)
+from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
 from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsRequest,
     GetStepsResponse,
@@ -46,7 +41,7 @@ from atmosphere.ingress.errors import (
     AdminUnavailableError,
     AdminUnknownRunError,
 )
-from atmosphere.ingress.http import bounded_text, error_responses, require_admin, state_of
+from atmosphere.ingress.http import error_responses, require_admin, state_of
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -316,28 +311,6 @@ async def admin_decisions(
             timeout=ADMIN_TIMEOUT,
         )
         return [_dict(d) for d in reply.decisions]
-
-    return await admin_call(request, "governance", ask)
-
-
-CHECK_BODY_BYTES = 64 * 1024
-"""The largest `/check` body: an action and its context, not a document."""
-
-
-@router.post(
-    "/api/admin/governance/check", summary="What the policies in force say of an action (MS /check)", responses=ERRORS
-)
-async def admin_governance_check(request: Request) -> Any:
-    """`{"agent_id", "action", "context"}` → `{"allowed", "decision", "reason", "matched_policy", …}`."""
-    state = state_of(request)
-    require_admin(state, request)
-    body = await bounded_text(request, limit=CHECK_BODY_BYTES)  # 413 past the limit, 400 when not UTF-8
-
-    async def ask(bus: Bus) -> Any:
-        reply = await bus.request(
-            subjects.governance("check"), CheckRequest(body_json=body), CheckResponse, timeout=ADMIN_TIMEOUT
-        )
-        return json.loads(reply.result_json)
 
     return await admin_call(request, "governance", ask)
 
