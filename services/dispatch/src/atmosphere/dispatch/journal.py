@@ -115,13 +115,7 @@ class RunJournal:
     ) -> RunJournal:
         """Read the run's journal and take the run (a `Lease` record fences earlier holders)."""
         journal = cls(bus, run_id, owner=owner, max_effects=max_effects)
-        async for seq, record in bus.replay_sequenced(subjects.JOURNAL_STREAM, journal.subject, JournalRecord):
-            journal._last = max(journal._last, seq)
-            kind = record.WhichOneof("record")
-            if kind == "effect":
-                journal._fold(record.effect)
-            elif kind == "lease":
-                journal.fruitless_deliveries += 1
+        await journal._load()
         await journal._append(JournalRecord(lease=Lease(owner=owner, delivery=delivery)))
         journal.fruitless_deliveries += 1
         return journal
@@ -148,11 +142,18 @@ class RunJournal:
         """
         journal = cls(bus, run_id, owner="")
         journal.read_only = True
-        async for seq, record in bus.replay_sequenced(subjects.JOURNAL_STREAM, journal.subject, JournalRecord):
-            journal._last = max(journal._last, seq)
-            if record.WhichOneof("record") == "effect":
-                journal._fold(record.effect)
+        await journal._load()
         return journal
+
+    async def _load(self) -> None:
+        """Fold every stored record: the effects' latest states, the deliveries since the last commit."""
+        async for seq, record in self.bus.replay_sequenced(subjects.JOURNAL_STREAM, self.subject, JournalRecord):
+            self._last = max(self._last, seq)
+            kind = record.WhichOneof("record")
+            if kind == "effect":
+                self._fold(record.effect)
+            elif kind == "lease":
+                self.fruitless_deliveries += 1
 
     @property
     def resumed(self) -> bool:
