@@ -142,15 +142,3 @@ async def test_a_policy_file_that_does_not_parse_stops_governance_at_start_namin
     bus = FakeBus()
     with pytest.raises(PolicyFileError, match=r"bad.yaml:3"):
         await serve(settings, stop=asyncio.Event(), bus=bus)
-
-
-async def test_a_policy_governance_cannot_feed_yet_is_refused_not_installed_idle(tmp_path: Path) -> None:
-    idle = tmp_path / "idle.yaml"
-    idle.write_text(
-        "policies:\n  - name: two-at-a-time\n    type: concurrency-limit\n    config: {max-concurrent: 2}\n"
-    )
-    settings = GovernanceSettings(
-        data_dir=tmp_path / "data", probe_host="127.0.0.1", probe_port=0, governance={"policy_files": [idle]}
-    )
-    with pytest.raises(PolicyFileError, match="not supported here yet"):
-        await serve(settings, stop=asyncio.Event(), bus=FakeBus())

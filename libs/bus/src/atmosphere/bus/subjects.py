@@ -139,8 +139,8 @@ def tool(name: str) -> str:
 
 
 def governance(op: str) -> str:
-    """A governance operation, e.g. `governance("admit")`."""
-    return f"{ROOT}.gov.{token(op, what='operation')}"
+    """A governance operation, e.g. `governance("admit")`; dotted ops (`admin.reload`) are validated token by token."""
+    return f"{ROOT}.gov.{_dotted(op)}"
 
 
 def memory(op: str) -> str:

@@ -16,8 +16,18 @@ from atmosphere.sdk.errors import UserError
 class App:
     """The agents of one application, registered explicitly (no import-time globals)."""
 
-    def __init__(self, agents: Iterable[type[Any]] = ()) -> None:
-        """Register `agents` (each an `@agent` class); names must be unique."""
+    def __init__(self, agents: Iterable[type[Any]] = (), *, policies: Iterable[Any] = ()) -> None:
+        """Register `agents` (each an `@agent` class; names must be unique) and governance `policies`.
+
+        A policy is any object with an `identity`, `evaluate(context)` and `release(context)`
+        (`atmosphere.governance.policies.BasePolicy` is the base to derive from); the governance
+        service installs them after the policy files, in this order.
+        """
+        self.policies: tuple[Any, ...] = tuple(policies)
+        for policy in self.policies:
+            if not (hasattr(policy, "identity") and callable(getattr(policy, "evaluate", None))):
+                msg = f"{policy!r} is not a governance policy (it needs an identity and evaluate)"
+                raise UserError(msg)
         self._agents: dict[str, AgentSpec] = {}
         self._tools: dict[str, Tool[Any, Any]] = {}
         paths: set[str] = set()

@@ -1,4 +1,4 @@
-"""Dispatch's outbound adapter to governance: run admission and tool-call checks on the bus.
+"""Dispatch's outbound adapter to governance: admission, tool-call checks, output checks, screens.
 
 The run id and principal travel in the request bodies, which governance reads; they are not
 repeated as `atmo-run-id`/`atmo-principal` headers (nothing read them, and a header block costs
@@ -11,12 +11,27 @@ import logging
 
 from atmosphere.bus import Bus, BusError, request_retrying, subjects
 from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError
-from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
+from atmosphere.contracts.common.v1.common_pb2 import Usage
+from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdmitRequest,
+    CheckOutputRequest,
+    CheckToolCallRequest,
+    Decision,
+    RunEndedAck,
+    RunEndedReport,
+    ScreenRequest,
+    ScreenResponse,
+)
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 
 log = logging.getLogger("atmosphere.dispatch")
 
 UNAVAILABLE = "Request denied: governance is unavailable (fail-closed)"
+RESPONSE_BLOCKED = "Response blocked: "
+"""How a stopped answer's error begins (Atmosphere's prefix; clients classify by it)."""
+OUTPUT_UNAVAILABLE = RESPONSE_BLOCKED + "governance is unavailable, so the answer was not checked (fail-closed)"
+SERVER_METADATA = frozenset({"roles", "tenant", "action", "transport", "tool_name", "tool_args", "tool_args_preview"})
+"""Context keys governance sets itself: a client's run metadata never supplies them."""
 
 
 class GovernanceClient:
@@ -35,7 +50,15 @@ class GovernanceClient:
             GovernanceUnavailableError: governance did not answer in time.
         """
         admit = AdmitRequest(
-            run_id=run.run_id, agent=run.agent, message=run.message, principal=run.principal, transport=run.transport
+            run_id=run.run_id,
+            agent=run.agent,
+            message=run.message,
+            principal=run.principal,
+            transport=run.transport,
+            metadata={k: v for k, v in run.metadata.items() if k not in SERVER_METADATA},
+            parent_run_id=run.parent_run_id,
+            conversation_id=run.conversation_id,
+            session_id=run.session_id,
         )
         try:
             # A check is safe to repeat: a broker restart within the timeout costs a moment, not the run.
@@ -71,5 +94,58 @@ class GovernanceClient:
             tool_name=tool_name,
             arguments_json=arguments_json,
             principal=run.principal,
+            conversation_id=run.conversation_id,
+            session_id=run.session_id,
         )
         return await self._bus.request(subjects.governance("check_tool"), request, Decision, timeout=self.timeout)
+
+    async def check_output(self, run: RunSubmission, response: str, *, final: bool) -> Decision:
+        """Governance's decision on the answer so far (`final`: the whole answer, before `complete`).
+
+        Raises:
+            BusError: no decision (the caller stops the answer: fail-closed).
+        """
+        request = CheckOutputRequest(
+            run_id=run.run_id,
+            agent=run.agent,
+            principal=run.principal,
+            message=run.message,
+            response=response,
+            final=final,
+            conversation_id=run.conversation_id,
+            session_id=run.session_id,
+        )
+        return await request_retrying(
+            self._bus, subjects.governance("check_output"), request, Decision, deadline=self.timeout
+        )
+
+    async def run_ended(
+        self, run: RunSubmission, *, usage: list[Usage], model: str, response_chars: int, succeeded: bool
+    ) -> RunEndedAck:
+        """Tell governance a run ended: its cost is accounted, its concurrency slot freed.
+
+        Raises:
+            BusError: governance did not take the report (the caller logs it; the run has ended).
+        """
+        report = RunEndedReport(
+            run_id=run.run_id,
+            agent=run.agent,
+            principal=run.principal,
+            usage=usage,
+            model=model,
+            response_chars=response_chars,
+            succeeded=succeeded,
+        )
+        # Safe to repeat: governance accounts each run id once.
+        return await request_retrying(
+            self._bus, subjects.governance("run_ended"), report, RunEndedAck, deadline=self.timeout
+        )
+
+    async def screen(self, run: RunSubmission, kind: str, texts: list[str], *, source: str) -> ScreenResponse:
+        """The injection screen's verdict on `texts` (`kind`: "tool_output" or "document").
+
+        Raises:
+            BusError: no verdict (the caller decides what fail-closed means for its texts).
+        """
+        request = ScreenRequest(kind=kind, texts=texts, source=source, run_id=run.run_id, principal=run.principal)
+        return await self._bus.request(subjects.governance("screen"), request, ScreenResponse, timeout=self.timeout)

@@ -1,19 +1,55 @@
-"""Governance's wiring: the decision log and the responders."""
+"""Governance's wiring: the policy plane, the decision log, the screens, the responders."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 from atmosphere.bus import Bus
 from atmosphere.governance.handlers import GovernanceHandlers, MemorySafety, runtime_info
 from atmosphere.governance.injection import Breach
-from atmosphere.governance.plane import load_ring
+from atmosphere.governance.plane import GovernancePlane, load_policies
+from atmosphere.governance.policies import Policy, PolicyFileError, registered_policies
+from atmosphere.governance.pricing import PricingTable
+from atmosphere.governance.screening import Screening
 from atmosphere.governance.settings import GovernanceSettings
-from atmosphere.governance.store import DecisionLog
-from atmosphere.service import open_service
+from atmosphere.governance.store import DecisionLog, Retention
+from atmosphere.service import load_service_app, open_service
 
 log = logging.getLogger("atmosphere.governance")
+
+
+def code_policies(settings: GovernanceSettings) -> list[Policy]:
+    """The app's Python policies (`App(policies=...)`, then `register_policy`), importing the app if named.
+
+    Raises:
+        PolicyFileError: one of them is not a policy.
+    """
+    found: list[object] = []
+    if settings.app:
+        found.extend(load_service_app(settings.app, settings.app_dir).policies)
+    found.extend(registered_policies())
+    policies: list[Policy] = []
+    for item in found:
+        if not isinstance(item, Policy):
+            raise PolicyFileError(f"code: {item!r} is not a policy (needs identity, evaluate and release)")
+        if all(item is not other for other in policies):
+            policies.append(item)
+    return policies
+
+
+def build_plane(settings: GovernanceSettings) -> GovernancePlane:
+    """The plane of every policy in force; a file that does not parse raises `PolicyFileError`."""
+    code = code_policies(settings)
+    files = settings.governance.policy_files
+    reread = partial(load_policies, settings.app_dir, files, code)
+    return GovernancePlane(
+        reread(),
+        pricing=PricingTable.load(settings.governance.pricing_file),
+        reload_from=reread,
+        slot_ttl=settings.governance.slot_ttl,
+    )
 
 
 async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
@@ -25,13 +61,23 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
         breach=Breach(settings.ai_memory_safety_on_breach),
         fail_open=settings.ai_memory_safety_fail_open,
     )
+    screening = Screening(
+        tool_output_mode=settings.ai_tool_injection_screen_mode,
+        document_breach=settings.ai_rag_safety_on_breach,
+        document_fail_open=settings.ai_rag_safety_fail_open,
+    )
     # Before anything is served: a policy file that does not parse stops governance (fail-closed).
-    ring = load_ring(settings.app_dir, settings.governance.policy_files)
+    plane = build_plane(settings)
+    retention = Retention(settings.governance.decision_log_max_rows, settings.governance.decision_log_max_age_days)
     async with (
-        DecisionLog.open(settings.db_path) as decisions,
-        open_service("governance", settings, info=lambda: runtime_info(safety, ring), stop=stop, bus=bus) as runtime,
+        DecisionLog.open(settings.db_path, retention) as decisions,
+        open_service(
+            "governance", settings, info=lambda: runtime_info(safety, plane, screening), stop=stop, bus=bus
+        ) as runtime,
         runtime.bus.serve(
-            GovernanceHandlers(decisions, safety, ring=ring, max_payload=runtime.bus.max_payload).router(),
+            GovernanceHandlers(
+                decisions, safety, plane=plane, screening=screening, max_payload=runtime.bus.max_payload
+            ).router(),
             queue="governance",
         ),
     ):

@@ -1,11 +1,14 @@
 """Governance's responders: admission, tool-call checks, the memory-injection screen, the log.
 
-Admissions and tool calls are decided by the policy ring loaded at start (`plane.py`): the
-app's `atmosphere-policies.yaml` and the configured policy files, native or Microsoft schema;
-with none installed everything is admitted under `admit-all`, and the log and the runtime info
-say so. Every decision names its policy (name, source, version, digest). Facts bound for
-long-term memory are screened by the rule-based injection classifier (on by default,
-fail-closed); every non-safe verdict is logged.
+Admissions, tool calls and answers are decided by the policy plane (`plane.py`): the app's
+`atmosphere-policies.yaml`, the configured policy files (native or Microsoft schema) and the
+app's Python policies, behind the kill switch; with none installed everything is admitted under
+`admit-all`, and the log and the runtime info say so. Every decision names its policy (name,
+source, version, digest) and is logged with its evaluation time and context snapshot — of an
+answer's checks, the final one and any that stopped it (a streamed answer is checked every 200
+characters). A run's end feeds cost accounting and frees its concurrency slot. Facts bound for
+long-term memory, tool results and retrieved documents are screened for prompt injection
+(`screening.py`, fail-closed); every non-safe verdict is logged.
 
 Bounds: ids and names longer than `MAX_FIELD_CHARS` are refused (`governance.bad_request`)
 before anything is decided or logged; every answer fits in one bus message (`max_payload`):
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +31,10 @@ from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, reply_budget
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdminRequest,
+    AdminResponse,
     AdmitRequest,
+    CheckOutputRequest,
     CheckRequest,
     CheckResponse,
     CheckToolCallRequest,
@@ -35,14 +42,19 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     DecisionRecord,
     ListDecisionsRequest,
     ListDecisionsResponse,
+    RunEndedAck,
+    RunEndedReport,
     ScreenedFact,
     ScreenFactsRequest,
     ScreenFactsResponse,
+    ScreenRequest,
+    ScreenResponse,
 )
 from atmosphere.governance.errors import GovernanceBadRequestError
 from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
-from atmosphere.governance.plane import NO_POLICY, Outcome, admission_context, identities, tool_context
-from atmosphere.governance.policies import PolicyContext, PolicyRing, check_request
+from atmosphere.governance.plane import NO_POLICY, GovernancePlane, decision_of, outcome_of, snapshot
+from atmosphere.governance.policies import Evaluation, PolicyContext, PolicyFileError, Prefer
+from atmosphere.governance.screening import Screening
 from atmosphere.governance.store import DecisionLog, DecisionRow
 
 SCREEN_POLICY = "memory-safety"
@@ -78,12 +90,20 @@ class MemorySafety:
     fail_open: bool = False
 
 
-def runtime_info(safety: MemorySafety | None = None, ring: PolicyRing | None = None) -> dict[str, Any]:
-    """Governance's runtime-truth fragment: the policies really in force."""
-    policies = identities(ring) if ring is not None and ring.policies else [{"name": NO_POLICY}]
-    info: dict[str, Any] = {"governance": {"policies": policies, "decisionLog": "sqlite"}}
+def runtime_info(
+    safety: MemorySafety | None = None, plane: GovernancePlane | None = None, screening: Screening | None = None
+) -> dict[str, Any]:
+    """Governance's runtime-truth fragment: the policies and screens really in force."""
+    policies = plane.identities() if plane is not None and plane.policies else [{"name": NO_POLICY}]
+    governance: dict[str, Any] = {"policies": policies, "decisionLog": "sqlite"}
+    if plane is not None:
+        governance["killSwitch"] = plane.kill_switch_state()
+        governance["checksOutput"] = plane.judges_output
+    info: dict[str, Any] = {"governance": governance}
     if safety is not None and safety.enabled:
         info["memorySafety"] = {"active": True, "tier": TIER, "breach": safety.breach.value}
+    if screening is not None:
+        info.update(screening.runtime_info())
     return info
 
 
@@ -92,27 +112,36 @@ def _principal(principal: Principal) -> str:
 
 
 class GovernanceHandlers:
-    """Admission, tool-call checks and the decision log query."""
+    """Admission, tool-call and answer checks, run ends, screens, the decision log, the admin surface."""
 
     def __init__(
         self,
         log: DecisionLog,
         safety: MemorySafety | None = None,
         *,
-        ring: PolicyRing | None = None,
+        plane: GovernancePlane | None = None,
+        screening: Screening | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> None:
-        """Decide with `ring` (none: admit all), record every decision in `log`, screen memory facts per `safety`."""
+        """Decide with `plane` (none: admit all), record every decision in `log`, screen per `safety`/`screening`."""
         self._log = log
         self._safety = safety or MemorySafety()
-        self._ring = ring or PolicyRing(())
+        self.plane = plane or GovernancePlane(())
+        self._screening = screening or Screening()
         self._reply_bytes = reply_budget(max_payload)
 
-    async def _decide(
-        self, context: PolicyContext, *, run_id: str, operation: str, subject: str, principal: Principal
-    ) -> Decision:
-        evaluation = self._ring.evaluate(context)
-        decision = Outcome.of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message).decision
+    async def _record(
+        self,
+        context: PolicyContext,
+        evaluation: Evaluation,
+        decision: Decision,
+        *,
+        run_id: str,
+        operation: str,
+        subject: str,
+        principal: Principal,
+    ) -> None:
+        preferred = evaluation.decision.preferred if isinstance(evaluation.decision, Prefer) else ""
         await self._log.append(
             DecisionRow(
                 decision_id=decision.decision_id,
@@ -124,33 +153,108 @@ class GovernanceHandlers:
                 reason=decision.reason,
                 principal=_principal(principal),
                 decided_at=int(time.time() * 1000),
+                policy_source=decision.policy_source,
+                policy_version=decision.policy_version,
+                policy_digest=decision.policy_digest,
+                outcome=outcome_of(evaluation),
+                evaluation_ms=round(evaluation.evaluation_ms, 3),
+                context_json=snapshot(context, preferred=preferred),
             )
         )
-        return decision
 
     async def admit(self, request: AdmitRequest, _ctx: MessageContext) -> Decision:
-        """`atmo.gov.admit`: may this run start?"""
-        _check_fields(run_id=request.run_id, agent=request.agent, transport=request.transport)
+        """`atmo.gov.admit`: may this run start? A sub-run's admission is its delegation edge."""
+        _check_fields(
+            run_id=request.run_id,
+            agent=request.agent,
+            transport=request.transport,
+            parent_run_id=request.parent_run_id,
+            conversation_id=request.conversation_id,
+            session_id=request.session_id,
+        )
         _check_principal(request.principal)
-        return await self._decide(
-            admission_context(request),
+        context, evaluation = self.plane.admit(request)
+        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        decision.check_output = self.plane.judges_output
+        await self._record(
+            context,
+            evaluation,
+            decision,
             run_id=request.run_id,
             operation="admit",
             subject=request.agent,
             principal=request.principal,
         )
+        return decision
 
     async def check_tool(self, request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.check_tool`: may this tool call run?"""
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
-        return await self._decide(
-            tool_context(request),
+        context, evaluation = self.plane.check_tool(request)
+        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        await self._record(
+            context,
+            evaluation,
+            decision,
             run_id=request.run_id,
             operation="check_tool",
             subject=request.tool_name,
             principal=request.principal,
         )
+        return decision
+
+    async def check_output(self, request: CheckOutputRequest, _ctx: MessageContext) -> Decision:
+        """`atmo.gov.check_output`: may the answer so far reach the client?"""
+        _check_fields(run_id=request.run_id, agent=request.agent)
+        _check_principal(request.principal)
+        context, evaluation = self.plane.check_output(request)
+        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        if request.final or not decision.allowed:  # not every 200-character check of every answer
+            await self._record(
+                context,
+                evaluation,
+                decision,
+                run_id=request.run_id,
+                operation="check_output",
+                subject=request.agent,
+                principal=request.principal,
+            )
+        return decision
+
+    async def run_ended(self, request: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
+        """`atmo.gov.run_ended`: account the run's cost and free its concurrency slot."""
+        _check_fields(run_id=request.run_id, agent=request.agent, model=request.model)
+        _check_principal(request.principal)
+        return self.plane.run_ended(request)
+
+    async def screen(self, request: ScreenRequest, _ctx: MessageContext) -> ScreenResponse:
+        """`atmo.gov.screen`: the injection screen over tool results or retrieved documents."""
+        _check_fields(run_id=request.run_id, kind=request.kind, source=request.source)
+        try:
+            response = self._screening.screen(request.kind, list(request.texts))
+        except ValueError as exc:
+            raise GovernanceBadRequestError(str(exc)[:MAX_FIELD_CHARS]) from None
+        for text in response.texts:
+            if text.verdict != "SAFE":
+                await self._log.append(
+                    DecisionRow(
+                        decision_id=uuid.uuid4().hex,
+                        run_id=request.run_id,
+                        operation=f"screen_{request.kind}",
+                        subject=request.source,
+                        allowed=text.keep,
+                        policy=f"{request.kind.replace('_', '-')}-safety",
+                        reason=f"{text.verdict} ({response.mode}): {text.reason}",
+                        principal=_principal(request.principal),
+                        decided_at=int(time.time() * 1000),
+                        outcome="deny" if not text.keep else ("transform" if text.verdict == "INJECTED" else "error"),
+                    )
+                )
+        if response.ByteSize() > self._reply_bytes:
+            msg = "the screened texts do not fit in one answer; send fewer or shorter texts"
+            raise GovernanceBadRequestError(msg)
+        return response
 
     async def screen_facts(self, request: ScreenFactsRequest, _ctx: MessageContext) -> ScreenFactsResponse:
         """`atmo.gov.screen_facts`: which facts may enter long-term memory, and as what text."""
@@ -227,6 +331,12 @@ class GovernanceHandlers:
                     reason=row.reason,
                     decided_at=decided,
                     principal=row.principal,
+                    policy_source=row.policy_source,
+                    policy_version=row.policy_version,
+                    policy_digest=row.policy_digest,
+                    outcome=row.outcome or ("admit" if row.allowed else "deny"),
+                    evaluation_ms=row.evaluation_ms,
+                    context_json=row.context_json,
                 )
             )
             room -= records[-1].ByteSize() + _ITEM_OVERHEAD
@@ -242,10 +352,49 @@ class GovernanceHandlers:
             if not isinstance(body, dict):
                 msg = "the body must be a JSON object"
                 raise ValueError(msg)
-            result = check_request(self._ring, body)
+            result = self.plane.check(body)
         except (ValueError, RecursionError) as exc:
             raise GovernanceBadRequestError(f"Malformed check: {exc}"[:MAX_FIELD_CHARS]) from None
         return CheckResponse(result_json=json.dumps(result))
+
+    def _admin(self, op: str) -> Callable[[AdminRequest, MessageContext], Awaitable[AdminResponse]]:
+        """The responder of `atmo.gov.admin.<op>` (JSON body in, JSON answer out)."""
+
+        async def answer(request: AdminRequest, _ctx: MessageContext) -> AdminResponse:
+            try:
+                body = json.loads(request.body_json or "{}")
+            except (ValueError, RecursionError):
+                raise GovernanceBadRequestError("the body must be a JSON object") from None
+            if not isinstance(body, dict):
+                raise GovernanceBadRequestError("the body must be a JSON object")
+            return AdminResponse(result_json=json.dumps(self._admin_result(op, body)))
+
+        return answer
+
+    def _admin_result(self, op: str, body: dict[str, Any]) -> Any:
+        plane = self.plane
+        if op == "policies":
+            return plane.policies_view()
+        if op == "summary":
+            return plane.summary()
+        if op == "health":
+            return plane.health()
+        operator = _text_field(body, "operator") or "unknown"
+        if op == "arm":
+            reason = _text_field(body, "reason")
+            if not reason.strip():
+                raise GovernanceBadRequestError("arming the kill switch needs a non-blank 'reason'")
+            return plane.arm(reason, operator)
+        if op == "disarm":
+            return plane.disarm(operator)
+        assert op == "reload"
+        swap_name, text = _text_field(body, "swapName"), _text_field(body, "yaml")
+        if bool(swap_name) != bool(text):
+            raise GovernanceBadRequestError("a reload names both 'swapName' and 'yaml', or neither (re-read the files)")
+        try:
+            return plane.reload(swap_name=swap_name, text=text)
+        except PolicyFileError as exc:
+            raise GovernanceBadRequestError(f"Reload refused, nothing changed: {exc}"[:MAX_FIELD_CHARS]) from None
 
     def router(self) -> Router:
         """Governance's subjects."""
@@ -253,6 +402,23 @@ class GovernanceHandlers:
         router.add(subjects.governance("check"), CheckRequest, self.check)
         router.add(subjects.governance("admit"), AdmitRequest, self.admit)
         router.add(subjects.governance("check_tool"), CheckToolCallRequest, self.check_tool)
+        router.add(subjects.governance("check_output"), CheckOutputRequest, self.check_output)
+        router.add(subjects.governance("run_ended"), RunEndedReport, self.run_ended)
+        router.add(subjects.governance("screen"), ScreenRequest, self.screen)
         router.add(subjects.governance("decisions"), ListDecisionsRequest, self.decisions)
         router.add(subjects.governance("screen_facts"), ScreenFactsRequest, self.screen_facts)
+        for op in ADMIN_OPS:
+            router.add(subjects.governance(f"admin.{op}"), AdminRequest, self._admin(op))
         return router
+
+
+ADMIN_OPS = ("policies", "summary", "health", "reload", "arm", "disarm")
+
+
+def _text_field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise GovernanceBadRequestError(f"'{key}' must be a string")
+    return value

@@ -1,42 +1,89 @@
-"""The policy plane as governance runs it: the ring loaded at start, and each request as a policy context.
+"""The policy plane as governance runs it: the policies in force, each request as a policy context.
 
-Policies come from `atmosphere-policies.yaml` in the app directory (`ATMOSPHERE_APP_DIR`) and
-from the files listed in `ATMOSPHERE_GOVERNANCE__POLICY_FILES`, in that order; a file that does
-not parse stops governance at start (fail-closed), naming the file and line. No policy at all
-admits everything, and says so.
+Policies come from `atmosphere-policies.yaml` in the app directory (`ATMOSPHERE_APP_DIR`), the
+files listed in `ATMOSPHERE_GOVERNANCE__POLICY_FILES`, and the app's Python policies
+(`App(policies=[...])` and `register_policy`), in that order, behind the built-in kill switch. A
+file that does not parse stops governance at start (fail-closed), naming the file and line; a
+reload that does not parse changes nothing. No policy at all admits everything, and says so.
+
+State the policies keep across requests lives here too: the concurrency slots of admitted runs
+(given back when the run ends, once), and the cost fed to cost ceilings from each run's usage.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
+from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdmitRequest,
+    CheckOutputRequest,
+    CheckToolCallRequest,
+    Decision,
+    RunEndedAck,
+    RunEndedReport,
+)
 from atmosphere.governance.policies import (
     Admit,
+    AllowListPolicy,
+    AuthorizationPolicy,
     ConcurrencyLimitPolicy,
     CostCeilingPolicy,
     Deny,
+    DryRunPolicy,
     Evaluation,
-    OutputLengthZScorePolicy,
+    KillSwitch,
+    MessageLengthPolicy,
+    MetadataPresencePolicy,
     Phase,
+    Policy,
     PolicyContext,
     PolicyFileError,
     PolicyRing,
     Prefer,
+    PreferencePolicy,
+    RateLimitPolicy,
+    TimeWindowPolicy,
     Transform,
+    check_request,
     load_policy_files,
+    parse_policies,
 )
+from atmosphere.governance.policies.model import PARTIAL_METADATA_KEY, TENANT_METADATA_KEY, preview
+from atmosphere.governance.pricing import PricingTable
+
+log = logging.getLogger("atmosphere.governance")
 
 APP_POLICY_FILE = "atmosphere-policies.yaml"
 """The policy file an app ships in its directory."""
 NO_POLICY = "admit-all"
 """What the log names when no policy is installed (everything is admitted)."""
+SNAPSHOT_CHARS = 200
+"""Characters of the message, the response and each metadata value kept in a context snapshot."""
+MAX_HELD_RUNS = 100_000
+"""Admitted runs whose concurrency slot is tracked; past it the oldest slot is given back."""
+ADMISSION_ONLY = (
+    AllowListPolicy,
+    AuthorizationPolicy,
+    ConcurrencyLimitPolicy,
+    CostCeilingPolicy,
+    KillSwitch,
+    MessageLengthPolicy,
+    MetadataPresencePolicy,
+    PreferencePolicy,
+    RateLimitPolicy,
+    TimeWindowPolicy,
+)
+"""Policy types that never judge an answer: with only these in force, no answer is sent to be checked."""
 
 
 def policy_paths(app_dir: Path, files: Sequence[Path]) -> list[Path]:
@@ -45,44 +92,81 @@ def policy_paths(app_dir: Path, files: Sequence[Path]) -> list[Path]:
     return [own, *files] if own.is_file() else list(files)
 
 
-NOT_YET_FED = {
-    ConcurrencyLimitPolicy: "concurrency-limit needs each run's end",
-    CostCeilingPolicy: "cost-ceiling needs each run's cost",
-    OutputLengthZScorePolicy: "output-length-zscore needs each streamed answer",
-}
-"""Policy types whose input governance does not receive yet: refused at start rather than
-installed and silently never deciding (a concurrency slot would never be released)."""
-
-
-def load_ring(app_dir: Path, files: Sequence[Path]) -> PolicyRing:
-    """The ring of every policy in force.
+def load_policies(app_dir: Path, files: Sequence[Path], code: Sequence[Policy] = ()) -> list[Policy]:
+    """Every policy in force: the files' (in order), then those written in Python.
 
     Raises:
-        PolicyFileError: a file does not parse, or installs a policy this governance cannot feed yet.
+        PolicyFileError: a file does not parse.
     """
-    policies = load_policy_files(policy_paths(app_dir, files))
-    for policy in policies:
-        missing = NOT_YET_FED.get(type(policy))
-        if missing is not None:
-            identity = policy.identity
-            msg = f"{identity.source}: policy {identity.name!r} is not supported here yet: {missing}"
-            raise PolicyFileError(msg)
-    return PolicyRing(policies)
+    return [*load_policy_files(policy_paths(app_dir, files)), *code]
 
 
-def _subject(principal: Principal) -> str:
-    return principal.user_id
+def _unwrapped(policy: Policy) -> Policy:
+    return policy.wrapped if isinstance(policy, DryRunPolicy) else policy
+
+
+def snapshot(context: PolicyContext, *, preferred: str = "") -> str:
+    """The seed's context snapshot of `context`, as JSON (every value bounded)."""
+    shot: dict[str, Any] = {"phase": context.phase.value, "message": preview(context.message, SNAPSHOT_CHARS)}
+    for key in ("model", "user_id", "session_id", "agent_id", "conversation_id"):
+        value = getattr(context, key)
+        if value:
+            shot[key] = value
+    for key, value in context.metadata.items():
+        if key in shot:
+            continue
+        if value is None:
+            shot[key] = ""
+        elif isinstance(value, bool | int | float):
+            shot[key] = value
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+            shot[key] = preview(text, SNAPSHOT_CHARS)
+    if context.response:
+        shot["response_preview"] = preview(context.response, SNAPSHOT_CHARS)
+    if preferred:
+        shot["preferred"] = preferred
+    return json.dumps(shot, ensure_ascii=False)
+
+
+def outcome_of(evaluation: Evaluation) -> str:
+    """The log's decision word: admit, transform, deny or prefer."""
+    decision = evaluation.decision
+    if isinstance(decision, Deny):
+        return "deny"
+    if isinstance(decision, Transform):
+        return "transform"
+    if isinstance(decision, Prefer):
+        return "prefer"
+    return "admit"
+
+
+def _server_metadata(principal: Principal, **extra: Any) -> dict[str, Any]:
+    """Context keys set by governance from the authenticated principal (a client never sets them)."""
+    return {"roles": list(principal.roles), TENANT_METADATA_KEY: principal.tenant, **extra}
 
 
 def admission_context(request: AdmitRequest) -> PolicyContext:
-    """A run about to start, as policies see it."""
+    """A run about to start, as policies see it: a sub-run's admission is its delegation edge."""
     principal = request.principal
+    metadata: dict[str, Any] = dict(request.metadata)
+    metadata.update(
+        _server_metadata(
+            principal,
+            transport=request.transport,
+            action="delegate" if request.parent_run_id else "run",
+        )
+    )
+    if request.parent_run_id:
+        metadata["parent_run_id"] = request.parent_run_id
     return PolicyContext(
         phase=Phase.PRE_ADMISSION,
         message=request.message,
-        user_id=_subject(principal),
+        user_id=principal.user_id,
+        session_id=request.session_id,
         agent_id=request.agent,
-        metadata={"transport": request.transport, "roles": list(principal.roles), "action": "run"},
+        conversation_id=request.conversation_id,
+        metadata=metadata,
     )
 
 
@@ -90,53 +174,304 @@ def tool_context(request: CheckToolCallRequest) -> PolicyContext:
     """A tool call about to run (the seed's synthetic `call_tool:<tool>` request)."""
     try:
         arguments = json.loads(request.arguments_json or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         arguments = {}
-    return PolicyContext.for_tool_call(
+    context = PolicyContext.for_tool_call(
         tool=request.tool_name,
         arguments=arguments if isinstance(arguments, dict) else {},
-        user_id=_subject(request.principal),
+        user_id=request.principal.user_id,
         agent_id=request.agent,
-        conversation_id="",
-        session_id="",
+        conversation_id=request.conversation_id,
+        session_id=request.session_id,
         roles=tuple(request.principal.roles),
+    )
+    metadata = dict(context.metadata)
+    metadata[TENANT_METADATA_KEY] = request.principal.tenant
+    metadata.setdefault("roles", [])
+    return dataclasses.replace(context, metadata=metadata)
+
+
+def output_context(request: CheckOutputRequest) -> PolicyContext:
+    """A run's answer so far (post-response phase; `partial` until the final check)."""
+    principal = request.principal
+    return PolicyContext(
+        phase=Phase.POST_RESPONSE,
+        message=request.message,
+        user_id=principal.user_id,
+        session_id=request.session_id,
+        agent_id=request.agent,
+        conversation_id=request.conversation_id,
+        metadata=_server_metadata(principal, action="respond", **{PARTIAL_METADATA_KEY: not request.final}),
+        response=request.response,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A decision as governance answers and logs it."""
+def decision_of(evaluation: Evaluation, *, decision_id: str, original_message: str) -> Decision:
+    """The answer for `evaluation` (its policy's identity included)."""
+    identity = evaluation.policy
+    answer = Decision(
+        decision_id=decision_id,
+        policy=identity.name if identity is not None else NO_POLICY,
+        policy_source=identity.source if identity is not None else "",
+        policy_version=identity.version if identity is not None else "",
+        policy_digest=identity.digest if identity is not None else "",
+        outcome=outcome_of(evaluation),
+    )
+    result = evaluation.decision
+    if isinstance(result, Deny):
+        answer.allowed, answer.reason = False, result.reason
+    elif isinstance(result, Transform):
+        answer.allowed, answer.reason = True, "request rewritten"
+        if result.context.message != original_message:
+            answer.rewritten_message = result.context.message
+    elif isinstance(result, Prefer):
+        answer.allowed = True
+        answer.reason = f"prefer {result.preferred}: {result.reason}"
+    else:
+        assert isinstance(result, Admit)
+        answer.allowed = True
+        answer.reason = "no policy restricts this request" if identity is None else ""
+    return answer
 
-    decision: Decision
 
-    @classmethod
-    def of(cls, evaluation: Evaluation, *, decision_id: str, original_message: str) -> Outcome:
-        """The answer for `evaluation` (its policy's identity included)."""
-        identity = evaluation.policy
-        answer = Decision(
-            decision_id=decision_id,
-            policy=identity.name if identity is not None else NO_POLICY,
-            policy_source=identity.source if identity is not None else "",
-            policy_version=identity.version if identity is not None else "",
-            policy_digest=identity.digest if identity is not None else "",
-        )
-        result = evaluation.decision
-        if isinstance(result, Deny):
-            answer.allowed, answer.outcome, answer.reason = False, "deny", result.reason
-        elif isinstance(result, Transform):
-            answer.allowed, answer.outcome, answer.reason = True, "transform", "request rewritten"
-            if result.context.message != original_message:
-                answer.rewritten_message = result.context.message
-        elif isinstance(result, Prefer):
-            answer.allowed, answer.outcome = True, "prefer"
-            answer.reason = f"prefer {result.preferred}: {result.reason}"
+@dataclass
+class _Held:
+    context: PolicyContext
+    since: float
+
+
+class GovernancePlane:
+    """The policies in force behind the kill switch, and the state they keep between requests."""
+
+    def __init__(
+        self,
+        policies: Sequence[Policy],
+        *,
+        pricing: PricingTable | None = None,
+        kill_switch: KillSwitch | None = None,
+        reload_from: Callable[[], list[Policy]] | None = None,
+        slot_ttl: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Install `policies`; `reload_from` re-reads them for a plain reload (None: not reloadable)."""
+        self.kill_switch = kill_switch or KillSwitch()
+        self.pricing = pricing or PricingTable.load()
+        self._reload_from = reload_from
+        self._slot_ttl = slot_ttl
+        self._clock = clock
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.spend: dict[str, float] = {}
+        """USD accounted per tenant since start (what `/summary` shows)."""
+        self._install(policies)
+
+    # -- what is in force ----------------------------------------------------------------------
+
+    def _install(self, policies: Sequence[Policy]) -> None:
+        self.policies: tuple[Policy, ...] = tuple(policies)
+        self.ring = PolicyRing((self.kill_switch, *self.policies))
+        live = [_unwrapped(p) for p in self.policies if not isinstance(p, DryRunPolicy)]
+        self._cost_ceilings = [p for p in live if isinstance(p, CostCeilingPolicy)]
+        self._limits_concurrency = any(isinstance(p, ConcurrencyLimitPolicy) for p in live)
+        self.judges_output = any(not isinstance(p, ADMISSION_ONLY) for p in live)
+
+    def reload(self, *, swap_name: str = "", text: str = "") -> dict[str, Any]:
+        """Swap the policies named `swap_name` for those `text` defines, or (no name) re-read every file.
+
+        Atomic: the new set is parsed whole before it replaces the old one; a failure changes nothing.
+
+        Raises:
+            PolicyFileError: the new policies do not parse, or no policy is named `swap_name`.
+        """
+        if not swap_name:
+            if self._reload_from is None:
+                raise PolicyFileError("this governance was not started from policy files")
+            fresh = self._reload_from()
+            reloaded: Sequence[Policy] = fresh
         else:
-            assert isinstance(result, Admit)
-            answer.allowed, answer.outcome = True, "admit"
-            answer.reason = "no policy restricts this request" if identity is None else ""
-        return cls(answer)
+            if not any(p.identity.name == swap_name for p in self.policies):
+                raise PolicyFileError(f"no policy named {swap_name!r} is installed")
+            reloaded = parse_policies(text, source=f"reload:{swap_name}")
+            fresh, placed = [], False
+            for policy in self.policies:
+                if policy.identity.name != swap_name:
+                    fresh.append(policy)
+                elif not placed:
+                    fresh.extend(reloaded)
+                    placed = True
+        self._carry_state(fresh)
+        self._install(fresh)
+        log.warning("policies reloaded (%s): %d in force", swap_name or "all files", len(fresh))
+        first = reloaded[0].identity if reloaded else None
+        return {
+            "reloaded": swap_name or "all",
+            "version": first.version if first else "",
+            "digest": first.digest if first else "",
+            "policyCount": len(self.policies),
+        }
 
+    def _carry_state(self, fresh: Sequence[Policy]) -> None:
+        """A reload keeps what tenants already spent (a new ceiling applies to the same window)."""
+        for policy in fresh:
+            target = _unwrapped(policy)
+            if isinstance(target, CostCeilingPolicy):
+                for tenant, usd in self.spend.items():
+                    target.add_cost(tenant, usd)
 
-def identities(ring: PolicyRing) -> list[dict[str, Any]]:
-    """The policies in force, for the runtime info."""
-    return [dataclasses.asdict(policy.identity) for policy in ring.policies]
+    def arm(self, reason: str, operator: str) -> dict[str, Any]:
+        """Arm the kill switch: every admission and tool call is denied with `reason`."""
+        self.kill_switch.arm(reason, operator)
+        log.warning("kill switch armed by %s: %s", operator or "unknown", reason)
+        return self.kill_switch_state()
+
+    def disarm(self, operator: str) -> dict[str, Any]:
+        """Disarm the kill switch."""
+        self.kill_switch.disarm()
+        log.warning("kill switch disarmed by %s", operator or "unknown")
+        return self.kill_switch_state()
+
+    def kill_switch_state(self) -> dict[str, Any]:
+        """`{armed, reason, operator, armedAt}`."""
+        switch = self.kill_switch
+        armed_at = switch.armed_at
+        return {
+            "armed": switch.armed,
+            "reason": switch.armed_reason,
+            "operator": switch.armed_operator,
+            "armedAt": armed_at.isoformat() if armed_at else None,
+        }
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def admit(self, request: AdmitRequest) -> tuple[PolicyContext, Evaluation]:
+        """A run's admission; an admitted run holds its concurrency slot until `run_ended`."""
+        context = admission_context(request)
+        if self._limits_concurrency:
+            self._give_back(request.run_id)  # a redelivered run is admitted again: one slot per run
+        evaluation = self.ring.evaluate(context)
+        if self._limits_concurrency and evaluation.allowed:
+            self._hold(request.run_id, evaluation.context)
+        return context, evaluation
+
+    def check_tool(self, request: CheckToolCallRequest) -> tuple[PolicyContext, Evaluation]:
+        """A tool call's check."""
+        context = tool_context(request)
+        return context, self.ring.evaluate(context)
+
+    def check_output(self, request: CheckOutputRequest) -> tuple[PolicyContext, Evaluation]:
+        """An answer's check (the kill switch stops new work, not answers already streaming)."""
+        context = output_context(request)
+        return context, PolicyRing(self.policies).evaluate(context)
+
+    def check(self, body: dict[str, Any]) -> dict[str, Any]:
+        """MS `/check` over the policies in force."""
+        return check_request(self.ring, body)
+
+    def run_ended(self, report: RunEndedReport) -> RunEndedAck:
+        """Account a run's cost to its tenant and give back its slot; a report repeated changes nothing."""
+        self._give_back(report.run_id)
+        tenant = report.principal.tenant or "__default__"
+        charge = self.pricing.charge(report.usage, default_model=report.model)
+        if report.run_id in self._ended:
+            return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
+        self._ended[report.run_id] = None
+        while len(self._ended) > MAX_HELD_RUNS:
+            self._ended.popitem(last=False)
+        if charge.unpriced_models:
+            log.warning("run %s: no price for %s; counted as free", report.run_id, ", ".join(charge.unpriced_models))
+        if charge.usd > 0:
+            self.spend[tenant] = self.spend.get(tenant, 0.0) + charge.usd
+            for ceiling in self._cost_ceilings:
+                ceiling.add_cost(tenant, charge.usd)
+        return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
+
+    def _hold(self, run_id: str, context: PolicyContext) -> None:
+        self._expire()
+        self._held[run_id] = _Held(context, self._clock())
+        while len(self._held) > MAX_HELD_RUNS:
+            _, oldest = self._held.popitem(last=False)
+            self.ring.release(oldest.context)
+
+    def _give_back(self, run_id: str) -> None:
+        held = self._held.pop(run_id, None)
+        if held is not None:
+            self.ring.release(held.context)
+
+    def _expire(self) -> None:
+        """Slots of runs never reported ended (their dispatch died) come back after `slot_ttl`."""
+        cutoff = self._clock() - self._slot_ttl
+        while self._held:
+            run_id, held = next(iter(self._held.items()))
+            if held.since > cutoff:
+                break
+            log.warning("run %s never reported its end; its concurrency slot is given back", run_id)
+            self._give_back(run_id)
+
+    @property
+    def held_slots(self) -> int:
+        """Admitted runs holding a concurrency slot now."""
+        return len(self._held)
+
+    # -- what the admin surface shows ----------------------------------------------------------
+
+    def identities(self) -> list[dict[str, Any]]:
+        """The policies in force, for the runtime info."""
+        return [dataclasses.asdict(policy.identity) for policy in self.policies]
+
+    def policies_view(self) -> list[dict[str, Any]]:
+        """`GET /policies`: each policy's identity and what it is (§9.4)."""
+        rows = [self._view(self.kill_switch)]
+        rows.extend(self._view(policy) for policy in self.policies)
+        return rows
+
+    def _view(self, policy: Policy) -> dict[str, Any]:
+        target = _unwrapped(policy)
+        identity = policy.identity
+        row: dict[str, Any] = {
+            "name": identity.name,
+            "source": identity.source,
+            "version": identity.version,
+            "digest": identity.digest,
+            "className": f"{type(target).__module__}.{type(target).__qualname__}",
+        }
+        if isinstance(policy, DryRunPolicy):
+            counts = policy.counts
+            row.update(
+                dryRun=True,
+                wrappedPolicyName=identity.name,
+                shadowAdmits=counts.admits,
+                shadowDenies=counts.denies,
+                shadowTransforms=counts.transforms,
+                shadowPrefers=counts.prefers,
+                delegateErrors=counts.errors,
+            )
+        if isinstance(target, KillSwitch):
+            state = self.kill_switch_state() if target is self.kill_switch else None
+            row.update(
+                armed=target.armed,
+                armedReason=target.armed_reason,
+                armedAt=state["armedAt"] if state else None,
+            )
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        """`GET /summary`: how many policies, from which sources, and the spend accounted."""
+        sources = sorted({policy.identity.source for policy in self.policies})
+        return {
+            "policyCount": len(self.policies),
+            "sources": sources,
+            "killSwitchArmed": self.kill_switch.armed,
+            "judgesOutput": self.judges_output,
+            "heldConcurrencySlots": self.held_slots,
+            "spendUsdByTenant": {tenant: round(usd, 6) for tenant, usd in sorted(self.spend.items())},
+            "pricedModels": len(self.pricing),
+        }
+
+    def health(self) -> dict[str, Any]:
+        """`GET /health`."""
+        return {
+            "status": "UP",
+            "policyCount": len(self.policies),
+            "killSwitch": self.kill_switch_state(),
+            "checkedAt": datetime.now(UTC).isoformat(),
+        }

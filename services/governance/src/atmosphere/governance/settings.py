@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from atmosphere.config import WorkerSettings
+from atmosphere.governance.store import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_ROWS
 
 
 class GovernanceOptions(BaseModel):
@@ -20,6 +21,15 @@ class GovernanceOptions(BaseModel):
     policy_files: list[Path] = []
     """Policy files (a JSON list of paths), native `policies:` or Microsoft `rules:` schema, after
     the app's own `atmosphere-policies.yaml`; one that does not parse stops governance at start."""
+    pricing_file: Path | None = None
+    """A JSON pricing table (`{"models": {name: {input, output, cached_input}}}`, USD per million
+    tokens) whose models replace or extend the shipped table; cost ceilings are fed from it."""
+    decision_log_max_rows: int = Field(default=DEFAULT_MAX_ROWS, ge=1)
+    """The decision log keeps at most this many rows (the oldest go first)."""
+    decision_log_max_age_days: float = Field(default=DEFAULT_MAX_AGE_DAYS, gt=0)
+    """... and none older than this."""
+    slot_ttl: float = Field(default=3600.0, gt=0)
+    """Seconds after which a run that never reported its end gives back its concurrency slot."""
 
 
 class GovernanceSettings(WorkerSettings):
@@ -28,6 +38,15 @@ class GovernanceSettings(WorkerSettings):
     governance: GovernanceOptions = GovernanceOptions()
     app_dir: Path = Path()
     """The app's directory: its `atmosphere-policies.yaml`, if any, is loaded first."""
+    app: str = ""
+    """The app (`module:attribute`) whose Python policies (`App(policies=[...])`) are installed after
+    the files; empty: none are loaded."""
+    ai_tool_injection_screen_mode: Literal["ANNOTATE", "SANITIZE", "OFF"] = "ANNOTATE"
+    """The tool-output injection screen: wrap a flagged result in warning banners, withhold it, or off."""
+    ai_rag_safety_on_breach: Literal["DROP", "FLAG", "SANITIZE"] = "DROP"
+    """What happens to a retrieved document classified as an injection."""
+    ai_rag_safety_fail_open: bool = False
+    """Keep a retrieved document the classifier could not judge (off: it is dropped)."""
     ai_memory_safety_enabled: bool = True
     """Screen every long-term memory fact for prompt injection before it is stored."""
     ai_memory_safety_tier: str = "RULE_BASED"
@@ -37,7 +56,9 @@ class GovernanceSettings(WorkerSettings):
     ai_memory_safety_fail_open: bool = False
     """Store a fact the classifier could not judge (off: such a fact is dropped)."""
 
-    @field_validator("ai_memory_safety_on_breach", mode="before")
+    @field_validator(
+        "ai_memory_safety_on_breach", "ai_tool_injection_screen_mode", "ai_rag_safety_on_breach", mode="before"
+    )
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value

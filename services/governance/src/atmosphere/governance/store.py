@@ -1,9 +1,15 @@
-"""The decision log: one row per admission and per tool-call check, in SQLite."""
+"""The decision log: one row per decision (admissions, tool calls, answers, screens), in SQLite.
+
+Each row names the deciding policy (name, source, version, digest), the outcome, how long the
+evaluation took, and the seed's context snapshot. Retention is bounded by rows and by age; the
+oldest rows go first, checked at open and every `PRUNE_EVERY` appends (never on each one).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +29,25 @@ CREATE TABLE IF NOT EXISTS decision_log (
     decided_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_decision_log_run ON decision_log (run_id, decided_at);
+CREATE INDEX IF NOT EXISTS idx_decision_log_time ON decision_log (decided_at);
 """
+_ADDED_COLUMNS = (
+    ("policy_source", "TEXT NOT NULL DEFAULT ''"),
+    ("policy_version", "TEXT NOT NULL DEFAULT ''"),
+    ("policy_digest", "TEXT NOT NULL DEFAULT ''"),
+    ("outcome", "TEXT NOT NULL DEFAULT ''"),
+    ("evaluation_ms", "REAL NOT NULL DEFAULT 0"),
+    ("context_json", "TEXT NOT NULL DEFAULT '{}'"),
+)
+"""Columns a log written before policy identities were recorded lacks; added in place at open."""
+_COLUMNS = (
+    "decision_id, run_id, operation, subject, allowed, policy, reason, principal, decided_at,"
+    " policy_source, policy_version, policy_digest, outcome, evaluation_ms, context_json"
+)
+DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_AGE_DAYS = 30.0
+PRUNE_EVERY = 500
+"""Appends between two retention passes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +64,38 @@ class DecisionRow:
     principal: str
     decided_at: int
     """Epoch milliseconds."""
+    policy_source: str = ""
+    policy_version: str = ""
+    policy_digest: str = ""
+    outcome: str = ""
+    """`admit`, `transform`, `deny`, `prefer` or `error`."""
+    evaluation_ms: float = 0.0
+    context_json: str = "{}"
+    """The context snapshot (a JSON object)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much of the log is kept: at most `max_rows` rows, none older than `max_age_days`."""
+
+    max_rows: int = DEFAULT_MAX_ROWS
+    max_age_days: float = DEFAULT_MAX_AGE_DAYS
 
 
 class DecisionLog:
-    """Append-only storage of decisions."""
+    """Append-only storage of decisions, pruned to its retention."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, retention: Retention | None = None) -> None:
         """Use an open connection (see `open`)."""
         self._db = db
         self._lock = asyncio.Lock()
+        self.retention = retention or Retention()
+        self._since_prune = 0
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: Path) -> AsyncIterator[DecisionLog]:
-        """Open (creating if needed) the log at `path`."""
+    async def open(cls, path: Path, retention: Retention | None = None) -> AsyncIterator[DecisionLog]:
+        """Open (creating or upgrading if needed) the log at `path`."""
         path.parent.mkdir(parents=True, exist_ok=True)
         async with aiosqlite.connect(path) as db:
             await db.execute("PRAGMA journal_mode=WAL")
@@ -61,14 +103,21 @@ class DecisionLog:
             # crash can lose the last moments. An fsync per decision would sit on every run's path.
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.executescript(_SCHEMA)
+            async with db.execute("PRAGMA table_info(decision_log)") as cursor:
+                present = {row[1] for row in await cursor.fetchall()}
+            for name, declaration in _ADDED_COLUMNS:
+                if name not in present:
+                    await db.execute(f"ALTER TABLE decision_log ADD COLUMN {name} {declaration}")
             await db.commit()
-            yield cls(db)
+            log = cls(db, retention)
+            await log.prune()
+            yield log
 
     async def append(self, row: DecisionRow) -> None:
         """Store one decision (committed before the decision is answered)."""
         async with self._lock:
             await self._db.execute(
-                "INSERT INTO decision_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO decision_log ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant columns
                 (
                     row.decision_id,
                     row.run_id,
@@ -79,16 +128,66 @@ class DecisionLog:
                     row.reason,
                     row.principal,
                     row.decided_at,
+                    row.policy_source,
+                    row.policy_version,
+                    row.policy_digest,
+                    row.outcome,
+                    row.evaluation_ms,
+                    row.context_json,
                 ),
             )
             await self._db.commit()
+            self._since_prune += 1
+            due = self._since_prune >= PRUNE_EVERY
+        if due:
+            await self.prune()
+
+    async def prune(self) -> int:
+        """Remove what the retention no longer keeps; how many rows went."""
+        cutoff = int((time.time() - self.retention.max_age_days * 86_400) * 1000)
+        async with self._lock:
+            self._since_prune = 0
+            aged = await self._db.execute("DELETE FROM decision_log WHERE decided_at < ?", (cutoff,))
+            # Beyond the row bound: the oldest go (by time, then insertion order).
+            extra = await self._db.execute(
+                "DELETE FROM decision_log WHERE rowid IN (SELECT rowid FROM decision_log"
+                " ORDER BY decided_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                (self.retention.max_rows,),
+            )
+            await self._db.commit()
+            return max(aged.rowcount, 0) + max(extra.rowcount, 0)
+
+    async def count(self) -> int:
+        """Rows held."""
+        async with self._db.execute("SELECT COUNT(*) FROM decision_log") as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
 
     async def recent(self, *, run_id: str, limit: int) -> list[DecisionRow]:
         """Newest first, optionally for one run."""
         async with self._db.execute(
-            "SELECT decision_id, run_id, operation, subject, allowed, policy, reason, principal, decided_at"
-            " FROM decision_log WHERE (? = '' OR run_id = ?) ORDER BY decided_at DESC, rowid DESC LIMIT ?",
+            f"SELECT {_COLUMNS} FROM decision_log WHERE (? = '' OR run_id = ?)"  # noqa: S608 - constant columns
+            " ORDER BY decided_at DESC, rowid DESC LIMIT ?",
             (run_id, run_id, limit),
         ) as cursor:
             rows = await cursor.fetchall()
-        return [DecisionRow(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], r[7], r[8]) for r in rows]
+        return [
+            DecisionRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                bool(r[4]),
+                r[5],
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                r[11],
+                r[12],
+                float(r[13]),
+                r[14],
+            )
+            for r in rows
+        ]

@@ -135,6 +135,15 @@ def test_zscore_builds_a_baseline_then_refuses_an_outlier() -> None:
     assert decision.reason.endswith(" exceeds threshold 3.0 (tenant=__default__, possible drift)")
 
 
+def test_zscore_judges_whole_answers_only() -> None:
+    policy = OutputLengthZScorePolicy(ID, window_size=5, z_threshold=1.0, min_samples=2)
+    for length in (10, 10, 10):
+        assert policy.evaluate(PolicyContext(phase=POST, response="x" * length)) == Admit()
+    partial = PolicyContext(phase=POST, response="x" * 500, metadata={"partial": True})
+    assert policy.evaluate(partial) == Admit()  # a streamed prefix is neither judged nor sampled
+    assert isinstance(policy.evaluate(PolicyContext(phase=POST, response="x" * 500)), Deny)
+
+
 def test_zscore_is_exact_and_per_tenant() -> None:
     policy = OutputLengthZScorePolicy(ID, window_size=5, z_threshold=1.0, min_samples=2)
     for length in (10, 10):
@@ -271,7 +280,10 @@ def test_concurrency_limit_takes_and_gives_back_slots() -> None:
     bob = ctx("x", user_id="bob")
     assert policy.evaluate(bob) == Admit()
     assert policy.evaluate(bob) == Deny("concurrency limit: user:bob already has 1 in-flight (max 1)")
-    policy.evaluate(PolicyContext(phase=POST, user_id="bob", response="done"))  # post-response frees it
+    # An answer's check does not free it (answers are checked several times while they stream) ...
+    assert policy.evaluate(PolicyContext(phase=POST, user_id="bob", response="done")) == Admit()
+    assert policy.in_flight("user:bob") == 1
+    policy.release(bob)  # ... the run's end does
     assert policy.evaluate(bob) == Admit()
     policy.release(bob)
     policy.release(bob)  # never below zero

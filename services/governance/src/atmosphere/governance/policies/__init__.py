@@ -16,6 +16,7 @@ from atmosphere.governance.policies.content import (
     MessageLengthPolicy,
     PreferencePolicy,
 )
+from atmosphere.governance.policies.dryrun import DryRunPolicy, ShadowCounts
 from atmosphere.governance.policies.guardrails import (
     CostCeilingPolicy,
     OutputLengthZScorePolicy,
@@ -58,6 +59,7 @@ __all__ = [
     "Decision",
     "Deny",
     "DenyListPolicy",
+    "DryRunPolicy",
     "Evaluation",
     "KillSwitch",
     "MessageLengthPolicy",
@@ -76,6 +78,7 @@ __all__ = [
     "Prefer",
     "PreferencePolicy",
     "RateLimitPolicy",
+    "ShadowCounts",
     "TimeWindowPolicy",
     "Transform",
     "check_request",

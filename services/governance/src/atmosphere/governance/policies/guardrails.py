@@ -19,6 +19,7 @@ from typing import Final
 from atmosphere.governance.policies.model import (
     ADMIT,
     DEFAULT_TENANT,
+    PARTIAL_METADATA_KEY,
     BasePolicy,
     Decision,
     Deny,
@@ -147,7 +148,9 @@ class OutputLengthZScorePolicy(BasePolicy):
 
     Post-response only. The first `min_samples` lengths only build the baseline; after that each
     length is judged against the window (population std-dev, 1.0 when the variance is not
-    positive) and then added to it. Every check adds a sample, partial (streamed) lengths too.
+    positive) and then added to it. Only whole answers are judged and sampled: a check of a
+    streamed answer's prefix (context metadata `partial`) admits without adding its length, unlike
+    Atmosphere, whose partial lengths skew the window towards short answers.
     """
 
     def __init__(
@@ -172,7 +175,7 @@ class OutputLengthZScorePolicy(BasePolicy):
         self._lock = threading.Lock()
 
     def evaluate(self, context: PolicyContext) -> Decision:
-        if context.phase is Phase.PRE_ADMISSION:
+        if context.phase is Phase.PRE_ADMISSION or context.metadata.get(PARTIAL_METADATA_KEY):
             return ADMIT
         length = len(context.response)
         with self._lock:

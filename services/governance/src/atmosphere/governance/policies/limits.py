@@ -84,8 +84,10 @@ class RateLimitPolicy(BasePolicy):
 class ConcurrencyLimitPolicy(BasePolicy):
     """At most `max_concurrent` in-flight requests per subject.
 
-    A pre-admission admit takes a slot; the slot comes back on the subject's post-response
-    evaluation or on `release` (call one of them once per admitted request; never below zero).
+    A pre-admission admit takes a slot; the slot comes back on `release` (once per admitted
+    request; never below zero). Unlike Atmosphere, a post-response evaluation does not release:
+    here an answer is checked every 200 characters while it streams, so the run's end (governance's
+    `run_ended`) is the one place a slot is given back.
     """
 
     def __init__(self, identity: PolicyIdentity, max_concurrent: int) -> None:
@@ -103,7 +105,6 @@ class ConcurrencyLimitPolicy(BasePolicy):
 
     def evaluate(self, context: PolicyContext) -> Decision:
         if context.phase is Phase.POST_RESPONSE:
-            self.release(context)
             return ADMIT
         subject = context.subject
         with self._lock:

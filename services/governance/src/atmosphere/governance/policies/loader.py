@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import yaml
 
+from atmosphere.governance.policies.dryrun import DryRunPolicy
 from atmosphere.governance.policies.matching import compile_regex
 from atmosphere.governance.policies.model import Policy, PolicyFileError, PolicyIdentity
 from atmosphere.governance.policies.ms import Action, MsAgentOsPolicy, Operator, Rule
@@ -21,7 +22,7 @@ from atmosphere.governance.policies.native import NATIVE_TYPES
 from atmosphere.governance.policies.yamldoc import MAX_DOCUMENT_BYTES, Config, Document
 
 ACS_ROOT_KEY: Final = "agent_control_specification_version"
-_ENTRY_KEYS: Final = frozenset({"name", "type", "version", "config"})
+_ENTRY_KEYS: Final = frozenset({"name", "type", "version", "config", "dry-run"})
 _OPERATORS: Final = ", ".join(Operator)
 _ACTIONS: Final = ", ".join(Action)
 
@@ -82,7 +83,9 @@ def _native_entry(doc: Document, index: int, node: yaml.Node, default_version: s
     fields = doc.mapping(node, what)
     for key, (key_node, _) in fields.items():
         if key not in _ENTRY_KEYS:
-            raise doc.error(key_node, f"unknown key '{key}' in {what} (supported: config, name, type, version)")
+            raise doc.error(
+                key_node, f"unknown key '{key}' in {what} (supported: config, dry-run, name, type, version)"
+            )
     name = _required_text(doc, fields, "name", node, what)
     kind = _required_text(doc, fields, "type", node, what).lower()
     native = NATIVE_TYPES.get(kind)
@@ -92,12 +95,16 @@ def _native_entry(doc: Document, index: int, node: yaml.Node, default_version: s
     version = _root_text(doc, fields, "version", default_version)
     identity = PolicyIdentity.of(name, doc.source, version, doc.definition(node))
     config = Config(doc, node, fields["config"][1] if "config" in fields else None, native.keys)
+    dry_run = doc.plain(fields["dry-run"][1]) if "dry-run" in fields else False
+    if not isinstance(dry_run, bool):
+        raise doc.error(fields["dry-run"][1], f"{what} ('{name}'): 'dry-run' must be true or false, got {dry_run!r}")
     try:
-        return native.build(identity, config)
+        policy = native.build(identity, config)
     except ValueError as exc:
         if isinstance(exc, PolicyFileError):
             raise
         raise doc.error(node, f"{what} ('{name}'): {exc}") from None
+    return DryRunPolicy(policy) if dry_run else policy
 
 
 def _ms_document(doc: Document, root: dict[str, tuple[yaml.Node, yaml.Node]]) -> Policy:

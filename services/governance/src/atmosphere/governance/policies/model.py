@@ -19,6 +19,8 @@ PREVIEW_CHARS: Final = 200
 DEFAULT_TENANT: Final = "__default__"
 """The tenant bucket of a request without a `tenant` metadata entry."""
 TENANT_METADATA_KEY: Final = "tenant"
+PARTIAL_METADATA_KEY: Final = "partial"
+"""Set (true) on a post-response context that holds only the part of an answer streamed so far."""
 
 
 class PolicyFileError(ValueError):

@@ -120,12 +120,15 @@ class Principal(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     AUTH_METHOD_FIELD_NUMBER: _builtins.int
     ROLES_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """A stable user id; empty for anonymous callers."""
     name: _builtins.str
     """Display name or API-key label."""
     auth_method: _builtins.str
     """How the caller was authenticated, e.g. "anonymous", "bearer", "api-key", "grpc"."""
+    tenant: _builtins.str
+    """The tenant the principal's usage is accounted to (cost ceilings, drift); empty: the default."""
     @_builtins.property
     def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Roles or scopes granted to the principal."""
@@ -137,10 +140,11 @@ class Principal(_message.Message):
         name: _builtins.str = ...,
         auth_method: _builtins.str = ...,
         roles: _abc.Iterable[_builtins.str] | None = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_method", b"auth_method", "name", b"name", "roles", b"roles", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_method", b"auth_method", "name", b"name", "roles", b"roles", "tenant", b"tenant", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,17 +26,51 @@ class AdmitRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
     TRANSPORT_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     agent: _builtins.str
     message: _builtins.str
     transport: _builtins.str
+    parent_run_id: _builtins.str
+    """Set on a delegation edge or sub-agent spawn: the run that started this one."""
+    conversation_id: _builtins.str
+    session_id: _builtins.str
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The run's request metadata as the client sent it; keys governance sets itself (`roles`,
+        `tenant`, `action`, `transport`) are never taken from here.
+        """
+
     def __init__(
         self,
         *,
@@ -45,10 +79,14 @@ class AdmitRequest(_message.Message):
         message: _builtins.str = ...,
         principal: _common_pb2.Principal | None = ...,
         transport: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        parent_run_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "message", b"message", "principal", b"principal", "run_id", b"run_id", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "message", b"message", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -65,10 +103,14 @@ class CheckToolCallRequest(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     agent: _builtins.str
     tool_name: _builtins.str
     arguments_json: _builtins.str
+    conversation_id: _builtins.str
+    session_id: _builtins.str
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
     def __init__(
@@ -79,14 +121,278 @@ class CheckToolCallRequest(_message.Message):
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
         principal: _common_pb2.Principal | None = ...,
+        conversation_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "principal", b"principal", "run_id", b"run_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "conversation_id", b"conversation_id", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckToolCallRequest: _TypeAlias = CheckToolCallRequest  # noqa: Y015
+
+@_typing.final
+class CheckOutputRequest(_message.Message):
+    """Asked on `atmo.gov.check_output` while a run's answer streams (every 200 new characters)
+    and once more, with `final`, before the run completes: may this text reach the client?
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    agent: _builtins.str
+    message: _builtins.str
+    """The user's message the answer is for."""
+    response: _builtins.str
+    """The whole answer so far."""
+    final: _builtins.bool
+    conversation_id: _builtins.str
+    session_id: _builtins.str
+    @_builtins.property
+    def principal(self) -> _common_pb2.Principal: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        principal: _common_pb2.Principal | None = ...,
+        message: _builtins.str = ...,
+        response: _builtins.str = ...,
+        final: _builtins.bool = ...,
+        conversation_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "final", b"final", "message", b"message", "principal", b"principal", "response", b"response", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckOutputRequest: _TypeAlias = CheckOutputRequest  # noqa: Y015
+
+@_typing.final
+class RunEndedReport(_message.Message):
+    """Told on `atmo.gov.run_ended` when a run reaches its terminal event: what it cost (fed to
+    cost ceilings), how long its answer was (output-length drift), and that its concurrency
+    slot is free.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RESPONSE_CHARS_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    agent: _builtins.str
+    model: _builtins.str
+    """The model the run was configured with (a usage without a model is priced as this one)."""
+    response_chars: _builtins.int
+    succeeded: _builtins.bool
+    @_builtins.property
+    def principal(self) -> _common_pb2.Principal: ...
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Usage]:
+        """Every usage event of the run, as reported by the runtime."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        principal: _common_pb2.Principal | None = ...,
+        usage: _abc.Iterable[_common_pb2.Usage] | None = ...,
+        model: _builtins.str = ...,
+        response_chars: _builtins.int = ...,
+        succeeded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "model", b"model", "principal", b"principal", "response_chars", b"response_chars", "run_id", b"run_id", "succeeded", b"succeeded", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunEndedReport: _TypeAlias = RunEndedReport  # noqa: Y015
+
+@_typing.final
+class RunEndedAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COST_USD_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    PRICED_FIELD_NUMBER: _builtins.int
+    cost_usd: _builtins.float
+    """What the run cost by the pricing table in force, and the tenant it was accounted to."""
+    tenant: _builtins.str
+    priced: _builtins.bool
+    """False when a usage's model has no price (it cost nothing by the table; the log says so)."""
+    def __init__(
+        self,
+        *,
+        cost_usd: _builtins.float = ...,
+        tenant: _builtins.str = ...,
+        priced: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "priced", b"priced", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunEndedAck: _TypeAlias = RunEndedAck  # noqa: Y015
+
+@_typing.final
+class ScreenRequest(_message.Message):
+    """Asked on `atmo.gov.screen`: the prompt-injection screen over text from outside the
+    conversation — a tool's result at the tool choke point, or documents retrieved for a run.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"tool_output" or "document"."""
+    source: _builtins.str
+    """The tool's name, or the documents' source."""
+    run_id: _builtins.str
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def principal(self) -> _common_pb2.Principal: ...
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        source: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        principal: _common_pb2.Principal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "principal", b"principal", "run_id", b"run_id", "source", b"source", "texts", b"texts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenRequest: _TypeAlias = ScreenRequest  # noqa: Y015
+
+@_typing.final
+class ScreenedText(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEEP_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    keep: _builtins.bool
+    """Whether to use it at all (false: drop it), and the text to use in its place."""
+    text: _builtins.str
+    verdict: _builtins.str
+    """"SAFE", "INJECTED" or "ERROR"."""
+    probe: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        keep: _builtins.bool = ...,
+        text: _builtins.str = ...,
+        verdict: _builtins.str = ...,
+        probe: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep", b"keep", "probe", b"probe", "reason", b"reason", "text", b"text", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenedText: _TypeAlias = ScreenedText  # noqa: Y015
+
+@_typing.final
+class ScreenResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXTS_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    tier: _builtins.str
+    """The classifier tier and the mode in force, e.g. "RULE_BASED" and "ANNOTATE"."""
+    mode: _builtins.str
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScreenedText]: ...
+    def __init__(
+        self,
+        *,
+        texts: _abc.Iterable[Global___ScreenedText] | None = ...,
+        tier: _builtins.str = ...,
+        mode: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "texts", b"texts", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenResponse: _TypeAlias = ScreenResponse  # noqa: Y015
+
+@_typing.final
+class AdminRequest(_message.Message):
+    """Asked on `atmo.gov.admin.<op>` (`policies`, `summary`, `health`, `reload`, `arm`, `disarm`):
+    the governance admin surface, as JSON both ways.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BODY_JSON_FIELD_NUMBER: _builtins.int
+    body_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        body_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_json", b"body_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdminRequest: _TypeAlias = AdminRequest  # noqa: Y015
+
+@_typing.final
+class AdminResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    result_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        result_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_json", b"result_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdminResponse: _TypeAlias = AdminResponse  # noqa: Y015
 
 @_typing.final
 class Decision(_message.Message):
@@ -103,6 +409,7 @@ class Decision(_message.Message):
     POLICY_SOURCE_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     POLICY_DIGEST_FIELD_NUMBER: _builtins.int
+    CHECK_OUTPUT_FIELD_NUMBER: _builtins.int
     allowed: _builtins.bool
     policy: _builtins.str
     """The policy that decided; empty for the default."""
@@ -118,6 +425,10 @@ class Decision(_message.Message):
     """
     policy_version: _builtins.str
     policy_digest: _builtins.str
+    check_output: _builtins.bool
+    """On an admission: the policies in force judge answers, so the run sends its answer to
+    `atmo.gov.check_output` as it streams (false: nothing would judge it, no check is asked).
+    """
     def __init__(
         self,
         *,
@@ -130,10 +441,11 @@ class Decision(_message.Message):
         policy_source: _builtins.str = ...,
         policy_version: _builtins.str = ...,
         policy_digest: _builtins.str = ...,
+        check_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decision_id", b"decision_id", "outcome", b"outcome", "policy", b"policy", "policy_digest", b"policy_digest", "policy_source", b"policy_source", "policy_version", b"policy_version", "reason", b"reason", "rewritten_message", b"rewritten_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "check_output", b"check_output", "decision_id", b"decision_id", "outcome", b"outcome", "policy", b"policy", "policy_digest", b"policy_digest", "policy_source", b"policy_source", "policy_version", b"policy_version", "reason", b"reason", "rewritten_message", b"rewritten_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -154,16 +466,30 @@ class DecisionRecord(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
+    POLICY_SOURCE_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    POLICY_DIGEST_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    EVALUATION_MS_FIELD_NUMBER: _builtins.int
+    CONTEXT_JSON_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     run_id: _builtins.str
     operation: _builtins.str
-    """"admit" or "check_tool"."""
+    """"admit", "check_tool", "check_output" or "screen_fact"."""
     subject: _builtins.str
     allowed: _builtins.bool
     policy: _builtins.str
     reason: _builtins.str
     principal: _builtins.str
     """Who the decision was about: the principal's user id, name or auth method."""
+    policy_source: _builtins.str
+    policy_version: _builtins.str
+    policy_digest: _builtins.str
+    outcome: _builtins.str
+    """"admit", "transform", "deny", "prefer" or "error"."""
+    evaluation_ms: _builtins.float
+    context_json: _builtins.str
+    """The seed's context snapshot: phase, message (200 characters), ids, metadata, response preview."""
     @_builtins.property
     def decided_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -178,10 +504,16 @@ class DecisionRecord(_message.Message):
         reason: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
         principal: _builtins.str = ...,
+        policy_source: _builtins.str = ...,
+        policy_version: _builtins.str = ...,
+        policy_digest: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        evaluation_ms: _builtins.float = ...,
+        context_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "decided_at", b"decided_at", "decision_id", b"decision_id", "operation", b"operation", "policy", b"policy", "principal", b"principal", "reason", b"reason", "run_id", b"run_id", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "context_json", b"context_json", "decided_at", b"decided_at", "decision_id", b"decision_id", "evaluation_ms", b"evaluation_ms", "operation", b"operation", "outcome", b"outcome", "policy", b"policy", "policy_digest", b"policy_digest", "policy_source", b"policy_source", "policy_version", b"policy_version", "principal", b"principal", "reason", b"reason", "run_id", b"run_id", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
