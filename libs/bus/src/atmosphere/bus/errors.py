@@ -339,6 +339,12 @@ class GovernanceDeniedError(RunError):
         return self.details.get("reason", "")
 
 
+class ResponseBlockedError(GovernanceDeniedError):
+    """A policy stopped the answer while it streamed (`Response blocked: <reason>`); nothing after it was sent."""
+
+    code = "governance.response_blocked"
+
+
 class GovernanceUnavailableError(RunError):
     """Governance did not answer, so the run is refused (fail-closed)."""
 

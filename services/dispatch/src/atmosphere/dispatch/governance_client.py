@@ -49,6 +49,16 @@ class GovernanceClient:
             GovernanceDeniedError: a policy refused it (`details` name the policy and reason).
             GovernanceUnavailableError: governance did not answer in time.
         """
+        decision = await self.admission(run)
+        return decision.rewritten_message or run.message
+
+    async def admission(self, run: RunSubmission) -> Decision:
+        """Governance's admission of `run`, when it may start (`check_output`: send its answer to be checked).
+
+        Raises:
+            GovernanceDeniedError: a policy refused it (`details` name the policy and reason).
+            GovernanceUnavailableError: governance did not answer in time.
+        """
         admit = AdmitRequest(
             run_id=run.run_id,
             agent=run.agent,
@@ -80,7 +90,7 @@ class GovernanceClient:
                 f"Request denied by policy {policy}: {decision.reason}",
                 details={"policy": policy, "reason": decision.reason},
             )
-        return decision.rewritten_message or run.message
+        return decision
 
     async def check_tool(self, run: RunSubmission, tool_name: str, arguments_json: str) -> Decision:
         """Governance's decision on one tool call.
@@ -136,10 +146,9 @@ class GovernanceClient:
             response_chars=response_chars,
             succeeded=succeeded,
         )
-        # Safe to repeat: governance accounts each run id once.
-        return await request_retrying(
-            self._bus, subjects.governance("run_ended"), report, RunEndedAck, deadline=self.timeout
-        )
+        # One try: with nobody serving governance (it went down mid-run) the terminal event must
+        # not wait out a retry loop; the caller logs the lost report.
+        return await self._bus.request(subjects.governance("run_ended"), report, RunEndedAck, timeout=self.timeout)
 
     async def screen(self, run: RunSubmission, kind: str, texts: list[str], *, source: str) -> ScreenResponse:
         """The injection screen's verdict on `texts` (`kind`: "tool_output" or "document").
