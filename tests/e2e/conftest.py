@@ -45,6 +45,7 @@ def service_map(
     ingress: dict[str, Any] | None = None,
     dispatch: dict[str, Any] | None = None,
     llm: dict[str, Any] | None = None,
+    governance: dict[str, Any] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """name → (serve, settings) for the given services, in start order."""
     extra: dict[str, dict[str, Any]] = {
@@ -58,6 +59,7 @@ def service_map(
         "sandbox": {"app": app, "app_dir": ROOT},
         "memory": {"workspace_root": data_dir / "workspace"},
         "ingress": {"ingress": IngressOptions(port=0), **(ingress or {})},
+        "governance": governance or {},
     }
     return {
         name: (

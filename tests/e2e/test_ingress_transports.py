@@ -176,6 +176,33 @@ async def test_approvals_over_websocket(stack: Stack, fake_provider: FakeProvide
     assert results == [{"toolName": "delete_note", "result": "deleted note 'groceries'"}]
 
 
+async def test_an_approval_outlives_the_socket_that_was_asked(stack: Stack, fake_provider: FakeProvider) -> None:
+    fake_provider.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+    url = await stack.ingress_url()
+    first: list[dict[str, Any]] = []
+    ws = await websockets.connect(ws_url(url, "notes"))
+    await ws.send("delete my groceries note")
+    while not first or first[-1].get("event") != "approval-required":
+        first.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+    ws.transport.abort()  # the client goes away without answering
+    run_id, asked = first[0]["value"], first[-1]
+
+    # Back again (a reloaded page): resumed from before the question, it is asked again and answered here.
+    before = first[-2]["seq"]
+    async with websockets.connect(ws_url(url, "notes") + f"?X-Atmosphere-Run-Id={run_id}&lastSeq={before}") as again:
+        rest: list[dict[str, Any]] = []
+        while not rest or rest[-1].get("type") not in {"complete", "error"}:
+            frame = json.loads(await asyncio.wait_for(again.recv(), 10))
+            rest.append(frame)
+            if frame.get("event") == "approval-required":
+                assert frame["data"]["approvalId"] == asked["data"]["approvalId"]  # the same pending approval
+                await again.send(f"/__approval/{frame['data']['approvalId']}/approve")
+    assert rest[0]["seq"] == asked["seq"]
+    results = [f["data"] for f in rest if f.get("event") == "tool-result"]
+    assert results == [{"toolName": "delete_note", "result": "deleted note 'groceries'"}]
+    assert rest[-1]["type"] == "complete"
+
+
 GRANTS = (TokenGrant(token="token-ada-123", user_id="ada", paths=("/atmosphere/agent/echo",)),)
 
 

@@ -22,6 +22,7 @@ USER_SURFACE = [
     "Harness",
     "ModelRetry",
     "OnMaxIterations",
+    "PermissionMode",
     "PromptCache",
     "RetryPolicy",
     "SdkError",

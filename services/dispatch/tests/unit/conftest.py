@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +12,14 @@ import pytest
 
 from atmosphere.bus import JetStreamLayout, MessageContext, Router, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, CheckToolCallRequest, Decision
+from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdmitRequest,
+    CheckToolCallRequest,
+    Decision,
+    ScreenedText,
+    ScreenRequest,
+    ScreenResponse,
+)
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.handlers import RunExecutor
@@ -37,6 +44,19 @@ class Policy:
     admissions: list[AdmitRequest] = field(default_factory=list)
     rewrite: str = ""
     """A transform's rewritten message (e.g. PII redacted); empty: none."""
+    screens: list[ScreenRequest] = field(default_factory=list)
+    screen: Callable[[str], ScreenedText] = lambda text: ScreenedText(keep=True, text=text, verdict="SAFE")
+    """The injection screen's verdict on one text (by default: safe, kept as it is)."""
+
+
+def screen_answer(policy: Policy) -> Callable[[ScreenRequest, MessageContext], Awaitable[ScreenResponse]]:
+    """Governance's side of `atmo.gov.screen`, answering with `policy.screen` per text."""
+
+    async def screen(request: ScreenRequest, _ctx: MessageContext) -> ScreenResponse:
+        policy.screens.append(request)
+        return ScreenResponse(texts=[policy.screen(text) for text in request.texts], tier="RULE_BASED", mode="TEST")
+
+    return screen
 
 
 def governance_router(policy: Policy) -> Router:
@@ -56,6 +76,7 @@ def governance_router(policy: Policy) -> Router:
 
     router.add(subjects.governance("admit"), AdmitRequest, admit)
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
+    router.add(subjects.governance("screen"), ScreenRequest, screen_answer(policy))
     return router
 
 

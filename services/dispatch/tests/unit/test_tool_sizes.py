@@ -13,12 +13,14 @@ from atmosphere.bus import JetStreamLayout, MessageContext, Router, ServiceError
 from atmosphere.bus.sizes import ENVELOPE_ROOM, utf8_len
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision
+from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallRequest, Decision, ScreenRequest
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.tools import MAX_OFFLOAD_PARTS, ToolGateway, split_for_saving
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
+
+from .conftest import Policy, screen_answer
 
 LIMIT = 64 * 1024
 DATA = LIMIT - ENVELOPE_ROOM
@@ -102,6 +104,7 @@ async def world() -> AsyncIterator[World]:
         return ToolReply(call_id=call.call_id, content="Wrote it")
 
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
+    router.add(subjects.governance("screen"), ScreenRequest, screen_answer(Policy()))
     router.add(subjects.tool("echo"), ToolCall, echo)
     router.add(subjects.memory_tool("write_file"), ToolCall, save)
     async with bus.serve(router):

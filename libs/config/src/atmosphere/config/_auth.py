@@ -25,6 +25,8 @@ class TokenGrant(BaseModel):
     """A display name or key label."""
     roles: tuple[str, ...] = ()
     """Roles granted to the principal."""
+    tenant: str = Field(default="", max_length=256)
+    """The tenant its usage is accounted to (governance's cost ceilings and drift); empty: the default."""
     paths: tuple[str, ...] = ("*",)
     """Agent paths it may use: exact paths, or prefixes ending in `*`."""
 

@@ -3,7 +3,7 @@
     from atmosphere.sdk import App, StreamingSession, agent, prompt, tool
 
 Declarations (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `tool`), the `App` that lists
-them, the `StreamingSession` a prompt answers through, the harness and policy knobs, the
+them, the `StreamingSession` a prompt answers through, the harness, policy and permission knobs, the
 interceptor API, and the exceptions a tool raises to steer its call. This surface is pinned
 (`tests/unit/test_exported_members.py`); what the platform's services share lives in
 `atmosphere.sdk.host`, and `atmosphere.sdk.testing` runs an agent in-process.
@@ -12,6 +12,7 @@ interceptor API, and the exceptions a tool raises to steer its call. This surfac
 from atmosphere.sdk._agent import agent, ai_endpoint, coordinator, prompt
 from atmosphere.sdk._app import App
 from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage
 from atmosphere.sdk._session import StreamingSession, TokenUsage
@@ -29,6 +30,7 @@ __all__ = [
     "Harness",
     "ModelRetry",
     "OnMaxIterations",
+    "PermissionMode",
     "PromptCache",
     "RetryPolicy",
     "SdkError",

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor
 from atmosphere.sdk._tool import Tool
@@ -59,6 +60,8 @@ class AgentSpec:
     """`@ai_endpoint` only: keep history even without the MEMORY feature."""
     prompt_cache: PromptCache = PromptCache.NONE
     """The prompt-cache policy; NONE lets the harness's CACHE feature seed one."""
+    permission_mode: PermissionMode = PermissionMode.DEFAULT
+    """How its tool calls are gated; a request may make it stricter, never looser."""
 
 
 def prompt(func: F) -> F:
@@ -125,6 +128,7 @@ def _register(cls: T, **fields: Any) -> T:
         raise UserError(msg)
     fields["harness"] = tuple(harness)
     fields["prompt_cache"] = _prompt_cache(fields["prompt_cache"], owner)
+    fields["permission_mode"] = _permission_mode(fields["permission_mode"], owner)
     if fields["structured_output_retries"] < 0:
         msg = f"{owner}: structured_output_retries must be >= 0"
         raise UserError(msg)
@@ -156,6 +160,17 @@ def _prompt_cache(value: object, owner: str) -> PromptCache:
         raise UserError(msg) from None
 
 
+def _permission_mode(value: object, owner: str) -> PermissionMode:
+    if isinstance(value, PermissionMode):
+        return value
+    mode = PermissionMode.parse(value) if isinstance(value, str) else None
+    if mode is None:
+        names = ", ".join(m.name for m in PermissionMode)
+        msg = f"{owner}: permission_mode must be a PermissionMode ({names}), got {value!r}"
+        raise UserError(msg)
+    return mode
+
+
 def agent(
     *,
     name: str | None = None,
@@ -173,11 +188,13 @@ def agent(
     headless: bool = False,
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
+    permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
 ) -> Callable[[T], T]:
     """Declare an agent served at `/atmosphere/agent/<name>` (default name: the class name).
 
     Without a `@prompt` method, each prompt is answered with `session.stream(message)`. The full
     harness is on unless `harness=` says otherwise (`harness=[]` is a bare loop).
+    `permission_mode` gates its tool calls (`PermissionMode`; default: each tool as it declares).
     """
 
     def register(cls: T) -> T:
@@ -202,6 +219,7 @@ def agent(
             max_history_messages=max_history_messages,
             conversation_memory=False,
             prompt_cache=prompt_cache,
+            permission_mode=permission_mode,
         )
 
     return register
@@ -222,6 +240,7 @@ def coordinator(
     harness: Sequence[Harness] = (Harness.ALL,),
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
+    permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
 ) -> Callable[[T], T]:
     """Declare an agent that delegates to a `fleet` of other agents (classes or names).
 
@@ -252,6 +271,7 @@ def coordinator(
             max_history_messages=max_history_messages,
             conversation_memory=False,
             prompt_cache=prompt_cache,
+            permission_mode=permission_mode,
         )
 
     return register
@@ -274,6 +294,7 @@ def ai_endpoint(
     conversation_memory: bool = False,
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
+    permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
 ) -> Callable[[T], T]:
     """Declare a bare endpoint at `path`; it is named by the path's last segment.
 
@@ -305,6 +326,7 @@ def ai_endpoint(
             max_history_messages=max_history_messages,
             conversation_memory=conversation_memory,
             prompt_cache=prompt_cache,
+            permission_mode=permission_mode,
         )
 
     return register

@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, ParamSpec, TypeVar, cast, get_type_hints, overload
@@ -85,6 +85,8 @@ class Tool(Generic[P, R]):
     """Running it twice with the same arguments does no more than running it once. A durable
     run whose worker died inside such a call runs it again; any other tool is reported to the
     model as interrupted instead (it may or may not have run), never silently re-run."""
+    roles: tuple[str, ...] = ()
+    """Roles the caller (the run's principal) must all hold for a call to run; none: anyone may."""
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R | Awaitable[R]:
         """Call the underlying function directly."""
@@ -160,6 +162,7 @@ def _build(
     timeout: float | None,
     requires_approval: bool,
     idempotent: bool = False,
+    roles: Sequence[str] = (),
 ) -> Tool[Any, Any]:
     tool_name = name or func.__name__
     if not _NAME.fullmatch(tool_name):
@@ -190,6 +193,7 @@ def _build(
     if timeout is not None and timeout <= 0:
         msg = f"@tool {func.__qualname__}: timeout must be positive"
         raise UserError(msg)
+    required_roles = _checked_roles(roles, func)
     text = description if description is not None else summary
     if not text:
         msg = f"@tool {func.__qualname__} needs a description (a docstring or description=...)"
@@ -204,7 +208,18 @@ def _build(
         timeout=timeout if timeout is not None else DEFAULT_TOOL_TIMEOUT,
         requires_approval=requires_approval,
         idempotent=idempotent,
+        roles=required_roles,
     )
+
+
+def _checked_roles(roles: Sequence[str], func: Callable[..., Any]) -> tuple[str, ...]:
+    """`roles` as a tuple of non-blank names (duplicates dropped); `UserError` for anything else."""
+    # A bare string is a sequence too: `roles="admin"` would demand the roles "a", "d", "m", ...
+    names = tuple(roles) if isinstance(roles, list | tuple | set | frozenset) else None
+    if names is None or not all(isinstance(role, str) and role.strip() for role in names):
+        msg = f'@tool {func.__qualname__}: roles must be a list of role names, e.g. roles=("admin",); got {roles!r}'
+        raise UserError(msg)
+    return tuple(dict.fromkeys(role.strip() for role in names))
 
 
 @overload
@@ -220,6 +235,7 @@ def tool(
     timeout: float | None = None,
     requires_approval: bool = False,
     idempotent: bool = False,
+    roles: Sequence[str] = (),
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -233,13 +249,15 @@ def tool(
     timeout: float | None = None,
     requires_approval: bool = False,
     idempotent: bool = False,
+    roles: Sequence[str] = (),
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool, bare (`@tool`) or with options (`@tool(timeout=5)`).
 
     The arguments' JSON schema comes from the signature (every parameter needs a type
     annotation) and the Google-style docstring (`Args:` gives each parameter's description).
     Misuse raises `UserError` at import time. `idempotent=True` declares that a second call with
-    the same arguments changes nothing more (see `Tool.idempotent`).
+    the same arguments changes nothing more (see `Tool.idempotent`). `roles=("admin",)` lets only
+    a caller holding every listed role run it (checked by dispatch before the call starts).
     """
 
     def decorate(target: Callable[P, R]) -> Tool[P, R]:
@@ -253,6 +271,7 @@ def tool(
                 timeout=timeout,
                 requires_approval=requires_approval,
                 idempotent=idempotent,
+                roles=roles,
             ),
         )
 

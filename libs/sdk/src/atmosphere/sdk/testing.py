@@ -50,9 +50,14 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
     CheckToolCallRequest,
     Decision,
+    RunEndedAck,
+    RunEndedReport,
     ScreenedFact,
+    ScreenedText,
     ScreenFactsRequest,
     ScreenFactsResponse,
+    ScreenRequest,
+    ScreenResponse,
 )
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunSubmission
 from atmosphere.sdk._app import App
@@ -353,7 +358,7 @@ class RunResult:
 
 
 def _allow_everything() -> Router:
-    """Governance without policies: every run admitted, every tool call allowed."""
+    """Governance without policies: every run admitted, every tool call allowed, every result kept."""
     router = Router()
 
     async def admit(_request: AdmitRequest, _ctx: MessageContext) -> Decision:
@@ -362,8 +367,17 @@ def _allow_everything() -> Router:
     async def check(_request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
         return Decision(allowed=True, policy="testing")
 
+    async def screen(request: ScreenRequest, _ctx: MessageContext) -> ScreenResponse:
+        kept = [ScreenedText(keep=True, text=text, verdict="SAFE") for text in request.texts]
+        return ScreenResponse(texts=kept, tier="RULE_BASED", mode="OFF")
+
+    async def run_ended(request: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
+        return RunEndedAck(tenant=request.principal.tenant or "__default__", priced=True)
+
     router.add(subjects.governance("admit"), AdmitRequest, admit)
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
+    router.add(subjects.governance("screen"), ScreenRequest, screen)
+    router.add(subjects.governance("run_ended"), RunEndedReport, run_ended)
     return router
 
 

@@ -144,7 +144,9 @@ class Authenticator:
         if not matches:
             raise AuthError(401, "Unknown token")
         grant = matches[0]
-        principal = Principal(user_id=grant.user_id, name=grant.name, auth_method=method, roles=list(grant.roles))
+        principal = Principal(
+            user_id=grant.user_id, name=grant.name, auth_method=method, roles=list(grant.roles), tenant=grant.tenant
+        )
         return Caller(principal, grant)
 
     def caller(self, path: str, headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> Caller:

@@ -175,6 +175,7 @@ class Dispatch:
                 max_effects=self.settings.durable_runs_max_effects_per_run,
                 retain_on_success=self.settings.durable_runs_retain_on_success,
                 ack_wait=self.settings.run_ack_wait,
+                tool_permissions=self.settings.tools.policy,
             ),
             harnesses=self.harnesses,
         )

@@ -1,4 +1,4 @@
-"""Keeping this dispatch's agent descriptors in `ATMO_AGENTS` for as long as it serves them.
+"""Keeping this dispatch's agent descriptors in `ATMO_AGENTS`, and saying how each agent's tools are gated.
 
 The bucket's entries expire `max_age` seconds after their last write (the layout's
 `agents_max_age_seconds`), so a descriptor lives only while some dispatch keeps rewriting it:
@@ -14,9 +14,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from atmosphere.bus import Bus, BusError, subjects
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+from atmosphere.dispatch.permissions import ToolPermissions
+from atmosphere.sdk import App
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -68,3 +71,15 @@ async def _refresh(bus: Bus, descriptors: Sequence[AgentDescriptor], interval: f
             if failing:
                 log.info("agent descriptors rewritten again")
             failing = False
+
+
+def permissions_info(app: App, permissions: ToolPermissions) -> dict[str, Any]:
+    """How tool calls are gated here, for the service info: each agent's mode, the configured permissions.
+
+    The modes are the declared ones (`@agent(permission_mode=...)`); a request may make its own
+    run's mode stricter, never looser. Tool permissions are listed only when some are configured.
+    """
+    info: dict[str, Any] = {"permissionModes": {name: spec.permission_mode.name for name, spec in app.agents.items()}}
+    if permissions.rules:
+        info["toolPermissions"] = {pattern: str(permission) for pattern, permission in permissions.rules.items()}
+    return info

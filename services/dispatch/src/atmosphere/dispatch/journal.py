@@ -20,6 +20,7 @@ principal, so a key hit whose digest differs (another user) is never replayed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -108,6 +109,9 @@ class RunJournal:
         self._last_record: JournalRecord | None = None
         """The newest record this worker wrote (what the subject's newest must be while it holds the run)."""
         self._occurrences: Counter[tuple[str, ...]] = Counter()
+        self._writing = asyncio.Lock()
+        """One append at a time: parallel tool calls of one round must not race for the expected
+        sequence (the loser would take its own earlier write for another worker's) or a seq."""
 
     @classmethod
     async def open(
@@ -192,20 +196,21 @@ class RunJournal:
             EffectLimitError: the run already has `max_effects` effects (the run fails).
             RunTakenOverError: another worker holds the run.
         """
-        entry = self.entries.get(key)
-        seq = entry.seq if entry is not None else len(self.entries) + 1
-        if entry is None and len(self.entries) >= self.max_effects:
-            msg = f"The run reached its limit of {self.max_effects} journaled effects"
-            raise EffectLimitError(msg, details={"limit": str(self.max_effects)})
-        await self._write(
-            Effect(
-                seq=seq,
-                kind=kind,
-                idempotency_key=key,
-                status=EffectStatus.EFFECT_STATUS_PENDING,
-                request_digest=digest,
+        async with self._writing:
+            entry = self.entries.get(key)
+            seq = entry.seq if entry is not None else len(self.entries) + 1
+            if entry is None and len(self.entries) >= self.max_effects:
+                msg = f"The run reached its limit of {self.max_effects} journaled effects"
+                raise EffectLimitError(msg, details={"limit": str(self.max_effects)})
+            await self._write(
+                Effect(
+                    seq=seq,
+                    kind=kind,
+                    idempotency_key=key,
+                    status=EffectStatus.EFFECT_STATUS_PENDING,
+                    request_digest=digest,
+                )
             )
-        )
 
     async def commit(self, key: str, payload: str) -> bool:
         """Record the effect's result: from now on it replays instead of running.
@@ -225,18 +230,19 @@ class RunJournal:
         await self._settle(key, EffectStatus.EFFECT_STATUS_FAILED, reason=reason)
 
     async def _settle(self, key: str, status: EffectStatus.ValueType, *, payload: str = "", reason: str = "") -> None:
-        entry = self.entries[key]
-        await self._write(
-            Effect(
-                seq=entry.seq,
-                kind=entry.kind,
-                idempotency_key=key,
-                status=status,
-                request_digest=entry.digest,
-                result_payload=payload,
-                reason=reason,
+        async with self._writing:
+            entry = self.entries[key]
+            await self._write(
+                Effect(
+                    seq=entry.seq,
+                    kind=entry.kind,
+                    idempotency_key=key,
+                    status=status,
+                    request_digest=entry.digest,
+                    result_payload=payload,
+                    reason=reason,
+                )
             )
-        )
 
     async def _write(self, effect: Effect) -> None:
         await self._append(JournalRecord(effect=effect))
@@ -272,7 +278,8 @@ class RunJournal:
             if succeeded and not retain:
                 await self.bus.purge(subjects.JOURNAL_STREAM, self.subject)
             else:
-                await self._append(JournalRecord(terminal=Terminal(succeeded=succeeded)))
+                async with self._writing:
+                    await self._append(JournalRecord(terminal=Terminal(succeeded=succeeded)))
         except (BusError, RunTakenOverError) as exc:
             log.warning("run %s: the journal was not closed (%s)", self.run_id, exc)
 

@@ -52,9 +52,7 @@ class Blocked(Exception):  # noqa: N818 - a stop, not a failure
 class OutputGuard:
     """Holds a run's own text events until a passing check covers them."""
 
-    def __init__(
-        self, check: Check, *, run_id: str, every: int = CHECK_EVERY, hold_back: int = HOLD_BACK
-    ) -> None:
+    def __init__(self, check: Check, *, run_id: str, every: int = CHECK_EVERY, hold_back: int = HOLD_BACK) -> None:
         self._check = check
         self._run_id = run_id
         self._every = every

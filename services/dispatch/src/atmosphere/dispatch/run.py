@@ -28,15 +28,17 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from atmosphere.bus import Bus
 from atmosphere.bus.errors import (
     AgentFailedError,
     BudgetExceededError,
+    BusError,
     HistoryUnavailableError,
     InterceptorFailedError,
+    ResponseBlockedError,
     RunCancelledError,
     RuntimeFailedError,
     RuntimeUnavailableError,
@@ -45,6 +47,8 @@ from atmosphere.bus.errors import (
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, TerminalGate, is_terminal
 from atmosphere.bus.sizes import data_budget
+from atmosphere.contracts.common.v1.common_pb2 import Usage
+from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
@@ -56,6 +60,8 @@ from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS, RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.output_guard import Blocked, OutputGuard
+from atmosphere.dispatch.permissions import ToolPermissions, run_mode
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run_input import input_event, seed_json, seeded
@@ -92,6 +98,8 @@ class ExecutorOptions:
     """Keep a succeeded run's journal instead of removing it."""
     ack_wait: float = 4.0
     """Seconds without a heartbeat before another worker takes a run over."""
+    tool_permissions: ToolPermissions = field(default_factory=ToolPermissions)
+    """The operator's `deny`/`confirm` per tool (`ATMOSPHERE_TOOLS__PERMISSIONS`)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,10 @@ class Run:
         self.succeeded = False
         """Whether the terminal event was `complete`."""
         self._next_lease_check = 0.0
+        self.guard: OutputGuard | None = None
+        """Holds the answer until governance has checked it (set at admission when policies judge answers)."""
+        self.usage: list[Usage] = []
+        """Every usage event of the run (governance prices them when it ends)."""
 
     # -- the run's life ----------------------------------------------------------------------
 
@@ -230,13 +242,18 @@ class Run:
         if self.replay is not None:
             return True  # the run was admitted when it ran; its replay does nothing new
         try:
-            message = await self.services.governance.admit(self.request)
+            decision = await self.services.governance.admission(self.request)
         except ServiceError as refused:
             await self.fail(refused)
             return False
         # A policy may rewrite the message (PII redaction): the run goes on with its version.
-        self.request.message = message
+        self.request.message = decision.rewritten_message or self.request.message
+        if decision.check_output:
+            self.guard = OutputGuard(self._check_output, run_id=self.request.run_id)
         return True
+
+    async def _check_output(self, answer: str, final: bool) -> Decision:
+        return await self.services.governance.check_output(self.request, answer, final=final)
 
     async def prompt(self) -> None:
         """The agent's `@prompt` method, or the default loop; a failure ends the run as `agent.failed`."""
@@ -457,7 +474,44 @@ class Run:
         return self._gate.dropped
 
     async def emit(self, event: RunEvent) -> None:
-        """Write `event`: the terminal one once, the turn recorded before it; count usage after it.
+        """Write `event` — the answer's text once governance has seen it (`guard`), see `_write`."""
+        guard = self.guard
+        if guard is None or self._gate.closed or event.origin_run_id:
+            await self._write(event)
+            return
+        kind = event.WhichOneof("kind")
+        try:
+            if kind == "text_delta":
+                released = await guard.text(event)
+            elif kind == "text_complete":
+                await guard.whole_text(event.text_complete.full_text)
+                released = []
+            elif kind == "error":
+                # The run fails anyway: held text nobody checked is dropped, never sent unchecked.
+                guard.discard()
+                released = []
+            else:
+                released = await guard.before(final=kind == "complete")
+        except Blocked as blocked:
+            await self._block(blocked)
+            return
+        for piece in released:
+            await self._write(piece)
+        if kind != "text_delta":
+            await self._write(event)
+
+    async def _block(self, blocked: Blocked) -> None:
+        """End the run with `Response blocked: …`; nothing of the answer after it goes anywhere."""
+        assert self.guard is not None
+        self.guard.discard()
+        details = {"policy": blocked.policy, "reason": blocked.detail} if blocked.policy else {}
+        self._breached = True  # no post-processing of an answer the client never got
+        await self.fail(ResponseBlockedError(blocked.reason, details=details))
+        if self._model_call is not None:
+            self._model_call.cancel()
+
+    async def _write(self, event: RunEvent) -> None:
+        """Write `event`: the terminal one once, the turn recorded and the run's end reported before it.
 
         A re-driven run holds back what its stream already has (`delivered`); a run another
         worker took over writes nothing more.
@@ -473,12 +527,31 @@ class Run:
                 # Before the terminal event goes out, so the next turn of this conversation (or
                 # a fact extraction) finds this one stored.
                 await self._record(self._turn, event)
+            # Before it too: a client that starts its next run on seeing this one end finds the
+            # cost accounted (a tenant's ceiling stops that next run).
+            await self._report_end()
         for outgoing in [event] if self.delivered is None else self.delivered.admit(event):
             await self.writer.emit(outgoing)
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)
         elif kind == "usage":
+            self.usage.append(event.usage)
             await self._count(event)
+
+    async def _report_end(self) -> None:
+        """Tell governance the run ended (its cost, its answer's length); a failure is only logged."""
+        if self.replay is not None or self.agent is None:
+            return
+        try:
+            await self.services.governance.run_ended(
+                self.request,
+                usage=self.usage,
+                model=self.agent.spec.model or self.services.pipeline.model or "",
+                response_chars=sum(len(piece) for piece in self.answer),
+                succeeded=self.succeeded,
+            )
+        except BusError as exc:
+            log.warning("run %s: governance did not take the run's end (%s)", self.request.run_id, exc)
 
     async def _still_held(self) -> bool:
         """Whether this worker still holds the run (its journal asked at most once a second)."""
@@ -552,6 +625,10 @@ class Run:
             offload_threshold=options.offload_threshold,
             offload=self.workspace is not None and harness.has_files,
             effects=self.effects,
+            permission_mode=run_mode(self.agent.spec.permission_mode, self.request),
+            permissions=options.tool_permissions,
+            # Only the agent's own tools declare roles (a harness tool of the same name replaced it).
+            tool_roles={t.name: t.roles for t in self.agent.spec.tools if t.roles and t.name not in harness.tools},
         )
 
     def _delegation_tools(self) -> dict[str, LocalTool]:

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from atmosphere.config import AuthOptions, WorkerSettings
 from atmosphere.dispatch.harness import DEFAULT_OFFLOAD_THRESHOLD, SurfaceMode
+from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.sdk import PromptCache
 from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy, parse_strategy
 from atmosphere.sdk.host import HarnessSwitch
@@ -56,6 +57,40 @@ class DispatchOptions(BaseModel):
     max_run_deliveries: int = Field(default=5, ge=1, le=100)
     """Deliveries of one run (its worker died, or failed, each time) after which it is ended
     with an error instead of being tried again: a run that crashes its worker cannot do so forever."""
+
+
+class ToolOptions(BaseModel):
+    """`ATMOSPHERE_TOOLS__*`: the operator's say over the agents' tools."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    permissions: dict[str, ToolPermission] = Field(default_factory=dict)
+    """JSON object of tool name or `fnmatch` glob to `deny` (never run) or `confirm` (run once a
+    human approved), e.g. `{"delete_*": "deny", "send_email": "confirm"}`. Any other value
+    stops dispatch at start, naming the key."""
+
+    @field_validator("permissions", mode="before")
+    @classmethod
+    def _known_permissions(cls, value: object) -> object:
+        # Unlike the lenient knobs, a typo here must not silently let a tool run: refused at start.
+        if not isinstance(value, dict):
+            return value
+        checked: dict[str, ToolPermission] = {}
+        for key, permission in value.items():
+            if not isinstance(key, str) or not key.strip():
+                msg = f"a tool permission's key must be a tool name or glob, got {key!r}"
+                raise ValueError(msg)
+            try:
+                checked[key.strip()] = ToolPermission(str(permission).strip().lower())
+            except ValueError:
+                msg = f"the permission of {key!r} must be 'deny' or 'confirm', got {permission!r}"
+                raise ValueError(msg) from None
+        return checked
+
+    @property
+    def policy(self) -> ToolPermissions:
+        """The permissions as the choke point reads them."""
+        return ToolPermissions(self.permissions)
 
 
 def _number(name: str, value: object) -> float | None:
@@ -205,6 +240,7 @@ class DispatchSettings(WorkerSettings):
     ingress: AuthOptions = AuthOptions()
     """The agent endpoints' token grants (`ATMOSPHERE_INGRESS__AUTH_TOKENS`): gRPC accepts the same tokens."""
     llm: LlmSettings = Field(default_factory=LlmSettings)
+    tools: ToolOptions = ToolOptions()
     ai_harness_enabled: bool | None = None
     """App-wide harness switch: unset (declarations decide), `true`, or anything else = the kill switch."""
     ai_harness_exclude_paths: Annotated[frozenset[str], NoDecode] = frozenset()

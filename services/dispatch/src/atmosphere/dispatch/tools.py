@@ -1,12 +1,16 @@
 """The tool choke point: every tool call of every runtime and entry path goes through `run`.
 
-Order, as in Atmosphere: argument validation → governance check (fail-closed) → `tool-start`
-→ approval gate (tools that ask for it) → execution with the tool's deadline → offload of an
-over-long result to the workspace → `tool-result` or `tool-error`. The text returned is what
-the model sees; refusals and failures are JSON (or `Error: ...`) texts, never exceptions.
+Order, as in Atmosphere (§11.3): argument validation → governance check (fail-closed) → the
+tool's required roles → `tool-start` → the run's permission mode and the configured permission
+(`permissions.gate`) → approval gate → execution with the tool's deadline → governance's
+injection screen of the result (fail-closed, `tool_screen`) → offload of an over-long result to
+the workspace → `tool-result` or `tool-error`. The text returned is what the model sees;
+refusals and failures are JSON (or `Error: ...`) texts, never exceptions. A refusal before
+`tool-start` emits no frame; one after it ends with a `tool-error`.
 A user tool may also ask for approval while it runs (it raises `atmosphere.sdk.ApprovalRequired`;
 the sandbox's reply carries the request): the same gate is held, and an approved call is sent
-again marked approved (`APPROVED_ARGUMENT`), once.
+again marked approved (`APPROVED_ARGUMENT`), once — or at once, without asking, when the run's
+mode lets the tool run unapproved (BYPASS; ACCEPT_EDITS for an EDIT tool).
 
 Where a call executes: user tools on `atmo.tool.<name>` (the sandbox), the harness's plan and
 file tools on `atmo.mem.tool.<name>` (memory, with the run's workspace), delegation tools in
@@ -30,7 +34,7 @@ import logging
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from atmosphere.bus import (
@@ -56,7 +60,16 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, Workspace
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.effects import INTERRUPTED, RunEffects, ToolEffect, current_effect
 from atmosphere.dispatch.governance_client import GovernanceClient
+from atmosphere.dispatch.permissions import (
+    INSUFFICIENT_AUTHORIZATION,
+    ToolPermissions,
+    auto_approves,
+    gate,
+    missing_roles,
+)
 from atmosphere.dispatch.schema import check_arguments
+from atmosphere.dispatch.tool_screen import screen_result
+from atmosphere.sdk import PermissionMode
 from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
 from atmosphere.sdk.host import APPROVED_ARGUMENT
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
@@ -201,6 +214,12 @@ class ToolGateway:
     """Who checks each call (by default a client on `bus` with its default timeout)."""
     effects: RunEffects | None = None
     """A durable run's journal handles: committed calls and approvals replay instead of running."""
+    permission_mode: PermissionMode = PermissionMode.DEFAULT
+    """The run's mode: its agent's, or the stricter one its request asked for (`permissions.run_mode`)."""
+    permissions: ToolPermissions = field(default_factory=ToolPermissions)
+    """The operator's `deny`/`confirm` per tool name or glob."""
+    tool_roles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The roles the caller must all hold, by tool (tools not here: anyone may call them)."""
 
     def __post_init__(self) -> None:
         """Ask governance over the run's bus unless the run brought its client."""
@@ -229,21 +248,43 @@ class ToolGateway:
             replayed = await self._replayed(call, spec, effect, start)
             if replayed is not None:
                 return replayed
-        refusal = await self._govern(call)
+        refusal = await self._admitted(call)
         if refusal is not None:
             return refusal
         await self.emit(start)
         token = effect.enter() if effect is not None else None
         try:
-            if spec.requires_approval:
-                outcome = await self._approved(call, arguments)
-                if isinstance(outcome, str):
-                    return outcome
-                arguments = self._marked_approved(call, outcome)
-            return await self._execute(call, spec, arguments)
+            return await self._gated(call, spec, arguments)
         finally:
             if token is not None:
                 ToolEffect.leave(token)
+
+    async def _admitted(self, call: ToolCallRequest) -> str | None:
+        """The refusal of governance or of the tool's roles, before `tool-start` (no frames); None: go on."""
+        refusal = await self._govern(call)
+        if refusal is None and not self._authorized(call):
+            refusal = INSUFFICIENT_AUTHORIZATION
+        return refusal
+
+    async def _gated(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
+        """After `tool-start`: the permission mode and configured permission, the approval gate, execution."""
+        verdict = gate(self.permission_mode, self.permissions.of(call.name), spec)
+        if verdict.refusal is not None:
+            log.info("run %s: %s refused: %s", self.run.run_id, call.name, verdict.refusal)
+            return await self._fail(call, verdict.refusal)
+        if verdict.needs_approval:
+            outcome = await self._approved(call, arguments)
+            if isinstance(outcome, str):
+                return outcome
+            arguments = self._marked_approved(call, outcome)
+        return await self._execute(call, spec, arguments)
+
+    def _authorized(self, call: ToolCallRequest) -> bool:
+        """Whether the run's principal holds every role the tool requires (server-set roles, never metadata)."""
+        missing = missing_roles(self.tool_roles.get(call.name, ()), self.run.principal.roles)
+        if missing:
+            log.info("run %s: %s refused: the caller lacks the role(s) %s", self.run.run_id, call.name, missing)
+        return not missing
 
     async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: ToolEffect, start: RunEvent) -> str | None:
         """A journaled call's outcome without running it (or any gate again), or None: run it.
@@ -383,8 +424,9 @@ class ToolGateway:
             edited = _approved_arguments(payload_json, arguments)
             return edited if edited is not None else await self._fail(call, CANCELLED_BY_USER)
         if action == "respond" and payload_json:
-            # The reviewer's answer stands in for the tool's: the model and the client get it as the result.
-            return await self._succeed(call, payload_json)
+            # The reviewer's answer stands in for the tool's: the model and the client get it as the
+            # result. It is the run owner's own text, not a tool's output: not screened.
+            return await self._succeed(call, payload_json, screen=False)
         return await self._fail(call, CANCELLED_BY_USER)
 
     async def _execute(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
@@ -446,6 +488,8 @@ class ToolGateway:
         """The tool raised `ApprovalRequired`: ask the user, then call it again marked approved (once)."""
         if arguments.get(APPROVED_ARGUMENT) is True:
             return await self._fail(call, f"Error: {call.name} asked for approval again after it was approved")
+        if auto_approves(self.permission_mode, spec):
+            return await self._execute(call, spec, self._marked_approved(call, arguments))
         outcome = await self._approved(call, arguments, message=message)
         if isinstance(outcome, str):
             return outcome
@@ -505,7 +549,14 @@ class ToolGateway:
             return await self._fail(call, f"Error: {call.name} failed ({type(exc).__name__})")
         return await self._succeed(call, content)
 
-    async def _succeed(self, call: ToolCallRequest, content: str) -> str:
+    async def _succeed(self, call: ToolCallRequest, content: str, *, screen: bool = True) -> str:
+        """End the call with `content`: screened (`screen`), offloaded if long, committed, reported."""
+        if screen and content:
+            assert self.governance is not None
+            screened = await screen_result(self.governance, self.run, call.name, content, max_bytes=self.data_limit)
+            if screened.error is not None:
+                return await self._fail(call, screened.error)
+            content = screened.text
         content = await self._maybe_offload(call, content)
         # The model and the client get the same text, and it must fit in one run event.
         content = clip(content, self.data_limit, f"the result of {call.name}")
