@@ -203,7 +203,12 @@ async def test_admin_reads_are_gated_and_proxied(stack: Stack, fake_provider: Fa
         assert steps["runId"] == run_id
         assert steps["steps"][0]["seq"] == 2
         decisions = (await http.get("/api/admin/governance/decisions", headers=auth, params={"runId": run_id})).json()
-        assert [d["operation"] for d in decisions] == ["admit"]
+        # The seed's row shape (no policy installed: `admit-all` admitted it), with the run it was about.
+        assert [(d["operation"], d["decision"], d["policy_name"], d["run_id"]) for d in decisions] == [
+            ("admit", "admit", "admit-all", run_id)
+        ]
+        assert decisions[0]["timestamp"].endswith("Z")
+        assert decisions[0]["context_snapshot"]["phase"] == "pre_admission"
         assert (await http.get("/api/admin/tape/runs/..%2F..%2Fetc/steps", headers=auth)).status_code in {400, 404}
         assert (await http.get("/api/admin/tape/runs/a..b/steps", headers=auth)).status_code == 400
         unknown = await http.get("/api/admin/tape/runs/abc123/steps", headers=auth)

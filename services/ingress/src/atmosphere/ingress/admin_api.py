@@ -1,6 +1,7 @@
 """Runtime truth and admin reads: `/api/console/info` and `/api/admin/*`.
 
-Admin reads are proxied over the bus to the service that owns the data. The answers say
+Admin reads are proxied over the bus to the service that owns the data (governance's surface,
+its changes included, is `governance_admin.py`; the workspaces' is `workspace_api.py`). The answers say
 precisely what went wrong: 400 for a malformed (traversal-shaped) id, 404 when the owning
 service is absent (nobody serves the subject), 503 when it does not answer in time.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
 from google.protobuf.json_format import MessageToDict
@@ -20,7 +21,6 @@ from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, Reques
 from atmosphere.bus.errors import BadRequestError, NotFoundError
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
 from atmosphere.contracts.tape.v1.tape_pb2 import (
     GetStepsRequest,
     GetStepsResponse,
@@ -293,31 +293,12 @@ async def admin_tape_replay(
     return await admin_call(request, "tape", ask)
 
 
-@router.get("/api/admin/governance/decisions", summary="The decision log, newest first", responses=ERRORS)
-async def admin_decisions(
-    request: Request,
-    runId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> Any:
-    """One row per admission and per tool-call check."""
-    if runId and not valid_id(runId):
-        raise AdminBadRequestError("Malformed runId")
+def refuse_unknown_admin_path(request: Request, rest: str) -> NoReturn:
+    """Anything under `/api/admin/` that no admin route serves: 400 when it is traversal-shaped, else 404.
 
-    async def ask(bus: Bus) -> list[dict[str, Any]]:
-        reply = await bus.request(
-            subjects.governance("decisions"),
-            ListDecisionsRequest(run_id=runId, limit=limit),
-            ListDecisionsResponse,
-            timeout=ADMIN_TIMEOUT,
-        )
-        return [_dict(d) for d in reply.decisions]
-
-    return await admin_call(request, "governance", ask)
-
-
-@router.get("/api/admin/{rest:path}", include_in_schema=False)
-async def admin_other(request: Request, rest: str) -> None:
-    """Anything else under `/api/admin/`: 400 when it is traversal-shaped, else 404."""
+    Registered by the app (`api.py`) for every method after all admin routes, so that a wrong
+    method on a known path is answered 405 there first, and no method here adds to its `Allow`.
+    """
     raw = request.scope.get("raw_path", b"").decode("latin-1").lower()
     if ".." in rest or "\\" in rest or "%2f" in raw or "%5c" in raw or "\x00" in rest:
         raise AdminBadRequestError("Malformed admin path")

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from atmosphere.bus import Bus, BusError
-from atmosphere.ingress import admin_api, agents_api, docs, openai_api, workspace_api
+from atmosphere.ingress import admin_api, agents_api, docs, governance_admin, openai_api, workspace_api
 from atmosphere.ingress.agents_api import start_sse
 from atmosphere.ingress.errors import (
     IngressError,
@@ -128,6 +128,15 @@ def _answer_errors_in_json(app: FastAPI) -> None:
         return _answer(request, InternalError("Internal error"), OpenAiInternalError("Internal error"))
 
 
+BEFORE_ROUTING = error_responses(414, 431)
+"""What any operation may answer before it is routed (`limits.py`): a request line or head over the limit.
+
+Declared on every operation because it is true of every one: a URL whose parameters are valid
+(a 1024-character workspace path of 4-byte characters is 12 KiB percent-encoded) can still be
+longer than the request line ingress reads. The refusal is always `{"error", "code"}`.
+"""
+
+
 def create_app(
     settings: IngressSettings,
     *,
@@ -144,11 +153,19 @@ def create_app(
     """
     lifespan = _lifespan(settings, info=info, stop=stop, drain=drain, bus=bus)
     # `/docs` is served from ingress's own copy of Swagger UI (`docs.py`); ReDoc would need a CDN.
-    app = FastAPI(title="Atmosphere ingress", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="Atmosphere ingress",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        responses=BEFORE_ROUTING,
+    )
     _allow_cors(app, settings)
     _answer_errors_in_json(app)
     _add_probes(app)
     fixed = _include_routers(app, settings)
+    _add_admin_fallback(app, fixed)
     _add_endpoint_paths(app, fixed, openai_prefix=openai_api.router.prefix if settings.ai_openai_enabled else None)
     return app
 
@@ -231,7 +248,8 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     app.include_router(agents_api.router)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
-    app.include_router(workspace_api.router)  # before admin's catch-all
+    app.include_router(governance_admin.router)
+    app.include_router(workspace_api.router)
     app.include_router(admin_api.router)
     # From the routers themselves: FastAPI wraps included routers in objects of its own.
     openai_routes = openai_api.router.routes if settings.ai_openai_enabled else []
@@ -241,12 +259,32 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
             *app.router.routes,
             *agents_api.router.routes,
             *openai_routes,
+            *governance_admin.router.routes,
             *workspace_api.router.routes,
             *admin_api.router.routes,
             *docs.router.routes,
         )
         if isinstance(r, Route) and "{path:path}" not in r.path
     ]
+
+
+ALL_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _add_admin_fallback(app: FastAPI, fixed: Sequence[Route]) -> None:
+    """Everything under `/api/admin/` no admin route serves, whatever the method: a JSON 405, 400 or 404.
+
+    One route for every method, registered after the admin routes (and before the `@ai_endpoint`
+    paths, so `/api/admin/` is never an agent's): a known path with another method is a 405
+    whose `Allow` names exactly the methods its routes serve; any other path is admin's 400
+    (traversal-shaped) or 404. It is not one of the `fixed` routes, so it never adds to an `Allow`.
+    """
+
+    @app.api_route("/api/admin/{rest:path}", methods=list(ALL_METHODS), include_in_schema=False)
+    async def admin_other(request: Request, rest: str) -> None:
+        if allowed := _methods_serving(fixed, request):
+            raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+        admin_api.refuse_unknown_admin_path(request, rest)
 
 
 def _add_endpoint_paths(app: FastAPI, fixed: Sequence[Route], *, openai_prefix: str | None) -> None:

@@ -218,21 +218,21 @@ class AdminError(IngressError):
 
 
 class AdminBadRequestError(AdminError, BadRequestError):
-    """A malformed (traversal-shaped) id, path or query."""
+    """A malformed (traversal-shaped) id, path or query, or a body the admin route cannot use."""
 
     code = "admin.bad_request"
     status = 400
 
 
 class AdminUnauthorizedError(AdminError):
-    """Admin reads need the admin token."""
+    """Admin reads need the admin token (unless they are open); admin changes always do."""
 
     code = "admin.unauthorized"
     status = 401
 
 
 class AdminForbiddenError(AdminError):
-    """Admin reads are disabled (no admin token is configured: fail-closed)."""
+    """No admin token is configured, so admin reads (when they need one) and all admin changes are refused."""
 
     code = "admin.forbidden"
     status = 403

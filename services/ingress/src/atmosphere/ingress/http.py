@@ -6,6 +6,7 @@ Routes raise typed errors (`errors.py`); the app answers them in one place per b
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,11 +16,13 @@ from pydantic import BaseModel
 
 from atmosphere.bus import subjects
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.ingress.auth import AuthError, Caller
+from atmosphere.ingress.auth import AuthError, Caller, presented_token
 from atmosphere.ingress.bodies import BodyError, read_body, read_text
 from atmosphere.ingress.errors import (
     ADMIN_AUTH_REFUSALS,
     AUTH_REFUSALS,
+    AdminForbiddenError,
+    AdminUnauthorizedError,
     IngressError,
     MalformedRequestError,
     OpenAiError,
@@ -91,6 +94,23 @@ def require_admin(state: IngressState, request: Request) -> None:
         state.admin_gate.check(request.headers)
     except AuthError as exc:
         raise ADMIN_AUTH_REFUSALS[exc.status](exc.message) from None
+
+
+def require_admin_write(state: IngressState, request: Request) -> None:
+    """Pass the gate of admin routes that change something (governance's reload, the kill switch).
+
+    Unlike reads, these always need `Authorization: Bearer <admin token>`, even when admin reads
+    are open (`ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED=false`): opening reads must not open a
+    way to switch policies off. No admin token configured: `AdminForbiddenError` (fail-closed).
+    """
+    token = state.admin_gate.token
+    if not token:
+        msg = "Admin changes are disabled: set ATMOSPHERE_ADMIN_TOKEN"
+        raise AdminForbiddenError(msg)
+    presented, _ = presented_token(request.headers, {})
+    if not presented or not hmac.compare_digest(presented.encode(), token.encode()):
+        msg = "Admin changes need 'Authorization: Bearer <admin token>'"
+        raise AdminUnauthorizedError(msg)
 
 
 async def bounded_body(request: Request, *, limit: int) -> bytes:
