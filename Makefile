@@ -31,7 +31,7 @@ $(TOOLS)/bin/uv:
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
 install: $(UV) ## Install the workspace (every library and service) into .venv
-	$(UV) sync --all-packages --frozen --python 3.11
+	$(UV) sync --all-packages --all-extras --frozen --python 3.11
 
 run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
 	$(VENV)/bin/atmosphere dev $(RUN_ARGS)

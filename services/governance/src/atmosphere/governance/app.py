@@ -13,6 +13,7 @@ from atmosphere.governance.plane import GovernancePlane, load_policies
 from atmosphere.governance.policies import Policy, PolicyFileError, registered_policies
 from atmosphere.governance.pricing import PricingTable
 from atmosphere.governance.screening import Screening
+from atmosphere.governance.screens import LlmEndpoint, ToolOutputMode, build_classifier
 from atmosphere.governance.settings import GovernanceSettings
 from atmosphere.governance.store import DecisionLog, Retention
 from atmosphere.service import load_service_app, open_service
@@ -52,6 +53,23 @@ def build_plane(settings: GovernanceSettings) -> GovernancePlane:
     )
 
 
+def build_screening(settings: GovernanceSettings) -> Screening:
+    """The screens as configured; a tier that cannot run raises `TierUnavailable` (governance stops)."""
+    options, tier = settings.governance, settings.ai_injection_screen_tier
+    endpoint = (
+        LlmEndpoint(options.classifier_base_url, options.classifier_model, options.classifier_api_key or None)
+        if options.classifier_base_url and options.classifier_model
+        else None
+    )
+    return Screening(
+        tool_output_mode=ToolOutputMode(settings.ai_tool_injection_screen_mode),
+        document_breach=Breach(settings.ai_rag_safety_on_breach),
+        document_fail_open=settings.ai_rag_safety_fail_open,
+        tier=tier,
+        classifier=None if tier == "RULE_BASED" else build_classifier(tier, llm=endpoint),
+    )
+
+
 async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus | None = None) -> None:
     """Run governance until `stop` is set, on `bus` when given (else on a connection to `settings.nats`)."""
     if settings.ai_memory_safety_tier.strip().upper() != "RULE_BASED":
@@ -61,11 +79,7 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
         breach=Breach(settings.ai_memory_safety_on_breach),
         fail_open=settings.ai_memory_safety_fail_open,
     )
-    screening = Screening(
-        tool_output_mode=settings.ai_tool_injection_screen_mode,
-        document_breach=settings.ai_rag_safety_on_breach,
-        document_fail_open=settings.ai_rag_safety_fail_open,
-    )
+    screening = build_screening(settings)
     # Before anything is served: a policy file that does not parse stops governance (fail-closed).
     plane = build_plane(settings)
     retention = Retention(settings.governance.decision_log_max_rows, settings.governance.decision_log_max_age_days)

@@ -232,7 +232,7 @@ class GovernanceHandlers:
         """`atmo.gov.screen`: the injection screen over tool results or retrieved documents."""
         _check_fields(run_id=request.run_id, kind=request.kind, source=request.source)
         try:
-            response = self._screening.screen(request.kind, list(request.texts))
+            response = await self._screening.screen(request.kind, list(request.texts))
         except ValueError as exc:
             raise GovernanceBadRequestError(str(exc)[:MAX_FIELD_CHARS]) from None
         for text in response.texts:

@@ -19,6 +19,18 @@ The probes are Atmosphere's `RuleBasedInjectionClassifier`, with these deliberat
   (about 170 s for 64 Ki newlines with the original pattern under Python's `re`; milliseconds here).
 * The reason excerpt has its line breaks flattened whether or not it is truncated.
 
+Four narrow exceptions keep the probes usable on tool output (the benign corpus under
+`tests/data/benign/` holds them to at most 1 % false positives; each has its own test):
+
+* `system-prompt-spoof` skips the operators `user := ...`, `user::x`, `user >= 3`, `user >> 2`, and an
+  *indented* `role:` followed by nothing or by one token (optionally then `=`, `|` or `#` and the rest
+  of the line): a YAML key (`    user: postgres`) or a type annotation (`    user: User | None = None`).
+  A role line at the margin, a `role>` line, or an indented `role:` followed by prose still matches.
+* `role-reversal` skips "you are now subscribed / logged in / a member ..." and "you are actually right":
+  notifications and replies, not a new persona.
+* `exfiltration-prompt` skips `hidden` and `secret(s)` used as code identifiers (`output, hidden = rnn(x)`,
+  `print(hidden.shape)`, `${{ secrets.TOKEN }}`).
+
 Every window is bounded (`.{0,40}` style), so a scan costs a bounded amount per character; texts over
 `MAX_SCREENED_CHARS` are not screened at all but classified `ERROR` (dropped unless fail-open):
 screening only a prefix would let an injection hide after the cap.
@@ -45,6 +57,24 @@ SANITIZED_PLACEHOLDER = "[memory fact was flagged as potential prompt injection 
 _LINE_START = r"(?:^|(?<=[\r\x85\u2028\u2029]))"
 # Leading blanks that stay on the line (\s minus every line break).
 _BLANKS = r"[^\S\n\r\x85\u2028\u2029]*"
+_INDENT = r"[^\S\n\r\x85\u2028\u2029]+"
+_LINE_END = r"(?=[\n\r\x85\u2028\u2029]|\Z)"
+# A role word and its marker; `:=`, `::`, `>=` and `>>` are operators (Go's `user := ...`), not a turn.
+_ROLE = r"(system|assistant|user)\s*"
+_GT_MARKER = r">(?![>=])"
+_COLON_MARKER = r":(?![:=])"
+# After an indented `role:` (never `role>`), nothing, one token, or one token then `=`, `|` or `#` and anything,
+# up to the end of the line: a YAML key (`    user: postgres`) or a type annotation (`    user: User | None = None`).
+# It scans one line once, so the probe stays linear.
+_NOT_A_KEY = r"(?!" + _BLANKS + r"(?:[^\s=|#]+" + _BLANKS + r"(?:[=|#][^\n\r\x85\u2028\u2029]*)?)?" + _LINE_END + r")"
+# "You are now subscribed / logged in / a member of ..." is a notification, not a new persona.
+_NOT_A_STATE = (
+    r"(?!\s+(?:(?:un)?subscribed|logged|signed|registered|enrolled|(?:dis)?connected|verified|authenticated"
+    r"|confirmed|ready|able|eligible|on|following|right|correct|a\s+member|part\s+of|all\s+set|set\s+up)\b)"
+)
+# `hidden` / `secrets` used as a code identifier: `output, hidden = rnn(x)`, `print(hidden.shape)`,
+# `print(secrets[0])`, `echo "::add-mask::${{ secrets.TOKEN }}"`.
+_NOT_AN_IDENTIFIER = r"(?!\s*[,=)\]]|\.\w|\[)"
 
 
 class Probe(NamedTuple):
@@ -65,12 +95,18 @@ PROBES: tuple[Probe, ...] = (
         r".{0,40}\b(instruction|prompt|rule|directive)s?\b",
     ),
     _probe("instruction-override-short", r"\b(ignore|disregard|forget)\b.{0,40}\b(instructions?|rules?|prompt)\b"),
-    _probe("system-prompt-spoof", _LINE_START + _BLANKS + r"(system|assistant|user)\s*[:>]", re.MULTILINE),
-    _probe("role-reversal", r"\byou\s+are\s+(now|actually|secretly)\b"),
+    _probe(
+        "system-prompt-spoof",
+        _LINE_START
+        + rf"(?:{_ROLE}(?:{_GT_MARKER}|{_COLON_MARKER})|{_INDENT}{_ROLE}(?:{_GT_MARKER}|{_COLON_MARKER}{_NOT_A_KEY}))",
+        re.MULTILINE,
+    ),
+    _probe("role-reversal", r"\byou\s+are\s+(now|actually|secretly)\b" + _NOT_A_STATE),
     _probe("jailbreak-template", r"\b((?-i:DAN|STAN|DUDE)|developer\s+mode|do\s+anything\s+now)\b"),
     _probe(
         "exfiltration-prompt",
-        r"\b(reveal|print|output|echo|show\s+me)\b.{0,40}\b(system\s+prompts?|instructions?|hidden|secrets?)\b",
+        r"\b(reveal|print|output|echo|show\s+me)\b.{0,40}"
+        r"\b(system\s+prompts?|instructions?|(?:hidden|secrets?)\b" + _NOT_AN_IDENTIFIER + r")\b",
     ),
     _probe(
         "exfiltration-history",
@@ -112,10 +148,14 @@ def _excerpt(matched: str) -> str:
     return flat if len(flat) <= MAX_EXCERPT_CHARS else flat[:MAX_EXCERPT_CHARS] + "…"
 
 
-def classify(text: str) -> Classification:
-    """Screen `text` with the rule-based probes; the first (in `PROBES` order) that matches wins."""
-    if len(text) > MAX_SCREENED_CHARS:
-        reason = f"text of {len(text)} characters exceeds the {MAX_SCREENED_CHARS}-character screening limit"
+def classify(text: str, *, max_chars: int = MAX_SCREENED_CHARS) -> Classification:
+    """Screen `text` with the rule-based probes; the first (in `PROBES` order) that matches wins.
+
+    A text longer than `max_chars` is not screened but classified ERROR (the tool-output and
+    document screens raise the bound to 256 KiB; memory facts keep `MAX_SCREENED_CHARS`).
+    """
+    if len(text) > max_chars:
+        reason = f"text of {len(text)} characters exceeds the {max_chars}-character screening limit"
         return Classification(Verdict.ERROR, 0.0, None, reason)
     if not text.strip():
         return _SAFE

@@ -28,6 +28,12 @@ class GovernanceOptions(BaseModel):
     """The decision log keeps at most this many rows (the oldest go first)."""
     decision_log_max_age_days: float = Field(default=DEFAULT_MAX_AGE_DAYS, gt=0)
     """... and none older than this."""
+    classifier_base_url: str = ""
+    """The LLM_CLASSIFIER tier's OpenAI-compatible endpoint (e.g. `http://localhost:11434/v1`)."""
+    classifier_model: str = ""
+    """... the model it asks."""
+    classifier_api_key: str = ""
+    """... and its key (empty: none sent)."""
     slot_ttl: float = Field(default=3600.0, gt=0)
     """Seconds after which a run that never reported its end gives back its concurrency slot."""
 
@@ -47,6 +53,10 @@ class GovernanceSettings(WorkerSettings):
     """What happens to a retrieved document classified as an injection."""
     ai_rag_safety_fail_open: bool = False
     """Keep a retrieved document the classifier could not judge (off: it is dropped)."""
+    ai_injection_screen_tier: Literal["RULE_BASED", "EMBEDDING_SIMILARITY", "LLM_CLASSIFIER"] = "RULE_BASED"
+    """The classifier of the tool-output and document screens (higher tiers run on top of RULE_BASED):
+    EMBEDDING_SIMILARITY needs `pip install 'atmosphere-ai-governance[embedding]'`, LLM_CLASSIFIER the
+    `ATMOSPHERE_GOVERNANCE__CLASSIFIER_*` endpoint. A tier that cannot run stops governance at start."""
     ai_memory_safety_enabled: bool = True
     """Screen every long-term memory fact for prompt injection before it is stored."""
     ai_memory_safety_tier: str = "RULE_BASED"
@@ -57,7 +67,11 @@ class GovernanceSettings(WorkerSettings):
     """Store a fact the classifier could not judge (off: such a fact is dropped)."""
 
     @field_validator(
-        "ai_memory_safety_on_breach", "ai_tool_injection_screen_mode", "ai_rag_safety_on_breach", mode="before"
+        "ai_memory_safety_on_breach",
+        "ai_tool_injection_screen_mode",
+        "ai_rag_safety_on_breach",
+        "ai_injection_screen_tier",
+        mode="before",
     )
     @classmethod
     def _upper(cls, value: object) -> object:
