@@ -24,14 +24,14 @@ from atmosphere.config import AuthOptions, TokenGrant
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdminRequest,
     AdminResponse,
-    CheckRequest,
-    CheckResponse,
     ListDecisionsRequest,
     ListDecisionsResponse,
 )
+from atmosphere.dispatch.settings import DispatchOptions
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.testing import Stack, run_stack
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing.services import running_service
 
 from .apps.governed_app import CALLS_FILE_ENV
 from .conftest import service_map
@@ -53,6 +53,7 @@ policies:
 """
 PRICING = {"models": {"fake-model": {"input": 1000.0, "output": 1000.0}}}
 """$0.001 a token: a run of 15 tokens spends 0.015, past the 0.01 cap."""
+ADMIN = "governance-admin-token"
 ALICE, ACME, GLOBEX = "alice-token-0001", "acme-token-00001", "globex-token-001"
 GRANTS = (
     TokenGrant(token=ALICE, user_id="alice"),
@@ -97,6 +98,7 @@ async def world(
             "ingress": IngressOptions(port=0, auth_tokens=GRANTS),
             "ai_openai_enabled": True,
             "ai_openai_default_agent": "records",
+            "admin_token": ADMIN,
         },
         dispatch={"ingress": AuthOptions(auth_tokens=GRANTS)},
         governance={"governance": {"policy_files": [policy_path], "pricing_file": pricing}},
@@ -139,6 +141,12 @@ async def test_a_delete_tool_is_stopped_before_it_starts(world: World, fake_prov
         "status": "cancelled",
         "message": "Tool delete_record denied by policy 'no-deletes': deny-list: request matched a denied phrase",
     }
+    async with httpx.AsyncClient(base_url=world.url, timeout=10, headers=bearer(ADMIN)) as http:
+        rows = (await http.get("/api/admin/governance/decisions", params={"limit": 50})).json()
+    denial = next(r for r in rows if r["operation"] == "check_tool")
+    assert (denial["policy_name"], denial["decision"], denial["subject"]) == ("no-deletes", "deny", "delete_record")
+    assert denial["reason"] == "deny-list: request matched a denied phrase"
+    assert denial["context_snapshot"]["tool_name"] == "delete_record"
     refused = [d for d in await decisions(world) if d.operation == "check_tool"]
     assert refused[0].subject == "delete_record"
     assert not refused[0].allowed
@@ -265,30 +273,88 @@ async def test_the_seed_ms_example_through_check(world: World) -> None:
         '    message: "Deleting databases is not allowed"\n'
         "defaults: { action: allow }\n"
     )
-    reload = AdminRequest(body_json=json.dumps({"swapName": "spend-cap", "yaml": example.read_text()}))
-    answer = await world.bus.request(subjects.governance("admin.reload"), reload, AdminResponse)
-    assert json.loads(answer.result_json)["reloaded"] == "spend-cap"
+    async with httpx.AsyncClient(base_url=world.url, timeout=10, headers=bearer(ADMIN)) as http:
+        swap = {"swapName": "spend-cap", "yaml": example.read_text()}
+        anonymous = await http.post("/api/admin/governance/reload", json=swap, headers={"Authorization": ""})
+        assert anonymous.status_code == 401  # changing policies always needs the admin token
+        reloaded = await http.post("/api/admin/governance/reload", json=swap)
+        assert reloaded.status_code == 200
+        assert reloaded.json()["reloaded"] == "spend-cap"
+        policies = (await http.get("/api/admin/governance/policies")).json()
+        assert "my-first-policy" in [p["name"] for p in policies]
 
-    async def check(body: dict[str, Any]) -> dict[str, Any]:
-        reply = await world.bus.request(
-            subjects.governance("check"), CheckRequest(body_json=json.dumps(body)), CheckResponse
-        )
-        result: dict[str, Any] = json.loads(reply.result_json)
-        return result
+        async def check(body: dict[str, Any]) -> dict[str, Any]:
+            answer = await http.post("/api/admin/governance/check", json=body)
+            assert answer.status_code == 200
+            result: dict[str, Any] = answer.json()
+            assert isinstance(result.pop("evaluation_ms"), float)
+            return result
 
-    denied = await check({"agent_id": "ops", "action": "call_tool", "context": {"tool_name": "delete_database"}})
-    assert {k: v for k, v in denied.items() if k != "evaluation_ms"} == {
+        denied = await check({"agent_id": "ops", "action": "call_tool", "context": {"tool_name": "delete_database"}})
+        allowed = await check({"agent_id": "ops", "action": "call_tool", "context": {"tool_name": "read_table"}})
+    assert denied == {
         "allowed": False,
         "decision": "deny",
         "reason": "Deleting databases is not allowed",
         "matched_policy": "my-first-policy",
         "matched_source": "reload:spend-cap",
     }
-    allowed = await check({"agent_id": "ops", "action": "call_tool", "context": {"tool_name": "read_table"}})
-    assert {k: v for k, v in allowed.items() if k != "evaluation_ms"} == {
+    assert allowed == {
         "allowed": True,
         "decision": "allow",
         "reason": "",
         "matched_policy": None,
         "matched_source": None,
     }
+
+
+async def test_governance_going_down_stops_every_edge_closed_and_keeps_what_was_sent(
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+) -> None:
+    policy_path = tmp_path / "policies.yaml"
+    policy_path.write_text(POLICY_FILE)
+    services = service_map(
+        nats_url,
+        bus_namespace,
+        tmp_path / "data",
+        app="tests.e2e.apps.governed_app:app",
+        llm_base_url=fake_provider.base_url,
+        dispatch={"dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, governance_timeout=1.0)},
+        governance={"governance": {"policy_files": [policy_path]}},
+    )
+    serve_governance, governance_settings = services.pop("governance")
+    async with run_stack(services, bus=nats_bus) as stack:
+        url = await stack.ingress_url()
+        async with running_service("governance", serve_governance, governance_settings, bus=nats_bus):
+            fake_provider.script(Reply.text("word " * 400, chunk_delay=0.01))
+            ws = await websockets.connect(ws_url(url, "records"))
+            await ws.send("Talk to me")
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 10))]
+            while frames[-1].get("type") != "streaming-text":
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+        # Governance stopped while the answer streams: the next check gets no answer.
+        frames += await read_run(ws, timeout=15)
+        await ws.close()
+        assert frames[-1]["type"] == "error"
+        assert frames[-1]["data"].startswith("Response blocked: governance is unavailable")
+        sent = "".join(f["data"] for f in frames if f.get("type") == "streaming-text")
+        assert sent
+        assert ("word " * 400).startswith(sent)  # everything checked before the outage was delivered, in order
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            replayed = await http.get(f"/atmosphere/runs/{frames[0]['value']}/events")
+        # Nothing accepted is lost: the run's stream still holds every frame the client saw.
+        assert sent == "".join(
+            json.loads(line[6:]).get("data", "")
+            for line in replayed.text.splitlines()
+            if line.startswith("data: ") and '"streaming-text"' in line
+        )
+        # With governance gone, new runs and their tool calls are refused, never run unchecked.
+        refused = await ws_ask(url, "Delete record 9")
+        assert refused[-1]["type"] == "error"
+        assert refused[-1]["code"] == "governance.unavailable"
+
+
+async def ws_ask(url: str, prompt: str) -> list[dict[str, Any]]:
+    async with websockets.connect(ws_url(url, "records")) as ws:
+        await ws.send(prompt)
+        return await read_run(ws, timeout=15)

@@ -159,7 +159,15 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
         info = (await http.get("/api/console/info")).json()
     assert set(info["services"]) == {"ingress", "dispatch", "sandbox", "governance", "memory", "tape"}
     assert info["runtime"]["name"] == "built-in"
-    assert info["governance"] == {"policies": [{"name": "admit-all"}], "decisionLog": "sqlite"}
+    assert info["governance"] == {
+        "policies": [{"name": "admit-all"}],
+        "decisionLog": "sqlite",
+        "killSwitch": {"armed": False, "reason": None, "operator": None, "armedAt": None},
+        "checksOutput": False,  # nothing installed judges answers: none is held back to be checked
+    }
+    assert info["toolOutputScreen"] == {"active": True, "mode": "ANNOTATE", "tier": "RULE_BASED"}
+    assert "ragSafety" not in info  # nothing retrieves documents yet
+    assert info["permissionModes"] == {"assistant": "DEFAULT", "echo": "DEFAULT"}
     assert info["sandbox"]["tools"] == ["celsius_to_fahrenheit", "local_time"]
     assert info["tape"]["enabled"] is True
     assert info["memory"]["tools"][0] == "write_todos"

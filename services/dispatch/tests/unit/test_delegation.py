@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ class World:
         self.forwarded.append(event)
 
     def delegation(
-        self, parent: RunSubmission | None = None, *, fleet: tuple[str, ...] = FLEET, **kw: float
+        self, parent: RunSubmission | None = None, *, fleet: tuple[str, ...] = FLEET, **kw: Any
     ) -> Delegation:
         return Delegation(
             self.bus, parent or parent_run(), self.emit, fleet=fleet, memory=MemoryClient(self.bus, timeout=1), **kw
@@ -255,6 +256,11 @@ async def test_task_success_returns_the_stripped_report_and_drops_the_workspace(
     assert child.metadata["subagent.spawn"] == "general-purpose"
     assert_dropped_workspace_of(world, child)
     assert world.controls == []  # a finished sub-run is not cancelled
+
+
+async def test_a_strict_parent_mode_travels_to_every_sub_run(world: World) -> None:
+    assert await world.delegation(permission_mode="PLAN").task({"description": "look"}) == "echo: look"
+    assert only_child(world).metadata["ai.permissionMode"] == "PLAN"
 
 
 async def test_every_spawn_gets_a_fresh_conversation_and_workspace(world: World) -> None:

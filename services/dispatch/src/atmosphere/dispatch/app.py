@@ -19,7 +19,7 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
-from atmosphere.dispatch.descriptors import live_descriptors
+from atmosphere.dispatch.descriptors import live_descriptors, permissions_info
 from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
 from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
@@ -156,6 +156,7 @@ class Dispatch:
             "harness": runtime_state(self.config, self.harnesses, durable=self.settings.durable_runs),
             # Only when some agent genuinely has a browsable plan or file workspace.
             **({"hasWorkspace": True} if any(h.attached() and h.tools for h in self.harnesses.values()) else {}),
+            **permissions_info(self.app, self.settings.tools.policy),
         }
 
     def executor(self, bus: Bus, pipeline: ModelPipeline) -> RunExecutor:

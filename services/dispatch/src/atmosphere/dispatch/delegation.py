@@ -91,6 +91,10 @@ class _Outcome:
     timed_out: bool = False
 
 
+PERMISSION_MODE_KEY = "ai.permissionMode"
+"""The run metadata naming a requested permission mode (read by `permissions.requested_mode`)."""
+
+
 class Delegation:
     """The delegation tools of one coordinator run."""
 
@@ -103,8 +107,15 @@ class Delegation:
         fleet: tuple[str, ...],
         memory: MemoryClient,
         timeout: float = DELEGATION_TIMEOUT,
+        permission_mode: str = "",
     ) -> None:
-        """Delegate on behalf of `parent`, forwarding sub-run events through `emit`."""
+        """Delegate on behalf of `parent`, forwarding sub-run events through `emit`.
+
+        `permission_mode` (the parent's, when stricter than DEFAULT) travels to every sub-run as its
+        requested mode: a sub-run may only be stricter than what it asks, so a PLAN parent's
+        sub-agents ask for approval too, and a DENY_ALL parent's run no tools.
+        """
+        self._permission_mode = permission_mode
         self._bus = bus
         self._parent = parent
         self._emit = emit
@@ -120,6 +131,8 @@ class Delegation:
         # In a durable parent the sub-run's id comes from the call's journal key: a resumed call
         # finds the sub-run the interrupted one started instead of starting another.
         key = current_call_key()
+        if self._permission_mode:
+            metadata = {**metadata, PERMISSION_MODE_KEY: self._permission_mode}
         return new_run(
             run_id=key[:32],
             agent=agent,

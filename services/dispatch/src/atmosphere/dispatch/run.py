@@ -66,7 +66,7 @@ from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, 
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run_input import input_event, seed_json, seeded
 from atmosphere.dispatch.tools import LocalTool, ToolGateway
-from atmosphere.sdk import AiRequest, ChatMessage, StreamingSession
+from atmosphere.sdk import AiRequest, ChatMessage, PermissionMode, StreamingSession
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.host import AgentSpec, BudgetReason
 from atmosphere.sdk.runtime import AgentExecutionContext, ToolCallRequest, ToolSpec
@@ -636,8 +636,15 @@ class Run:
         harness = self.agent.harness
         if not harness.tools.keys() & {"delegate_task", "task"}:
             return {}
+        mode = run_mode(self.agent.spec.permission_mode, self.request)
         delegation = Delegation(
-            self.services.bus, self.request, self.emit, fleet=self.agent.spec.fleet, memory=self.services.memory
+            self.services.bus,
+            self.request,
+            self.emit,
+            fleet=self.agent.spec.fleet,
+            memory=self.services.memory,
+            # Only a stricter mode travels (PLAN, DENY_ALL): a looser one would be ignored anyway.
+            permission_mode=mode.name if PermissionMode.DEFAULT.stricter(mode) is not PermissionMode.DEFAULT else "",
         )
         local: dict[str, LocalTool] = {"delegate_task": delegation.delegate_task, "task": delegation.task}
         return {name: handler for name, handler in local.items() if name in harness.tools}

@@ -38,12 +38,14 @@ class Screening:
     """None: RULE_BASED, bounded as each screen bounds it (tool output: its first 256 KiB)."""
 
     def runtime_info(self) -> dict[str, Any]:
-        """The screens really attached, for the runtime truth."""
+        """The screens really attached, for the runtime truth.
+
+        The tool-output screen is: dispatch asks it for every tool result. `ragSafety` is not
+        reported: nothing retrieves documents yet, so no document passes the screen (it is served,
+        for the retrieval that will call it).
+        """
         mode = self.tool_output_mode
-        return {
-            "toolOutputScreen": {"active": mode is not ToolOutputMode.OFF, "mode": mode.value, "tier": self.tier},
-            "ragSafety": {"active": True, "tier": self.tier, "breach": self.document_breach.value},
-        }
+        return {"toolOutputScreen": {"active": mode is not ToolOutputMode.OFF, "mode": mode.value, "tier": self.tier}}
 
     async def screen(self, kind: str, texts: list[str]) -> ScreenResponse:
         """Screen `texts` of `kind` ("tool_output" or "document").
