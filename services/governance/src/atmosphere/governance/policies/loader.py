@@ -141,7 +141,7 @@ def _ms_rule(doc: Document, index: int, node: yaml.Node) -> Rule:
     regex = None
     if operator is Operator.MATCHES:
         try:
-            regex = compile_regex("" if value is None else str(value), flags=0)
+            regex = compile_regex("" if value is None else str(value), ignore_case=False)
         except ValueError as exc:
             raise doc.error(value_node or condition_node, f"{what}: {exc}") from None
     return Rule(name, field, operator, value, action, priority, message, regex)

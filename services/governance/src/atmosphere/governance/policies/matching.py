@@ -1,10 +1,12 @@
-"""Phrase and regex matching for the content policies (deny-list, allow-list, preference).
+"""Phrase and regex matching for the content policies (deny-list, allow-list, preference) and MS `matches`.
 
 Phrases are literal and case-insensitive; regexes are case-insensitive `search`es, as the
-original's `Pattern.CASE_INSENSITIVE` + `find()`. Python's `re` backtracks, so a hostile pattern
-(`(a+)+$`) can take exponential time on a crafted message: patterns come from the operator's
-policy file, not from users, and their length is bounded (`MAX_PATTERN_CHARS`), which limits
-accidents but is no proof against ReDoS.
+original's `Pattern.CASE_INSENSITIVE` + `find()` (MS `matches` is case-sensitive). Regexes run
+on RE2 (`google-re2`), whose matching time is linear in the text: a pattern like `(a+)+$` that
+makes a backtracking engine (Java's, Python's `re`) take exponential time on a crafted message
+costs RE2 one pass. The price is RE2's syntax: no lookaround and no backreferences — a policy
+using them is refused at start, naming the pattern, rather than run on an engine a message can
+stall (every admission would wait on it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
+
+import re2  # type: ignore[import-untyped]
 
 MAX_PATTERN_CHARS: Final = 1000
 """Longest phrase or regex a policy accepts."""
@@ -20,23 +24,40 @@ MAX_PATTERNS: Final = 1000
 """Most phrases + regexes one policy accepts."""
 MAX_WALK_DEPTH: Final = 32
 """How deep tool arguments are walked for strings; deeper values are not screened."""
+MAX_PROGRAM_BYTES: Final = 8 << 20
+"""Memory RE2 may use for one compiled pattern (a huge counted repetition is refused, not built)."""
 
 
-def compile_regex(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
-    """`pattern` compiled, or a `ValueError` saying why it cannot be (too long, invalid)."""
+class Searcher(Protocol):
+    """A compiled pattern: `search` finds it anywhere in a text (None when absent)."""
+
+    def search(self, text: str) -> object | None:
+        """The first match in `text`, or None."""
+        ...
+
+
+def compile_regex(pattern: str, *, ignore_case: bool = True) -> Searcher:
+    """`pattern` compiled for linear-time search, or a `ValueError` saying why it cannot be."""
     if len(pattern) > MAX_PATTERN_CHARS:
         raise ValueError(f"regex longer than {MAX_PATTERN_CHARS} characters")
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    options.log_errors = False
+    options.max_mem = MAX_PROGRAM_BYTES
     try:
-        return re.compile(pattern, flags)
-    except re.error as exc:
-        raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
+        compiled: Searcher = re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        msg = f"invalid regex {pattern!r}: {detail} (RE2 syntax: no lookaround or backreferences)"
+        raise ValueError(msg) from None
+    return compiled
 
 
 @dataclass(frozen=True)
 class PatternSet:
     """Literal phrases and regexes; matches when any one is found in a text."""
 
-    patterns: tuple[re.Pattern[str], ...]
+    patterns: tuple[Searcher, ...]
 
     @classmethod
     def build(cls, phrases: Sequence[str], regexes: Sequence[str]) -> PatternSet:
@@ -48,7 +69,7 @@ class PatternSet:
         for phrase in phrases:
             if len(phrase) > MAX_PATTERN_CHARS:
                 raise ValueError(f"phrase longer than {MAX_PATTERN_CHARS} characters")
-        compiled = [re.compile(re.escape(p), re.IGNORECASE) for p in phrases]
+        compiled: list[Searcher] = [re.compile(re.escape(p), re.IGNORECASE) for p in phrases]
         compiled += [compile_regex(r) for r in regexes]
         return cls(tuple(compiled))
 

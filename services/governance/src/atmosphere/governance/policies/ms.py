@@ -13,11 +13,11 @@ from __future__ import annotations
 import enum
 import logging
 import operator
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from atmosphere.governance.policies.matching import Searcher
 from atmosphere.governance.policies.model import (
     ADMIT,
     BasePolicy,
@@ -64,7 +64,7 @@ class Rule:
     action: Action
     priority: int = 0
     message: str = ""
-    regex: re.Pattern[str] | None = None
+    regex: Searcher | None = None
     """The compiled `value`, for `matches` rules."""
 
 
