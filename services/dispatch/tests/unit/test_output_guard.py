@@ -19,6 +19,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     RunEndedReport,
 )
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
+from atmosphere.dispatch.governance_client import CHECK_WINDOW
 from atmosphere.dispatch.output_guard import CHECK_EVERY, HOLD_BACK, Blocked, OutputGuard
 from atmosphere.sdk import App, StreamingSession, agent, prompt
 from atmosphere.testing.fake_provider import FakeProvider, Reply
@@ -228,3 +229,30 @@ async def test_a_model_answer_is_stopped_and_its_usage_reported(bare: Harness) -
     assert "@" not in text
     assert "jane" not in text
     assert events[-1].error.code == "governance.response_blocked"
+
+
+@agent(name="long")
+class Long:
+    """A long answer with an email deep inside it."""
+
+    @prompt
+    async def on_prompt(self, message: str, session: StreamingSession) -> None:
+        text = "plain words here " * 8000 + f"reach {ADDRESS} now " + "tail " * 100
+        for start in range(0, len(text), 500):
+            await session.send(text[start : start + 500])
+
+
+async def test_a_long_answer_is_checked_in_bounded_windows_and_still_caught(bare: Harness) -> None:
+    harness = bare
+    governance = PiiGovernance()
+    await _with(harness, governance)
+    await harness.executor(App([Long])).execute(request("long"))
+    events = harness.events()
+    sent = "".join(e.text_delta.text for e in events if e.WhichOneof("kind") == "text_delta")
+    assert "@" not in sent
+    assert len(sent) > 100_000  # the clean part streamed
+    assert events[-1].error.code == "governance.response_blocked"
+    assert max(len(c.response) for c in governance.checks) <= CHECK_WINDOW  # never the whole answer
+    lengths = [c.response_chars for c in governance.checks]
+    assert lengths == sorted(lengths)
+    assert lengths[-1] > CHECK_WINDOW

@@ -30,6 +30,8 @@ UNAVAILABLE = "Request denied: governance is unavailable (fail-closed)"
 RESPONSE_BLOCKED = "Response blocked: "
 """How a stopped answer's error begins (Atmosphere's prefix; clients classify by it)."""
 OUTPUT_UNAVAILABLE = RESPONSE_BLOCKED + "governance is unavailable, so the answer was not checked (fail-closed)"
+CHECK_WINDOW = 32 * 1024
+"""Characters of an answer (its tail) sent with each check; four bytes each fit any bus limit we accept."""
 SERVER_METADATA = frozenset({"roles", "tenant", "action", "transport", "tool_name", "tool_args", "tool_args_preview"})
 """Context keys governance sets itself: a client's run metadata never supplies them."""
 
@@ -112,6 +114,10 @@ class GovernanceClient:
     async def check_output(self, run: RunSubmission, response: str, *, final: bool) -> Decision:
         """Governance's decision on the answer so far (`final`: the whole answer, before `complete`).
 
+        Only the last `CHECK_WINDOW` characters travel: a check costs the same at the end of a
+        long answer as at its start (not the whole answer each time), and a 10 MB answer is still
+        checkable in one bus message; each window holds everything new since the previous check.
+
         Raises:
             BusError: no decision (the caller stops the answer: fail-closed).
         """
@@ -119,8 +125,9 @@ class GovernanceClient:
             run_id=run.run_id,
             agent=run.agent,
             principal=run.principal,
-            message=run.message,
-            response=response,
+            message=run.message[:CHECK_WINDOW],
+            response=response[-CHECK_WINDOW:],
+            response_chars=len(response),
             final=final,
             conversation_id=run.conversation_id,
             session_id=run.session_id,

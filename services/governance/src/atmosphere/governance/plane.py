@@ -58,7 +58,12 @@ from atmosphere.governance.policies import (
     load_policy_files,
     parse_policies,
 )
-from atmosphere.governance.policies.model import PARTIAL_METADATA_KEY, TENANT_METADATA_KEY, preview
+from atmosphere.governance.policies.model import (
+    PARTIAL_METADATA_KEY,
+    RESPONSE_CHARS_METADATA_KEY,
+    TENANT_METADATA_KEY,
+    preview,
+)
 from atmosphere.governance.pricing import PricingTable
 
 log = logging.getLogger("atmosphere.governance")
@@ -201,7 +206,11 @@ def output_context(request: CheckOutputRequest) -> PolicyContext:
         session_id=request.session_id,
         agent_id=request.agent,
         conversation_id=request.conversation_id,
-        metadata=_server_metadata(principal, action="respond", **{PARTIAL_METADATA_KEY: not request.final}),
+        metadata=_server_metadata(
+            principal,
+            action="respond",
+            **{PARTIAL_METADATA_KEY: not request.final, RESPONSE_CHARS_METADATA_KEY: request.response_chars},
+        ),
         response=request.response,
     )
 

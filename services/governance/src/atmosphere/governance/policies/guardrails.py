@@ -177,7 +177,7 @@ class OutputLengthZScorePolicy(BasePolicy):
     def evaluate(self, context: PolicyContext) -> Decision:
         if context.phase is Phase.PRE_ADMISSION or context.metadata.get(PARTIAL_METADATA_KEY):
             return ADMIT
-        length = len(context.response)
+        length = context.response_length
         with self._lock:
             tenant = self._buckets.key(self._windows, context.tenant)
             window = self._windows.setdefault(tenant, deque())

@@ -21,6 +21,8 @@ DEFAULT_TENANT: Final = "__default__"
 TENANT_METADATA_KEY: Final = "tenant"
 PARTIAL_METADATA_KEY: Final = "partial"
 """Set (true) on a post-response context that holds only the part of an answer streamed so far."""
+RESPONSE_CHARS_METADATA_KEY: Final = "response_chars"
+"""The whole answer's length, when `response` holds only its tail (a long answer's check window)."""
 
 
 class PolicyFileError(ValueError):
@@ -96,6 +98,14 @@ class PolicyContext:
         raw = self.metadata.get(TENANT_METADATA_KEY)
         text = str(raw).strip() if raw is not None else ""
         return text or DEFAULT_TENANT
+
+    @property
+    def response_length(self) -> int:
+        """The answer's length in characters: the whole answer's, even when `response` is only its tail."""
+        declared = self.metadata.get(RESPONSE_CHARS_METADATA_KEY)
+        if isinstance(declared, int) and not isinstance(declared, bool) and declared >= len(self.response):
+            return declared
+        return len(self.response)
 
     @property
     def subject(self) -> str:

@@ -26,7 +26,7 @@ from atmosphere.contracts.common.v1 import common_pb2 as atmosphere_dot_contract
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3atmosphere/contracts/governance/v1/governance.proto\x12\"atmosphere.contracts.governance.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x02\n\x0c\x41\x64mitRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12<\n\tprincipal\x18\x04 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x11\n\ttransport\x18\x05 \x01(\t\x12P\n\x08metadata\x18\x06 \x03(\x0b\x32>.atmosphere.contracts.governance.v1.AdmitRequest.MetadataEntry\x12\x15\n\rparent_run_id\x18\x07 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x08 \x01(\t\x12\x12\n\nsession_id\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcb\x01\n\x14\x43heckToolCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12\x12\n\nsession_id\x18\x07 \x01(\t\"\xd0\x01\n\x12\x43heckOutputRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08response\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x17\n\x0f\x63onversation_id\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\"\xdd\x01\n\x0eRunEndedReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x34\n\x05usage\x18\x04 \x03(\x0b\x32%.atmosphere.contracts.common.v1.Usage\x12\r\n\x05model\x18\x05 \x01(\t\x12\x16\n\x0eresponse_chars\x18\x06 \x01(\x03\x12\x11\n\tsucceeded\x18\x07 \x01(\x08\"?\n\x0bRunEndedAck\x12\x10\n\x08\x63ost_usd\x18\x01 \x01(\x01\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06priced\x18\x03 \x01(\x08\"\x8a\x01\n\rScreenRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\"Z\n\x0cScreenedText\x12\x0c\n\x04keep\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"m\n\x0eScreenResponse\x12?\n\x05texts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedText\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\"!\n\x0c\x41\x64minRequest\x12\x11\n\tbody_json\x18\x01 \x01(\t\"$\n\rAdminResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"\xd8\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12\x0f\n\x07outcome\x18\x05 \x01(\t\x12\x19\n\x11rewritten_message\x18\x06 \x01(\t\x12\x15\n\rpolicy_source\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\x15\n\rpolicy_digest\x18\t \x01(\t\x12\x14\n\x0c\x63heck_output\x18\n \x01(\x08\"\xd1\x02\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\x0f\n\x07\x61llowed\x18\x05 \x01(\x08\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\ndecided_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\t \x01(\t\x12\x15\n\rpolicy_source\x18\n \x01(\t\x12\x16\n\x0epolicy_version\x18\x0b \x01(\t\x12\x15\n\rpolicy_digest\x18\x0c \x01(\t\x12\x0f\n\x07outcome\x18\r \x01(\t\x12\x15\n\revaluation_ms\x18\x0e \x01(\x01\x12\x14\n\x0c\x63ontext_json\x18\x0f \x01(\t\"5\n\x14ListDecisionsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"q\n\x15ListDecisionsResponse\x12\x45\n\tdecisions\x18\x01 \x03(\x0b\x32\x32.atmosphere.contracts.governance.v1.DecisionRecord\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"M\n\x12ScreenFactsRequest\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\"[\n\x0cScreenedFact\x12\r\n\x05store\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"t\n\x13ScreenFactsResponse\x12?\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedFact\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62reach\x18\x03 \x01(\t\"!\n\x0c\x43heckRequest\x12\x11\n\tbody_json\x18\x01 \x01(\t\"$\n\rCheckResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3atmosphere/contracts/governance/v1/governance.proto\x12\"atmosphere.contracts.governance.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x02\n\x0c\x41\x64mitRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12<\n\tprincipal\x18\x04 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x11\n\ttransport\x18\x05 \x01(\t\x12P\n\x08metadata\x18\x06 \x03(\x0b\x32>.atmosphere.contracts.governance.v1.AdmitRequest.MetadataEntry\x12\x15\n\rparent_run_id\x18\x07 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x08 \x01(\t\x12\x12\n\nsession_id\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcb\x01\n\x14\x43heckToolCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12\x12\n\nsession_id\x18\x07 \x01(\t\"\xe8\x01\n\x12\x43heckOutputRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08response\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x17\n\x0f\x63onversation_id\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x16\n\x0eresponse_chars\x18\t \x01(\x03\"\xdd\x01\n\x0eRunEndedReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12<\n\tprincipal\x18\x03 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12\x34\n\x05usage\x18\x04 \x03(\x0b\x32%.atmosphere.contracts.common.v1.Usage\x12\r\n\x05model\x18\x05 \x01(\t\x12\x16\n\x0eresponse_chars\x18\x06 \x01(\x03\x12\x11\n\tsucceeded\x18\x07 \x01(\x08\"?\n\x0bRunEndedAck\x12\x10\n\x08\x63ost_usd\x18\x01 \x01(\x01\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06priced\x18\x03 \x01(\x08\"\x8a\x01\n\rScreenRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12<\n\tprincipal\x18\x05 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\"Z\n\x0cScreenedText\x12\x0c\n\x04keep\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"m\n\x0eScreenResponse\x12?\n\x05texts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedText\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\"!\n\x0c\x41\x64minRequest\x12\x11\n\tbody_json\x18\x01 \x01(\t\"$\n\rAdminResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"\xd8\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12\x0f\n\x07outcome\x18\x05 \x01(\t\x12\x19\n\x11rewritten_message\x18\x06 \x01(\t\x12\x15\n\rpolicy_source\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\x15\n\rpolicy_digest\x18\t \x01(\t\x12\x14\n\x0c\x63heck_output\x18\n \x01(\x08\"\xd1\x02\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\x0f\n\x07\x61llowed\x18\x05 \x01(\x08\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\ndecided_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\t \x01(\t\x12\x15\n\rpolicy_source\x18\n \x01(\t\x12\x16\n\x0epolicy_version\x18\x0b \x01(\t\x12\x15\n\rpolicy_digest\x18\x0c \x01(\t\x12\x0f\n\x07outcome\x18\r \x01(\t\x12\x15\n\revaluation_ms\x18\x0e \x01(\x01\x12\x14\n\x0c\x63ontext_json\x18\x0f \x01(\t\"5\n\x14ListDecisionsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"q\n\x15ListDecisionsResponse\x12\x45\n\tdecisions\x18\x01 \x03(\x0b\x32\x32.atmosphere.contracts.governance.v1.DecisionRecord\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"M\n\x12ScreenFactsRequest\x12\r\n\x05\x66\x61\x63ts\x18\x01 \x03(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\"[\n\x0cScreenedFact\x12\r\n\x05store\x18\x01 \x01(\x08\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\r\n\x05probe\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"t\n\x13ScreenFactsResponse\x12?\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x30.atmosphere.contracts.governance.v1.ScreenedFact\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62reach\x18\x03 \x01(\t\"!\n\x0c\x43heckRequest\x12\x11\n\tbody_json\x18\x01 \x01(\t\"$\n\rCheckResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,37 +42,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKTOOLCALLREQUEST']._serialized_start=515
   _globals['_CHECKTOOLCALLREQUEST']._serialized_end=718
   _globals['_CHECKOUTPUTREQUEST']._serialized_start=721
-  _globals['_CHECKOUTPUTREQUEST']._serialized_end=929
-  _globals['_RUNENDEDREPORT']._serialized_start=932
-  _globals['_RUNENDEDREPORT']._serialized_end=1153
-  _globals['_RUNENDEDACK']._serialized_start=1155
-  _globals['_RUNENDEDACK']._serialized_end=1218
-  _globals['_SCREENREQUEST']._serialized_start=1221
-  _globals['_SCREENREQUEST']._serialized_end=1359
-  _globals['_SCREENEDTEXT']._serialized_start=1361
-  _globals['_SCREENEDTEXT']._serialized_end=1451
-  _globals['_SCREENRESPONSE']._serialized_start=1453
-  _globals['_SCREENRESPONSE']._serialized_end=1562
-  _globals['_ADMINREQUEST']._serialized_start=1564
-  _globals['_ADMINREQUEST']._serialized_end=1597
-  _globals['_ADMINRESPONSE']._serialized_start=1599
-  _globals['_ADMINRESPONSE']._serialized_end=1635
-  _globals['_DECISION']._serialized_start=1638
-  _globals['_DECISION']._serialized_end=1854
-  _globals['_DECISIONRECORD']._serialized_start=1857
-  _globals['_DECISIONRECORD']._serialized_end=2194
-  _globals['_LISTDECISIONSREQUEST']._serialized_start=2196
-  _globals['_LISTDECISIONSREQUEST']._serialized_end=2249
-  _globals['_LISTDECISIONSRESPONSE']._serialized_start=2251
-  _globals['_LISTDECISIONSRESPONSE']._serialized_end=2364
-  _globals['_SCREENFACTSREQUEST']._serialized_start=2366
-  _globals['_SCREENFACTSREQUEST']._serialized_end=2443
-  _globals['_SCREENEDFACT']._serialized_start=2445
-  _globals['_SCREENEDFACT']._serialized_end=2536
-  _globals['_SCREENFACTSRESPONSE']._serialized_start=2538
-  _globals['_SCREENFACTSRESPONSE']._serialized_end=2654
-  _globals['_CHECKREQUEST']._serialized_start=2656
-  _globals['_CHECKREQUEST']._serialized_end=2689
-  _globals['_CHECKRESPONSE']._serialized_start=2691
-  _globals['_CHECKRESPONSE']._serialized_end=2727
+  _globals['_CHECKOUTPUTREQUEST']._serialized_end=953
+  _globals['_RUNENDEDREPORT']._serialized_start=956
+  _globals['_RUNENDEDREPORT']._serialized_end=1177
+  _globals['_RUNENDEDACK']._serialized_start=1179
+  _globals['_RUNENDEDACK']._serialized_end=1242
+  _globals['_SCREENREQUEST']._serialized_start=1245
+  _globals['_SCREENREQUEST']._serialized_end=1383
+  _globals['_SCREENEDTEXT']._serialized_start=1385
+  _globals['_SCREENEDTEXT']._serialized_end=1475
+  _globals['_SCREENRESPONSE']._serialized_start=1477
+  _globals['_SCREENRESPONSE']._serialized_end=1586
+  _globals['_ADMINREQUEST']._serialized_start=1588
+  _globals['_ADMINREQUEST']._serialized_end=1621
+  _globals['_ADMINRESPONSE']._serialized_start=1623
+  _globals['_ADMINRESPONSE']._serialized_end=1659
+  _globals['_DECISION']._serialized_start=1662
+  _globals['_DECISION']._serialized_end=1878
+  _globals['_DECISIONRECORD']._serialized_start=1881
+  _globals['_DECISIONRECORD']._serialized_end=2218
+  _globals['_LISTDECISIONSREQUEST']._serialized_start=2220
+  _globals['_LISTDECISIONSREQUEST']._serialized_end=2273
+  _globals['_LISTDECISIONSRESPONSE']._serialized_start=2275
+  _globals['_LISTDECISIONSRESPONSE']._serialized_end=2388
+  _globals['_SCREENFACTSREQUEST']._serialized_start=2390
+  _globals['_SCREENFACTSREQUEST']._serialized_end=2467
+  _globals['_SCREENEDFACT']._serialized_start=2469
+  _globals['_SCREENEDFACT']._serialized_end=2560
+  _globals['_SCREENFACTSRESPONSE']._serialized_start=2562
+  _globals['_SCREENFACTSRESPONSE']._serialized_end=2678
+  _globals['_CHECKREQUEST']._serialized_start=2680
+  _globals['_CHECKREQUEST']._serialized_end=2713
+  _globals['_CHECKRESPONSE']._serialized_start=2715
+  _globals['_CHECKRESPONSE']._serialized_end=2751
 # @@protoc_insertion_point(module_scope)

@@ -148,15 +148,20 @@ class CheckOutputRequest(_message.Message):
     FINAL_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_CHARS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     agent: _builtins.str
     message: _builtins.str
     """The user's message the answer is for."""
     response: _builtins.str
-    """The whole answer so far."""
+    """The answer so far: whole, or its last `CHECK_WINDOW` characters when it is longer (each
+    check then still sees everything new since the last one, plus what came just before it).
+    """
     final: _builtins.bool
     conversation_id: _builtins.str
     session_id: _builtins.str
+    response_chars: _builtins.int
+    """The whole answer's length in characters (`response` may be only its tail)."""
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
     def __init__(
@@ -170,10 +175,11 @@ class CheckOutputRequest(_message.Message):
         final: _builtins.bool = ...,
         conversation_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
+        response_chars: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "final", b"final", "message", b"message", "principal", b"principal", "response", b"response", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "final", b"final", "message", b"message", "principal", b"principal", "response", b"response", "response_chars", b"response_chars", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
