@@ -68,6 +68,7 @@ pytest: install ## The test suite (unit, contract, integration, end-to-end)
 bench: install ## Benchmarks with ratios against baselines measured in the same run
 	$(RUN) python bench/bus_roundtrip.py
 	$(RUN) python bench/dispatch_overhead.py
+	$(RUN) python bench/governance_overhead.py
 	$(RUN) python bench/ingress_overhead.py
 	$(RUN) python bench/ingress_flood.py
 

@@ -64,7 +64,7 @@ class PiiGovernance:
         return router
 
 
-async def _judge_email(answer: str, _final: bool) -> Decision:
+async def _judge_email(answer: str, _length: int, _final: bool) -> Decision:
     if EMAIL.search(answer):
         return Decision(allowed=False, policy="pii", reason="response contains PII of kinds: [email]")
     return Decision(allowed=True)
@@ -120,7 +120,7 @@ async def test_a_long_unbroken_token_is_released_after_its_check() -> None:
 
 
 async def test_a_check_governance_does_not_answer_stops_the_answer() -> None:
-    async def silent(_answer: str, _final: bool) -> Decision:
+    async def silent(_answer: str, _length: int, _final: bool) -> Decision:
         raise NoRespondersError("atmo.gov.check_output")
 
     guard = OutputGuard(silent, run_id="r")

@@ -336,3 +336,10 @@ async def test_the_apps_python_policies_are_installed_after_the_files(tmp_path: 
 def test_an_app_policy_that_is_not_a_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a governance policy"):
         App([], policies=[object()])
+
+
+async def test_the_log_keeps_no_pii_even_when_the_request_carried_some(gov: Gov) -> None:
+    await gov.admit("r1", message="I am bob@corp.example, call +1 415 555 0100")
+    snapshot = json.loads((await gov.log())[0].context_json)
+    assert "bob@corp.example" not in snapshot["message"]
+    assert "[redacted-email]" in snapshot["message"]

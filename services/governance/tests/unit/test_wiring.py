@@ -127,7 +127,7 @@ async def test_the_apps_policies_and_the_configured_files_decide_every_edge(tmp_
     )
     assert answer["reason"] == "Wire transfers need a human"
     assert [(d.operation, d.allowed, d.policy) for d in reversed(log.decisions)] == [
-        ("admit", True, "admit-all"),
+        ("admit", True, "policy-ring"),  # every installed policy admitted it
         ("admit", False, "no-secrets"),
         ("check_tool", False, "no-deletes"),
     ]

@@ -111,12 +111,13 @@ class GovernanceClient:
         )
         return await self._bus.request(subjects.governance("check_tool"), request, Decision, timeout=self.timeout)
 
-    async def check_output(self, run: RunSubmission, response: str, *, final: bool) -> Decision:
+    async def check_output(self, run: RunSubmission, tail: str, *, length: int, final: bool) -> Decision:
         """Governance's decision on the answer so far (`final`: the whole answer, before `complete`).
 
-        Only the last `CHECK_WINDOW` characters travel: a check costs the same at the end of a
-        long answer as at its start (not the whole answer each time), and a 10 MB answer is still
-        checkable in one bus message; each window holds everything new since the previous check.
+        `tail` ends the answer, whose whole length is `length`. Only its last `CHECK_WINDOW`
+        characters travel: a check costs the same at the end of a long answer as at its start
+        (not the whole answer each time), and a 10 MB answer is still checkable in one bus
+        message; each window holds everything new since the previous check.
 
         Raises:
             BusError: no decision (the caller stops the answer: fail-closed).
@@ -126,8 +127,8 @@ class GovernanceClient:
             agent=run.agent,
             principal=run.principal,
             message=run.message[:CHECK_WINDOW],
-            response=response[-CHECK_WINDOW:],
-            response_chars=len(response),
+            response=tail[-CHECK_WINDOW:],
+            response_chars=length,
             final=final,
             conversation_id=run.conversation_id,
             session_id=run.session_id,

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from atmosphere.bus import BusError
 from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
-from atmosphere.dispatch.governance_client import OUTPUT_UNAVAILABLE, RESPONSE_BLOCKED
+from atmosphere.dispatch.governance_client import CHECK_WINDOW, OUTPUT_UNAVAILABLE, RESPONSE_BLOCKED
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -35,8 +35,9 @@ HOLD_BACK = 64
 MAX_UNBROKEN = 4 * CHECK_EVERY
 """Checked text held for want of a whitespace beyond this is released anyway (e.g. base64)."""
 
-Check = Callable[[str, bool], Awaitable[Decision]]
-"""Governance's decision on the whole answer so far (`final`: before `complete`)."""
+Check = Callable[[str, int, bool], Awaitable[Decision]]
+"""Governance's decision on the answer so far: its tail (at least `CHECK_WINDOW` characters when it
+is that long), its whole length, and whether it is final (before `complete`)."""
 
 
 class Blocked(Exception):  # noqa: N818 - a stop, not a failure
@@ -57,7 +58,10 @@ class OutputGuard:
         self._run_id = run_id
         self._every = every
         self._hold_back = hold_back
-        self._answer = ""
+        # Only the tail is kept (bounded, amortised O(1) per character): a check needs the last
+        # CHECK_WINDOW characters, and what is not yet released is in the held events.
+        self._tail = ""
+        self._length = 0
         self._checked = 0
         self._released = 0
         self._held: deque[RunEvent] = deque()
@@ -67,7 +71,7 @@ class OutputGuard:
     @property
     def held_chars(self) -> int:
         """Characters of the answer not released yet."""
-        return len(self._answer) - self._released
+        return self._length - self._released
 
     async def text(self, event: RunEvent) -> list[RunEvent]:
         """Take one of the run's own text events; the text events that may go out now.
@@ -75,9 +79,9 @@ class OutputGuard:
         Raises:
             Blocked: the answer so far may not reach the client.
         """
-        self._answer += event.text_delta.text
+        self._append(event.text_delta.text)
         self._held.append(event)
-        if len(self._answer) - self._checked < self._every:
+        if self._length - self._checked < self._every:
             return []
         await self._judge(final=False)
         return self._release(self._safe_end())
@@ -88,9 +92,9 @@ class OutputGuard:
         Raises:
             Blocked: the answer may not reach the client.
         """
-        if final or self._checked < len(self._answer):
+        if final or self._checked < self._length:
             await self._judge(final=final)
-        return self._release(len(self._answer))
+        return self._release(self._length)
 
     async def whole_text(self, text: str) -> None:
         """Check a round's whole text (`text_complete`) unless the answer already ends with it.
@@ -99,10 +103,11 @@ class OutputGuard:
             Blocked: it may not reach the client.
         """
         await self.before(final=False)
-        if text and not self._answer.endswith(text):
+        if text and not self._tail.endswith(text):
             self.checks += 1
+            whole = (self._tail + text)[-max(CHECK_WINDOW, len(text)) :]
             try:
-                decision = await self._check(self._answer + text, False)
+                decision = await self._check(whole, self._length + len(text), False)
             except BusError as exc:
                 raise Blocked(OUTPUT_UNAVAILABLE) from exc
             if not decision.allowed:
@@ -112,13 +117,13 @@ class OutputGuard:
         """Drop what is held unreleased (the run ends otherwise); how many characters went."""
         dropped = self.held_chars
         self._held.clear()
-        self._released = len(self._answer)
+        self._released = self._length
         return dropped
 
     async def _judge(self, *, final: bool) -> None:
         self.checks += 1
         try:
-            decision = await self._check(self._answer, final)
+            decision = await self._check(self._tail, self._length, final)
         except BusError as exc:
             log.warning("run %s: governance did not check the answer (%s); stopping it", self._run_id, exc)
             raise Blocked(OUTPUT_UNAVAILABLE) from exc
@@ -126,14 +131,20 @@ class OutputGuard:
             policy = decision.policy or "default"
             log.info("run %s: answer stopped by policy %s: %s", self._run_id, policy, decision.reason)
             raise Blocked(RESPONSE_BLOCKED + decision.reason, policy=policy, detail=decision.reason)
-        self._checked = len(self._answer)
+        self._checked = self._length
+
+    def _append(self, text: str) -> None:
+        self._length += len(text)
+        self._tail += text
+        if len(self._tail) > 2 * CHECK_WINDOW:
+            self._tail = self._tail[-CHECK_WINDOW:]
 
     def _safe_end(self) -> int:
         """Where released text may end after a passing check: before the hold-back, at a whitespace."""
         end = self._checked - self._hold_back
         if end <= self._released:
             return self._released
-        window = self._answer[self._released : end]
+        window = "".join(e.text_delta.text for e in self._held)[: end - self._released]
         cut = max(window.rfind(" "), window.rfind("\n"), window.rfind("\t"))
         if cut >= 0:
             return self._released + cut + 1

@@ -252,8 +252,8 @@ class Run:
             self.guard = OutputGuard(self._check_output, run_id=self.request.run_id)
         return True
 
-    async def _check_output(self, answer: str, final: bool) -> Decision:
-        return await self.services.governance.check_output(self.request, answer, final=final)
+    async def _check_output(self, tail: str, length: int, final: bool) -> Decision:
+        return await self.services.governance.check_output(self.request, tail, length=length, final=final)
 
     async def prompt(self) -> None:
         """The agent's `@prompt` method, or the default loop; a failure ends the run as `agent.failed`."""

@@ -142,6 +142,7 @@ class GovernanceHandlers:
         principal: Principal,
     ) -> None:
         preferred = evaluation.decision.preferred if isinstance(evaluation.decision, Prefer) else ""
+        context = evaluation.context  # after every rewrite: a redacted message is what is logged
         await self._log.append(
             DecisionRow(
                 decision_id=decision.decision_id,
@@ -174,7 +175,12 @@ class GovernanceHandlers:
         )
         _check_principal(request.principal)
         context, evaluation = self.plane.admit(request)
-        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        decision = decision_of(
+            evaluation,
+            decision_id=uuid.uuid4().hex,
+            original_message=context.message,
+            installed=bool(self.plane.policies),
+        )
         decision.check_output = self.plane.judges_output
         await self._record(
             context,
@@ -192,7 +198,12 @@ class GovernanceHandlers:
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
         context, evaluation = self.plane.check_tool(request)
-        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        decision = decision_of(
+            evaluation,
+            decision_id=uuid.uuid4().hex,
+            original_message=context.message,
+            installed=bool(self.plane.policies),
+        )
         await self._record(
             context,
             evaluation,
@@ -209,7 +220,12 @@ class GovernanceHandlers:
         _check_fields(run_id=request.run_id, agent=request.agent)
         _check_principal(request.principal)
         context, evaluation = self.plane.check_output(request)
-        decision = decision_of(evaluation, decision_id=uuid.uuid4().hex, original_message=context.message)
+        decision = decision_of(
+            evaluation,
+            decision_id=uuid.uuid4().hex,
+            original_message=context.message,
+            installed=bool(self.plane.policies),
+        )
         if request.final or not decision.allowed:  # not every 200-character check of every answer
             await self._record(
                 context,

@@ -65,6 +65,7 @@ from atmosphere.governance.policies.model import (
     preview,
 )
 from atmosphere.governance.pricing import PricingTable
+from atmosphere.service.pii import GUARDRAIL_PATTERNS, redact_text
 
 log = logging.getLogger("atmosphere.governance")
 
@@ -72,6 +73,8 @@ APP_POLICY_FILE = "atmosphere-policies.yaml"
 """The policy file an app ships in its directory."""
 NO_POLICY = "admit-all"
 """What the log names when no policy is installed (everything is admitted)."""
+ALL_ADMITTED = "policy-ring"
+"""What the log names when policies are installed and every one of them admitted."""
 SNAPSHOT_CHARS = 200
 """Characters of the message, the response and each metadata value kept in a context snapshot."""
 MAX_HELD_RUNS = 100_000
@@ -110,9 +113,14 @@ def _unwrapped(policy: Policy) -> Policy:
     return policy.wrapped if isinstance(policy, DryRunPolicy) else policy
 
 
+def _private(text: str) -> str:
+    """`text` as the log keeps it: personal data masked (the audit trail must not become a store of it)."""
+    return redact_text(text, GUARDRAIL_PATTERNS)
+
+
 def snapshot(context: PolicyContext, *, preferred: str = "") -> str:
-    """The seed's context snapshot of `context`, as JSON (every value bounded)."""
-    shot: dict[str, Any] = {"phase": context.phase.value, "message": preview(context.message, SNAPSHOT_CHARS)}
+    """The seed's context snapshot of `context`, as JSON (every value bounded, PII masked)."""
+    shot: dict[str, Any] = {"phase": context.phase.value, "message": _private(preview(context.message, SNAPSHOT_CHARS))}
     for key in ("model", "user_id", "session_id", "agent_id", "conversation_id"):
         value = getattr(context, key)
         if value:
@@ -126,9 +134,9 @@ def snapshot(context: PolicyContext, *, preferred: str = "") -> str:
             shot[key] = value
         else:
             text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
-            shot[key] = preview(text, SNAPSHOT_CHARS)
+            shot[key] = _private(preview(text, SNAPSHOT_CHARS))
     if context.response:
-        shot["response_preview"] = preview(context.response, SNAPSHOT_CHARS)
+        shot["response_preview"] = _private(preview(context.response, SNAPSHOT_CHARS))
     if preferred:
         shot["preferred"] = preferred
     return json.dumps(shot, ensure_ascii=False)
@@ -215,12 +223,18 @@ def output_context(request: CheckOutputRequest) -> PolicyContext:
     )
 
 
-def decision_of(evaluation: Evaluation, *, decision_id: str, original_message: str) -> Decision:
-    """The answer for `evaluation` (its policy's identity included)."""
+def decision_of(
+    evaluation: Evaluation, *, decision_id: str, original_message: str, installed: bool = False
+) -> Decision:
+    """The answer for `evaluation` (its policy's identity included).
+
+    An admit no single policy made is named `admit-all` when nothing is installed, else
+    `policy-ring` (every installed policy admitted).
+    """
     identity = evaluation.policy
     answer = Decision(
         decision_id=decision_id,
-        policy=identity.name if identity is not None else NO_POLICY,
+        policy=identity.name if identity is not None else (ALL_ADMITTED if installed else NO_POLICY),
         policy_source=identity.source if identity is not None else "",
         policy_version=identity.version if identity is not None else "",
         policy_digest=identity.digest if identity is not None else "",
@@ -239,7 +253,7 @@ def decision_of(evaluation: Evaluation, *, decision_id: str, original_message: s
     else:
         assert isinstance(result, Admit)
         answer.allowed = True
-        answer.reason = "no policy restricts this request" if identity is None else ""
+        answer.reason = "no policy restricts this request" if identity is None and not installed else ""
     return answer
 
 
