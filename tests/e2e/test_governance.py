@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -21,6 +22,8 @@ import websockets
 
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.config import AuthOptions, TokenGrant
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdminRequest,
     AdminResponse,
@@ -239,6 +242,34 @@ async def test_an_email_in_an_answer_never_reaches_an_openai_client(world: World
     _no_email(str(blocked.value.body))
     assert "Response blocked: response contains PII of kinds: [email]" in str(blocked.value.body)
     await client.close()
+
+
+async def test_an_email_in_an_answer_never_reaches_a_long_poll_or_grpc_client(
+    world: World, fake_provider: FakeProvider
+) -> None:
+    fake_provider.script(Reply.text(LEAKY, words=False))
+    async with httpx.AsyncClient(base_url=world.url, timeout=40, headers=bearer(ALICE)) as http:
+        started = await http.post("/atmosphere/agent/records/poll", content="Summarise my account")
+        assert started.status_code == 202
+        raw_pages, after, done = [], 0, False
+        while not done:
+            page = await http.get(
+                f"/atmosphere/runs/{started.json()['runId']}/poll", params={"after": after, "wait": 5}
+            )
+            raw_pages.append(page.text)
+            after, done = page.json()["after"], page.json()["done"]
+    for raw in raw_pages:
+        _no_email(raw)
+    assert "Response blocked: response contains PII of kinds: [email]" in raw_pages[-1]
+
+    info = await world.bus.request(subjects.service_info("dispatch"), ServiceInfoRequest(), ServiceInfoResponse)
+    fake_provider.script(Reply.text(LEAKY, words=False))
+    async with grpc.aio.insecure_channel(json.loads(info.info_json)["grpc"]) as channel:
+        stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+        run = dispatch_pb2.RunRequest(agent="records", message="Summarise my account")
+        events = [r.event async for r in stub.Run(run, metadata=(("authorization", f"Bearer {ALICE}"),))]
+    _no_email("".join(e.text_delta.text for e in events))
+    assert events[-1].error.code == "governance.response_blocked"
 
 
 async def test_a_cost_ceiling_stops_the_next_run_of_that_tenant_only(world: World, fake_provider: FakeProvider) -> None:
