@@ -343,3 +343,20 @@ async def test_the_log_keeps_no_pii_even_when_the_request_carried_some(gov: Gov)
     snapshot = json.loads((await gov.log())[0].context_json)
     assert "bob@corp.example" not in snapshot["message"]
     assert "[redacted-email]" in snapshot["message"]
+
+
+async def test_a_sub_runs_admission_is_its_delegation_edge(tmp_path: Path) -> None:
+    document = (
+        "rules:\n  - name: no-delegation-to-payments\n"
+        "    condition: {field: action, operator: eq, value: delegate}\n    action: deny\n"
+        "    message: sub-agents may not run here\n"
+    )
+    plane = GovernancePlane(parse_policies(document, source="yaml:ms"))
+    top = AdmitRequest(run_id="r1", agent="payments", message="pay", principal=ADA, transport="websocket")
+    assert plane.admit(top)[1].allowed
+    edge = AdmitRequest(
+        run_id="r2", agent="payments", message="pay", principal=ADA, transport="delegation", parent_run_id="r1"
+    )
+    context, evaluation = plane.admit(edge)
+    assert not evaluation.allowed
+    assert context.metadata["parent_run_id"] == "r1"
