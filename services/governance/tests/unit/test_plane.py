@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +330,7 @@ async def test_the_apps_python_policies_are_installed_after_the_files(tmp_path: 
     plane = build_plane(settings)
     assert [p.identity.name for p in plane.policies] == ["short", "no-fridays"]
     assert plane.policies[1].identity.source == "code:policy_app_mod.NoFridays"
-    _, evaluation = plane.admit(AdmitRequest(run_id="r", agent="a", message="see you Friday", principal=ADA))
+    _, evaluation = await plane.admit(AdmitRequest(run_id="r", agent="a", message="see you Friday", principal=ADA))
     assert not evaluation.allowed
     assert evaluation.policy is not None
     assert evaluation.policy.name == "no-fridays"
@@ -353,10 +356,54 @@ async def test_a_sub_runs_admission_is_its_delegation_edge(tmp_path: Path) -> No
     )
     plane = GovernancePlane(parse_policies(document, source="yaml:ms"))
     top = AdmitRequest(run_id="r1", agent="payments", message="pay", principal=ADA, transport="websocket")
-    assert plane.admit(top)[1].allowed
+    assert (await plane.admit(top))[1].allowed
     edge = AdmitRequest(
         run_id="r2", agent="payments", message="pay", principal=ADA, transport="delegation", parent_run_id="r1"
     )
-    context, evaluation = plane.admit(edge)
+    context, evaluation = await plane.admit(edge)
     assert not evaluation.allowed
     assert context.metadata["parent_run_id"] == "r1"
+
+
+async def test_a_policy_waiting_on_io_does_not_hold_governance(tmp_path: Path) -> None:
+    """An LLM moderation check in flight: governance still answers other requests meanwhile."""
+    release = threading.Event()
+
+    class SlowModel(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            release.wait(10)
+            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "SAFE"}}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowModel)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        document = (
+            "policies:\n  - name: mod\n    type: moderation\n    dry-run: true\n    config:\n"
+            f"      tier: llm\n      base-url: http://127.0.0.1:{server.server_port}/v1\n      model: m\n"
+        )
+        plane = GovernancePlane(parse_policies(document, source="yaml:mod"))
+        assert plane.blocking  # seen through the dry-run wrapper
+        bus = FakeBus()
+        async with DecisionLog.open(tmp_path / "g.db") as log, bus.serve(GovernanceHandlers(log, plane=plane).router()):
+            admission = asyncio.create_task(
+                bus.request(subjects.governance("admit"), AdmitRequest(run_id="r1", agent="a", message="hi"), Decision)
+            )
+            # While the model holds the admission, the decision log is still served.
+            listed = await bus.request(subjects.governance("decisions"), ListDecisionsRequest(), ListDecisionsResponse)
+            assert not admission.done()
+            assert list(listed.decisions) == []
+            release.set()
+            assert (await admission).allowed
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

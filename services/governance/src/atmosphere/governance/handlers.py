@@ -174,7 +174,7 @@ class GovernanceHandlers:
             session_id=request.session_id,
         )
         _check_principal(request.principal)
-        context, evaluation = self.plane.admit(request)
+        context, evaluation = await self.plane.admit(request)
         decision = decision_of(
             evaluation,
             decision_id=uuid.uuid4().hex,
@@ -197,7 +197,7 @@ class GovernanceHandlers:
         """`atmo.gov.check_tool`: may this tool call run?"""
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
-        context, evaluation = self.plane.check_tool(request)
+        context, evaluation = await self.plane.check_tool(request)
         decision = decision_of(
             evaluation,
             decision_id=uuid.uuid4().hex,
@@ -219,7 +219,7 @@ class GovernanceHandlers:
         """`atmo.gov.check_output`: may the answer so far reach the client?"""
         _check_fields(run_id=request.run_id, agent=request.agent)
         _check_principal(request.principal)
-        context, evaluation = self.plane.check_output(request)
+        context, evaluation = await self.plane.check_output(request)
         decision = decision_of(
             evaluation,
             decision_id=uuid.uuid4().hex,
@@ -368,7 +368,7 @@ class GovernanceHandlers:
             if not isinstance(body, dict):
                 msg = "the body must be a JSON object"
                 raise ValueError(msg)
-            result = self.plane.check(body)
+            result = await self.plane.check(body)
         except (ValueError, RecursionError) as exc:
             raise GovernanceBadRequestError(f"Malformed check: {exc}"[:MAX_FIELD_CHARS]) from None
         return CheckResponse(result_json=json.dumps(result))

@@ -12,6 +12,7 @@ State the policies keep across requests lives here too: the concurrency slots of
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -293,10 +294,14 @@ class GovernancePlane:
     def _install(self, policies: Sequence[Policy]) -> None:
         self.policies: tuple[Policy, ...] = tuple(policies)
         self.ring = PolicyRing((self.kill_switch, *self.policies))
+        self._answer_ring = PolicyRing(self.policies)
         live = [_unwrapped(p) for p in self.policies if not isinstance(p, DryRunPolicy)]
         self._cost_ceilings = [p for p in live if isinstance(p, CostCeilingPolicy)]
         self._limits_concurrency = any(isinstance(p, ConcurrencyLimitPolicy) for p in live)
         self.judges_output = any(not isinstance(p, ADMISSION_ONLY) for p in live)
+        # A policy that waits on I/O (an LLM moderation tier) must not hold the event loop:
+        # with one installed, rings are evaluated on worker threads (policies guard their state).
+        self.blocking = any(getattr(_unwrapped(p), "blocking", False) for p in self.policies)
 
     def reload(self, *, swap_name: str = "", text: str = "") -> dict[str, Any]:
         """Swap the policies named `swap_name` for those `text` defines, or (no name) re-read every file.
@@ -366,28 +371,35 @@ class GovernancePlane:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def admit(self, request: AdmitRequest) -> tuple[PolicyContext, Evaluation]:
+    async def _evaluate(self, ring: PolicyRing, context: PolicyContext) -> Evaluation:
+        if self.blocking:
+            return await asyncio.to_thread(ring.evaluate, context)
+        return ring.evaluate(context)
+
+    async def admit(self, request: AdmitRequest) -> tuple[PolicyContext, Evaluation]:
         """A run's admission; an admitted run holds its concurrency slot until `run_ended`."""
         context = admission_context(request)
         if self._limits_concurrency:
             self._give_back(request.run_id)  # a redelivered run is admitted again: one slot per run
-        evaluation = self.ring.evaluate(context)
+        evaluation = await self._evaluate(self.ring, context)
         if self._limits_concurrency and evaluation.allowed:
             self._hold(request.run_id, evaluation.context)
         return context, evaluation
 
-    def check_tool(self, request: CheckToolCallRequest) -> tuple[PolicyContext, Evaluation]:
+    async def check_tool(self, request: CheckToolCallRequest) -> tuple[PolicyContext, Evaluation]:
         """A tool call's check."""
         context = tool_context(request)
-        return context, self.ring.evaluate(context)
+        return context, await self._evaluate(self.ring, context)
 
-    def check_output(self, request: CheckOutputRequest) -> tuple[PolicyContext, Evaluation]:
+    async def check_output(self, request: CheckOutputRequest) -> tuple[PolicyContext, Evaluation]:
         """An answer's check (the kill switch stops new work, not answers already streaming)."""
         context = output_context(request)
-        return context, PolicyRing(self.policies).evaluate(context)
+        return context, await self._evaluate(self._answer_ring, context)
 
-    def check(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def check(self, body: dict[str, Any]) -> dict[str, Any]:
         """MS `/check` over the policies in force."""
+        if self.blocking:
+            return await asyncio.to_thread(check_request, self.ring, body)
         return check_request(self.ring, body)
 
     def run_ended(self, report: RunEndedReport) -> RunEndedAck:

@@ -31,8 +31,9 @@ policies:
 """
 
 
-def test_thirteen_built_in_types() -> None:
-    assert len(NATIVE_TYPES) == 13
+def test_fourteen_built_in_types() -> None:
+    assert len(NATIVE_TYPES) == 14
+    assert "moderation" in NATIVE_TYPES
 
 
 def test_native_entries_carry_their_identity() -> None:

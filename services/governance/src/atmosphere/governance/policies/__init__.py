@@ -1,4 +1,4 @@
-"""Governance policies as code: the SPI, the 13 built-in types, both YAML schemas, the ring, `/check`.
+"""Governance policies as code: the SPI, the 14 built-in types, both YAML schemas, the ring, `/check`.
 
 Pure: no bus and no I/O except `load_policy_files` reading its files. The governance service wires
 it (`PolicyRing` over `load_policy_files(...) + registered_policies()`).
@@ -39,6 +39,12 @@ from atmosphere.governance.policies.model import (
     Prefer,
     Transform,
 )
+from atmosphere.governance.policies.moderation import (
+    LlmModerationPolicy,
+    ModerationPolicy,
+    RuleBasedModerationPolicy,
+)
+from atmosphere.governance.policies.moderation_rules import Category as ModerationCategory
 from atmosphere.governance.policies.ms import MsAgentOsPolicy
 from atmosphere.governance.policies.native import NATIVE_TYPES
 from atmosphere.governance.policies.registry import (
@@ -62,8 +68,11 @@ __all__ = [
     "DryRunPolicy",
     "Evaluation",
     "KillSwitch",
+    "LlmModerationPolicy",
     "MessageLengthPolicy",
     "MetadataPresencePolicy",
+    "ModerationCategory",
+    "ModerationPolicy",
     "MsAgentOsPolicy",
     "OutputLengthZScorePolicy",
     "PatternSet",
@@ -78,6 +87,7 @@ __all__ = [
     "Prefer",
     "PreferencePolicy",
     "RateLimitPolicy",
+    "RuleBasedModerationPolicy",
     "ShadowCounts",
     "TimeWindowPolicy",
     "Transform",

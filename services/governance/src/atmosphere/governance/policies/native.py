@@ -1,4 +1,4 @@
-"""The 13 built-in `type:`s of the native schema, each building its policy from a `config:` block.
+"""The 14 built-in `type:`s of the native schema, each building its policy from a `config:` block.
 
 Config keys are dash-case with the original's defaults. Unknown keys are refused (a typo such as
 `max_chars` would otherwise silently install a policy with the default).
@@ -35,6 +35,7 @@ from atmosphere.governance.policies.limits import (
 )
 from atmosphere.governance.policies.matching import PatternSet
 from atmosphere.governance.policies.model import Policy, PolicyIdentity
+from atmosphere.governance.policies.moderation import MODERATION_KEYS, build_moderation
 from atmosphere.governance.policies.yamldoc import Config
 
 
@@ -122,5 +123,6 @@ NATIVE_TYPES: Final[dict[str, NativeType]] = {
     "authorization": NativeType(
         frozenset({"required-roles"}), lambda i, c: AuthorizationPolicy(i, c.strings("required-roles"))
     ),
+    "moderation": NativeType(MODERATION_KEYS, build_moderation),
 }
 """Every built-in `type:` by name."""
