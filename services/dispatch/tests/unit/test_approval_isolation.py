@@ -95,6 +95,9 @@ async def test_each_parallel_call_gets_its_own_approval_and_each_answer_releases
         pytest.fail(f"the run ended before all three calls asked: {kinds(harness.events())}")
     requests = asked(harness.events())
     assert len({approval_id for _, approval_id in requests}) == 3  # one id per call, even for identical arguments
+    # ... and each names its call, so a client tells the two identical ones apart.
+    calls = sorted(e.approval_required.call_id for e in harness.events() if e.HasField("approval_required"))
+    assert calls == ["a", "b", "c"]
     [seven] = [approval_id for amount, approval_id in requests if amount == 7]
     first_five, second_five = [approval_id for amount, approval_id in requests if amount == 5]
 

@@ -96,6 +96,8 @@ def test_typed_event_frames() -> None:
             "expiresIn": 300,
         },
     }
+    with_call = frame(approval_required=run_pb2.ApprovalRequired(approval_id="apr_0123456789ab", call_id="call_7"))
+    assert with_call["data"]["callId"] == "call_7"  # which tool call it is for, when known
     assert frame(usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7, model="m")) == {
         "event": "usage",
         "data": {"input": 3, "output": 4, "cachedInput": 0, "total": 7, "model": "m"},

@@ -399,6 +399,7 @@ class ToolGateway:
             RunEvent(
                 approval_required=ApprovalRequired(
                     approval_id=approval_id,
+                    call_id=call.call_id,
                     tool_name=call.name,
                     arguments_json=json.dumps(arguments),
                     message=message or f"Allow {call.name} to run with these arguments?",

@@ -140,6 +140,7 @@ def _approval(e: RunEvent) -> Frame:
             "arguments": _json(a.arguments_json),
             "message": a.message,
             "expiresIn": a.expires_in_seconds,
+            **({"callId": a.call_id} if a.call_id else {}),
         },
     )
 

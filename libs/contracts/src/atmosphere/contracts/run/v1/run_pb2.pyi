@@ -599,12 +599,17 @@ class ApprovalRequired(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     """"apr_" + 12 hex characters."""
     tool_name: _builtins.str
     arguments_json: _builtins.str
     message: _builtins.str
     expires_in_seconds: _builtins.int
+    call_id: _builtins.str
+    """The tool call it is for (its `tool-start`'s `call_id`): two parallel calls of one round with
+    the same arguments each get an approval, and a client tells them apart by this.
+    """
     def __init__(
         self,
         *,
@@ -613,10 +618,11 @@ class ApprovalRequired(_message.Message):
         arguments_json: _builtins.str = ...,
         message: _builtins.str = ...,
         expires_in_seconds: _builtins.int = ...,
+        call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "expires_in_seconds", b"expires_in_seconds", "message", b"message", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "expires_in_seconds", b"expires_in_seconds", "message", b"message", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
