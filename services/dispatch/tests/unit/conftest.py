@@ -16,6 +16,8 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     AdmitRequest,
     CheckToolCallRequest,
     Decision,
+    RunEndedAck,
+    RunEndedReport,
     ScreenedText,
     ScreenRequest,
     ScreenResponse,
@@ -45,6 +47,8 @@ class Policy:
     rewrite: str = ""
     """A transform's rewritten message (e.g. PII redacted); empty: none."""
     screens: list[ScreenRequest] = field(default_factory=list)
+    ended: list[RunEndedReport] = field(default_factory=list)
+    """The run ends reported (`atmo.gov.run_ended`)."""
     screen: Callable[[str], ScreenedText] = lambda text: ScreenedText(keep=True, text=text, verdict="SAFE")
     """The injection screen's verdict on one text (by default: safe, kept as it is)."""
 
@@ -77,6 +81,12 @@ def governance_router(policy: Policy) -> Router:
     router.add(subjects.governance("admit"), AdmitRequest, admit)
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)
     router.add(subjects.governance("screen"), ScreenRequest, screen_answer(policy))
+
+    async def run_ended(request: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
+        policy.ended.append(request)
+        return RunEndedAck(tenant=request.principal.tenant or "__default__", priced=True)
+
+    router.add(subjects.governance("run_ended"), RunEndedReport, run_ended)
     return router
 
 

@@ -22,6 +22,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 from atmosphere.dispatch.governance_client import CHECK_WINDOW
 from atmosphere.dispatch.output_guard import CHECK_EVERY, HOLD_BACK, Blocked, OutputGuard
 from atmosphere.sdk import App, StreamingSession, agent, prompt
+from atmosphere.testing import wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply
 
 from .conftest import Harness, Policy, kinds, request
@@ -256,3 +257,32 @@ async def test_a_long_answer_is_checked_in_bounded_windows_and_still_caught(bare
     lengths = [c.response_chars for c in governance.checks]
     assert lengths == sorted(lengths)
     assert lengths[-1] > CHECK_WINDOW
+
+
+async def test_a_run_end_governance_did_not_take_is_sent_again_until_it_does(bare: Harness) -> None:
+    harness = bare
+    admits = Router()
+
+    async def admit(_request: AdmitRequest, _ctx: MessageContext) -> Decision:
+        return Decision(allowed=True, policy="p")
+
+    admits.add(subjects.governance("admit"), AdmitRequest, admit)
+    await harness.stack.enter_async_context(harness.bus.serve(admits))
+    await harness.executor(APP).execute(request("clean"))
+    assert kinds(harness.events())[-1] == "complete"  # the terminal did not wait for governance
+    ended: list[RunEndedReport] = []
+
+    async def run_ended(report: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
+        ended.append(report)
+        return RunEndedAck(tenant="__default__", priced=True)
+
+    ends = Router()  # governance is back, now answering run ends
+    ends.add(subjects.governance("run_ended"), RunEndedReport, run_ended)
+    await harness.stack.enter_async_context(harness.bus.serve(ends))
+
+    async def reported() -> bool:
+        return bool(ended)
+
+    await wait_until(reported, what="the run's end to reach governance")
+    assert ended[0].run_id == "r1"
+    assert ended[0].succeeded

@@ -14,8 +14,10 @@ import pytest
 
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.common_pb2 import Principal
+from atmosphere.contracts.common.v1.common_pb2 import Principal, Usage
 from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdminRequest,
+    AdminResponse,
     AdmitRequest,
     CheckRequest,
     CheckResponse,
@@ -23,6 +25,8 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     Decision,
     ListDecisionsRequest,
     ListDecisionsResponse,
+    RunEndedAck,
+    RunEndedReport,
 )
 from atmosphere.governance.app import serve
 from atmosphere.governance.policies import PolicyFileError
@@ -142,3 +146,25 @@ async def test_a_policy_file_that_does_not_parse_stops_governance_at_start_namin
     bus = FakeBus()
     with pytest.raises(PolicyFileError, match=r"bad.yaml:3"):
         await serve(settings, stop=asyncio.Event(), bus=bus)
+
+
+async def test_a_tenants_spend_survives_a_restart_of_governance(tmp_path: Path) -> None:
+    cap = tmp_path / "cap.yaml"
+    cap.write_text("policies:\n  - {name: cap, type: cost-ceiling, config: {budget-usd: 1}}\n")
+    pricing = tmp_path / "pricing.json"
+    pricing.write_text('{"models": {"m": {"input": 1000000, "output": 1000000}}}')  # $1 a token
+    extra = {"governance": {"policy_files": [cap], "pricing_file": pricing}}
+    acme = Principal(user_id="wile", tenant="acme")
+    report = RunEndedReport(run_id="r1", agent="a", principal=acme, model="m", usage=[Usage(input_tokens=2)])
+    async with governance(tmp_path, **extra) as bus:
+        ack = await bus.request(subjects.governance("run_ended"), report, RunEndedAck)
+        assert (ack.tenant, ack.cost_usd) == ("acme", 2.0)
+    async with governance(tmp_path, **extra) as bus:
+        again = await bus.request(subjects.governance("run_ended"), report, RunEndedAck)  # a late retry
+        assert again.cost_usd == 2.0
+        admission = AdmitRequest(run_id="r2", agent="a", message="hi", principal=acme)
+        refused = await bus.request(subjects.governance("admit"), admission, Decision)
+        summary = await bus.request(subjects.governance("admin.summary"), AdminRequest(), AdminResponse)
+    assert not refused.allowed
+    assert refused.reason == "cost ceiling reached for tenant acme (spent 2.0000 of budget 1.0)"
+    assert json.loads(summary.result_json)["spendUsdByTenant"] == {"acme": 2.0}  # counted once, across the restart

@@ -7,9 +7,10 @@ both ends a parse on every message).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from atmosphere.bus import Bus, BusError, request_retrying, subjects
+from atmosphere.bus import Bus, BusError, RemoteError, request_retrying, subjects
 from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError
 from atmosphere.contracts.common.v1.common_pb2 import Usage
 from atmosphere.contracts.governance.v1.governance_pb2 import (
@@ -30,6 +31,8 @@ UNAVAILABLE = "Request denied: governance is unavailable (fail-closed)"
 RESPONSE_BLOCKED = "Response blocked: "
 """How a stopped answer's error begins (Atmosphere's prefix; clients classify by it)."""
 OUTPUT_UNAVAILABLE = RESPONSE_BLOCKED + "governance is unavailable, so the answer was not checked (fail-closed)"
+REPORT_RETRY_SECONDS = 120.0
+"""How long a run-end report governance did not take is sent again (across a governance restart)."""
 CHECK_WINDOW = 32 * 1024
 """Characters of an answer (its tail) sent with each check; four bytes each fit any bus limit we accept."""
 SERVER_METADATA = frozenset({"roles", "tenant", "action", "transport", "tool_name", "tool_args", "tool_args_preview"})
@@ -43,6 +46,8 @@ class GovernanceClient:
         """Ask over `bus`, waiting at most `timeout` seconds per question."""
         self._bus = bus
         self.timeout = timeout
+        self._reports: set[asyncio.Task[None]] = set()
+        """Run-end reports being retried in the background (held so they are not collected)."""
 
     async def admit(self, run: RunSubmission) -> str:
         """Return when `run` may start: the message to run (a policy may have rewritten it, e.g. redacted).
@@ -139,11 +144,13 @@ class GovernanceClient:
 
     async def run_ended(
         self, run: RunSubmission, *, usage: list[Usage], model: str, response_chars: int, succeeded: bool
-    ) -> RunEndedAck:
+    ) -> RunEndedAck | None:
         """Tell governance a run ended: its cost is accounted, its concurrency slot freed.
 
-        Raises:
-            BusError: governance did not take the report (the caller logs it; the run has ended).
+        One try before the run's terminal event (which must not wait out a retry loop); if
+        governance does not answer, the report is sent again in the background for
+        `REPORT_RETRY_SECONDS` (governance counts each run id once, so a late copy is harmless).
+        None when the first try got no answer.
         """
         report = RunEndedReport(
             run_id=run.run_id,
@@ -154,9 +161,26 @@ class GovernanceClient:
             response_chars=response_chars,
             succeeded=succeeded,
         )
-        # One try: with nobody serving governance (it went down mid-run) the terminal event must
-        # not wait out a retry loop; the caller logs the lost report.
-        return await self._bus.request(subjects.governance("run_ended"), report, RunEndedAck, timeout=self.timeout)
+        subject = subjects.governance("run_ended")
+        try:
+            return await self._bus.request(subject, report, RunEndedAck, timeout=self.timeout)
+        except RemoteError as exc:  # an answer: governance refused the report; sending it again changes nothing
+            log.warning("run %s: governance refused the run's end (%s)", run.run_id, exc)
+            return None
+        except BusError as exc:
+            log.warning(
+                "run %s: governance did not take the run's end (%s); retrying in the background", run.run_id, exc
+            )
+        task = asyncio.create_task(self._report_later(subject, report), name=f"run-ended-{run.run_id}")
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+        return None
+
+    async def _report_later(self, subject: str, report: RunEndedReport) -> None:
+        try:
+            await request_retrying(self._bus, subject, report, RunEndedAck, deadline=REPORT_RETRY_SECONDS)
+        except BusError as exc:
+            log.error("run %s: its end never reached governance; its cost is not accounted (%s)", report.run_id, exc)
 
     async def screen(self, run: RunSubmission, kind: str, texts: list[str], *, source: str) -> ScreenResponse:
         """The injection screen's verdict on `texts` (`kind`: "tool_output" or "document").

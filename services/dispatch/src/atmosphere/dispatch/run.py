@@ -35,7 +35,6 @@ from atmosphere.bus import Bus
 from atmosphere.bus.errors import (
     AgentFailedError,
     BudgetExceededError,
-    BusError,
     HistoryUnavailableError,
     InterceptorFailedError,
     ResponseBlockedError,
@@ -539,19 +538,16 @@ class Run:
             await self._count(event)
 
     async def _report_end(self) -> None:
-        """Tell governance the run ended (its cost, its answer's length); a failure is only logged."""
+        """Tell governance the run ended (its cost, its answer's length); never fails the run."""
         if self.replay is not None or self.agent is None:
             return
-        try:
-            await self.services.governance.run_ended(
-                self.request,
-                usage=self.usage,
-                model=self.agent.spec.model or self.services.pipeline.model or "",
-                response_chars=sum(len(piece) for piece in self.answer),
-                succeeded=self.succeeded,
-            )
-        except BusError as exc:
-            log.warning("run %s: governance did not take the run's end (%s)", self.request.run_id, exc)
+        await self.services.governance.run_ended(
+            self.request,
+            usage=self.usage,
+            model=self.agent.spec.model or self.services.pipeline.model or "",
+            response_chars=sum(len(piece) for piece in self.answer),
+            succeeded=self.succeeded,
+        )
 
     async def _still_held(self) -> bool:
         """Whether this worker still holds the run (its journal asked at most once a second)."""

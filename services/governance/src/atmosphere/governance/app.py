@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import partial
 
 from atmosphere.bus import Bus
@@ -15,7 +16,7 @@ from atmosphere.governance.pricing import PricingTable
 from atmosphere.governance.screening import Screening
 from atmosphere.governance.screens import LlmEndpoint, ToolOutputMode, build_classifier
 from atmosphere.governance.settings import GovernanceSettings
-from atmosphere.governance.store import DecisionLog, Retention
+from atmosphere.governance.store import COST_WINDOW_DAYS, DecisionLog, Retention
 from atmosphere.service import load_service_app, open_service
 
 log = logging.getLogger("atmosphere.governance")
@@ -83,17 +84,20 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
     # Before anything is served: a policy file that does not parse stops governance (fail-closed).
     plane = build_plane(settings)
     retention = Retention(settings.governance.decision_log_max_rows, settings.governance.decision_log_max_age_days)
-    async with (
-        DecisionLog.open(settings.db_path, retention) as decisions,
-        open_service(
-            "governance", settings, info=lambda: runtime_info(safety, plane, screening), stop=stop, bus=bus
-        ) as runtime,
-        runtime.bus.serve(
-            GovernanceHandlers(
-                decisions, safety, plane=plane, screening=screening, max_payload=runtime.bus.max_payload
-            ).router(),
-            queue="governance",
-        ),
-    ):
-        runtime.health.mark_ready()
-        await stop.wait()
+    async with DecisionLog.open(settings.db_path, retention) as decisions:
+        # Before anything is served: spend accounted before a restart still counts against the
+        # tenants' ceilings.
+        plane.restore_spend(await decisions.spend_since(int((time.time() - COST_WINDOW_DAYS * 86_400) * 1000)))
+        async with (
+            open_service(
+                "governance", settings, info=lambda: runtime_info(safety, plane, screening), stop=stop, bus=bus
+            ) as runtime,
+            runtime.bus.serve(
+                GovernanceHandlers(
+                    decisions, safety, plane=plane, screening=screening, max_payload=runtime.bus.max_payload
+                ).router(),
+                queue="governance",
+            ),
+        ):
+            runtime.health.mark_ready()
+            await stop.wait()

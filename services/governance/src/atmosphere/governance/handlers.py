@@ -242,7 +242,14 @@ class GovernanceHandlers:
         """`atmo.gov.run_ended`: account the run's cost and free its concurrency slot."""
         _check_fields(run_id=request.run_id, agent=request.agent, model=request.model)
         _check_principal(request.principal)
-        return self.plane.run_ended(request)
+        tenant, charge = self.plane.run_ended(request)
+        # The ledger first: a report repeated (a retry, another governance) is counted once, and
+        # what was accounted survives a restart of governance.
+        if charge.usd > 0 and await self._log.record_cost(
+            request.run_id, tenant, charge.usd, at_ms=int(time.time() * 1000)
+        ):
+            self.plane.account(request.run_id, tenant, charge.usd)
+        return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
 
     async def screen(self, request: ScreenRequest, _ctx: MessageContext) -> ScreenResponse:
         """`atmo.gov.screen`: the injection screen over tool results or retrieved documents."""

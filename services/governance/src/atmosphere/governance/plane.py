@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +30,6 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     CheckOutputRequest,
     CheckToolCallRequest,
     Decision,
-    RunEndedAck,
     RunEndedReport,
 )
 from atmosphere.governance.policies import (
@@ -60,12 +59,13 @@ from atmosphere.governance.policies import (
     parse_policies,
 )
 from atmosphere.governance.policies.model import (
+    DEFAULT_TENANT,
     PARTIAL_METADATA_KEY,
     RESPONSE_CHARS_METADATA_KEY,
     TENANT_METADATA_KEY,
     preview,
 )
-from atmosphere.governance.pricing import PricingTable
+from atmosphere.governance.pricing import Charge, PricingTable
 from atmosphere.service.pii import GUARDRAIL_PATTERNS, redact_text
 
 log = logging.getLogger("atmosphere.governance")
@@ -402,23 +402,34 @@ class GovernancePlane:
             return await asyncio.to_thread(check_request, self.ring, body)
         return check_request(self.ring, body)
 
-    def run_ended(self, report: RunEndedReport) -> RunEndedAck:
-        """Account a run's cost to its tenant and give back its slot; a report repeated changes nothing."""
+    def run_ended(self, report: RunEndedReport) -> tuple[str, Charge]:
+        """Give back a run's slot; its tenant and what it cost (not accounted yet: see `account`)."""
         self._give_back(report.run_id)
-        tenant = report.principal.tenant or "__default__"
+        tenant = report.principal.tenant or DEFAULT_TENANT
         charge = self.pricing.charge(report.usage, default_model=report.model)
-        if report.run_id in self._ended:
-            return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
-        self._ended[report.run_id] = None
+        if charge.unpriced_models and report.run_id not in self._ended:
+            log.warning("run %s: no price for %s; counted as free", report.run_id, ", ".join(charge.unpriced_models))
+        return tenant, charge
+
+    def account(self, run_id: str, tenant: str, usd: float) -> None:
+        """Add a run's cost to its tenant's spend, once per run id (a repeated report changes nothing)."""
+        if run_id in self._ended:
+            return
+        self._ended[run_id] = None
         while len(self._ended) > MAX_HELD_RUNS:
             self._ended.popitem(last=False)
-        if charge.unpriced_models:
-            log.warning("run %s: no price for %s; counted as free", report.run_id, ", ".join(charge.unpriced_models))
-        if charge.usd > 0:
-            self.spend[tenant] = self.spend.get(tenant, 0.0) + charge.usd
+        self._add_spend(tenant, usd)
+
+    def restore_spend(self, spend: Mapping[str, float]) -> None:
+        """Take up the spend a previous governance accounted (the ledger's, within the window)."""
+        for tenant, usd in spend.items():
+            self._add_spend(tenant, usd)
+
+    def _add_spend(self, tenant: str, usd: float) -> None:
+        if usd > 0:
+            self.spend[tenant] = self.spend.get(tenant, 0.0) + usd
             for ceiling in self._cost_ceilings:
-                ceiling.add_cost(tenant, charge.usd)
-        return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
+                ceiling.add_cost(tenant, usd)
 
     def _hold(self, run_id: str, context: PolicyContext) -> None:
         self._expire()

@@ -1,4 +1,7 @@
-"""The decision log: one row per decision (admissions, tool calls, answers, screens), in SQLite.
+"""The decision log (one row per decision: admissions, tool calls, answers, screens) and the cost ledger, in SQLite.
+
+The cost ledger holds each run's accounted cost once (keyed by run id), so tenants' spend survives a
+restart of governance and a run's end reported twice is counted once.
 
 Each row names the deciding policy (name, source, version, digest), the outcome, how long the
 evaluation took, and the seed's context snapshot. Retention is bounded by rows and by age; the
@@ -30,7 +33,16 @@ CREATE TABLE IF NOT EXISTS decision_log (
 );
 CREATE INDEX IF NOT EXISTS idx_decision_log_run ON decision_log (run_id, decided_at);
 CREATE INDEX IF NOT EXISTS idx_decision_log_time ON decision_log (decided_at);
+CREATE TABLE IF NOT EXISTS cost_ledger (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    usd REAL NOT NULL,
+    accounted_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_cost_ledger_time ON cost_ledger (accounted_at);
 """
+COST_WINDOW_DAYS = 30.0
+"""How long a run's cost counts towards its tenant's spend (the cost ceiling's rolling window)."""
 _ADDED_COLUMNS = (
     ("policy_source", "TEXT NOT NULL DEFAULT ''"),
     ("policy_version", "TEXT NOT NULL DEFAULT ''"),
@@ -154,8 +166,27 @@ class DecisionLog:
                 " ORDER BY decided_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
                 (self.retention.max_rows,),
             )
+            spent = int((time.time() - COST_WINDOW_DAYS * 86_400) * 1000)
+            await self._db.execute("DELETE FROM cost_ledger WHERE accounted_at < ?", (spent,))
             await self._db.commit()
             return max(aged.rowcount, 0) + max(extra.rowcount, 0)
+
+    async def record_cost(self, run_id: str, tenant: str, usd: float, *, at_ms: int) -> bool:
+        """Note what run `run_id` cost its tenant; False when it was already noted (nothing changes)."""
+        async with self._lock:
+            cursor = await self._db.execute(
+                "INSERT OR IGNORE INTO cost_ledger VALUES (?, ?, ?, ?)", (run_id, tenant, usd, at_ms)
+            )
+            await self._db.commit()
+            return cursor.rowcount == 1
+
+    async def spend_since(self, cutoff_ms: int) -> dict[str, float]:
+        """Each tenant's accounted spend since `cutoff_ms` (epoch milliseconds)."""
+        async with self._db.execute(
+            "SELECT tenant, SUM(usd) FROM cost_ledger WHERE accounted_at >= ? GROUP BY tenant", (cutoff_ms,)
+        ) as cursor:
+            rows = await cursor.fetchall()
+        return {str(tenant): float(usd) for tenant, usd in rows}
 
     async def count(self) -> int:
         """Rows held."""
