@@ -58,9 +58,10 @@ class OutputGuard:
         self._run_id = run_id
         self._every = every
         self._hold_back = hold_back
-        # Only the tail is kept (bounded, amortised O(1) per character): a check needs the last
-        # CHECK_WINDOW characters, and what is not yet released is in the held events.
-        self._tail = ""
+        # Only the tail is kept, as pieces joined when a check needs it (every 200 characters, not
+        # per delta): a check sends the last CHECK_WINDOW characters, and what is not yet
+        # released is in the held events.
+        self._pieces: list[str] = []
         self._length = 0
         self._checked = 0
         self._released = 0
@@ -103,9 +104,9 @@ class OutputGuard:
             Blocked: it may not reach the client.
         """
         await self.before(final=False)
-        if text and not self._tail.endswith(text):
+        if text and not self._tail().endswith(text):
             self.checks += 1
-            whole = (self._tail + text)[-max(CHECK_WINDOW, len(text)) :]
+            whole = (self._tail() + text)[-max(CHECK_WINDOW, len(text)) :]
             try:
                 decision = await self._check(whole, self._length + len(text), False)
             except BusError as exc:
@@ -123,7 +124,7 @@ class OutputGuard:
     async def _judge(self, *, final: bool) -> None:
         self.checks += 1
         try:
-            decision = await self._check(self._tail, self._length, final)
+            decision = await self._check(self._tail(), self._length, final)
         except BusError as exc:
             log.warning("run %s: governance did not check the answer (%s); stopping it", self._run_id, exc)
             raise Blocked(OUTPUT_UNAVAILABLE) from exc
@@ -135,9 +136,13 @@ class OutputGuard:
 
     def _append(self, text: str) -> None:
         self._length += len(text)
-        self._tail += text
-        if len(self._tail) > 2 * CHECK_WINDOW:
-            self._tail = self._tail[-CHECK_WINDOW:]
+        self._pieces.append(text)
+
+    def _tail(self) -> str:
+        """The answer's last `CHECK_WINDOW` characters (or all of it), kept as the one piece."""
+        tail = "".join(self._pieces)[-CHECK_WINDOW:]
+        self._pieces = [tail]
+        return tail
 
     def _safe_end(self) -> int:
         """Where released text may end after a passing check: before the hold-back, at a whitespace."""

@@ -130,19 +130,27 @@ class GovernanceHandlers:
         self._screening = screening or Screening()
         self._reply_bytes = reply_budget(max_payload)
 
-    async def _record(
+    async def _answer(
         self,
         context: PolicyContext,
         evaluation: Evaluation,
-        decision: Decision,
         *,
+        logged: bool = True,
         run_id: str,
         operation: str,
         subject: str,
         principal: Principal,
-    ) -> None:
+    ) -> Decision:
+        """The decision on `context` as answered, logged (unless not `logged`) with the context after rewrites."""
+        decision = decision_of(
+            evaluation,
+            decision_id=uuid.uuid4().hex,
+            original_message=context.message,
+            installed=bool(self.plane.policies),
+        )
+        if not logged:
+            return decision
         preferred = evaluation.decision.preferred if isinstance(evaluation.decision, Prefer) else ""
-        context = evaluation.context  # after every rewrite: a redacted message is what is logged
         await self._log.append(
             DecisionRow(
                 decision_id=decision.decision_id,
@@ -159,9 +167,11 @@ class GovernanceHandlers:
                 policy_digest=decision.policy_digest,
                 outcome=outcome_of(evaluation),
                 evaluation_ms=round(evaluation.evaluation_ms, 3),
-                context_json=snapshot(context, preferred=preferred),
+                # After every rewrite: a redacted message is what is logged.
+                context_json=snapshot(evaluation.context, preferred=preferred),
             )
         )
+        return decision
 
     async def admit(self, request: AdmitRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.admit`: may this run start? A sub-run's admission is its delegation edge."""
@@ -175,22 +185,15 @@ class GovernanceHandlers:
         )
         _check_principal(request.principal)
         context, evaluation = await self.plane.admit(request)
-        decision = decision_of(
-            evaluation,
-            decision_id=uuid.uuid4().hex,
-            original_message=context.message,
-            installed=bool(self.plane.policies),
-        )
-        decision.check_output = self.plane.judges_output
-        await self._record(
+        decision = await self._answer(
             context,
             evaluation,
-            decision,
             run_id=request.run_id,
             operation="admit",
             subject=request.agent,
             principal=request.principal,
         )
+        decision.check_output = self.plane.judges_output
         return decision
 
     async def check_tool(self, request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
@@ -198,45 +201,30 @@ class GovernanceHandlers:
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
         context, evaluation = await self.plane.check_tool(request)
-        decision = decision_of(
-            evaluation,
-            decision_id=uuid.uuid4().hex,
-            original_message=context.message,
-            installed=bool(self.plane.policies),
-        )
-        await self._record(
+        return await self._answer(
             context,
             evaluation,
-            decision,
             run_id=request.run_id,
             operation="check_tool",
             subject=request.tool_name,
             principal=request.principal,
         )
-        return decision
 
     async def check_output(self, request: CheckOutputRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.check_output`: may the answer so far reach the client?"""
         _check_fields(run_id=request.run_id, agent=request.agent)
         _check_principal(request.principal)
         context, evaluation = await self.plane.check_output(request)
-        decision = decision_of(
+        return await self._answer(
+            context,
             evaluation,
-            decision_id=uuid.uuid4().hex,
-            original_message=context.message,
-            installed=bool(self.plane.policies),
+            # Not every 200-character check of every answer: the final one and any that stopped it.
+            logged=request.final or not evaluation.allowed,
+            run_id=request.run_id,
+            operation="check_output",
+            subject=request.agent,
+            principal=request.principal,
         )
-        if request.final or not decision.allowed:  # not every 200-character check of every answer
-            await self._record(
-                context,
-                evaluation,
-                decision,
-                run_id=request.run_id,
-                operation="check_output",
-                subject=request.agent,
-                principal=request.principal,
-            )
-        return decision
 
     async def run_ended(self, request: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
         """`atmo.gov.run_ended`: account the run's cost and free its concurrency slot."""
