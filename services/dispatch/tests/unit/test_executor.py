@@ -17,6 +17,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 )
 from atmosphere.dispatch.handlers import agent_descriptors
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline
+from atmosphere.dispatch.tools import TOOL_REPLY_GRACE
 from atmosphere.sdk import (
     AiBudget,
     AiInterceptor,
@@ -224,7 +225,8 @@ async def test_refused_and_failing_tool_calls_tell_the_model(harness: Harness) -
 
 
 async def test_tool_timeouts_and_missing_sandboxes_are_tool_errors(harness: Harness) -> None:
-    await harness.serve_tools({"slow": "late"}, delay=1.0)
+    # A sandbox that never answers (it enforces deadlines itself, so dispatch waits the grace more).
+    await harness.serve_tools({"slow": "late"}, delay=TOOL_REPLY_GRACE + 1.0)
     harness.provider.script(Reply.tools(ToolCallScript("slow", {"city": "X"})), Reply.text("ok"))
     await harness.executor(APP).execute(request("model", run_id="t1"))
     [error] = [e.tool_error for e in harness.events("t1") if e.WhichOneof("kind") == "tool_error"]

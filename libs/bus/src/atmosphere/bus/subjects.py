@@ -12,6 +12,8 @@ Layout (logical names; a bus with a namespace prefixes every subject with `<name
 | `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
 | `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
 | `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
+| `atmo.sandbox.<instance>.tool.<tool>` | a run's further calls of a tool whose session that sandbox holds |
+| `atmo.sandbox.<instance>.release` | a `ToolCall` naming a run that ended: its sessions are torn down |
 | `atmo.gov.<op>`              | request/reply to governance |
 | `atmo.mem.<op>`              | request/reply to memory |
 | `atmo.mem.tool.<tool>`       | the harness tools memory serves (`write_todos`, files) |
@@ -136,6 +138,22 @@ def run_control(run_id: str) -> str:
 def tool(name: str) -> str:
     """Where a `ToolCall` for the tool `name` is sent."""
     return f"{ROOT}.tool.{token(name, what='tool name')}"
+
+
+def sandbox_session_tool(instance: str, name: str) -> str:
+    """Where a run's further calls of a tool go once a sandbox instance holds its session.
+
+    The instance is the one a `ToolReply.session_instance` named.
+    """
+    return f"{ROOT}.sandbox.{token(instance, what='sandbox instance')}.tool.{token(name, what='tool name')}"
+
+
+def sandbox_release(instance: str) -> str:
+    """Where a run's end is announced to the sandbox instance holding its sessions.
+
+    The message is a `ToolCall` naming the run and the tool.
+    """
+    return f"{ROOT}.sandbox.{token(instance, what='sandbox instance')}.release"
 
 
 def governance(op: str) -> str:

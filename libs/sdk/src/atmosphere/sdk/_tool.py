@@ -47,6 +47,7 @@ class ToolKind(Enum):
     EDIT = "edit"
     DELETE = "delete"
     EXECUTE = "execute"
+    NETWORK = "network"
 
     def to_proto(self) -> int:
         """The `tool.v1.ToolKind` value."""
@@ -56,6 +57,7 @@ class ToolKind(Enum):
             ToolKind.EDIT: ProtoToolKind.TOOL_KIND_EDIT,
             ToolKind.DELETE: ProtoToolKind.TOOL_KIND_DELETE,
             ToolKind.EXECUTE: ProtoToolKind.TOOL_KIND_EXECUTE,
+            ToolKind.NETWORK: ProtoToolKind.TOOL_KIND_NETWORK,
         }[self]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -25,6 +26,7 @@ from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
+from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.host import AgentSpec
@@ -99,6 +101,7 @@ class RunExecutor:
         specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}
+        self._sandbox_tools = SandboxTools(bus)
         self._in_hand: dict[str, asyncio.Event] = {}
         """The runs this worker executes now, by id (a redelivery of one waits for it)."""
 
@@ -150,7 +153,7 @@ class RunExecutor:
             )
         run = Run(
             request,
-            self._agents.get(request.agent),
+            await self._binding(request.agent),
             self._services,
             first_seq=first_seq,
             delivered=delivered,
@@ -218,10 +221,20 @@ class RunExecutor:
         """
         journal = await RunJournal.read(self._bus, request.run_id)
         capture = CapturedEvents()
-        run = Run(request, self._agents.get(request.agent), self._services, journal=journal, replay=capture)
+        run = Run(request, await self._binding(request.agent), self._services, journal=journal, replay=capture)
         await run.execute()
         return capture.events
 
     async def execute(self, request: RunSubmission) -> None:
         """Run `request` to exactly one terminal event, not journaled (see `Run.execute`)."""
-        await Run(request, self._agents.get(request.agent), self._services).execute()
+        await Run(request, await self._binding(request.agent), self._services).execute()
+
+    async def _binding(self, agent: str) -> AgentBinding | None:
+        """The agent's binding, its tools joined by what the sandboxes offer now (`code_exec`, `eval`)."""
+        binding = self._agents.get(agent)
+        if binding is None:
+            return None
+        offered = await self._sandbox_tools.offered()
+        if not offered:
+            return binding
+        return dataclasses.replace(binding, tools=with_sandbox_tools(binding.tools, offered))

@@ -64,6 +64,7 @@ from atmosphere.dispatch.permissions import ToolPermissions, run_mode
 from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run_input import input_event, seed_json, seeded
+from atmosphere.dispatch.sandbox_tools import tool_loop_for
 from atmosphere.dispatch.tools import LocalTool, ToolGateway
 from atmosphere.sdk import AiRequest, ChatMessage, PermissionMode, StreamingSession
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -382,7 +383,7 @@ class Run:
             request=request,
             tools=tuple(self.agent.tools.values()),
             run_tool=self.call_tool,
-            tool_loop=spec.tool_loop,
+            tool_loop=tool_loop_for(spec.tool_loop, self.agent.tools),
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
             rounds=self.effects,
@@ -529,6 +530,8 @@ class Run:
             # Before it too: a client that starts its next run on seeing this one end finds the
             # cost accounted (a tenant's ceiling stops that next run).
             await self._report_end()
+            if self.gateway is not None and self.replay is None:
+                await self.gateway.release_sessions()
         for outgoing in [event] if self.delivered is None else self.delivered.admit(event):
             await self.writer.emit(outgoing)
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer

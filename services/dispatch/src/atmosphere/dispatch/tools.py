@@ -192,6 +192,10 @@ async def _effect_settles(*, error: bool, text: str) -> None:
         await effect.settle(error=error, text=text)
 
 
+TOOL_REPLY_GRACE = 2.0
+"""Seconds past a tool's deadline dispatch still waits for the sandbox's own answer (its timeout error)."""
+
+
 @dataclass
 class ToolGateway:
     """Runs the tool calls of one run."""
@@ -221,10 +225,27 @@ class ToolGateway:
     tool_roles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The roles the caller must all hold, by tool (tools not here: anyone may call them)."""
 
+    sessions: dict[str, str] = field(default_factory=dict)
+    """The sandbox instance holding this run's session of a tool, by tool (`ToolReply.session_instance`)."""
+
     def __post_init__(self) -> None:
         """Ask governance over the run's bus unless the run brought its client."""
         if self.governance is None:
             self.governance = GovernanceClient(self.bus)
+
+    async def release_sessions(self) -> None:
+        """Tell each sandbox holding a session of this run that the run ended (at most once; never fails).
+
+        A release that does not arrive is not lost work: the sandbox reaps idle sessions after
+        `ATMOSPHERE_AI_CODE_SANDBOXTTLSECONDS`.
+        """
+        sessions, self.sessions = self.sessions, {}
+        for tool, instance in sessions.items():
+            release = ToolCall(name=tool, run_id=self.run.run_id, call_id=uuid.uuid4().hex)
+            try:
+                await self.bus.publish(subjects.sandbox_release(instance), release)
+            except (BusError, ValueError) as exc:
+                log.debug("run %s: the release of its %s session was not sent (%s)", self.run.run_id, tool, exc)
 
     @property
     def data_limit(self) -> int:
@@ -450,9 +471,11 @@ class ToolGateway:
                 request.workspace.CopyFrom(self.workspace)
         await _effect_starts()
         try:
-            reply = await self.bus.request(subject, request, ToolReply, timeout=spec.timeout)
+            reply = await self._delivered(call, spec, subject, request)
         except BusError as exc:
             return await self._fail(call, self._failure_text(call, spec, exc))
+        if reply.session_instance:
+            self.sessions[call.name] = reply.session_instance
         asked = _approval_asked(reply)
         if asked is not None:
             return await self._rerun_approved(call, spec, arguments, asked)
@@ -463,6 +486,34 @@ class ToolGateway:
         if reply.result_object:
             return await self._succeed_stored(call, reply.result_object)
         return await self._succeed(call, reply.content)
+
+    async def _delivered(self, call: ToolCallRequest, spec: ToolSpec, subject: str, request: ToolCall) -> ToolReply:
+        """The tool's reply, from the sandbox holding the run's session of it if one does.
+
+        The wait is the tool's deadline plus `TOOL_REPLY_GRACE`: the sandbox enforces the deadline
+        itself and answers with its own error, so no reply by then means the sandbox that took the
+        call is gone (killed, partitioned). An idempotent tool is then called once more, on whichever
+        replica takes it; any other tool's call is an error for the model, never a hung run.
+        """
+        timeout = spec.timeout + TOOL_REPLY_GRACE
+        instance = self.sessions.get(call.name)
+        if instance is not None:
+            try:
+                return await self.bus.request(
+                    subjects.sandbox_session_tool(instance, call.name), request, ToolReply, timeout=timeout
+                )
+            except NoRespondersError:
+                log.warning(
+                    "run %s: the sandbox holding its %s session is gone; starting anew", self.run.run_id, call.name
+                )
+                del self.sessions[call.name]
+        try:
+            return await self.bus.request(subject, request, ToolReply, timeout=timeout)
+        except RequestTimeoutError:
+            if not spec.idempotent:
+                raise
+            log.warning("run %s: no reply to idempotent %s; calling it once more", self.run.run_id, call.name)
+            return await self.bus.request(subject, request, ToolReply, timeout=timeout)
 
     async def _succeed_stored(self, call: ToolCallRequest, name: str) -> str:
         """End the call with a result the sandbox stored as an object (`_stored_result`)."""

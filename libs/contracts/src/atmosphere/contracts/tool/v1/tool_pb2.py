@@ -26,15 +26,15 @@ from atmosphere.contracts.common.v1 import common_pb2 as atmosphere_dot_contract
 from atmosphere.contracts.run.v1 import run_pb2 as atmosphere_dot_contracts_dot_run_dot_v1_dot_run__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atmosphere/contracts/tool/v1/tool.proto\x12\x1c\x61tmosphere.contracts.tool.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a%atmosphere/contracts/run/v1/run.proto\"\xc8\x01\n\x0eToolDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\x12\x34\n\x04kind\x18\x04 \x01(\x0e\x32&.atmosphere.contracts.tool.v1.ToolKind\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\x12\x10\n\x08provider\x18\x06 \x01(\t\x12\x12\n\nidempotent\x18\x07 \x01(\x08\"\xf8\x01\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\x12<\n\tprincipal\x18\x07 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12?\n\tworkspace\x18\x08 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\"\\\n\x0eWorkspaceScope\x12\x10\n\x08\x63\x61tegory\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"\xa0\x01\n\tToolReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x35\n\x06\x65vents\x18\x04 \x03(\x0b\x32%.atmosphere.contracts.run.v1.RunEvent\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x15\n\rresult_object\x18\x06 \x01(\t*z\n\x08ToolKind\x12\x19\n\x15TOOL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eTOOL_KIND_READ\x10\x01\x12\x12\n\x0eTOOL_KIND_EDIT\x10\x02\x12\x14\n\x10TOOL_KIND_DELETE\x10\x03\x12\x15\n\x11TOOL_KIND_EXECUTE\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atmosphere/contracts/tool/v1/tool.proto\x12\x1c\x61tmosphere.contracts.tool.v1\x1a+atmosphere/contracts/common/v1/common.proto\x1a%atmosphere/contracts/run/v1/run.proto\"\xc8\x01\n\x0eToolDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\x12\x34\n\x04kind\x18\x04 \x01(\x0e\x32&.atmosphere.contracts.tool.v1.ToolKind\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\x12\x10\n\x08provider\x18\x06 \x01(\t\x12\x12\n\nidempotent\x18\x07 \x01(\x08\"\xf8\x01\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\x12<\n\tprincipal\x18\x07 \x01(\x0b\x32).atmosphere.contracts.common.v1.Principal\x12?\n\tworkspace\x18\x08 \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope\"\\\n\x0eWorkspaceScope\x12\x10\n\x08\x63\x61tegory\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"\xba\x01\n\tToolReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x35\n\x06\x65vents\x18\x04 \x03(\x0b\x32%.atmosphere.contracts.run.v1.RunEvent\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x15\n\rresult_object\x18\x06 \x01(\t\x12\x18\n\x10session_instance\x18\x07 \x01(\t*\x91\x01\n\x08ToolKind\x12\x19\n\x15TOOL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eTOOL_KIND_READ\x10\x01\x12\x12\n\x0eTOOL_KIND_EDIT\x10\x02\x12\x14\n\x10TOOL_KIND_DELETE\x10\x03\x12\x15\n\x11TOOL_KIND_EXECUTE\x10\x04\x12\x15\n\x11TOOL_KIND_NETWORK\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atmosphere.contracts.tool.v1.tool_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLKIND']._serialized_start=868
-  _globals['_TOOLKIND']._serialized_end=990
+  _globals['_TOOLKIND']._serialized_start=895
+  _globals['_TOOLKIND']._serialized_end=1040
   _globals['_TOOLDESCRIPTOR']._serialized_start=158
   _globals['_TOOLDESCRIPTOR']._serialized_end=358
   _globals['_TOOLCALL']._serialized_start=361
@@ -42,5 +42,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKSPACESCOPE']._serialized_start=611
   _globals['_WORKSPACESCOPE']._serialized_end=703
   _globals['_TOOLREPLY']._serialized_start=706
-  _globals['_TOOLREPLY']._serialized_end=866
+  _globals['_TOOLREPLY']._serialized_end=892
 # @@protoc_insertion_point(module_scope)

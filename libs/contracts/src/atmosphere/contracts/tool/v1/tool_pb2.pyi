@@ -32,6 +32,7 @@ class _ToolKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolKind.Val
     TOOL_KIND_EDIT: _ToolKind.ValueType  # 2
     TOOL_KIND_DELETE: _ToolKind.ValueType  # 3
     TOOL_KIND_EXECUTE: _ToolKind.ValueType  # 4
+    TOOL_KIND_NETWORK: _ToolKind.ValueType  # 5
 
 class ToolKind(_ToolKind, metaclass=_ToolKindEnumTypeWrapper):
     """What a tool does to the world; governance and approvals key on it."""
@@ -41,6 +42,7 @@ TOOL_KIND_READ: ToolKind.ValueType  # 1
 TOOL_KIND_EDIT: ToolKind.ValueType  # 2
 TOOL_KIND_DELETE: ToolKind.ValueType  # 3
 TOOL_KIND_EXECUTE: ToolKind.ValueType  # 4
+TOOL_KIND_NETWORK: ToolKind.ValueType  # 5
 Global___ToolKind: _TypeAlias = ToolKind  # noqa: Y015
 
 @_typing.final
@@ -184,6 +186,7 @@ class ToolReply(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     RESULT_OBJECT_FIELD_NUMBER: _builtins.int
+    SESSION_INSTANCE_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     content: _builtins.str
     is_error: _builtins.bool
@@ -196,6 +199,14 @@ class ToolReply(_message.Message):
     """A result too large for one bus message is stored whole in the object bucket
     `ATMO_TOOL_RESULTS` under this name, and `content` is empty: the caller reads the object
     (UTF-8 text) and deletes it.
+    """
+    session_instance: _builtins.str
+    """Set by a sandbox that keeps state for this run between calls of this tool (`code_exec`: its
+    workspace files and processes' outputs): the instance holding it. The caller sends the run's
+    further calls of the tool to `atmo.sandbox.<instance>.tool.<name>` (no responder there: the
+    instance is gone, the call goes to `atmo.tool.<name>` and starts a new session), and at the
+    run's end publishes a `ToolCall` naming the run and the tool on
+    `atmo.sandbox.<instance>.release`, which tears the session down.
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.RunEvent]:
@@ -212,10 +223,11 @@ class ToolReply(_message.Message):
         events: _abc.Iterable[_run_pb2.RunEvent] | None = ...,
         truncated: _builtins.bool = ...,
         result_object: _builtins.str = ...,
+        session_instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error", "result_object", b"result_object", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "events", b"events", "is_error", b"is_error", "result_object", b"result_object", "session_instance", b"session_instance", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
