@@ -30,8 +30,9 @@ $(TOOLS)/bin/uv:
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
-install: $(UV) ## Install the workspace (every library and service) into .venv
+install: $(UV) ## Install the workspace (every library and service) into .venv, and bubblewrap for code_exec
 	$(UV) sync --all-packages --all-extras --frozen --python 3.11
+	@scripts/ensure_bubblewrap.sh
 
 run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
 	$(VENV)/bin/atmosphere dev $(RUN_ARGS)

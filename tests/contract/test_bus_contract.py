@@ -416,6 +416,14 @@ async def test_key_value_buckets(bus: Bus) -> None:
     assert {k: v.run_id for k, v in items.items()} == {"echo": "2", "other": "3"}
     assert await bus.kv_items(subjects.TOOLS_BUCKET, GetStepsRequest) == {}
 
+    await bus.kv_delete(subjects.AGENTS_BUCKET, "echo")
+    await bus.kv_delete(subjects.AGENTS_BUCKET, "never-written")  # nothing there: no error
+    assert await bus.kv_get(subjects.AGENTS_BUCKET, "echo", GetStepsRequest) is None
+    items = await bus.kv_items(subjects.AGENTS_BUCKET, GetStepsRequest)
+    assert {k: v.run_id for k, v in items.items()} == {"other": "3"}
+    await bus.kv_put(subjects.AGENTS_BUCKET, "echo", GetStepsRequest(run_id="4"))  # written again after a delete
+    assert await bus.kv_get(subjects.AGENTS_BUCKET, "echo", GetStepsRequest) == GetStepsRequest(run_id="4")
+
 
 async def test_provisioning_is_idempotent_and_refuses_overlaps(bus: Bus) -> None:
     await bus.provision(LAYOUT)

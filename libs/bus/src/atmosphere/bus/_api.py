@@ -320,6 +320,10 @@ class Bus(abc.ABC):
         """Every key and value of a bucket."""
 
     @abc.abstractmethod
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        """Remove `key` from a provisioned bucket (nothing happens when it is not there)."""
+
+    @abc.abstractmethod
     async def object_put(self, bucket: str, name: str, data: bytes) -> None:
         """Store `data` under `name` in a provisioned object bucket (replacing what was there).
 

@@ -553,7 +553,7 @@ class NatsBus(ConnectionLiveness, Bus):
         kv = await self._bucket(bucket)
         try:
             entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):  # never written, or deleted
             return None
         return decode(entry.value or b"", None, message_type)
 
@@ -577,6 +577,15 @@ class NatsBus(ConnectionLiveness, Bus):
             if value is not None:
                 items[key] = value
         return items
+
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        """Remove `key` (a delete marker: readers see no value; nothing happens when it is not there)."""
+        kv = await self._bucket(bucket)
+        try:
+            await kv.delete(key)
+        except nats.errors.Error as exc:
+            msg = f"deleting {key!r} from bucket {bucket!r} failed: {exc}"
+            raise BusError(msg) from exc
 
     # -- object store ------------------------------------------------------------------------
 

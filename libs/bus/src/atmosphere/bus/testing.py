@@ -462,6 +462,10 @@ class FakeBus(ConnectionLiveness, Bus):
         """Every key and value of a bucket."""
         return {k: decode(v, None, message_type) for k, v in self._bucket(bucket).items()}
 
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        """Remove `key` (nothing happens when it is not there)."""
+        self._bucket(bucket).pop(key, None)
+
     # -- object store ------------------------------------------------------------------------
 
     def _object_bucket(self, bucket: str) -> dict[str, bytes]:
