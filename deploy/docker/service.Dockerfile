@@ -20,6 +20,11 @@ ENV SERVICE=${SERVICE} \
     PATH=/app/.venv/bin:${PATH} \
     ATMOSPHERE_APP_DIR=/app \
     ATMOSPHERE_DATA_DIR=/data
+# The sandbox isolates `code_exec` with bubblewrap; it reports INACTIVE(<reason>) where the
+# cluster forbids the user namespaces bubblewrap needs (and without it the tool is never offered).
+RUN if [ "$SERVICE" = "sandbox" ]; then \
+        apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*; \
+    fi
 COPY --from=build /app/.venv /app/.venv
 COPY examples /app/examples
 RUN useradd --uid 10001 --no-create-home atmosphere && mkdir /data && chown atmosphere /data
