@@ -1,7 +1,9 @@
 """A tool's result travels whole: inline when one message carries it, else as a stored object.
 
 Only a result over `max_result_bytes`, or one that cannot be stored, is cut (with a marker that
-says so and how large it was). Malformed arguments are an error result.
+says so and how large it was). Malformed arguments are an error result. Each test runs with
+the tools in-process and in a tool worker (`executor`), which cuts a result itself before it
+sends it: the replies are the same.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
-from atmosphere.sandbox.handlers import DEFAULT_MAX_RESULT_BYTES, ToolHost
+from atmosphere.sandbox.handlers import DEFAULT_MAX_RESULT_BYTES, ToolExecutor, ToolHost
 from atmosphere.sdk import tool
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one tool worker for the module (`executor`)
 
 LIMIT = 64 * 1024
 INLINE = LIMIT - ENVELOPE_ROOM
@@ -46,6 +50,7 @@ TOOLS = {t.name: t for t in (produce, fail_loudly, surrogate)}
 async def call(
     name: str,
     arguments: str,
+    executor: ToolExecutor | None,
     *,
     bus: FakeBus | None = None,
     stores: bool = True,
@@ -53,7 +58,13 @@ async def call(
 ) -> ToolReply:
     bus = bus or FakeBus(max_payload=LIMIT)
     await bus.provision(JetStreamLayout())
-    host = ToolHost(TOOLS, max_payload=LIMIT, objects=bus if stores else None, max_result_bytes=max_result_bytes)
+    host = ToolHost(
+        TOOLS,
+        max_payload=LIMIT,
+        objects=bus if stores else None,
+        max_result_bytes=max_result_bytes,
+        executor=executor,
+    )
     async with bus.serve(host.router()):
         request = ToolCall(call_id="c1", name=name, arguments_json=arguments)
         return await bus.request(subjects.tool(name), request, ToolReply)
@@ -64,10 +75,10 @@ def produce_args(size: int, char: str = "x") -> str:
 
 
 @pytest.mark.parametrize("char", ["x", "é", "😀"])
-async def test_a_result_several_times_the_limit_is_stored_whole(char: str) -> None:
+async def test_a_result_several_times_the_limit_is_stored_whole(char: str, executor: ToolExecutor | None) -> None:
     bus = FakeBus(max_payload=LIMIT)
     size = 5 * LIMIT  # characters: 5 to 20 times what one message carries
-    result = await call("produce", produce_args(size, char), bus=bus)
+    result = await call("produce", produce_args(size, char), executor, bus=bus)
     assert not result.is_error
     assert not result.truncated
     assert result.content == ""
@@ -78,18 +89,18 @@ async def test_a_result_several_times_the_limit_is_stored_whole(char: str) -> No
     assert stored.decode("utf-8") == char * size
 
 
-async def test_a_result_within_the_limit_is_untouched_and_not_stored() -> None:
+async def test_a_result_within_the_limit_is_untouched_and_not_stored(executor: ToolExecutor | None) -> None:
     bus = FakeBus(max_payload=LIMIT)
-    result = await call("produce", produce_args(INLINE), bus=bus)
+    result = await call("produce", produce_args(INLINE), executor, bus=bus)
     assert (result.content, result.truncated, result.result_object) == ("x" * INLINE, False, "")
     assert bus.object_names(subjects.TOOL_RESULTS_BUCKET) == []
-    over = await call("produce", produce_args(INLINE + 1), bus=bus)
+    over = await call("produce", produce_args(INLINE + 1), executor, bus=bus)
     assert over.result_object  # one byte more is the first size that is stored
 
 
-async def test_a_result_over_the_maximum_is_stored_cut_with_a_marker() -> None:
+async def test_a_result_over_the_maximum_is_stored_cut_with_a_marker(executor: ToolExecutor | None) -> None:
     bus = FakeBus(max_payload=LIMIT)
-    result = await call("produce", produce_args(300_000), bus=bus, max_result_bytes=200_000)
+    result = await call("produce", produce_args(300_000), executor, bus=bus, max_result_bytes=200_000)
     assert result.truncated
     stored = await bus.object_get(subjects.TOOL_RESULTS_BUCKET, result.result_object)
     assert stored is not None
@@ -100,12 +111,14 @@ async def test_a_result_over_the_maximum_is_stored_cut_with_a_marker() -> None:
 
 
 @pytest.mark.parametrize("why", ["no-object-store", "bucket-not-provisioned"])
-async def test_a_result_that_cannot_be_stored_is_cut_to_fit_with_a_marker(why: str) -> None:
+async def test_a_result_that_cannot_be_stored_is_cut_to_fit_with_a_marker(
+    why: str, executor: ToolExecutor | None
+) -> None:
     bus = FakeBus(max_payload=LIMIT)
     if why == "no-object-store":
-        result = await call("produce", produce_args(LIMIT + 1, "é"), bus=bus, stores=False)
+        result = await call("produce", produce_args(LIMIT + 1, "é"), executor, bus=bus, stores=False)
     else:
-        host = ToolHost(TOOLS, max_payload=LIMIT, objects=bus)  # nothing provisioned: the put fails
+        host = ToolHost(TOOLS, max_payload=LIMIT, objects=bus, executor=executor)  # nothing provisioned: the put fails
         async with bus.serve(host.router()):
             request = ToolCall(call_id="c1", name="produce", arguments_json=produce_args(LIMIT + 1, "é"))
             result = await bus.request(subjects.tool("produce"), request, ToolReply)
@@ -120,9 +133,9 @@ async def test_a_result_that_cannot_be_stored_is_cut_to_fit_with_a_marker(why: s
     )
 
 
-async def test_an_error_too_long_for_one_message_is_cut_not_stored() -> None:
+async def test_an_error_too_long_for_one_message_is_cut_not_stored(executor: ToolExecutor | None) -> None:
     bus = FakeBus(max_payload=LIMIT)
-    result = await call("fail_loudly", json.dumps({"size": 2 * LIMIT}), bus=bus)
+    result = await call("fail_loudly", json.dumps({"size": 2 * LIMIT}), executor, bus=bus)
     assert result.is_error
     assert result.truncated
     assert result.content.startswith("Error: eee")
@@ -130,8 +143,8 @@ async def test_an_error_too_long_for_one_message_is_cut_not_stored() -> None:
     assert bus.object_names(subjects.TOOL_RESULTS_BUCKET) == []
 
 
-async def test_a_lone_surrogate_in_a_result_is_replaced_not_a_failed_reply() -> None:
-    result = await call("surrogate", "{}")
+async def test_a_lone_surrogate_in_a_result_is_replaced_not_a_failed_reply(executor: ToolExecutor | None) -> None:
+    result = await call("surrogate", "{}", executor)
     assert result.content == "bad ? text"
 
 
@@ -140,7 +153,7 @@ async def test_a_lone_surrogate_in_a_result_is_replaced_not_a_failed_reply() -> 
     ["[" * 20_000 + "]" * 20_000, '{"size": ' + "9" * 5000 + "}", "{", '"text"'],
     ids=["nested-20k", "5000-digits", "unterminated", "not-an-object"],
 )
-async def test_malformed_arguments_are_error_results(arguments: str) -> None:
-    result = await call("produce", arguments)
+async def test_malformed_arguments_are_error_results(arguments: str, executor: ToolExecutor | None) -> None:
+    result = await call("produce", arguments, executor)
     assert result.is_error
     assert result.content.startswith("Error: the arguments")

@@ -1,15 +1,23 @@
-"""A tool's own signals (`ToolError`, `ModelRetry`, `ApprovalRequired`) as the sandbox answers them."""
+"""A tool's own signals (`ToolError`, `ModelRetry`, `ApprovalRequired`) as the sandbox answers them.
+
+Each test runs with the tools in-process and in a tool worker (`executor`): the signals travel
+back from a worker exactly as they are answered in-process.
+"""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
-from atmosphere.sandbox.handlers import ToolHost
+from atmosphere.sandbox.handlers import ToolExecutor, ToolHost
 from atmosphere.sdk import ApprovalRequired, ModelRetry, ToolError, tool, tool_call_approved
 from atmosphere.sdk.host import APPROVED_ARGUMENT, RETRY_SUFFIX
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one tool worker for the module (`executor`)
 
 
 @tool
@@ -35,25 +43,25 @@ def guarded(amount: int) -> str:
 TOOLS = {t.name: t for t in (refuse, retry, guarded)}
 
 
-async def call(name: str, arguments: dict[str, object]) -> ToolReply:
+async def call(name: str, arguments: dict[str, object], executor: ToolExecutor | None) -> ToolReply:
     bus = FakeBus()
-    async with bus.serve(ToolHost(TOOLS).router()):
+    async with bus.serve(ToolHost(TOOLS, executor=executor).router()):
         request = ToolCall(call_id="c1", name=name, arguments_json=json.dumps(arguments))
         return await bus.request(subjects.tool(name), request, ToolReply)
 
 
-async def test_tool_error_is_an_error_with_the_tools_message() -> None:
-    result = await call("refuse", {"city": "Atlantis"})
+async def test_tool_error_is_an_error_with_the_tools_message(executor: ToolExecutor | None) -> None:
+    result = await call("refuse", {"city": "Atlantis"}, executor)
     assert (result.content, result.is_error) == ("Error: no station in Atlantis", True)
 
 
-async def test_model_retry_asks_the_model_to_fix_and_try_again() -> None:
-    result = await call("retry", {})
+async def test_model_retry_asks_the_model_to_fix_and_try_again(executor: ToolExecutor | None) -> None:
+    result = await call("retry", {}, executor)
     assert (result.content, result.is_error) == (f"Error: use an ISO date\n\n{RETRY_SUFFIX}", True)
 
 
-async def test_approval_required_is_a_request_not_a_failure() -> None:
-    result = await call("guarded", {"amount": 9})
+async def test_approval_required_is_a_request_not_a_failure(executor: ToolExecutor | None) -> None:
+    result = await call("guarded", {"amount": 9}, executor)
     assert not result.is_error
     assert result.content == ""
     [event] = result.events
@@ -63,6 +71,6 @@ async def test_approval_required_is_a_request_not_a_failure() -> None:
     assert json.loads(event.approval_required.arguments_json) == {"amount": 9}
 
 
-async def test_an_approved_call_runs() -> None:
-    result = await call("guarded", {"amount": 9, APPROVED_ARGUMENT: True})
+async def test_an_approved_call_runs(executor: ToolExecutor | None) -> None:
+    result = await call("guarded", {"amount": 9, APPROVED_ARGUMENT: True}, executor)
     assert (result.content, result.is_error, list(result.events)) == ("paid 9", False, [])

@@ -13,25 +13,29 @@ stored in the object bucket `ATMO_TOOL_RESULTS` and the reply names it
 the model, and delete. Only a result over `max_result_bytes`
 (`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`), or one that cannot be stored, is cut, ending with a
 marker that says so and how large it was (`ToolReply.truncated`).
+
+Where a tool runs is the host's `ToolExecutor`: by default in this process (`InProcessTools`,
+what `atmosphere.sdk.testing` uses), and in `serve()` in worker processes
+(`atmosphere.sandbox.workers.ToolWorkers`), so that a tool that crashes the interpreter, hangs in
+sync code or allocates without bound costs its worker, not the service. Both run a call through
+`atmosphere.sandbox.outcome.run_tool`, so a call's reply is the same either way; a worker cuts a
+result to the host's limits itself (`ResultLimits`) before it sends it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from atmosphere.bus import Bus, BusError, MessageContext, Router, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget, utf8_len
-from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired as ApprovalRequest
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
-from atmosphere.sdk import ApprovalRequired, Tool
-from atmosphere.sdk.host import ToolArgumentsError, ToolSignal
+from atmosphere.sandbox.outcome import ResultLimits, ToolOutcome, parse_arguments, run_tool
+from atmosphere.sdk import Tool
 
 log = logging.getLogger("atmosphere.sandbox")
 
@@ -49,6 +53,26 @@ def descriptors(tools: Mapping[str, Tool[Any, Any]]) -> list[ToolDescriptor]:
     return [t.descriptor(provider="sandbox") for t in tools.values()]
 
 
+class ToolExecutor(Protocol):
+    """Where a tool call runs: this process, or a worker process."""
+
+    async def run(
+        self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any], limits: ResultLimits
+    ) -> ToolOutcome:
+        """Run `call` of `tool` (its `arguments` already parsed) within the tool's timeout."""
+        ...
+
+
+class InProcessTools:
+    """Runs tools in this process (a tool that crashes or wedges it takes the process with it)."""
+
+    async def run(
+        self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any], _limits: ResultLimits
+    ) -> ToolOutcome:
+        """Run `call` of `tool` here; the host cuts what is too large."""
+        return await run_tool(tool, arguments, run_id=call.run_id)
+
+
 class ToolHost:
     """Answers tool calls for the tools of one app."""
 
@@ -59,16 +83,23 @@ class ToolHost:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         objects: Bus | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        executor: ToolExecutor | None = None,
     ) -> None:
         """Host `tools` (by name), answering within bus messages of `max_payload` bytes.
 
         A result larger than one message is stored through `objects` (up to `max_result_bytes`);
-        without it, such a result is cut to fit in the reply.
+        without it, such a result is cut to fit in the reply. The tools run on `executor`
+        (default: in this process).
         """
         self._tools = dict(tools)
         self._inline_bytes = data_budget(max_payload)
         self._objects = objects
         self._max_result_bytes = max_result_bytes
+        self._executor: ToolExecutor = executor or InProcessTools()
+        # What a reply may hold: a result over one message is stored (up to the maximum) or, with
+        # no object store, cut to one message. A worker cuts to these itself, before it sends.
+        kept = max_result_bytes if objects is not None else self._inline_bytes
+        self._limits = ResultLimits(self._inline_bytes, kept)
 
     def _handler(self, tool: Tool[Any, Any]) -> Callable[[ToolCall, MessageContext], Awaitable[ToolReply]]:
         async def handle(call: ToolCall, _ctx: MessageContext) -> ToolReply:
@@ -103,29 +134,16 @@ class ToolHost:
         return result
 
     async def _call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolReply:
-        try:
-            arguments = json.loads(call.arguments_json or "{}")
-        except (ValueError, RecursionError):  # not JSON, nested too deep, or a number too long
-            return _failure(call, "Error: the arguments are not valid JSON")
-        if not isinstance(arguments, dict):
-            return _failure(call, "Error: the arguments must be a JSON object")
-        return await self._invoke(tool, call, arguments)
-
-    async def _invoke(self, tool: Tool[Any, Any], call: ToolCall, arguments: dict[str, Any]) -> ToolReply:
-        try:
-            content = await asyncio.wait_for(tool.invoke(arguments), tool.timeout)
-        except ToolArgumentsError as exc:
-            return _failure(call, json.dumps({"error": "invalid_arguments", "tool": tool.name, "details": exc.details}))
-        except TimeoutError:
-            return _failure(call, f"Error: {tool.name} did not finish within {tool.timeout:g}s")
-        except ApprovalRequired as exc:
-            return _approval_request(call, exc.message)
-        except ToolSignal as exc:  # the tool's own words, meant for the model
-            return _failure(call, exc.model_text())
-        except Exception as exc:
-            log.warning("tool %s failed on run %s", tool.name, call.run_id, exc_info=True)
-            return _failure(call, f"Error: {str(exc) or type(exc).__name__}")
-        return ToolReply(call_id=call.call_id, content=replace_lone_surrogates(content))
+        arguments = parse_arguments(call.arguments_json)
+        if isinstance(arguments, ToolOutcome):
+            outcome = arguments
+        else:
+            outcome = await self._executor.run(tool, call, arguments, self._limits)
+        if outcome.kind == "approval":
+            return _approval_request(call, outcome.text)
+        return ToolReply(
+            call_id=call.call_id, content=outcome.text, is_error=outcome.kind == "error", truncated=outcome.truncated
+        )
 
     def router(self) -> Router:
         """One subject per hosted tool."""
@@ -139,10 +157,6 @@ def _approval_request(call: ToolCall, message: str) -> ToolReply:
     """The reply of a tool that raised `ApprovalRequired`: dispatch asks the user with `message`."""
     request = ApprovalRequest(tool_name=call.name, arguments_json=call.arguments_json, message=message)
     return ToolReply(call_id=call.call_id, events=[RunEvent(approval_required=request)])
-
-
-def _failure(call: ToolCall, message: str) -> ToolReply:
-    return ToolReply(call_id=call.call_id, content=replace_lone_surrogates(message), is_error=True)
 
 
 def _cut(result: ToolReply, tool: str, max_bytes: int) -> ToolReply:

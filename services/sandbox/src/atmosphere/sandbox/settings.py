@@ -23,6 +23,15 @@ class SandboxOptions(BaseModel):
 
     A result too large for one bus message travels through the object bucket `ATMO_TOOL_RESULTS`.
     """
+    tool_workers: int = Field(default=2, ge=0, le=64)
+    """Worker processes that run the app's `@tool` functions (a crashing, hanging or leaking tool
+    costs its worker, not the service); 0 runs them inside the service process, for debugging."""
+    tool_worker_memory_bytes: int = Field(default=1 << 30, ge=64 << 20)
+    """The most memory one tool worker may use (a memory cgroup, else an RSS watchdog); over it, the
+    worker is killed and its calls end with an error."""
+    tool_worker_grace_seconds: float = Field(default=1.0, gt=0, le=60)
+    """Seconds past a tool's timeout before its worker counts as wedged and is killed (a worker
+    answers a timeout itself; this is for a tool that blocks the whole worker)."""
 
 
 class SandboxSettings(WorkerSettings):
