@@ -32,6 +32,10 @@ NOT_CODES = {
     "governance.db": "the governance service's SQLite file name",
     "memory.db": "the memory service's SQLite file name",
     "tape.db": "the tape service's SQLite file name",
+    "memory.limit_in_bytes": "a cgroup v1 memory controller file (code_exec's and the tool workers' limits)",
+    "memory.max": "a cgroup v2 memory controller file",
+    "memory.oom_control": "a cgroup v1 memory controller file (whether code was OOM-killed)",
+    "memory.events": "a cgroup v2 memory controller file (whether code was OOM-killed)",
 }
 
 

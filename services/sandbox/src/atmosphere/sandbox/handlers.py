@@ -43,9 +43,15 @@ DEFAULT_MAX_RESULT_BYTES: Final = 16 * 1024 * 1024
 """The largest result passed on whole (`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`); a longer one is cut."""
 
 
-def runtime_info(tools: Mapping[str, Tool[Any, Any]]) -> dict[str, Any]:
-    """Sandbox's runtime-truth fragment: the tools it actually serves."""
-    return {"sandbox": {"tools": sorted(tools)}} if tools else {}
+def runtime_info(tools: Mapping[str, Tool[Any, Any]], builtins: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Sandbox's runtime-truth fragment: the app's tools it serves, and its own tools' state.
+
+    `builtins` is what the sandbox's own tools report (`{"code_exec": "ACTIVE(bwrap)", "eval":
+    "INACTIVE(disabled)"}`), listed even when the app has no tools.
+    """
+    fragment: dict[str, Any] = {"tools": sorted(tools)} if tools else {}
+    fragment.update(builtins or {})
+    return {"sandbox": fragment} if fragment else {}
 
 
 def descriptors(tools: Mapping[str, Tool[Any, Any]]) -> list[ToolDescriptor]:

@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from atmosphere.bus.sizes import MAX_OBJECT_BYTES
 from atmosphere.config import WorkerSettings
+from atmosphere.sandbox.code.settings import CodeSettings
 from atmosphere.sandbox.handlers import DEFAULT_MAX_RESULT_BYTES
+from atmosphere.sandbox.js.settings import EvalSettings
 
 
 class SandboxOptions(BaseModel):
@@ -42,3 +44,7 @@ class SandboxSettings(WorkerSettings):
     app_dir: Path = Path()
     """Directory put first on `sys.path` before importing the app."""
     sandbox: SandboxOptions = SandboxOptions()
+    code: CodeSettings = Field(default_factory=CodeSettings)
+    """`ATMOSPHERE_AI_CODE_*`: the `code_exec` tool (off unless enabled and an isolating backend works)."""
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """`ATMOSPHERE_AI_EVAL_*`: the `eval` tool (JavaScript in a V8 worker process; off unless enabled)."""
