@@ -213,3 +213,18 @@ async def test_an_app_tool_clashing_with_an_enabled_builtin_stops_the_service(
     settings = settings_for(directory, "sandbox_clashing_app", code=CodeSettings(enabled=True))
     with pytest.raises(AppLoadError, match="code_exec"):
         await serve(settings, stop=asyncio.Event(), bus=FakeBus())
+
+
+def test_a_code_reply_too_large_for_one_message_drops_its_artifacts_not_the_call() -> None:
+    from atmosphere.contracts.run.v1.run_pb2 import AgentStep, RunEvent, TextDelta
+    from atmosphere.sandbox.builtins import _fitting
+
+    reply = ToolReply(call_id="c1", content=json.dumps({"exitCode": 0, "stdout": "ok", "stderr": ""}))
+    reply.events.append(RunEvent(agent_step=AgentStep(step_name="code_exec", description="Ran python (exit 0)")))
+    reply.events.append(RunEvent(text_delta=TextDelta(text="![big.png](data:image/png;base64," + "A" * 200_000 + ")")))
+    fitted = _fitting(reply, 64 * 1024)
+    assert fitted.ByteSize() <= 64 * 1024
+    assert [e.WhichOneof("kind") for e in fitted.events] == ["agent_step"]
+    assert json.loads(fitted.content)["artifactsOmitted"] == 1
+    small = ToolReply(call_id="c2", content="{}")
+    assert _fitting(small, 64 * 1024) == small

@@ -16,6 +16,7 @@ instance (`ToolReply.session_instance`), dispatch sends the run's later calls to
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import tempfile
 import uuid
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere.bus import Bus, MessageContext, Router, subjects
+from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
 from atmosphere.sandbox.code import make_backend
 from atmosphere.sandbox.code.availability import Availability
@@ -51,6 +53,8 @@ class Builtins:
     pool: EvalPool | None = None
     code_offer: ToolDescriptor | None = None
     eval_offer: ToolDescriptor | None = None
+    max_reply_bytes: int = data_budget(DEFAULT_MAX_PAYLOAD)
+    """The most a reply may carry (the bus's message size less the envelope dispatch wraps around it)."""
 
     def info(self) -> dict[str, Any]:
         """The runtime-truth fragment: each tool's state, as the backends reported it at start."""
@@ -62,6 +66,7 @@ class Builtins:
 
     async def publish(self, bus: Bus) -> None:
         """Write the offered tools' descriptors and delete the others' (a restart can take a tool away)."""
+        self.max_reply_bytes = data_budget(bus.max_payload)
         for name, descriptor in self.offered().items():
             if descriptor is not None:
                 await bus.kv_put(subjects.TOOLS_BUCKET, name, descriptor)
@@ -81,7 +86,7 @@ class Builtins:
 
     async def _code_exec(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
         assert self.sessions is not None
-        reply = await run_code_exec(self.sessions, call)
+        reply = _fitting(await run_code_exec(self.sessions, call), self.max_reply_bytes)
         reply.session_instance = self.instance  # this run's later calls come here, to its files
         return reply
 
@@ -93,6 +98,29 @@ class Builtins:
     async def _eval(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
         assert self.pool is not None
         return await run_eval(self.pool, call)
+
+
+def _fitting(reply: ToolReply, max_bytes: int) -> ToolReply:
+    """`reply`, without the artifact events that would make it too large for one bus message.
+
+    An 8 MiB image is ~11 MiB of data URI: such artifacts are dropped (the agent step stays) and
+    the result says how many, rather than the whole call failing to arrive.
+    """
+    if reply.ByteSize() <= max_bytes:
+        return reply
+    kept = [e for e in reply.events if e.WhichOneof("kind") == "agent_step"]
+    dropped = len(reply.events) - len(kept)
+    del reply.events[:]
+    reply.events.extend(kept)
+    with contextlib.suppress(ValueError, TypeError):
+        content = json.loads(reply.content)
+        content["artifactsOmitted"] = dropped
+        content["artifactsOmittedReason"] = "too large to stream in one message"
+        reply.content = json.dumps(content)
+    if reply.ByteSize() > max_bytes:  # the output itself (capped per stream) is too large: cut it
+        reply.content = clip(reply.content, max_bytes // 2, "the result of code_exec")
+        reply.truncated = True
+    return reply
 
 
 def _remove_empty(root: Path) -> None:

@@ -143,6 +143,7 @@ async def test_a_workspace_over_its_budget_stops_the_code_and_is_emptied(bwrap_r
 async def test_probe_and_backend_say_what_bounds_code(bwrap_ready: str, code_root: Path) -> None:
     availability = await probe(small_settings())
     assert availability.label == "ACTIVE(bwrap)"
+    assert availability.reason.startswith(("cgroup v1 (pids, memory", "cgroup v2", "rlimits only ("))
     backend = make_backend(small_settings(), availability, code_root)
     assert isinstance(backend, BwrapBackend)
     assert backend.note.startswith(("cgroup v1 (pids, memory", "cgroup v2", "rlimits only ("))

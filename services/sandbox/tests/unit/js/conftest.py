@@ -11,7 +11,7 @@ import pytest_asyncio
 from atmosphere.sandbox.js.pool import EvalPool
 from atmosphere.sandbox.js.settings import MIB, EvalSettings
 
-TIMEOUT_MS = 500
+TIMEOUT_MS = 1000
 HEAP_BYTES = 32 * MIB
 OUTPUT_CHARS = 200
 SMALL = EvalSettings(enabled=True, timeoutMillis=TIMEOUT_MS, maxMemoryBytes=HEAP_BYTES, maxOutputChars=OUTPUT_CHARS)

@@ -73,8 +73,11 @@ async def test_a_long_value_ends_with_the_originals_marker(shared_pool: EvalPool
     ("code", "text"),
     [
         ("require('fs')", "Error: ReferenceError: require is not defined"),
-        ("while (true) {}", "Error: eval timed out after 500 ms"),
-        ("const a = []; while (true) a.push([a.length])", "Error: eval ran out of memory (limit 32 MiB)"),
+        ("while (true) {}", "Error: eval timed out after 1000 ms"),
+        (
+            "const a = []; while (true) a.push(new Array(1 << 16).fill(0))",
+            "Error: eval ran out of memory (limit 32 MiB)",
+        ),
     ],
 )
 @on_module_loop

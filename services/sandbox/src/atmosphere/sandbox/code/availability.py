@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from atmosphere.sandbox.code.bwrap import probe_bwrap
+from atmosphere.sandbox.code.bwrap import bounds_for, probe_bwrap
 from atmosphere.sandbox.code.cgroups import detect
 from atmosphere.sandbox.code.container import probe_engine
 from atmosphere.sandbox.code.settings import CodeSettings
@@ -25,7 +25,8 @@ class Availability:
     backend: str
     """`bwrap`, `docker` or `podman` (the one tried, when inactive with one engine; empty otherwise)."""
     reason: str
-    """Inactive: why. Active: what bounds code (bwrap: `cgroup v1 (...) + rlimits` or `rlimits only (...)`)."""
+    """Inactive: why. Active: what bounds code (bwrap: `cgroup v1 (pids, memory, cpu, freezer) + rlimits`
+    or `rlimits only (<why no cgroups>)`; docker/podman: `server <version>`)."""
 
     @property
     def label(self) -> str:
@@ -33,15 +34,13 @@ class Availability:
         return f"ACTIVE({self.backend})" if self.active else f"INACTIVE({self.reason})"
 
 
-async def probe_one(engine: str, *, bwrap: str | None = None) -> Availability:
+async def probe_one(engine: str, settings: CodeSettings, *, bwrap: str | None = None) -> Availability:
     """Whether `engine` (`bwrap`, `docker`, `podman`) starts sandboxes here."""
     if engine == "bwrap":
         ok, why = await probe_bwrap(bwrap)
         if not ok:
             return Availability(False, "bwrap", why)
-        cgroups = detect()
-        limits = "rlimits only (" + cgroups + ")" if isinstance(cgroups, str) else f"cgroup v{cgroups.version}"
-        return Availability(True, "bwrap", limits)
+        return Availability(True, "bwrap", bounds_for(settings, detect()).note)
     ok, why = await probe_engine(engine)
     return Availability(ok, engine, why if ok else f"{engine}: {why}")
 
@@ -51,10 +50,10 @@ async def probe(settings: CodeSettings, *, bwrap: str | None = None) -> Availabi
     if not settings.enabled:
         return Availability(False, "", "disabled")
     if settings.engine != "auto":
-        return await probe_one(settings.engine, bwrap=bwrap)
+        return await probe_one(settings.engine, settings, bwrap=bwrap)
     tried = []
     for engine in AUTO_ORDER:
-        found = await probe_one(engine, bwrap=bwrap)
+        found = await probe_one(engine, settings, bwrap=bwrap)
         if found.active:
             return found
         tried.append(found.reason if found.reason.startswith(f"{engine}:") else f"{engine}: {found.reason}")

@@ -5,7 +5,7 @@ a root of nothing but `/usr` (read-only, with the `/bin`, `/lib`... links the ho
 few generated `/etc` files (passwd, group, hosts) and the host's loader cache and alternatives,
 a fresh `/proc`, a minimal `/dev`, a bounded tmpfs at `/tmp`, and its session's workspace at
 `/workspace`. No capability, no further user namespace (`--disable-userns`), a seccomp filter
-(`seccomp`), a new session (no terminal to inject into), an environment of five variables.
+(`seccomp`), a new session (no terminal to inject into), an environment of five variables (and bwrap's `PWD`).
 
 On the host: started as root, the sandbox runs as uid/gid 65534 (`nobody`), never as root; the
 first process joins the execution's control groups before anything else runs (`launcher`), with
