@@ -335,7 +335,7 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
             "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
             "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
             "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
-            # A kill every 0.8–2 s can land on one run's re-drive five times in a row before it commits
+            # A kill every 0.8-2 s can land on one run's re-drive five times in a row before it commits
             # anything on a loaded 2-core machine; the poison-run limit (5 fruitless deliveries) would
             # then end that run by design. Here every run must finish, so the limit is raised.
             "ATMOSPHERE_DISPATCH__MAX_RUN_DELIVERIES": "25",

@@ -98,11 +98,7 @@ class WorkerProcess:
 
     async def wait(self) -> int:
         """Its exit status, once it has exited and its pipes are read to their end and closed."""
-        import time, subprocess, sys
-        t0 = time.monotonic()
-        print("DBG wait start", self.pid, file=sys.stderr, flush=True)
         status = await self.process.wait()
-        print("DBG process.wait", self.pid, round(time.monotonic()-t0,3), status, file=sys.stderr, flush=True)
         assert self.process.stdin is not None
         assert self.process.stdout is not None
         self.process.stdin.close()
@@ -113,11 +109,7 @@ class WorkerProcess:
             async with asyncio.timeout(REAP_TIMEOUT):
                 while await self.process.stdout.read(65536):
                     pass
-                print("DBG stdout eof", self.pid, round(time.monotonic()-t0,3), file=sys.stderr, flush=True)
                 await asyncio.shield(self._stderr_reader)
-                print("DBG stderr eof", self.pid, round(time.monotonic()-t0,3), file=sys.stderr, flush=True)
-        if time.monotonic() - t0 > 1:
-            print("DBG slow", subprocess.run("ps -eo pid,pgid,ppid,stat,cmd | grep -E 'sleep|head|tr |broken' | grep -v grep", shell=True, capture_output=True, text=True).stdout, file=sys.stderr, flush=True)
         return status
 
     def exit_description(self) -> str:
