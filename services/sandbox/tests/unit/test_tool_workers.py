@@ -222,13 +222,14 @@ def busy(workers: ToolWorkers) -> bool:
 
 
 def children() -> list[int]:
-    """Processes whose parent is this test process."""
+    """Tool-worker processes whose parent is this test process (other suites' children are theirs to check)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 status = (entry / "status").read_text()
-                if f"\nPPid:\t{os.getpid()}\n" in status:
+                command = (entry / "cmdline").read_bytes()
+                if f"\nPPid:\t{os.getpid()}\n" in status and b"atmosphere.sandbox.tool_worker" in command:
                     found.append(int(entry.name))
     return found
 

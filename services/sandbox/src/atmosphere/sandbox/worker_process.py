@@ -274,8 +274,11 @@ class WorkerProcess:
         # The whole session and cgroup: what the tools started dies with the worker.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self.process.kill()
+        # `os.kill`, not `Process.kill()`: on 3.11 the latter polls first, which can reap the child
+        # before asyncio's watcher does, and its exit status then reads 255 (a signal lost).
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill_all()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,8 +28,8 @@ def children() -> set[int]:
     """The ids of this test process's child processes."""
     found: set[int] = set()
     for task in Path("/proc/self/task").iterdir():
-        text = (task / "children").read_text()
-        found.update(int(pid) for pid in text.split())
+        with contextlib.suppress(FileNotFoundError):  # a thread (asyncio's child watchers) that just ended
+            found.update(int(pid) for pid in (task / "children").read_text().split())
     return found
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -168,3 +169,38 @@ async def test_a_worker_breaking_the_protocol_is_killed_and_the_call_is_an_error
     assert pool.worker_pids() == []
     await closed_without_leftovers(pool)
     assert not running(pid)
+
+
+SERVICE = """
+import asyncio
+from atmosphere.sandbox.js.pool import EvalPool
+from atmosphere.sandbox.js.settings import EvalSettings
+
+async def main():
+    pool = EvalPool(EvalSettings(enabled=True, timeoutMillis=1000))
+    await pool.start()
+    print(*pool.worker_pids(), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped yet (its parent died; init reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def test_a_worker_whose_service_was_killed_exits_by_itself() -> None:
+    service = await asyncio.create_subprocess_exec(sys.executable, "-c", SERVICE, stdout=asyncio.subprocess.PIPE)
+    assert service.stdout is not None
+    (pid,) = [int(word) for word in (await asyncio.wait_for(service.stdout.readline(), 30)).split()]
+    service.kill()  # SIGKILL: no `close`, the worker only sees its stdin end
+    await service.wait()
+    deadline = time.monotonic() + 5.0
+    while not exited(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert exited(pid)

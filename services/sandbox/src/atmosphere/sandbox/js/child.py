@@ -91,26 +91,32 @@ class WorkerProcess:
         """
         self._killed = True
         if self.process.returncode is None:  # not reaped yet: its pid (and group id) are still its own
+            # `os.killpg`, not `Process.kill`: that polls first, and a poll that reaps the process
+            # races asyncio's own child watcher, which then reports an exit status of 255.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
 
     async def wait(self) -> int:
-        """Its exit status, once it has exited and its pipes are read to their end and closed."""
-        status = await self.process.wait()
+        """Its exit status, once it has exited and its pipes are read to their end."""
         assert self.process.stdin is not None
         assert self.process.stdout is not None
         self.process.stdin.close()
-        # Read stdout to its end: a reader paused on a full buffer (a reply over the bound) would
-        # never see the end of the pipe, leaving it open. A call still reading it (`close` during
-        # the call) sees the end itself: RuntimeError here.
+        # The pipes first: asyncio's `Process.wait` returns only once every pipe is closed, and a
+        # reader paused on a full buffer (a reply over the bound) would never see the end of its
+        # pipe. A call still reading stdout (`close` during the call) sees the end itself.
         with contextlib.suppress(TimeoutError, RuntimeError, ValueError, OSError):
             async with asyncio.timeout(REAP_TIMEOUT):
                 while await self.process.stdout.read(65536):
                     pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REAP_TIMEOUT):
                 await asyncio.shield(self._stderr_reader)
-        return status
+        try:
+            async with asyncio.timeout(REAP_TIMEOUT):
+                return await self.process.wait()
+        except TimeoutError:  # it exited, but something outside its group still holds a pipe
+            log.warning("eval: the worker (pid %d) left a pipe open after it ended", self.pid)
+            return self.process.returncode if self.process.returncode is not None else -1
 
     def exit_description(self) -> str:
         """How it ended: `killed by SIGKILL`, `exit status 3`."""

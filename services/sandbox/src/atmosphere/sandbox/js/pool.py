@@ -143,7 +143,7 @@ class EvalPool:
         """Run `code` in a worker; every way it can end is an outcome (cancellation kills the worker)."""
         if len(code) > MAX_CODE_CHARS:
             return EvalOutcome(
-                "invalid", f"Error: the code is {len(code)} characters long; eval takes {MAX_CODE_CHARS}"
+                "invalid", f"Error: the code is {len(code)} characters long; eval takes at most {MAX_CODE_CHARS}"
             )
         if self._closed:
             return EvalOutcome("unavailable", "Error: eval is shutting down")
@@ -243,7 +243,9 @@ class EvalPool:
             worker.kill()
             log.warning("eval: the worker (pid %d) broke the protocol (%s); killed", worker.pid, exc)
             return self._stopped("it sent a malformed reply")
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError):  # its pipes closed: it died (or is dying) on its own
+            # Killing a process that already ended changes nothing, and its own end is what is reported.
+            worker.kill()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REAP_TIMEOUT):
                     await worker.wait()
