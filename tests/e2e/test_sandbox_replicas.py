@@ -58,7 +58,6 @@ class Replica:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "atmosphere.sandbox", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
             )
-        port: list[int] = []
 
         async def probes() -> bool:
             assert self.process is not None
@@ -73,7 +72,6 @@ class Replica:
             return False
 
         await wait_until(probes, timeout=60, interval=0.1, what="a sandbox replica to be ready")
-        del port
 
     @property
     def pid(self) -> int:
