@@ -73,6 +73,9 @@ bench: install ## Benchmarks with ratios against baselines measured in the same 
 	$(RUN) python bench/ingress_overhead.py
 	$(RUN) python bench/ingress_flood.py
 
+soak: install ## A 3-node NATS cluster, two replicas of every service, nodes and replicas SIGKILLed mid-run (minutes)
+	$(RUN) pytest -q -s tests/soak --soak
+
 # Keeps .venv and the bootstrapped uv (.atmosphere/tools): `make install` is not needed again.
 CLEAN_PATHS := .atmosphere/data .atmosphere/nats .atmosphere/workspace dist .mypy_cache .ruff_cache .pytest_cache .hypothesis .schemathesis
 

@@ -1,202 +1,79 @@
-"""The container and Kubernetes descriptions match the code.
+"""The image, docker-compose.yml and the Kubernetes base match the code, and compose the manifests.
 
-The Kubernetes base is built with the real kustomize (`kubectl kustomize`, pinned and installed
-by scripts/install_kubectl.py) and every YAML file is read with a loader that rejects duplicate
-keys: PyYAML alone keeps the last of two equal keys, which once hid a doubled `volumes` list and
-a doubled claim that the real builder refuses.
+The Kubernetes base is built with the real kustomize (`kubectl kustomize`, pinned and installed by
+scripts/install_kubectl.py); the overlays are checked in tests/test_k8s_*.py. docker-compose.yml
+is validated against the Compose schema (scripts/validate_compose.py: `docker compose config`
+needs the Compose plugin, which the dev machines lack) and held to the production overlay: the
+same services, variables, probes, grace periods, credentials and NATS configuration. Every YAML
+file is read with a loader that rejects duplicate keys (scripts/strict_yaml.py).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 import re
-import subprocess
-from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic_settings import BaseSettings
 
 from atmosphere.config import env_names
-from atmosphere.ingress.settings import IngressOptions
-from scripts.install_kubectl import kubectl_binary
+from scripts.k8s_pods import pod_spec, workloads
+from scripts.k8s_render import BASE, ROOT, SERVICES, build, kustomize
+from scripts.strict_yaml import strict_load, strict_load_all
+from scripts.validate_compose import InterpolationError, interpolate, load, schema_errors
+from scripts.validate_k8s import rendered
+from tests.test_k8s_drain import container_environment, settings_class
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
-BASE = ROOT / "deploy/k8s/base"
 Document = dict[str, Any]
-MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses a mapping with the same key twice, as kustomize does."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[Any] = set()
-        # A merge (`<<: *anchor`) may be overridden by a key written beside it; only keys
-        # written twice in the mapping itself are a mistake.
-        for key_node, _ in (pair for pair in node.value if pair[0].tag != MERGE_TAG):
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def strict_load(text: str) -> Any:
-    return yaml.load(text, Loader=StrictLoader)
-
-
-def strict_load_all(text: str) -> list[Document]:
-    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
-
-
-def settings_class(service: str) -> type[BaseSettings]:
-    module = importlib.import_module(f"atmosphere.{service}.settings")
-    return getattr(module, f"{service.capitalize()}Settings")  # type: ignore[no-any-return]
+NODES = ("nats-0", "nats-1", "nats-2")
+STATEFUL = ("governance", "memory", "tape")
+NATS_CONFIG = "./deploy/k8s/base/nats/nats.conf"
+CREDENTIALS = "deploy/compose/credentials"
+OPTIONAL_SECRETS = {"atmosphere-llm": ".env", "atmosphere-ingress": "deploy/compose/ingress.env"}
+"""The cluster's optional Secrets and the compose files that play their part."""
 
 
 def known(service: str) -> set[str]:
     return set(env_names(settings_class(service)))
 
 
-def test_compose_runs_every_service_from_the_one_dockerfile() -> None:
-    compose = strict_load((ROOT / "docker-compose.yml").read_text())
-    services: dict[str, Any] = compose["services"]
-    assert set(services) == {"nats", *SERVICES}
-    assert "-js" in services["nats"]["command"]
-    for name in SERVICES:
-        build = services[name]["build"]
-        assert build["dockerfile"] == "deploy/docker/service.Dockerfile"
-        assert build["args"]["SERVICE"] == name
-        assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
-        unknown = set(services[name].get("environment", {})) - known(name)
-        assert not unknown, f"{name} sets unknown variables {unknown}"
-    assert services["ingress"]["ports"] == ["8080:8080"]
+def seconds(duration: str) -> int:
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match is not None, f"write durations in whole seconds: {duration!r}"
+    return int(match.group(1))
 
 
-def test_env_example_only_sets_real_variables() -> None:
-    keys = {
-        line.split("=", 1)[0]
-        for line in (ROOT / ".env.example").read_text().splitlines()
-        if line and not line.startswith("#")
-    }
-    everything = set().union(*(known(s) for s in SERVICES))
-    assert keys <= everything, keys - everything
+def probed(healthcheck: Document) -> tuple[int, str]:
+    """(port, path) a compose healthcheck requests on the container's loopback."""
+    match = re.search(r"http://127\.0\.0\.1:(\d+)(/[^'\s]*)", " ".join(healthcheck["test"]))
+    assert match is not None, healthcheck
+    return int(match.group(1)), match.group(2)
 
 
-def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
-    dockerfile = (ROOT / "deploy/docker/service.Dockerfile").read_text()
-    makefile = (ROOT / "Makefile").read_text()
-    uv_version = re.search(r"^UV_VERSION := (\S+)$", makefile, re.M)
-    assert uv_version is not None
-    assert f"ghcr.io/astral-sh/uv:{uv_version.group(1)}" in dockerfile
-    assert "--package atmosphere-ai-${SERVICE}" in dockerfile
-    assert "exec python -m atmosphere.$SERVICE" in dockerfile
-    assert "USER 10001" in dockerfile
+def readiness(container: Document) -> tuple[int, str]:
+    """(port, path) of a container's readiness probe."""
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["readinessProbe"]["httpGet"]
+    return ports.get(probe["port"], probe["port"]), probe["path"]
 
 
-def kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
-    command = [str(kubectl_binary()), "kustomize", str(directory)]
-    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=50)
+def env_files(service: Document) -> set[tuple[str, bool]]:
+    """(path, required) of each env_file of a compose service."""
+    entries = [e if isinstance(e, dict) else {"path": e} for e in service.get("env_file", [])]
+    return {(e["path"], e.get("required", True)) for e in entries}
 
 
 @pytest.fixture(scope="module")
-def built() -> list[Document]:
-    """What `kubectl kustomize deploy/k8s/base` renders, read strictly."""
-    result = kustomize(BASE)
-    assert result.returncode == 0, result.stderr
-    return strict_load_all(result.stdout)
+def compose() -> Document:
+    """docker-compose.yml as Compose reads it, with no variable set (the defaults)."""
+    return load()
 
 
-def named(documents: list[Document], kind: str) -> dict[str, Document]:
-    return {d["metadata"]["name"]: d for d in documents if d["kind"] == kind}
-
-
-def pod_spec(deployment: Document) -> Document:
-    return deployment["spec"]["template"]["spec"]  # type: ignore[no-any-return]
-
-
-def problems(documents: list[Document]) -> list[str]:
-    """Everything in rendered manifests that a cluster would reject or that could never work."""
-    found = _duplicates(documents)
-    for name, deployment in named(documents, "Deployment").items():
-        found += [f"Deployment {name}: {p}" for p in _deployment_problems(deployment, documents)]
-    for name, service in named(documents, "Service").items():
-        found += [f"Service {name}: {p}" for p in _service_problems(service, documents)]
-    claimed = {v["persistentVolumeClaim"]["claimName"] for v in _volumes(documents) if "persistentVolumeClaim" in v}
-    unused = sorted(set(named(documents, "PersistentVolumeClaim")) - claimed)
-    return found + [f"PersistentVolumeClaim {c} is used by no Deployment" for c in unused]
-
-
-def _duplicates(documents: list[Document]) -> list[str]:
-    ids = [(d["kind"], d["metadata"]["name"]) for d in documents]
-    return [f"{kind} {name} is defined twice" for kind, name in sorted(set(ids)) if ids.count((kind, name)) > 1]
-
-
-def _volumes(documents: list[Document]) -> Iterator[Document]:
-    for deployment in named(documents, "Deployment").values():
-        yield from pod_spec(deployment).get("volumes", [])
-
-
-def _deployment_problems(deployment: Document, documents: list[Document]) -> list[str]:
-    spec = pod_spec(deployment)
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    found = [] if deployment["spec"]["selector"]["matchLabels"].items() <= labels.items() else ["selector misses pods"]
-    volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    mounted = {m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
-    found += [f"mounts undeclared volume {v}" for v in sorted(mounted - set(volumes))]
-    found += [f"declares unmounted volume {v}" for v in sorted(set(volumes) - mounted)]
-    found += [p for v in volumes.values() for p in _volume_source_problems(v, documents)]
-    for container in spec["containers"]:
-        found += [f"container {container['name']}: {p}" for p in _container_problems(container, documents)]
-    return found
-
-
-def _volume_source_problems(volume: Document, documents: list[Document]) -> list[str]:
-    if "persistentVolumeClaim" in volume:
-        claim = volume["persistentVolumeClaim"]["claimName"]
-        return [] if claim in named(documents, "PersistentVolumeClaim") else [f"claim {claim} does not exist"]
-    if "configMap" in volume:
-        config = volume["configMap"]["name"]
-        return [] if config in named(documents, "ConfigMap") else [f"ConfigMap {config} does not exist"]
-    return [f"volume {volume['name']} has a source this check does not know"]
-
-
-def _container_problems(container: Document, documents: list[Document]) -> list[str]:
-    found = [] if container.get("image") else ["no image"]
-    found += [f"env {e.get('name')} has no value" for e in container.get("env", []) if "value" not in e]
-    for source in container.get("envFrom", []):
-        for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-            ref = source.get(key)
-            # A Secret the user creates is optional by design; anything else must be shipped.
-            if ref and not ref.get("optional") and ref["name"] not in named(documents, kind):
-                found.append(f"{kind} {ref['name']} does not exist")
-    ports = {p["name"] for p in container.get("ports", [])}
-    for probe in ("readinessProbe", "livenessProbe"):
-        port = container.get(probe, {}).get("httpGet", {}).get("port")
-        if port is not None and port not in ports:
-            found.append(f"{probe} uses unknown port {port}")
-    return found
-
-
-def _service_problems(service: Document, documents: list[Document]) -> list[str]:
-    selector = service["spec"]["selector"].items()
-    targets = [
-        d
-        for d in named(documents, "Deployment").values()
-        if selector <= d["spec"]["template"]["metadata"]["labels"].items()
-    ]
-    if len(targets) != 1:
-        return [f"selects {len(targets)} Deployments, not one"]
-    ports = {p["name"]: p["containerPort"] for c in pod_spec(targets[0])["containers"] for p in c.get("ports", [])}
-    wrong = [p for p in service["spec"]["ports"] if p["targetPort"] not in {*ports, *ports.values()}]
-    return [f"port {p['name']} targets {p['targetPort']}, which no container opens" for p in wrong]
+@pytest.fixture(scope="module")
+def production() -> list[Document]:
+    return rendered()["production"]
 
 
 def test_the_strict_loader_rejects_duplicate_keys_at_any_depth() -> None:
@@ -208,15 +85,19 @@ def test_the_strict_loader_rejects_duplicate_keys_at_any_depth() -> None:
 
 
 def test_every_deploy_file_has_unique_keys() -> None:
-    for path in (*sorted(BASE.glob("*.yaml")), ROOT / "docker-compose.yml"):
+    for path in (*sorted((ROOT / "deploy").rglob("*.yaml")), ROOT / "docker-compose.yml"):
         assert strict_load_all(path.read_text()), path
 
 
-def test_kustomization_lists_every_manifest_of_the_base() -> None:
+def test_the_base_kustomization_uses_every_file_of_the_base() -> None:
     kustomization = strict_load((BASE / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted(
-        p.name for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml"
-    )
+    used = {
+        *kustomization["resources"],
+        *(p["path"] for p in kustomization["patches"]),
+        *(f for g in kustomization["configMapGenerator"] for f in g.get("files", [])),
+    }
+    present = {str(p.relative_to(BASE)) for p in BASE.rglob("*") if p.is_file() and p.name != "kustomization.yaml"}
+    assert used == present
 
 
 def test_the_builder_refuses_an_object_defined_twice(tmp_path: Path) -> None:
@@ -229,57 +110,133 @@ def test_the_builder_refuses_an_object_defined_twice(tmp_path: Path) -> None:
     assert "already registered id" in result.stderr
 
 
-def test_the_base_builds_into_objects_that_refer_to_each_other(built: list[Document]) -> None:
-    assert problems(built) == []
-    assert {d["kind"] for d in built} == {"ConfigMap", "Deployment", "Service", "PersistentVolumeClaim"}
-    # The kustomization's labels reached every object, so the build really applied it.
-    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "atmosphere" for d in built)
+def test_the_base_builds_and_labels_every_object_and_pod() -> None:
+    documents = build(BASE)
+    # The kustomization's labels reached every object and pod, so the build really applied it.
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "atmosphere" for d in documents)
+    assert all(
+        w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "atmosphere"
+        for w in workloads(documents).values()
+    )
+    assert set(workloads(documents)) == {"nats", *(f"atmosphere-{s}" for s in SERVICES)}
 
 
-def test_the_consistency_check_names_each_dangling_reference(built: list[Document]) -> None:
-    broken = [d for d in copy.deepcopy(built) if d["kind"] != "PersistentVolumeClaim"]
-    ingress = named(broken, "Deployment")["atmosphere-ingress"]
-    container = pod_spec(ingress)["containers"][0]
-    container["image"] = ""
-    container["ports"][0]["name"] = "web"
-    container["envFrom"][0]["configMapRef"]["name"] = "missing"
-    found = problems([*broken, broken[0]])
-    assert "Deployment atmosphere-memory: claim atmosphere-memory-data does not exist" in found
-    assert "Deployment atmosphere-ingress: container ingress: no image" in found
-    assert "Deployment atmosphere-ingress: container ingress: ConfigMap missing does not exist" in found
-    assert "Deployment atmosphere-ingress: container ingress: readinessProbe uses unknown port http" in found
-    assert "Service atmosphere-ingress: port http targets http, which no container opens" in found
-    assert f"{broken[0]['kind']} {broken[0]['metadata']['name']} is defined twice" in found
+def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
+    dockerfile = (ROOT / "deploy/docker/service.Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    uv_version = re.search(r"^UV_VERSION := (\S+)$", makefile, re.M)
+    assert uv_version is not None
+    assert f"ghcr.io/astral-sh/uv:{uv_version.group(1)}" in dockerfile
+    assert "--package atmosphere-ai-${SERVICE}" in dockerfile
+    assert "exec python -m atmosphere.$SERVICE" in dockerfile
+    # The uid and gid the pods' securityContext and compose's `user:` name.
+    assert "USER 10001:10001" in dockerfile
+    assert "--uid 10001 --gid 10001" in dockerfile
 
 
-def test_kubernetes_has_a_deployment_per_service_with_working_probes(built: list[Document]) -> None:
-    config = next(d for d in built if d["kind"] == "ConfigMap")["data"]
-    deployments = named(built, "Deployment")
-    assert set(deployments) == {f"atmosphere-{s}" for s in SERVICES}
-    # The shared ConfigMap may hold a variable only some services read, but no typo.
-    assert set(config) <= set().union(*(known(s) for s in SERVICES))
-    for service in SERVICES:
-        container = pod_spec(deployments[f"atmosphere-{service}"])["containers"][0]
-        assert container["image"] == f"atmosphere-{service}:latest"
-        env = {e["name"]: e["value"] for e in container.get("env", [])}
-        unknown = set(env) - known(service)
-        assert not unknown, f"{service} sets unknown variables {unknown}"
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        listening = int(env.get("ATMOSPHERE_INGRESS__PORT") or env["ATMOSPHERE_PROBE_PORT"])
-        for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-            assert container[probe]["httpGet"]["path"] == path
-            assert ports[container[probe]["httpGet"]["port"]] == listening
-    services = named(built, "Service")
-    assert services["atmosphere-dispatch"]["spec"]["ports"][0]["port"] == 50051
-    assert set(services) == {"atmosphere-dispatch", "atmosphere-ingress"}
-    claims = set(named(built, "PersistentVolumeClaim"))
-    assert claims == {f"atmosphere-{s}-data" for s in ("governance", "memory", "tape")}
+def test_compose_validates_against_the_compose_schema(compose: Document) -> None:
+    assert schema_errors(compose) == []
+    broken = copy.deepcopy(compose)
+    broken["services"]["sandbox"]["read_onyl"] = True
+    broken["services"]["ingress"]["ports"] = 8080
+    assert schema_errors(broken) == [
+        "services.ingress.ports: 8080 is not of type 'array'",
+        "services.sandbox: 'read_onyl' does not match any of the regexes: '^x-'",
+    ]
 
 
-def test_kubernetes_waits_for_ingress_to_drain(built: list[Document]) -> None:
-    # Ingress tells open streams to resume elsewhere within its drain grace; a pod killed
-    # before that grace ends would drop them all the same.
-    spec = pod_spec(named(built, "Deployment")["atmosphere-ingress"])
-    env = {e["name"]: e["value"] for e in spec["containers"][0].get("env", [])}
-    grace = float(env.get("ATMOSPHERE_INGRESS__DRAIN_GRACE", IngressOptions.model_fields["drain_grace"].default))
-    assert grace < spec["terminationGracePeriodSeconds"]
+def test_interpolation_reads_variables_as_compose_does() -> None:
+    environment = {"SET": "v", "EMPTY": ""}
+    assert interpolate({"a": ["${SET}", "${UNSET:-d}", "${EMPTY:-d}", "${EMPTY-d}", "$$x"]}, environment) == {
+        "a": ["v", "d", "d", "", "$x"]
+    }
+    for unsupported in ("${UNSET}", "${SET:?message}"):
+        with pytest.raises(InterpolationError):
+            interpolate(unsupported, environment)
+
+
+def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -> None:
+    services: dict[str, Any] = compose["services"]
+    assert set(services) == {"nats-volumes", *NODES, *SERVICES}
+    for name in SERVICES:
+        build = services[name]["build"]
+        assert build["dockerfile"] == "deploy/docker/service.Dockerfile"
+        assert build["args"]["SERVICE"] == name
+        assert services[name]["depends_on"] == {node: {"condition": "service_healthy"} for node in NODES}
+
+
+def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(
+    compose: Document, production: list[Document]
+) -> None:
+    for name in SERVICES:
+        service = compose["services"][name]
+        workload = workloads(production)[f"atmosphere-{name}"]
+        [container] = pod_spec(workload)["containers"]
+        pod_env, compose_env = container_environment(production, name), dict(service["environment"])
+        # The same variables with the same values, but the address of NATS.
+        assert compose_env.pop("ATMOSPHERE_NATS__URL") == ",".join(f"nats://{node}:4222" for node in NODES)
+        assert compose_env == {k: v for k, v in pod_env.items() if k != "ATMOSPHERE_NATS__URL"}, name
+        assert set(compose_env) <= set().union(*(known(s) for s in SERVICES))
+        # Its own NATS login, and the optional Secrets, as env files.
+        refs = [s["secretRef"] for s in container["envFrom"] if "secretRef" in s]
+        wanted = {(f"{CREDENTIALS}/{name}.env", True)}
+        wanted |= {(OPTIONAL_SECRETS[r["name"]], False) for r in refs if r.get("optional")}
+        assert env_files(service) == wanted, name
+        assert probed(service["healthcheck"]) == readiness(container)
+        assert seconds(service["stop_grace_period"]) == pod_spec(workload)["terminationGracePeriodSeconds"]
+        assert any(t.startswith("/tmp:") for t in service["tmpfs"])
+        assert any(v.endswith(":/data") for v in service.get("volumes", [])) == (name in STATEFUL)
+
+
+def test_compose_hardens_every_container(compose: Document) -> None:
+    for name, service in compose["services"].items():
+        assert service["read_only"] is True, name
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        if name == "nats-volumes":
+            # The one-shot that hands the new volumes to uid 10001: root, with only CAP_CHOWN.
+            assert (service["user"], service["cap_add"], service["network_mode"]) == ("0:0", ["CHOWN"], "none")
+        else:
+            assert service["user"] == "10001:10001", name
+            assert "cap_add" not in service, name
+
+
+def test_compose_nats_nodes_run_the_manifests_configuration(compose: Document, production: list[Document]) -> None:
+    statefulset = workloads(production)["nats"]
+    [container] = pod_spec(statefulset)["containers"]
+    routes = set(re.findall(r"nats://([\w.-]+):6222", (BASE / "nats" / "nats.conf").read_text()))
+    aliases = set()
+    assert len(NODES) == statefulset["spec"]["replicas"]
+    for node in NODES:
+        service = compose["services"][node]
+        assert service["image"] == container["image"]
+        assert service["command"] == container["command"]
+        assert service["environment"] == {"SERVER_NAME": node}
+        assert f"{NATS_CONFIG}:/etc/nats/nats.conf:ro" in service["volumes"]
+        assert f"./{CREDENTIALS}/nats-auth.conf:/etc/nats/nats-auth.conf:ro" in service["volumes"]
+        aliases |= set(service["networks"]["bus"]["aliases"])
+        assert probed(service["healthcheck"]) == readiness(container)
+        # SIGUSR2 is lame duck mode, what the pods' preStop hook asks for.
+        assert service["stop_signal"] == "SIGUSR2"
+        assert seconds(service["stop_grace_period"]) == pod_spec(statefulset)["terminationGracePeriodSeconds"]
+    assert aliases == routes
+
+
+def test_compose_keeps_the_sandbox_off_the_network_and_publishes_only_ingress(compose: Document) -> None:
+    services, networks = compose["services"], compose["networks"]
+    assert networks["bus"] == {"internal": True}
+    assert services["sandbox"]["networks"] == ["bus"]
+    outside = {n for n, s in services.items() if set(s.get("networks", [])) - {"bus"}}
+    assert outside == {"dispatch", "ingress"}
+    assert {n for n, s in services.items() if "ports" in s} == {"ingress"}
+    assert services["ingress"]["ports"] == ["8080:8080"]
+
+
+def test_the_env_examples_only_set_real_variables() -> None:
+    def keys(path: Path) -> set[str]:
+        return {line.split("=", 1)[0] for line in path.read_text().splitlines() if line and not line.startswith("#")}
+
+    # `.env` is dispatch's (and the source of the app and log level that compose interpolates).
+    assert keys(ROOT / ".env.example") <= known("dispatch"), keys(ROOT / ".env.example") - known("dispatch")
+    ingress = keys(ROOT / "deploy/compose/ingress.env.example")
+    assert ingress <= known("ingress"), ingress - known("ingress")

@@ -27,8 +27,12 @@ RUN if [ "$SERVICE" = "sandbox" ]; then \
     fi
 COPY --from=build /app/.venv /app/.venv
 COPY examples /app/examples
-RUN useradd --uid 10001 --no-create-home atmosphere && mkdir /data && chown atmosphere /data
-USER 10001
+# uid and gid 10001, as the pods' securityContext and compose's `user:` say. /data belongs to it,
+# so that a new named volume (compose) starts out writable; Kubernetes' fsGroup does that for PVCs.
+RUN groupadd --gid 10001 atmosphere \
+    && useradd --uid 10001 --gid 10001 --no-create-home atmosphere \
+    && mkdir /data && chown 10001:10001 /data
+USER 10001:10001
 WORKDIR /app
 # Exec-form CMD does not expand variables; `exec` hands signals straight to Python.
 CMD ["sh", "-c", "exec python -m atmosphere.$SERVICE"]

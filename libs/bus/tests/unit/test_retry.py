@@ -53,3 +53,39 @@ async def test_an_error_answer_is_final() -> None:
             await request_retrying(bus, "retry.echo", RunEvent(), RunEvent, deadline=5.0)
     assert refused.value.code == "test.refused"
     assert sum(1 for subject, _ in bus.published if subject == "retry.echo") == 1
+
+
+class NotYetError(ServiceError):
+    code = "test.not_yet"
+    retryable = True
+
+
+async def test_an_error_that_says_try_again_is_tried_again_until_it_answers() -> None:
+    bus = FakeBus()
+    refusals = [NotYetError("catching up"), NotYetError("catching up")]
+    router = Router()
+
+    async def answer(request: RunEvent, _ctx: MessageContext) -> RunEvent:
+        if refusals:
+            raise refusals.pop()
+        return RunEvent(seq=request.seq + 1)
+
+    router.add("retry.echo", RunEvent, answer)
+    async with bus.serve(router):
+        reply = await request_retrying(bus, "retry.echo", RunEvent(seq=1), RunEvent, deadline=5.0)
+    assert reply.seq == 2
+    assert sum(1 for subject, _ in bus.published if subject == "retry.echo") == 3
+
+
+async def test_an_error_that_says_try_again_is_the_answer_once_the_deadline_passed() -> None:
+    bus = FakeBus()
+    router = Router()
+
+    async def answer(_request: RunEvent, _ctx: MessageContext) -> RunEvent:
+        raise NotYetError("still catching up")
+
+    router.add("retry.echo", RunEvent, answer)
+    async with bus.serve(router):
+        with pytest.raises(RemoteError) as refused:
+            await request_retrying(bus, "retry.echo", RunEvent(), RunEvent, deadline=0.5)
+    assert refused.value.code == "test.not_yet"

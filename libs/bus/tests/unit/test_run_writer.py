@@ -280,3 +280,59 @@ async def test_garbage_on_a_runs_subject_does_not_make_the_run_unreadable() -> N
     last = await runs.last_event(bus, "r1")
     assert last is not None
     assert last.seq == 2
+
+
+class FailingOverCluster(FakeBus):
+    """A cluster whose `ATMO_EVENTS` leader dies with chosen events in flight, this connection intact.
+
+    The live subscribers got them (core delivery), the stream never stored them, and the
+    epoch does not move: only the leader (and its term) says that something may be lost.
+    """
+
+    def __init__(self, *, lose: set[int]) -> None:
+        super().__init__()
+        self.lose = set(lose)
+        self.leader = "n0@t1"
+        self.sends: list[int] = []
+
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        seq = message.seq if isinstance(message, RunEvent) else 0
+        self.sends.append(seq)
+        if seq in self.lose:
+            self.lose.discard(seq)
+            self._deliver(subject, message.SerializeToString(), None, None)  # seen live, never stored
+            self.leader = "n1@t2"  # the leader died with it; another took over
+            return
+        await super().publish(subject, message, headers=headers)
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        if not subject.endswith(".probe"):
+            self.sends.append(message.seq if isinstance(message, RunEvent) else 0)
+        return await super().js_publish(subject, message, headers=headers, timeout=timeout)
+
+    async def stream_leader(self, stream: str) -> str:
+        await super().stream_leader(stream)
+        return self.leader
+
+
+@pytest.mark.parametrize("lose", [{3}, {2, 5}, {6}], ids=["one", "two", "last-before-terminal"])
+async def test_events_lost_with_a_stream_leader_are_sent_again_though_the_connection_lived(lose: set[int]) -> None:
+    bus = FailingOverCluster(lose=lose)
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    await write(writer, MIXED)
+    assert sorted(stored_seqs(bus)) == list(range(2, 8))  # nothing missing, nothing twice
+    assert writer.unacknowledged == 0
+    for seq in lose:
+        assert bus.sends.count(seq) == 2
+
+
+async def test_under_one_leader_the_terminal_still_proves_the_events_before_it() -> None:
+    bus = FailingOverCluster(lose=set())
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    await write(writer, [text(n) for n in range(20)])
+    assert sorted(stored_seqs(bus)) == list(range(2, 23))
+    assert all(bus.sends.count(seq) == 1 for seq in range(2, 22))

@@ -93,7 +93,9 @@ def test_the_nats_settings_are_the_services_unless_a_flag_says_otherwise(monkeyp
 def test_unreachable_nats_is_a_clear_failure(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 1 (tcpmux) is privileged and served by nothing here: the connection is refused.
     assert cli_main.main(["tape", "follow", "r1", "--server", "nats://127.0.0.1:1"]) == 1
-    assert "error: cannot reach NATS at nats://127.0.0.1:1; is the stack running?" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert "error: cannot connect to NATS at nats://127.0.0.1:1 (" in printed
+    assert printed.rstrip().endswith("is the stack running?")
 
 
 # -- follow ------------------------------------------------------------------------------------

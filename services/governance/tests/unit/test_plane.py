@@ -330,7 +330,7 @@ async def test_the_apps_python_policies_are_installed_after_the_files(tmp_path: 
     plane = build_plane(settings)
     assert [p.identity.name for p in plane.policies] == ["short", "no-fridays"]
     assert plane.policies[1].identity.source == "code:policy_app_mod.NoFridays"
-    _, evaluation = await plane.admit(AdmitRequest(run_id="r", agent="a", message="see you Friday", principal=ADA))
+    _, evaluation, _ = await plane.admit(AdmitRequest(run_id="r", agent="a", message="see you Friday", principal=ADA))
     assert not evaluation.allowed
     assert evaluation.policy is not None
     assert evaluation.policy.name == "no-fridays"
@@ -360,7 +360,7 @@ async def test_a_sub_runs_admission_is_its_delegation_edge(tmp_path: Path) -> No
     edge = AdmitRequest(
         run_id="r2", agent="payments", message="pay", principal=ADA, transport="delegation", parent_run_id="r1"
     )
-    context, evaluation = await plane.admit(edge)
+    context, evaluation, _ = await plane.admit(edge)
     assert not evaluation.allowed
     assert context.metadata["parent_run_id"] == "r1"
 

@@ -1,19 +1,18 @@
-"""Ingress's conversation bookkeeping, the admin's path pre-check, and conversation keys."""
+"""Ingress's conversation bookkeeping (one replica), the admin's path pre-check, and conversation keys."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
-from types import SimpleNamespace
 
 import pytest
 
-from atmosphere.bus import subjects
+from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
-from atmosphere.ingress import conversations
 from atmosphere.ingress.agents_api import conversation_of
 from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.errors import MalformedRequestError as InboundError
@@ -24,20 +23,30 @@ IDLE = 60.0
 
 
 class Clock:
-    """`time.monotonic` under the test's control."""
+    """Epoch seconds under the test's control."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = 1_700_000_000.0
 
-    def monotonic(self) -> float:
+    def __call__(self) -> float:
         return self.now
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(conversations, "time", SimpleNamespace(monotonic=fake.monotonic))
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def bus() -> FakeBus:
+    """A bus with the system's buckets, `ATMO_CONVERSATIONS` among them."""
+    fake = FakeBus()
+    await fake.provision(JetStreamLayout())
     return fake
+
+
+def tracker_on(bus: FakeBus, clock: Clock, **options: int) -> ConversationTracker:
+    return ConversationTracker(bus, idle_timeout=IDLE, instance="ingress-a", clock=clock, **options)
 
 
 async def announced(bus: FakeBus) -> list[tuple[str, str, str, str]]:
@@ -51,107 +60,189 @@ async def announced(bus: FakeBus) -> list[tuple[str, str, str, str]]:
     ]
 
 
-# -- ConversationTracker ---------------------------------------------------------------------------
+# -- ConversationTracker, one replica ---------------------------------------------------------------
 
 
-async def test_the_last_socket_to_leave_closes_the_conversation_once(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE)
+async def test_the_last_socket_to_leave_closes_the_conversation_once(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
     tracker.socket_opened("chat", "c1", ADA)
     tracker.socket_opened("chat", "c1", ADA)
+    await tracker.flush()
     assert len(tracker) == 1
     tracker.socket_closed("chat", "c1")
+    await tracker.flush()
     assert await announced(bus) == []
+    clock.now += 1
     tracker.socket_closed("chat", "c1")
+    await tracker.flush()
     assert await announced(bus) == [("chat", "c1", "disconnect", "ada")]
     assert len(tracker) == 0
-    # Late or unknown closes announce nothing more.
+    # Late or unknown closes announce nothing more, and neither does a later sweep.
     tracker.socket_closed("chat", "c1")
     tracker.socket_closed("chat", "never-opened")
+    clock.now += 10 * IDLE
+    await tracker.flush()
+    assert await tracker.sweep() == 0
     assert len(await announced(bus)) == 1
 
 
-async def test_conversations_are_keyed_by_agent_and_id(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE)
+async def test_a_socket_that_opens_and_leaves_before_any_write_still_closes_it(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
+    tracker.socket_opened("chat", "c1", ADA)
+    tracker.socket_closed("chat", "c1")
+    await tracker.flush()
+    assert await announced(bus) == [("chat", "c1", "disconnect", "ada")]
+
+
+async def test_conversations_are_keyed_by_agent_and_id(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
     tracker.socket_opened("chat", "c1", ADA)
     tracker.socket_opened("other", "c1", ADA)
+    await tracker.flush()
     tracker.socket_closed("chat", "c1")
+    await tracker.flush()
     assert await announced(bus) == [("chat", "c1", "disconnect", "ada")]
     assert len(tracker) == 1
 
 
-async def test_an_idle_conversation_is_announced_once_by_the_sweep(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE)
+async def test_an_idle_conversation_is_announced_once_by_the_sweep(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
+    start = clock.now
     tracker.touch("chat", "c1", ADA)
     clock.now += 10
     tracker.touch("chat", "c2", ADA)
-    assert tracker.sweep(now=clock.now + IDLE - 11) == 0
+    await tracker.flush()
+    clock.now = start + IDLE - 1
+    assert await tracker.sweep() == 0
     assert await announced(bus) == []
-    assert tracker.sweep(now=clock.now + IDLE - 10) == 1  # c1 is exactly `IDLE` old
+    clock.now = start + IDLE  # c1 is exactly `IDLE` old
+    assert await tracker.sweep() == 1
     assert await announced(bus) == [("chat", "c1", "idle", "ada")]
-    assert tracker.sweep(now=clock.now + IDLE - 10) == 0
-    assert tracker.sweep(now=clock.now + IDLE) == 1
+    assert await tracker.sweep() == 0
+    clock.now = start + 10 + IDLE
+    assert await tracker.sweep() == 1
     assert await announced(bus) == [("chat", "c1", "idle", "ada"), ("chat", "c2", "idle", "ada")]
-    assert tracker.sweep(now=clock.now + 10 * IDLE) == 0
+    clock.now += 10 * IDLE
+    assert await tracker.sweep() == 0
 
 
-async def test_a_prompt_keeps_a_conversation_open(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE)
+async def test_a_prompt_keeps_a_conversation_open(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
     tracker.touch("chat", "c1", ADA)
+    await tracker.flush()
     clock.now += IDLE - 1
     tracker.touch("chat", "c1", ADA)
-    assert tracker.sweep(now=clock.now + 1) == 0
-    assert tracker.sweep(now=clock.now + IDLE) == 1
-
-
-async def test_a_new_prompt_reopens_an_announced_conversation(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE)
-    tracker.touch("chat", "c1", ADA)
+    await tracker.flush()
+    clock.now += 1
+    assert await tracker.sweep() == 0
     clock.now += IDLE
-    assert tracker.sweep() == 1
+    assert await tracker.sweep() == 1
+
+
+async def test_a_prompt_within_the_debounce_is_recorded_late_not_lost(bus: FakeBus, clock: Clock) -> None:
+    """A prompt right after a write waits for the debounce; idle still counts from that prompt."""
+    tracker = tracker_on(bus, clock)
     tracker.touch("chat", "c1", ADA)
+    await tracker.flush()
+    clock.now += 1
+    last = clock.now
+    tracker.touch("chat", "c1", ADA)
+    await tracker.flush()  # too soon: not written yet
+    clock.now += 10
+    await tracker.flush()  # written now, with the prompt's own time
+    clock.now = last + IDLE - 0.5
+    assert await tracker.sweep() == 0
+    clock.now = last + IDLE
+    assert await tracker.sweep() == 1
+
+
+async def test_a_new_prompt_reopens_an_announced_conversation(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock)
+    tracker.touch("chat", "c1", ADA)
+    await tracker.flush()
+    clock.now += IDLE
+    assert await tracker.sweep() == 1
+    tracker.touch("chat", "c1", ADA)  # in the very millisecond of the announcement: a new stretch still
+    await tracker.flush()
     assert len(tracker) == 1
     clock.now += IDLE
-    assert tracker.sweep() == 1
+    assert await tracker.sweep() == 1
     assert await announced(bus) == [("chat", "c1", "idle", "ada")] * 2
     # A socket that reconnects after an idle announcement closes its new stretch on leaving.
+    clock.now += 1
     tracker.socket_opened("chat", "c1", ADA)
+    await tracker.flush()
+    clock.now += 1
     tracker.socket_closed("chat", "c1")
+    await tracker.flush()
     assert (await announced(bus))[-1] == ("chat", "c1", "disconnect", "ada")
+    assert len(await announced(bus)) == 3
 
 
-async def test_the_bound_announces_the_stalest_conversation(clock: Clock) -> None:
-    bus = FakeBus()
-    tracker = ConversationTracker(bus, idle_timeout=IDLE, max_open=2)
+async def test_the_bound_announces_the_stalest_conversation(bus: FakeBus, clock: Clock) -> None:
+    tracker = tracker_on(bus, clock, max_open=2)
     tracker.touch("chat", "a", ADA)
     clock.now += 1
     tracker.touch("chat", "b", ADA)
     clock.now += 1
     tracker.touch("chat", "a", ADA)  # a is fresher than b now
+    await tracker.flush()
     clock.now += 1
     tracker.touch("chat", "c", ADA)
     assert len(tracker) == 2
+    await tracker.flush()
     assert await announced(bus) == [("chat", "b", "idle", "ada")]
     tracker.touch("chat", "c", ADA)  # known: no eviction
+    await tracker.flush()
     assert len(await announced(bus)) == 1
+    clock.now += 10 * IDLE
+    assert await tracker.sweep() == 2  # a and c; b is not announced again
+    assert sorted(c for _, c, _, _ in await announced(bus)) == ["a", "b", "c"]
 
 
-async def test_the_sweeper_runs_until_stopped() -> None:
-    bus = FakeBus()
+async def test_without_the_bucket_a_replica_decides_alone_and_prompts_never_wait(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = FakeBus()  # nothing provisioned: every bucket call fails
+    tracker = tracker_on(bus, clock)
+    with caplog.at_level(logging.WARNING, logger="atmosphere.ingress"):
+        tracker.touch("chat", "c1", ADA)
+        tracker.socket_opened("chat", "c2", ADA)
+        await tracker.flush()
+        tracker.socket_closed("chat", "c2")
+        await tracker.flush()
+        assert await announced(bus) == [("chat", "c2", "disconnect", "ada")]
+        clock.now += IDLE - 1
+        assert await tracker.sweep() == 0
+        clock.now += 1
+        assert await tracker.sweep() == 1
+    assert (await announced(bus))[-1] == ("chat", "c1", "idle", "ada")
+    outage = [r for r in caplog.records if "per instance" in r.getMessage()]
+    assert len(outage) == 1  # once per outage, not once per conversation
+
+
+async def test_the_sweeper_runs_until_stopped(bus: FakeBus) -> None:
     tracker = ConversationTracker(bus, idle_timeout=0.05)
     tracker.touch("chat", "c1", ADA)
     stop = asyncio.Event()
     sweeper = asyncio.create_task(tracker.run_sweeper(stop, every=0.01))
-    async with asyncio.timeout(2):
+    async with asyncio.timeout(5):
         while not await announced(bus):
             await asyncio.sleep(0.01)
     stop.set()
-    await asyncio.wait_for(sweeper, 1)
+    await asyncio.wait_for(sweeper, 5)
     assert await announced(bus) == [("chat", "c1", "idle", "ada")]
+
+
+async def test_a_stopping_sweeper_announces_the_sockets_that_just_left(bus: FakeBus) -> None:
+    tracker = ConversationTracker(bus, idle_timeout=IDLE)
+    stop = asyncio.Event()
+    sweeper = asyncio.create_task(tracker.run_sweeper(stop))
+    tracker.socket_opened("chat", "c1", ADA)
+    tracker.socket_closed("chat", "c1")
+    stop.set()
+    await asyncio.wait_for(sweeper, 5)
+    assert await announced(bus) == [("chat", "c1", "disconnect", "ada")]
 
 
 # -- traversal_shaped ------------------------------------------------------------------------------

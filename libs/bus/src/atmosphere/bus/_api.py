@@ -29,6 +29,20 @@ class Envelope(Generic[M]):
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerState:
+    """How far a durable consumer has got through its stream."""
+
+    pending: int
+    """Messages of its filter not yet acknowledged: waiting, or handed out and in hand."""
+    ack_floor: int
+    """Every message of its filter up to this stream sequence is acknowledged."""
+
+    def handled_through(self, seq: int) -> bool:
+        """Whether every message of the filter up to stream sequence `seq` is acknowledged."""
+        return self.pending == 0 or self.ack_floor >= seq
+
+
+@dataclass(frozen=True, slots=True)
 class PublishAck:
     """JetStream's acknowledgement of a stored message."""
 
@@ -281,6 +295,21 @@ class Bus(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def consumer_state(self, stream: str, durable: str) -> ConsumerState:
+        """How far the durable consumer has got through `stream`."""
+
+    @abc.abstractmethod
+    async def stream_last_seq(self, stream: str) -> int:
+        """The sequence of the newest message `stream` holds (0 when it never held one)."""
+
+    @abc.abstractmethod
+    async def stream_leader(self, stream: str) -> str:
+        """Who leads `stream` now, and since when: a different answer means another server took over.
+
+        "" where no other server can take over (one server).
+        """
+
+    @abc.abstractmethod
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for the exact `subject`, or None."""
 
@@ -322,6 +351,26 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Remove `key` from a provisioned bucket (nothing happens when it is not there)."""
+
+    @abc.abstractmethod
+    async def kv_update(
+        self, bucket: str, key: str, message_type: type[M], change: Callable[[M | None], M | None]
+    ) -> M | None:
+        """Change the value under `key` as one compare-and-set: no other writer's change is lost.
+
+        `change` gets the current value (None: there is none) and returns the new one, None to
+        delete it, or the very object it got to leave the key as it is. When another writer
+        changed the key between the read and the write, the write is refused and `change` runs
+        again on the newer value: it may run more than once, and only its last run took effect
+        (so it decides, and does nothing a repeat could double).
+
+        Returns:
+            What the key holds afterwards (None: nothing).
+
+        Raises:
+            BusError: the bucket is not provisioned, the broker did not answer, or other writers
+                changed the key every time through the retries.
+        """
 
     @abc.abstractmethod
     async def object_put(self, bucket: str, name: str, data: bytes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -17,6 +18,47 @@ class Retention(Enum):
     """Until a consumer acknowledges it."""
 
 
+class Storage(Enum):
+    """Where the servers keep a stream's messages."""
+
+    FILE = "file"
+    """On disk: survives a server restart."""
+    MEMORY = "memory"
+    """In memory: faster, lost when every replica restarts at once."""
+
+
+MAX_REPLICAS = 5
+"""JetStream's limit on the replicas of one stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How many servers keep a stream or bucket, on what medium, and on which servers.
+
+    One R1 stream is enough to stop the system when its server dies (a run needs the run queue,
+    the events, the journal and the descriptor buckets alike), so a layout gives all of them the
+    same replication. More than one replica needs a JetStream cluster: a single server refuses it.
+    """
+
+    replicas: int = 1
+    storage: Storage = Storage.FILE
+    """Fixed at creation: JetStream cannot change it on an existing stream, which keeps its own."""
+    placement_cluster: str = ""
+    """Keep the replicas in this cluster (empty: the server chooses)."""
+    placement_tags: tuple[str, ...] = ()
+    """Keep the replicas on servers carrying every one of these tags (empty: any server)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            msg = f"replicas must be between 1 and {MAX_REPLICAS}, not {self.replicas}"
+            raise ValueError(msg)
+
+    @property
+    def placed(self) -> bool:
+        """Whether a placement was asked for (else the server places the replicas)."""
+        return bool(self.placement_cluster or self.placement_tags)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
     """A stream to provision."""
@@ -30,8 +72,7 @@ class StreamSpec:
     """-1 means no size limit."""
     duplicate_window_seconds: float = 120
     """How long a `Nats-Msg-Id` is remembered for de-duplication."""
-    memory: bool = False
-    """Keep the stream in memory instead of on disk."""
+    replication: Replication = Replication()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +96,10 @@ class ConsumerSpec:
     worker then gets a new message the moment it is published, where a batch pull (nats-py)
     holds its first message until the batch fills or the pull expires (up to a second). Worth
     a round trip per message for latency-sensitive work (a run); not for a stream of events."""
+    inactive_threshold_seconds: float = 0
+    """The server removes the consumer after this long with nobody pulling (0: never). For a
+    consumer of one replica's own (one that applies the whole stream to that replica's store):
+    a replica gone for good leaves nothing behind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +111,7 @@ class BucketSpec:
     max_age_seconds: float = 0
     """An entry expires this long after its last write (0: never). Provisioning sets it on an
     existing bucket too, so a bucket made by an older version without one gets it."""
+    replication: Replication = Replication()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +123,7 @@ class ObjectBucketSpec:
     """Objects older than this are removed (0: kept until deleted)."""
     max_bytes: int = -1
     """-1 means no size limit; a full bucket refuses new objects."""
+    replication: Replication = Replication()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +132,13 @@ class JetStreamLayout:
 
     `ATMO_RUNS`, `ATMO_EVENTS`, `ATMO_JOURNAL`, the descriptor buckets `ATMO_AGENTS` and `ATMO_TOOLS`, and the
     object bucket `ATMO_TOOL_RESULTS` (tool results too large for one message).
+
+    `replication` applies to every one of them, `extra_streams` included; provisioning brings
+    existing ones to it in place (the replica count and placement; storage stays as created).
+    Durable consumers take its replica count too.
     """
+
+    replication: Replication = Replication()
 
     events_max_age_seconds: float = 24 * 3600
     events_max_bytes: int = 1 << 30
@@ -102,6 +155,13 @@ class JetStreamLayout:
     """How long the journal of a failed (or unfinished) run is kept as a resume anchor; a run that
     succeeds removes its journal at once."""
     journal_max_bytes: int = 1 << 30
+    memory_log_max_bytes: int = -1
+    """`ATMO_MEMORY` is memory's store of record: kept whole (no age limit) so that a new
+    replica can apply it from the start; -1 means no size limit."""
+    governance_log_max_age_seconds: float = 30 * 24 * 3600
+    """`ATMO_GOVERNANCE` holds the decision log and what the counters are rebuilt from; a new
+    governance replica has what it still holds (the decision log's own retention is shorter)."""
+    governance_log_max_bytes: int = 1 << 30
     extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
 
     def streams(self) -> tuple[StreamSpec, ...]:
@@ -124,12 +184,28 @@ class JetStreamLayout:
             max_age_seconds=self.journal_max_age_seconds,
             max_bytes=self.journal_max_bytes,
         )
-        return (runs, events, journal, *self.extra_streams)
+        memory_log = StreamSpec(
+            name=subjects.MEMORY_LOG_STREAM,
+            subjects=(subjects.memory_log(),),
+            max_bytes=self.memory_log_max_bytes,
+        )
+        governance_log = StreamSpec(
+            name=subjects.GOVERNANCE_LOG_STREAM,
+            subjects=(subjects.governance_log_all(),),
+            max_age_seconds=self.governance_log_max_age_seconds,
+            max_bytes=self.governance_log_max_bytes,
+        )
+        # One replication for all, set here so that no stream of the layout can miss it.
+        every = (runs, events, journal, memory_log, governance_log, *self.extra_streams)
+        return tuple(dataclasses.replace(spec, replication=self.replication) for spec in every)
 
     def buckets(self) -> tuple[BucketSpec, ...]:
         """Every key-value bucket of the layout."""
         agents = BucketSpec(subjects.AGENTS_BUCKET, max_age_seconds=self.agents_max_age_seconds)
-        return (agents, BucketSpec(subjects.TOOLS_BUCKET))
+        # Ingress's shared record per conversation; a day is many idle timeouts (30 min by default).
+        conversations = BucketSpec(subjects.CONVERSATIONS_BUCKET, max_age_seconds=24 * 3600)
+        every = (agents, BucketSpec(subjects.TOOLS_BUCKET), conversations)
+        return tuple(dataclasses.replace(spec, replication=self.replication) for spec in every)
 
     def object_buckets(self) -> tuple[ObjectBucketSpec, ...]:
         """Every object-store bucket of the layout."""
@@ -138,4 +214,4 @@ class JetStreamLayout:
             max_age_seconds=self.tool_results_max_age_seconds,
             max_bytes=self.tool_results_max_bytes,
         )
-        return (results,)
+        return tuple(dataclasses.replace(spec, replication=self.replication) for spec in (results,))

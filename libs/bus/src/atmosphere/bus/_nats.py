@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -29,6 +29,7 @@ from atmosphere.bus._api import (
     Bus,
     ConnectionLiveness,
     Consumer,
+    ConsumerState,
     Envelope,
     PublishAck,
     Subscription,
@@ -45,6 +46,7 @@ from atmosphere.bus._jetstream import (
     Retention,
     StreamSpec,
 )
+from atmosphere.bus._replication import placement, replicated, storage_type, update_in_place
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import (
@@ -61,6 +63,7 @@ from atmosphere.bus.errors import (
 from atmosphere.bus.sizes import MAX_OBJECT_BYTES, data_budget
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 log = logging.getLogger("atmosphere.bus")
 
@@ -78,6 +81,15 @@ _OBJECT_CHUNK_TIMEOUT = 5.0
 _KV_DUPLICATE_WINDOW = 120.0
 # Seconds within which two max ages count as the same (the server keeps nanoseconds).
 _AGE_TOLERANCE = 0.001
+# Seconds an idempotent JetStream operation (provisioning, creating a consumer) is tried again
+# while a cluster elects its leaders; a cluster still electing after this long is broken.
+_JETSTREAM_PATIENCE = 60.0
+# What the JetStream API answers while a cluster elects a leader: nothing, or 503.
+_ELECTING = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
+# 503s that no waiting cures: JetStream is off on the server, or for the account.
+_JETSTREAM_OFF = frozenset({10076, 10039})
+# How many times `kv_update` reads and writes again after another writer changed the key first.
+_KV_UPDATE_ATTEMPTS = 32
 
 
 class NatsBus(ConnectionLiveness, Bus):
@@ -95,6 +107,8 @@ class NatsBus(ConnectionLiveness, Bus):
         self._acks: dict[str, asyncio.Future[PublishAck]] = {}
         self._ack_prefix = ""
         self._ack_tokens = itertools.count()
+        self._consumer_replicas: int | None = None
+        """The replica count of the provisioned layout, for durable consumers (None: the stream's)."""
 
     @property
     def client(self) -> Client:
@@ -390,17 +404,56 @@ class NatsBus(ConnectionLiveness, Bus):
             max_deliver=consumer.max_deliver,
             filter_subject=self.wire_subject(consumer.filter_subject),
             max_ack_pending=max_ack_pending,
+            inactive_threshold=consumer.inactive_threshold_seconds or None,
+            # As many replicas as the streams: a consumer on one server stops its work when
+            # that server dies, however many copies the stream itself has.
+            num_replicas=self._consumer_replicas,
         )
         stream = self.stream_name(consumer.stream)
         # Create or update: a durable left by an earlier version takes the current settings (its
         # filter above all: consumers of a work-queue stream must not overlap, so a stale filter
         # would keep a new consumer from being created at all).
+        what = f"creating or updating consumer {consumer.durable!r} on {consumer.stream!r}"
         try:
-            await self._js.add_consumer(stream, config)
+            # Patiently, like provisioning: on a cluster that lost a node the meta leader that
+            # creates consumers may still be being elected when the stream already takes messages.
+            await _patiently(lambda: self._js.add_consumer(stream, config), what)
         except nats.errors.Error as exc:
             msg = f"cannot create or update consumer {consumer.durable!r} on {consumer.stream!r}: {exc}"
             raise BusError(msg) from exc
         return await self._js.pull_subscribe_bind(durable=consumer.durable, stream=stream)
+
+    async def consumer_state(self, stream: str, durable: str) -> ConsumerState:
+        """How far the durable has got: its unacknowledged messages and its ack floor."""
+        try:
+            info = await self._js.consumer_info(self.stream_name(stream), durable)
+        except nats.errors.Error as exc:
+            msg = f"reading consumer {durable!r} of {stream!r} failed: {exc}"
+            raise BusError(msg) from exc
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        return ConsumerState(pending=(info.num_pending or 0) + (info.num_ack_pending or 0), ack_floor=floor or 0)
+
+    async def stream_last_seq(self, stream: str) -> int:
+        """The newest message's sequence in `stream`."""
+        try:
+            info = await self._js.stream_info(self.stream_name(stream))
+        except nats.errors.Error as exc:
+            msg = f"reading stream {stream!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return info.state.last_seq or 0
+
+    async def stream_leader(self, stream: str) -> str:
+        """The server leading `stream` and since when (its term), "" without a cluster."""
+        try:
+            info = await self._js.stream_info(self.stream_name(stream))
+        except nats.errors.Error as exc:
+            msg = f"reading stream {stream!r} failed: {exc}"
+            raise BusError(msg) from exc
+        if info.cluster is None or not info.cluster.leader:
+            return ""
+        # With the time it took the lead: a leader that lost it and won it back is another term.
+        since = info.cluster.leader_since.isoformat() if info.cluster.leader_since else ""
+        return f"{info.cluster.leader}@{since}" if since else info.cluster.leader
 
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for `subject`, or None."""
@@ -468,17 +521,27 @@ class NatsBus(ConnectionLiveness, Bus):
             raise BusError(msg) from exc
 
     async def provision(self, layout: JetStreamLayout) -> None:
-        """Create or update every stream and bucket of `layout`."""
+        """Create or update every stream and bucket of `layout`, and its replication in place.
+
+        On a cluster that is still electing leaders (just formed, or a node just lost) the
+        JetStream API answers "unavailable" or not at all for a few seconds: provisioning is
+        idempotent, so it is tried again for up to `_JETSTREAM_PATIENCE` seconds, and every
+        replica of every service may start at the same moment.
+        """
+        self._consumer_replicas = layout.replication.replicas
         try:
-            for stream in layout.streams():
-                await self._ensure_stream(stream)
-            for bucket in layout.buckets():
-                await self._ensure_bucket(bucket)
-            for objects in layout.object_buckets():
-                await self._ensure_object_bucket(objects)
+            await _patiently(lambda: self._provision_once(layout), "provisioning jetstream")
         except nats.js.errors.APIError as exc:
             msg = f"provisioning jetstream failed: {exc.description}"
             raise BusError(msg) from exc
+
+    async def _provision_once(self, layout: JetStreamLayout) -> None:
+        for stream in layout.streams():
+            await self._ensure_stream(stream)
+        for bucket in layout.buckets():
+            await self._ensure_bucket(bucket)
+        for objects in layout.object_buckets():
+            await self._ensure_object_bucket(objects)
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
         # JetStream refuses a de-duplication window longer than the stream's max age.
@@ -496,7 +559,9 @@ class NatsBus(ConnectionLiveness, Bus):
             max_age=spec.max_age_seconds,
             max_bytes=spec.max_bytes,
             duplicate_window=window,
-            storage=js_api.StorageType.MEMORY if spec.memory else js_api.StorageType.FILE,
+            storage=storage_type(spec.replication),
+            num_replicas=spec.replication.replicas,
+            placement=placement(spec.replication),
             discard=js_api.DiscardPolicy.OLD,
         )
         try:
@@ -504,7 +569,8 @@ class NatsBus(ConnectionLiveness, Bus):
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != _STREAM_EXISTS_DIFFERENT:
                 raise
-            await self._js.update_stream(config)
+            assert config.name is not None
+            await update_in_place(self._js, (await self._js.stream_info(config.name)).config, config)
 
     async def _ensure_bucket(self, spec: BucketSpec) -> None:
         name = self.stream_name(spec.name)
@@ -512,19 +578,28 @@ class NatsBus(ConnectionLiveness, Bus):
             self._kv[spec.name] = await self._js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
             self._kv[spec.name] = await self._js.create_key_value(
-                js_api.KeyValueConfig(bucket=name, history=spec.history, ttl=spec.max_age_seconds or None)
+                js_api.KeyValueConfig(
+                    bucket=name,
+                    history=spec.history,
+                    ttl=spec.max_age_seconds or None,
+                    replicas=spec.replication.replicas,
+                    storage=storage_type(spec.replication),
+                )
             )
-            return
-        await self._ensure_bucket_age(name, spec.max_age_seconds)
+            if not spec.replication.placed:
+                return  # else placed below: nats-py does not pass a bucket's placement on
+        await self._ensure_bucket_config(name, spec)
 
-    async def _ensure_bucket_age(self, name: str, max_age: float) -> None:
-        """Give an existing bucket the entry age of the layout (one made without it, by an older version)."""
-        config = (await self._js.stream_info(f"KV_{name}")).config
-        if abs((config.max_age or 0) - max_age) < _AGE_TOLERANCE:
-            return
-        # JetStream refuses a de-duplication window longer than the max age.
-        window = min(config.duplicate_window or _KV_DUPLICATE_WINDOW, max_age or _KV_DUPLICATE_WINDOW)
-        await self._js.update_stream(config.evolve(max_age=max_age, duplicate_window=window))
+    async def _ensure_bucket_config(self, name: str, spec: BucketSpec) -> None:
+        """Give an existing bucket the entry age and replication of the layout (made by an older version)."""
+        current = (await self._js.stream_info(f"KV_{name}")).config
+        wanted = replicated(current, spec.replication)
+        max_age = spec.max_age_seconds
+        if abs((current.max_age or 0) - max_age) >= _AGE_TOLERANCE:
+            # JetStream refuses a de-duplication window longer than the max age.
+            window = min(current.duplicate_window or _KV_DUPLICATE_WINDOW, max_age or _KV_DUPLICATE_WINDOW)
+            wanted = wanted.evolve(max_age=max_age, duplicate_window=window)
+        await update_in_place(self._js, current, wanted)
 
     async def _bucket(self, bucket: str) -> KeyValue:
         kv = self._kv.get(bucket)
@@ -587,6 +662,37 @@ class NatsBus(ConnectionLiveness, Bus):
             msg = f"deleting {key!r} from bucket {bucket!r} failed: {exc}"
             raise BusError(msg) from exc
 
+    async def kv_update(
+        self, bucket: str, key: str, message_type: type[M], change: Callable[[M | None], M | None]
+    ) -> M | None:
+        """Read the key and its revision, change it, write it only if that revision is still the newest."""
+        kv = await self._bucket(bucket)
+        for _ in range(_KV_UPDATE_ATTEMPTS):
+            try:
+                current, revision = await _kv_entry(kv, key, message_type)
+                new = change(current)
+                if new is current:
+                    return current
+                if new is None:
+                    await kv.delete(key, last=revision)
+                    return None
+                data = new.SerializeToString()
+                self._checked(f"$KV.{bucket}.{key}", data, None)
+                await kv.update(key, data, last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another writer came first: change its value instead
+            except nats.js.errors.APIError as exc:
+                if exc.err_code in (_WRONG_LAST_SEQUENCE, 10164):  # 10164: the same, without the sequence
+                    continue  # a delete that lost the race (nats-py reports only updates as such)
+                msg = f"updating {key!r} in bucket {bucket!r} failed: {exc}"
+                raise BusError(msg) from exc
+            except nats.errors.Error as exc:
+                msg = f"updating {key!r} in bucket {bucket!r} failed: {exc}"
+                raise BusError(msg) from exc
+            return new
+        msg = f"updating {key!r} in bucket {bucket!r} failed: other writers changed it {_KV_UPDATE_ATTEMPTS} times over"
+        raise BusError(msg)
+
     # -- object store ------------------------------------------------------------------------
 
     async def _ensure_object_bucket(self, spec: ObjectBucketSpec) -> None:
@@ -595,9 +701,16 @@ class NatsBus(ConnectionLiveness, Bus):
             self._objects[spec.name] = await self._js.object_store(name)
         except nats.js.errors.BucketNotFoundError:
             config = js_api.ObjectStoreConfig(
-                ttl=spec.max_age_seconds or None, max_bytes=spec.max_bytes, storage=js_api.StorageType.FILE
+                ttl=spec.max_age_seconds or None,
+                max_bytes=spec.max_bytes,
+                storage=storage_type(spec.replication),
+                replicas=spec.replication.replicas,
+                placement=placement(spec.replication),
             )
             self._objects[spec.name] = await self._js.create_object_store(name, config)
+            return
+        current = (await self._js.stream_info(f"OBJ_{name}")).config
+        await update_in_place(self._js, current, replicated(current, spec.replication))
 
     async def _object_bucket(self, bucket: str) -> ObjectStore:
         store = self._objects.get(bucket)
@@ -682,6 +795,27 @@ class NatsBus(ConnectionLiveness, Bus):
         except nats.errors.Error as exc:
             msg = f"deleting object {name!r} of {bucket!r} failed: {exc}"
             raise BusError(msg) from exc
+
+
+async def _patiently(operation: Callable[[], Awaitable[T]], what: str) -> T:
+    """`operation()`, tried again while JetStream elects its leaders, for up to `_JETSTREAM_PATIENCE` s.
+
+    Only for idempotent operations: doing again what is already done changes nothing.
+    """
+    deadline = time.monotonic() + _JETSTREAM_PATIENCE
+    attempt = 0
+    while True:
+        try:
+            return await operation()
+        except _ELECTING as exc:
+            if isinstance(exc, nats.js.errors.APIError) and exc.err_code in _JETSTREAM_OFF:
+                raise
+            if time.monotonic() >= deadline:
+                msg = f"{what} failed: jetstream gave no answer within {_JETSTREAM_PATIENCE:g}s ({exc})"
+                raise BusError(msg) from exc
+            attempt += 1
+            log.info("%s: jetstream not ready (%s); trying again", what, exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
 
 
 def _enqueue(route: Route[Any], inbox: asyncio.Queue[tuple[Route[Any], Msg] | None]) -> Callable[[Msg], Any]:
@@ -801,6 +935,18 @@ class _Puller(Consumer):
 async def _unsubscribe(sub: NatsSubscription) -> None:
     with contextlib.suppress(nats.errors.Error):
         await sub.unsubscribe()
+
+
+async def _kv_entry(kv: KeyValue, key: str, message_type: type[M]) -> tuple[M | None, int]:
+    """The value under `key` (None: none) and the revision a write after it must name."""
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError as exc:
+        # A deleted key's marker is its newest revision (what the next write follows); a key
+        # never written (or expired) has none, and a write naming revision 0 creates it.
+        marker = exc.entry
+        return None, (marker.revision or 0) if marker is not None else 0
+    return decode(entry.value or b"", None, message_type), entry.revision or 0
 
 
 def _stream_prefix(namespace: str) -> str:

@@ -17,6 +17,7 @@ from atmosphere.bus.errors import (
     NoStreamError,
     PayloadTooLargeError,
     RemoteError,
+    ServiceError,
 )
 
 M = TypeVar("M", bound=Message)
@@ -34,12 +35,18 @@ async def request_retrying(
     *,
     deadline: float,
     headers: Headers | None = None,
+    attempt_timeout: float | None = None,
+    answers: tuple[type[ServiceError], ...] = (),
 ) -> M:
     """`bus.request`, tried again (with backoff) until `deadline` seconds have passed.
 
-    Only for requests that are safe to repeat (a check, a read): a reconnecting client, a
-    responder that is restarting, or a request lost with a dead connection is tried again;
-    an answer, even an `Error`, is final.
+    Only for requests that are safe to repeat (a check, a read, a write with an idempotency
+    key): a reconnecting client, a responder that is restarting, a request lost with a dead
+    connection, or an `Error` marked retryable is tried again; any other answer is final.
+
+    `answers` are retryable errors the caller handles itself (retrying means something else
+    there, e.g. starting a paged read over). `attempt_timeout` bounds one attempt: a request lost with a responder killed mid-way is
+    then sent again before the deadline (to a replica that is alive) instead of waiting it out.
 
     Raises:
         BusError: the last attempt's error once the deadline has passed (or a final one at once).
@@ -49,7 +56,13 @@ async def request_retrying(
     while True:
         remaining = give_up - time.monotonic()
         try:
-            return await bus.request(subject, message, reply_type, timeout=max(0.1, remaining), headers=headers)
+            timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
+            return await bus.request(subject, message, reply_type, timeout=max(0.1, timeout), headers=headers)
+        except RemoteError as exc:
+            # An answer is final, unless the responder says the same request may succeed if
+            # sent again (a replica still catching up, a store that did not take a write).
+            if not exc.error.retryable or isinstance(exc.error, answers) or give_up - time.monotonic() <= 0.05:
+                raise
         except FINAL_ERRORS:
             raise
         except BusError:

@@ -6,7 +6,11 @@ stream's messages in the order the server received them, so an acknowledged publ
 that every event sent before it *on the same connection session* was stored (the bus's
 `epoch` tells sessions apart). A durable event (a terminal above all) is such a publish; so is
 a probe (`atmo.run.<id>.probe`, kept in `ATMO_EVENTS` but no event) that a watchdog sends while
-the run is quiet or after a disconnect. Events sent in a session that ended before they were
+the run is quiet or after a disconnect. On a cluster that proof needs one more condition: the stream's leader
+did not change meanwhile (a plain publish in flight to a leader that died is lost while this
+connection, to another server, lives on), so each confirmation also compares the stream's
+leader and its term with the one seen before the events were sent; after a change every event
+of the window is uncertain. Events sent in a session that ended before they were
 confirmed are uncertain: once a later confirmation holds, the writer looks up which of them
 the stream has and sends the missing ones again, with `Nats-Msg-Id` = `<run_id>:<seq>` (a retry
 is stored once). Before a durable event everything before it is confirmed, so a run's record is
@@ -106,6 +110,10 @@ class RunEventWriter:
         self._watchdog: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._repair = asyncio.Lock()
+        self._leader: str | None = None
+        """The `ATMO_EVENTS` leader (and term) seen before the unconfirmed events were sent;
+        None before the first emit, or when it could not be read (nothing is proven then)."""
+        self._leader_read = False
         # The most an event's headers can add (a message id with the longest seq), measured once.
         self._header_room = wire_size(b"", Headers(msg_id=f"{request.run_id}:{'9' * 20}").to_wire())
 
@@ -130,6 +138,10 @@ class RunEventWriter:
             PayloadTooLargeError: the event does not fit in one message (its seq is not used).
             BusError: the events could not be stored within the store deadline.
         """
+        if not self._leader_read:
+            # Before anything is sent: a later confirmation compares the leader with this one.
+            self._leader_read = True
+            self._leader = await self._current_leader()
         self._stamp(event)
         # Checked before the seq is taken (synchronously: concurrent emits of one run, such as
         # a sub-run's forwarded events, must not see a seq that is then given back).
@@ -145,8 +157,12 @@ class RunEventWriter:
         if durable or (durable is None and is_terminal(event)):
             give_up = time.monotonic() + self._deadline
             # The durable event's own acknowledgement confirms the events sent before it in
-            # its session; only events of an earlier session need looking up.
-            self._confirmed_by(await self._store(event), event.seq)
+            # its session, under the same leader; only the others need looking up.
+            epoch = await self._store(event)
+            if not await self._same_leader():
+                await self._confirm_pieces(give_up, leader_kept=False)
+                return event
+            self._confirmed_by(epoch, event.seq)
             if self._pieces:
                 await self._confirm_pieces(give_up)
             return event
@@ -233,6 +249,19 @@ class RunEventWriter:
             await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
             attempt += 1
 
+    async def _current_leader(self) -> str | None:
+        try:
+            return await self._bus.stream_leader(subjects.EVENTS_STREAM)
+        except FINAL_ERRORS:
+            raise
+        except BusError:
+            return None
+
+    async def _same_leader(self) -> bool:
+        """Whether `ATMO_EVENTS` kept its leader since the last look; the current one is remembered."""
+        before, self._leader = self._leader, await self._current_leader()
+        return before is not None and before == self._leader
+
     def _check_deadline(self, give_up: float) -> None:
         if time.monotonic() >= give_up:
             msg = f"run {self._request.run_id}: {self.unacknowledged} event(s) not stored in {self._deadline:g}s"
@@ -240,13 +269,14 @@ class RunEventWriter:
 
     # -- confirming stream pieces --------------------------------------------------------------
 
-    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True) -> None:
+    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True, leader_kept: bool = True) -> None:
         """Make sure the pieces sent so far are stored: probe, then send again what is missing.
 
         A piece stays listed until it is known stored, so whoever flushes meanwhile waits for
         this repair instead of finding nothing to do. `until_none`: go on while pieces keep
         coming (a flush); else settle what was sent before the call (the watchdog, while the
-        run streams on).
+        run streams on). `leader_kept=False`: the caller saw the stream's leader change, so
+        the probe proves nothing about what was sent before it.
         """
         async with self._repair:
             while self._pieces:
@@ -255,9 +285,11 @@ class RunEventWriter:
                 epoch = await self._probe(give_up)
                 if epoch is None:
                     continue  # the session ended during the probe: it proves nothing
-                proven = {id(p) for p in sent if p.epoch == epoch}
+                same_leader = await self._same_leader() and leader_kept
+                leader_kept = True  # the change is settled below; later pieces went to the new leader
+                proven = {id(p) for p in sent if p.epoch == epoch and same_leader}
                 self._pieces = [p for p in self._pieces if id(p) not in proven]
-                uncertain = [p for p in sent if p.epoch != epoch]
+                uncertain = [p for p in sent if id(p) not in proven]
                 if uncertain:
                     await self._send_missing(uncertain, give_up)
                 if not until_none:

@@ -246,6 +246,17 @@ class NotFoundError(ServiceError):
     """A service has nothing under the key asked for; each service has its own code."""
 
 
+class ReplicaBehindError(ServiceError):
+    """A replica of a stateful service could not catch up with its stream in time.
+
+    Answering then could miss writes acknowledged elsewhere, so it answers this instead; the
+    same request succeeds once the replica caught up, or on another replica.
+    """
+
+    code = "replica.unavailable"
+    retryable = True
+
+
 # What the stateful services refuse. They cross a boundary (ingress's admin API reads them), so
 # they are here and not only in each service's `errors.py`, which names them for its own code.
 

@@ -43,8 +43,14 @@ RUNS_STREAM = "ATMO_RUNS"
 EVENTS_STREAM = "ATMO_EVENTS"
 JOURNAL_STREAM = "ATMO_JOURNAL"
 """The effect journal of durable runs: one subject per run, one writer at a time."""
+MEMORY_LOG_STREAM = "ATMO_MEMORY"
+"""Every write to memory, in order: the store of record each memory replica applies to its own store."""
+GOVERNANCE_LOG_STREAM = "ATMO_GOVERNANCE"
+"""Every decision and state change of governance, in order: each governance replica applies all of it."""
 AGENTS_BUCKET = "ATMO_AGENTS"
 TOOLS_BUCKET = "ATMO_TOOLS"
+CONVERSATIONS_BUCKET = "ATMO_CONVERSATIONS"
+"""Ingress's record of each open conversation: which replica saw it last, and who announces its end."""
 TOOL_RESULTS_BUCKET = "ATMO_TOOL_RESULTS"
 """Object bucket: tool results too large for one message, from sandbox to dispatch."""
 
@@ -164,6 +170,21 @@ def governance(op: str) -> str:
 def memory(op: str) -> str:
     """A memory operation; dotted ops (`history.load`) are validated token by token."""
     return f"{ROOT}.mem.{_dotted(op)}"
+
+
+def memory_log() -> str:
+    """Where memory stores a write (`MemoryWrite`) in `ATMO_MEMORY` before applying it."""
+    return f"{ROOT}.memlog.write"
+
+
+def governance_log(kind: str) -> str:
+    """Where governance stores an entry of its log (`kind`: `decision`, `run_settled`, `kill_switch`, `reload`)."""
+    return f"{ROOT}.govlog.{token(kind, what='log entry kind')}"
+
+
+def governance_log_all() -> str:
+    """The filter of every entry of governance's log."""
+    return f"{ROOT}.govlog.*"
 
 
 def memory_tool(name: str) -> str:

@@ -31,6 +31,7 @@ from atmosphere.bus._api import (
     Bus,
     ConnectionLiveness,
     Consumer,
+    ConsumerState,
     Envelope,
     PublishAck,
     Subscription,
@@ -333,6 +334,34 @@ class FakeBus(ConnectionLiveness, Bus):
         for objects in layout.object_buckets():
             self._objects.setdefault(objects.name, {})
 
+    async def consumer_state(self, stream: str, durable: str) -> ConsumerState:
+        """Unacknowledged messages (not yet handed out, redelivering, in hand) and the ack floor."""
+        found = self._durables.get((stream, durable))
+        if found is None:
+            msg = f"consumer {durable!r} of {stream!r} not found"
+            raise BusError(msg)
+        messages = self._streams[stream].messages
+        waiting = [
+            seq for seq, m in messages.items() if seq > found.cursor and matches(found.spec.filter_subject, m.subject)
+        ]
+        unacked = sorted({*waiting, *found.redeliver, *found.delivered})
+        floor = unacked[0] - 1 if unacked else max(messages, default=0)
+        return ConsumerState(pending=len(unacked), ack_floor=floor)
+
+    async def stream_last_seq(self, stream: str) -> int:
+        """The newest message's sequence in `stream` (0 when it holds none)."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        return max(self._streams[stream].messages, default=0)
+
+    async def stream_leader(self, stream: str) -> str:
+        """"": one in-process bus, no cluster, no other server to take a stream over."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        return ""
+
     async def last_message(self, stream: str, subject: str, message_type: type[M]) -> M | None:
         """The newest message `stream` holds for `subject`, or None."""
         if stream not in self._streams:
@@ -465,6 +494,24 @@ class FakeBus(ConnectionLiveness, Bus):
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Remove `key` (nothing happens when it is not there)."""
         self._bucket(bucket).pop(key, None)
+
+    async def kv_update(
+        self, bucket: str, key: str, message_type: type[M], change: Callable[[M | None], M | None]
+    ) -> M | None:
+        """Read, change and write `key` with no await in between: nobody can write meanwhile."""
+        values = self._bucket(bucket)
+        stored = values.get(key)
+        current = None if stored is None else decode(stored, None, message_type)
+        new = change(current)
+        if new is current:
+            return current
+        if new is None:
+            values.pop(key, None)
+            return None
+        data = new.SerializeToString()
+        self._check(f"$KV.{bucket}.{key}", data, None)
+        values[key] = data
+        return new
 
     # -- object store ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from atmosphere.cli.credentials import add_credentials_command, run_credentials
 from atmosphere.cli.dev import DevOptions, run_dev
 from atmosphere.cli.new import NewProjectError, new_project
 from atmosphere.cli.tape import add_tape_commands, run_tape
@@ -51,10 +52,27 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--no-model", action="store_true", help="do not start the local model even when LLM_BASE_URL is unset"
     )
+    dev.add_argument(
+        "--cluster",
+        type=int,
+        choices=(1, 3, 5),
+        default=1,
+        help="nats-server nodes: more than 1 runs a JetStream cluster (3 replicas of every stream) and two "
+        "replicas of every service; node i listens on --nats-port + i (default: %(default)s)",
+    )
+    dev.add_argument(
+        "--auth",
+        action="store_true",
+        help="log every service in as its own NATS user with its subject permissions (fresh credentials "
+        "under the home's nats-credentials/ each start; observer.env for outside readers)",
+    )
+    dev.add_argument("--nats-cluster-port", type=int, default=6222, help="route port of the first cluster node")
+    dev.add_argument("--nats-monitor-port", type=int, default=8222, help="monitoring port of the first cluster node")
     new = commands.add_parser("new", help="write a starter project: one agent, its test, a README")
     new.add_argument("directory", type=Path, help="where to write it (created when missing)")
     new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
     add_tape_commands(commands)
+    add_credentials_command(commands)
     return parser
 
 
@@ -76,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return _new(args)
     if args.command == "tape":
         return run_tape(args)
+    if args.command == "bus-credentials":
+        return run_credentials(args)
     options = DevOptions(
         app=args.app,
         app_dir=args.app_dir.resolve(),
@@ -86,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         probe_base_port=args.probe_base_port,
         grpc_port=args.grpc_port,
         model_port=args.model_port,
+        cluster=args.cluster,
+        nats_cluster_port=args.nats_cluster_port,
+        nats_monitor_port=args.nats_monitor_port,
+        auth=args.auth,
         llm_base_url=os.environ.get("LLM_BASE_URL", ""),
         no_model=args.no_model,
         openai_enabled=os.environ.get("ATMOSPHERE_AI_OPENAI_ENABLED", "true").strip().lower()

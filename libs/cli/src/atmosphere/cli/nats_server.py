@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -42,4 +43,33 @@ def server_args(*, port: int, store_dir: Path, host: str = "127.0.0.1", monitor_
     args = ["-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--ports_file_dir", str(store_dir)]
     if monitor_port:
         args += ["-m", str(monitor_port)]
+    return args
+
+
+CLUSTER_NAME = "atmosphere"
+
+
+def cluster_node_args(
+    *,
+    name: str,
+    port: int,
+    cluster_port: int,
+    routes: Sequence[str],
+    store_dir: Path,
+    host: str = "127.0.0.1",
+    monitor_port: int = 0,
+    cluster_name: str = CLUSTER_NAME,
+) -> list[str]:
+    """Command-line arguments of one JetStream node of a cluster named `cluster_name`.
+
+    `name` is the node's server name (JetStream tells its peers apart by it, so it must be
+    unique and stable across restarts). `cluster_port=-1` lets the kernel choose the route
+    port as well (written to the ports file). `routes` are route URLs (`nats://host:port`) of
+    other nodes, at least one that is up; the cluster's gossip meshes the rest, and a node's
+    own URL among them is ignored, so every node may get the same list.
+    """
+    args = server_args(port=port, store_dir=store_dir, host=host, monitor_port=monitor_port)
+    args += ["--server_name", name, "--cluster_name", cluster_name, "--cluster", f"nats://{host}:{cluster_port}"]
+    if routes:
+        args += ["--routes", ",".join(routes)]
     return args

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from atmosphere.bus import Bus, BusError, ConnectError, subjects
 from atmosphere.bus import connect as connect_bus
 from atmosphere.bus.runs import StreamGapError, UnknownRunError, follow_run
-from atmosphere.config import ServiceSettings
+from atmosphere.config import NatsSettings, ServiceSettings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
 EXIT_FAILED = 1
@@ -150,6 +150,8 @@ class FollowOptions:
     """None: every run (`--all`)."""
     after_seq: int = 0
     as_json: bool = False
+    login: NatsSettings | None = None
+    """The user, password and TLS files of `ATMOSPHERE_NATS__*` (the `observer` role's, say)."""
 
     @classmethod
     def resolve(cls, args: argparse.Namespace) -> FollowOptions:
@@ -161,7 +163,7 @@ class FollowOptions:
         nats = ServiceSettings().nats
         servers = [s.strip() for s in args.server.split(",") if s.strip()] if args.server else nats.servers
         namespace = nats.namespace if args.namespace is None else args.namespace
-        return cls(servers, namespace, args.run_id, args.after_seq, args.json)
+        return cls(servers, namespace, args.run_id, args.after_seq, args.json, login=nats)
 
 
 Connect = Callable[["FollowOptions"], AbstractAsyncContextManager[Bus]]
@@ -169,8 +171,18 @@ Connect = Callable[["FollowOptions"], AbstractAsyncContextManager[Bus]]
 
 def connect_nats(options: FollowOptions) -> AbstractAsyncContextManager[Bus]:
     """The bus the services use, in `options.namespace`."""
+    login = options.login or NatsSettings()
     return connect_bus(
-        options.servers, name="atmosphere-tape-follow", namespace=options.namespace, connect_timeout=CONNECT_TIMEOUT
+        options.servers,
+        name="atmosphere-tape-follow",
+        namespace=options.namespace,
+        connect_timeout=CONNECT_TIMEOUT,
+        user=login.user,
+        password=login.password.get_secret_value(),
+        tls_ca=login.tls_ca,
+        tls_cert=login.tls_cert,
+        tls_key=login.tls_key,
+        tls_required=login.tls_required,
     )
 
 
@@ -194,8 +206,9 @@ async def follow(
             async with contextlib.aclosing(events) as stream:
                 async for event in stream:
                     printer.show(event)
-    except ConnectError:
-        print(f"error: cannot reach NATS at {', '.join(options.servers)}; is the stack running?", file=err)
+    except ConnectError as exc:
+        # A refused login is not a stack that is down: the broker's own words say which.
+        print(f"error: cannot connect to NATS at {', '.join(options.servers)} ({exc}); is the stack running?", file=err)
         return EXIT_FAILED
     except (StreamGapError, BusError) as exc:
         print(f"error: following stopped: {exc}", file=err)

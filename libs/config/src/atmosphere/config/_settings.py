@@ -7,9 +7,10 @@ Environment variables use the `ATMOSPHERE_` prefix and `__` for nesting, e.g.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class NatsSettings(BaseModel):
@@ -23,6 +24,35 @@ class NatsSettings(BaseModel):
     """Prefix of every subject and stream; lets several systems (or tests) share one NATS."""
     connect_timeout: float = Field(default=30.0, gt=0)
     """Seconds to keep retrying the first connection before the service gives up."""
+    user: str = ""
+    """User to log in as (each service has its own, with its subject permissions: `atmosphere
+    bus-credentials`); empty: no login, for a server that lets anyone in."""
+    password: SecretStr = SecretStr("")
+    """Password of `user` (never logged, never in a service's info)."""
+    tls_ca: Path | None = None
+    """CA bundle (PEM) that verifies the server's certificate; unset: the system's CAs."""
+    tls_cert: Path | None = None
+    """Client certificate (PEM), for a server that verifies its clients; needs `tls_key`."""
+    tls_key: Path | None = None
+    """Private key (PEM) of `tls_cert`."""
+    tls_required: bool = False
+    """Refuse a server that does not require TLS, so that credentials never cross the network in the clear."""
+
+    @field_validator("tls_ca", "tls_cert", "tls_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # An empty variable (a manifest that always sets it) means "no file", not the current directory.
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _complete(self) -> NatsSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            msg = "tls_cert and tls_key go together: set both or neither"
+            raise ValueError(msg)
+        if self.password.get_secret_value() and not self.user:
+            msg = "a password without a user: set the user as well"
+            raise ValueError(msg)
+        return self
 
     @property
     def servers(self) -> list[str]:
@@ -31,7 +61,7 @@ class NatsSettings(BaseModel):
 
 
 class JetStreamSettings(BaseModel):
-    """Limits of the streams the system provisions."""
+    """Limits and replication of the streams and buckets the system provisions."""
 
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
@@ -47,6 +77,23 @@ class JetStreamSettings(BaseModel):
     agents_max_age: float = Field(default=30.0, ge=0)
     """Seconds an agent stays listed in `ATMO_AGENTS` after the last dispatch serving it stopped
     (dispatch rewrites its descriptors every third of this; 0 = never expire). Set the same on every service."""
+    replicas: int = Field(default=1, ge=1, le=5)
+    """Servers keeping a copy of every stream, bucket and durable consumer: 1 on one server, 3 on a
+    3-node cluster (a node may then die without taking a stream offline). Existing streams are
+    raised or lowered to it in place when a service starts. Set the same on every service."""
+    storage: Literal["file", "memory"] = "file"
+    """Where new streams keep their messages; an existing stream keeps the storage it was made with."""
+    placement_cluster: str = ""
+    """Keep every stream's replicas in this NATS cluster (empty: the server chooses)."""
+    placement_tags: Annotated[tuple[str, ...], NoDecode] = ()
+    """Keep every stream's replicas on servers with all these tags (comma-separated; empty: any)."""
+
+    @field_validator("placement_tags", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(tag.strip() for tag in value.split(",") if tag.strip())
+        return value
 
 
 class LogSettings(BaseModel):

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from atmosphere.bus import Bus, ConnectionLostError, JetStreamLayout, connect
+from atmosphere.bus import Bus, ConnectionLostError, JetStreamLayout, Replication, Storage, connect
 from atmosphere.config import ServiceSettings, WorkerSettings
 from atmosphere.service._health import Health, InfoFragment, health_router
 from atmosphere.service._probes import serve_probes
@@ -27,9 +27,15 @@ class ServiceRuntime:
 
 
 def layout_from(settings: ServiceSettings) -> JetStreamLayout:
-    """The JetStream layout with the configured limits."""
+    """The JetStream layout with the configured limits and replication."""
     js = settings.jetstream
     return JetStreamLayout(
+        replication=Replication(
+            replicas=js.replicas,
+            storage=Storage(js.storage),
+            placement_cluster=js.placement_cluster,
+            placement_tags=js.placement_tags,
+        ),
         events_max_age_seconds=js.events_max_age,
         events_max_bytes=js.events_max_bytes,
         runs_max_age_seconds=js.runs_max_age,
@@ -69,6 +75,13 @@ async def open_service(
                     name=f"atmosphere-{name}",
                     namespace=settings.nats.namespace,
                     connect_timeout=settings.nats.connect_timeout,
+                    # The service's own login, whose permissions are its role's (`bus.permissions`).
+                    user=settings.nats.user,
+                    password=settings.nats.password.get_secret_value(),
+                    tls_ca=settings.nats.tls_ca,
+                    tls_cert=settings.nats.tls_cert,
+                    tls_key=settings.nats.tls_key,
+                    tls_required=settings.nats.tls_required,
                 )
             )
         await bus.provision(layout_from(settings))

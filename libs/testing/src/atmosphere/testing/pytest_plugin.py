@@ -13,7 +13,7 @@ import pytest
 
 from atmosphere.bus import NatsBus, connect
 from atmosphere.testing.fake_provider import FakeProvider
-from atmosphere.testing.nats_server import NatsServer
+from atmosphere.testing.nats_server import NatsCluster, NatsServer
 
 NATS_URL_ENV = "ATMOSPHERE_TEST_NATS_URL"
 
@@ -26,11 +26,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=f"use this NATS server (JetStream on) instead of starting one; also ${NATS_URL_ENV}",
     )
+    group.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the soak tests (marked `soak`: minutes long, `make soak`); skipped otherwise",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the markers this plugin understands."""
     config.addinivalue_line("markers", "docker: needs a Docker engine (skipped when none answers)")
+    config.addinivalue_line("markers", "cluster: runs on a 3-node nats-server cluster (the `nats_cluster` fixture)")
+    config.addinivalue_line("markers", "soak: minutes long; runs only with --soak (`make soak`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests on a cluster `cluster` (`-m "not cluster"` leaves them out); skip soak tests without --soak."""
+    skip_soak = pytest.mark.skip(reason="a soak test: run it with --soak (`make soak`)")
+    for item in items:
+        if "nats_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+        if item.get_closest_marker("soak") and not config.getoption("--soak"):
+            item.add_marker(skip_soak)
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +66,21 @@ def nats_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """A 3-node nats-server cluster with JetStream, shared by the tests of a module.
+
+    Started only for a test that asks for it; ready once a JetStream meta leader is elected.
+    Tests isolate themselves with `bus_namespace`; one that kills a node (`kill(i)`) starts it
+    again (`start(i)`) before it ends, so the next test finds every node up.
+    """
+    cluster = NatsCluster(tmp_path_factory.mktemp("nats-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

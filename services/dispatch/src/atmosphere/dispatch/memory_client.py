@@ -23,6 +23,7 @@ from atmosphere.bus import (
     PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
+    request_retrying,
     subjects,
 )
 from atmosphere.bus.errors import HistoryChangedError, HistoryUnavailableError
@@ -50,6 +51,8 @@ from atmosphere.sdk.compaction import history_digest
 log = logging.getLogger("atmosphere.dispatch")
 
 TIMEOUT = 5.0
+APPEND_ATTEMPTS = 3
+"""A history read or a turn's append is tried for this many timeouts before it is given up."""
 MAX_HISTORY_PAGES = 1024
 """A history of more pages than this is refused (memory answering the same page forever, say)."""
 HISTORY_ATTEMPTS = 3
@@ -134,11 +137,16 @@ class MemoryClient:
         joining = False
         token = ""
         for _ in range(MAX_HISTORY_PAGES):
-            reply = await self._bus.request(
+            # A read, safe to repeat: a page lost with a memory replica killed mid-answer (or
+            # refused by one still catching up) is asked again, of a replica that answers.
+            reply = await request_retrying(
+                self._bus,
                 subjects.memory("history.load"),
                 LoadHistoryRequest(agent=agent, conversation_id=conversation_id, page_token=token),
                 LoadHistoryResponse,
-                timeout=self._timeout,
+                deadline=self._timeout * APPEND_ATTEMPTS,
+                attempt_timeout=self._timeout,
+                answers=(HistoryChangedError,),  # read again from the first page, by load_history
             )
             for message in reply.messages:
                 if joining:
@@ -180,8 +188,15 @@ class MemoryClient:
         if assistant is not None:
             request.assistant.CopyFrom(ChatMessage(role="assistant", content=bound_turn(assistant, limit)))
         try:
-            await self._bus.request(
-                subjects.memory("history.append"), request, AppendTurnResponse, timeout=self._timeout
+            # Safe to repeat: memory stores one turn per run id, so a turn whose answer was lost
+            # (a memory replica killed, a NATS node failing over) is sent again, not dropped.
+            await request_retrying(
+                self._bus,
+                subjects.memory("history.append"),
+                request,
+                AppendTurnResponse,
+                deadline=self._timeout * APPEND_ATTEMPTS,
+                attempt_timeout=self._timeout,
             )
         except BusError as exc:
             log.warning("memory did not record the turn of run %s (%s)", run_id, exc)

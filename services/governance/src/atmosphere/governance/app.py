@@ -1,23 +1,28 @@
-"""Governance's wiring: the policy plane, the decision log, the screens, the responders."""
+"""Governance's wiring: the policy plane, the decision log, the screens, governance's log, the responders."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
+from collections.abc import AsyncIterator
 from functools import partial
 
-from atmosphere.bus import Bus
+from atmosphere.bus import Bus, ServiceError, subjects
+from atmosphere.bus.errors import ReplicaBehindError
+from atmosphere.contracts.governance.v1.governance_pb2 import GovernanceLogEntry
 from atmosphere.governance.handlers import GovernanceHandlers, MemorySafety, runtime_info
 from atmosphere.governance.injection import Breach
 from atmosphere.governance.plane import GovernancePlane, load_policies
 from atmosphere.governance.policies import Policy, PolicyFileError, registered_policies
 from atmosphere.governance.pricing import PricingTable
+from atmosphere.governance.replication import GovernanceJournal, GovernanceLog, GovernanceReplica
 from atmosphere.governance.screening import Screening
 from atmosphere.governance.screens import LlmEndpoint, ToolOutputMode, build_classifier
 from atmosphere.governance.settings import GovernanceSettings
-from atmosphere.governance.store import COST_WINDOW_DAYS, DecisionLog, Retention
+from atmosphere.governance.store import DecisionLog, Retention
 from atmosphere.service import load_service_app, open_service
+from atmosphere.service.replica import ReplicaLog, replica_name
 
 log = logging.getLogger("atmosphere.governance")
 
@@ -84,20 +89,70 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
     # Before anything is served: a policy file that does not parse stops governance (fail-closed).
     plane = build_plane(settings)
     retention = Retention(settings.governance.decision_log_max_rows, settings.governance.decision_log_max_age_days)
-    async with DecisionLog.open(settings.db_path, retention) as decisions:
-        # Before anything is served: spend accounted before a restart still counts against the
-        # tenants' ceilings.
-        plane.restore_spend(await decisions.spend_since(int((time.time() - COST_WINDOW_DAYS * 86_400) * 1000)))
-        async with (
-            open_service(
-                "governance", settings, info=lambda: runtime_info(safety, plane, screening), stop=stop, bus=bus
-            ) as runtime,
-            runtime.bus.serve(
-                GovernanceHandlers(
-                    decisions, safety, plane=plane, screening=screening, max_payload=runtime.bus.max_payload
-                ).router(),
-                queue="governance",
-            ),
-        ):
-            runtime.health.mark_ready()
-            await stop.wait()
+    async with (
+        DecisionLog.open(settings.db_path, retention) as decisions,
+        open_service(
+            "governance", settings, info=lambda: runtime_info(safety, plane, screening), stop=stop, bus=bus
+        ) as runtime,
+        replicated(
+            runtime.bus,
+            decisions,
+            plane,
+            replica=replica_name(settings.db_path.parent, "governance"),
+            safety=safety,
+            screening=screening,
+        ) as handlers,
+        runtime.bus.serve(handlers.router(), queue="governance"),
+    ):
+        runtime.health.mark_ready()
+        await stop.wait()
+
+
+@contextlib.asynccontextmanager
+async def replicated(
+    bus: Bus,
+    decisions: DecisionLog,
+    plane: GovernancePlane,
+    *,
+    replica: str,
+    safety: MemorySafety | None = None,
+    screening: Screening | None = None,
+) -> AsyncIterator[GovernanceHandlers]:
+    """Governance's responders as replica `replica`, applying governance's log while the context is open.
+
+    `ATMO_GOVERNANCE` is the store of record: every replica applies every decision and state
+    change, in order, so N replicas keep one decision log and one set of counters. The
+    responders are returned once this replica took up its own store and applied what the log held.
+    """
+    state = GovernanceReplica(decisions, plane, name=replica)
+    # What this replica applied before a restart (spend, the kill switch, policy swaps, the
+    # counters' windows) counts before anything is decided.
+    await state.restore()
+    entries: GovernanceLog = ReplicaLog(
+        bus,
+        stream=subjects.GOVERNANCE_LOG_STREAM,
+        filter_subject=subjects.governance_log_all(),
+        replica=replica,
+        message_type=GovernanceLogEntry,
+        apply=state.apply,
+        outcomes=(ServiceError,),
+    )
+    handlers = GovernanceHandlers(
+        decisions,
+        safety,
+        plane=plane,
+        screening=screening,
+        max_payload=bus.max_payload,
+        journal=GovernanceJournal(state, bus=bus, log=entries),
+    )
+    async with entries.applying():
+        await catch_up(entries)
+        yield handlers
+
+
+async def catch_up(entries: GovernanceLog) -> None:
+    """Apply what the log already holds before taking requests (a new replica starts from its start)."""
+    try:
+        await entries.caught_up()
+    except ReplicaBehindError:
+        log.warning("governance is still applying %s; reads wait for it", subjects.GOVERNANCE_LOG_STREAM)

@@ -10,6 +10,10 @@ characters). A run's end feeds cost accounting and frees its concurrency slot. F
 long-term memory, tool results and retrieved documents are screened for prompt injection
 (`screening.py`, fail-closed); every non-safe verdict is logged.
 
+Whatever changes state goes through governance's log (`replication.py`): decisions, run ends,
+the kill switch and reloads are applied by every replica; reads wait for this replica to have
+applied what the log held when they began.
+
 Bounds: ids and names longer than `MAX_FIELD_CHARS` are refused (`governance.bad_request`)
 before anything is decided or logged; every answer fits in one bus message (`max_payload`):
 facts the screen's answer has no room for are refused (never passed unscreened), and the
@@ -39,11 +43,15 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     CheckResponse,
     CheckToolCallRequest,
     Decision,
+    DecisionCounts,
     DecisionRecord,
+    KillSwitchChange,
     ListDecisionsRequest,
     ListDecisionsResponse,
+    PolicyReload,
     RunEndedAck,
     RunEndedReport,
+    RunSettled,
     ScreenedFact,
     ScreenFactsRequest,
     ScreenFactsResponse,
@@ -53,9 +61,10 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 from atmosphere.governance.errors import GovernanceBadRequestError
 from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
 from atmosphere.governance.plane import NO_POLICY, GovernancePlane, decision_of, outcome_of, snapshot
-from atmosphere.governance.policies import Evaluation, PolicyContext, PolicyFileError, Prefer
+from atmosphere.governance.policies import Evaluation, PolicyContext, PolicyFileError, Prefer, parse_policies
+from atmosphere.governance.replication import GovernanceJournal, GovernanceReplica, record_of
 from atmosphere.governance.screening import Screening
-from atmosphere.governance.store import DecisionLog, DecisionRow
+from atmosphere.governance.store import DecisionLog
 
 SCREEN_POLICY = "memory-safety"
 TIER = "RULE_BASED"
@@ -111,6 +120,12 @@ def _principal(principal: Principal) -> str:
     return principal.user_id or principal.name or principal.auth_method or "anonymous"
 
 
+def _now() -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromMilliseconds(int(time.time() * 1000))
+    return stamp
+
+
 class GovernanceHandlers:
     """Admission, tool-call and answer checks, run ends, screens, the decision log, the admin surface."""
 
@@ -122,18 +137,25 @@ class GovernanceHandlers:
         plane: GovernancePlane | None = None,
         screening: Screening | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        journal: GovernanceJournal | None = None,
     ) -> None:
-        """Decide with `plane` (none: admit all), record every decision in `log`, screen per `safety`/`screening`."""
+        """Decide with `plane` (none: admit all), record every decision in `log`, screen per `safety`/`screening`.
+
+        `journal` puts what changes state on governance's log, where every replica applies it to
+        its own `log` and `plane`; without one (a single governance) it applies here at once.
+        """
         self._log = log
         self._safety = safety or MemorySafety()
         self.plane = plane or GovernancePlane(())
         self._screening = screening or Screening()
         self._reply_bytes = reply_budget(max_payload)
+        self._journal = journal or GovernanceJournal(GovernanceReplica(log, self.plane))
 
     async def _answer(
         self,
         context: PolicyContext,
         evaluation: Evaluation,
+        counts: DecisionCounts | None,
         *,
         logged: bool = True,
         run_id: str,
@@ -141,7 +163,10 @@ class GovernanceHandlers:
         subject: str,
         principal: Principal,
     ) -> Decision:
-        """The decision on `context` as answered, logged (unless not `logged`) with the context after rewrites."""
+        """The decision on `context` as answered, logged (unless not `logged`) with the context after rewrites.
+
+        Answered only once the log holds it (with what the stateful policies counted for it).
+        """
         decision = decision_of(
             evaluation,
             decision_id=uuid.uuid4().hex,
@@ -151,26 +176,25 @@ class GovernanceHandlers:
         if not logged:
             return decision
         preferred = evaluation.decision.preferred if isinstance(evaluation.decision, Prefer) else ""
-        await self._log.append(
-            DecisionRow(
-                decision_id=decision.decision_id,
-                run_id=run_id,
-                operation=operation,
-                subject=subject,
-                allowed=decision.allowed,
-                policy=decision.policy,
-                reason=decision.reason,
-                principal=_principal(principal),
-                decided_at=int(time.time() * 1000),
-                policy_source=decision.policy_source,
-                policy_version=decision.policy_version,
-                policy_digest=decision.policy_digest,
-                outcome=outcome_of(evaluation),
-                evaluation_ms=round(evaluation.evaluation_ms, 3),
-                # After every rewrite: a redacted message is what is logged.
-                context_json=snapshot(evaluation.context, preferred=preferred),
-            )
+        record = DecisionRecord(
+            decision_id=decision.decision_id,
+            run_id=run_id,
+            operation=operation,
+            subject=subject,
+            allowed=decision.allowed,
+            policy=decision.policy,
+            reason=decision.reason,
+            principal=_principal(principal),
+            decided_at=_now(),
+            policy_source=decision.policy_source,
+            policy_version=decision.policy_version,
+            policy_digest=decision.policy_digest,
+            outcome=outcome_of(evaluation),
+            evaluation_ms=round(evaluation.evaluation_ms, 3),
+            # After every rewrite: a redacted message is what is logged.
+            context_json=snapshot(evaluation.context, preferred=preferred),
         )
+        await self._journal.decided(record, counts)
         return decision
 
     async def admit(self, request: AdmitRequest, _ctx: MessageContext) -> Decision:
@@ -184,15 +208,21 @@ class GovernanceHandlers:
             session_id=request.session_id,
         )
         _check_principal(request.principal)
-        context, evaluation = await self.plane.admit(request)
-        decision = await self._answer(
-            context,
-            evaluation,
-            run_id=request.run_id,
-            operation="admit",
-            subject=request.agent,
-            principal=request.principal,
-        )
+        context, evaluation, counts = await self.plane.admit(request)
+        try:
+            decision = await self._answer(
+                context,
+                evaluation,
+                counts,
+                run_id=request.run_id,
+                operation="admit",
+                subject=request.agent,
+                principal=request.principal,
+            )
+        except Exception:
+            # Not stored, so not admitted: the slot goes back (its rate-limit hit stays, here only).
+            self.plane.settle(request.run_id)
+            raise
         decision.check_output = self.plane.judges_output
         return decision
 
@@ -200,10 +230,11 @@ class GovernanceHandlers:
         """`atmo.gov.check_tool`: may this tool call run?"""
         _check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         _check_principal(request.principal)
-        context, evaluation = await self.plane.check_tool(request)
+        context, evaluation, counts = await self.plane.check_tool(request)
         return await self._answer(
             context,
             evaluation,
+            counts,
             run_id=request.run_id,
             operation="check_tool",
             subject=request.tool_name,
@@ -214,10 +245,11 @@ class GovernanceHandlers:
         """`atmo.gov.check_output`: may the answer so far reach the client?"""
         _check_fields(run_id=request.run_id, agent=request.agent)
         _check_principal(request.principal)
-        context, evaluation = await self.plane.check_output(request)
+        context, evaluation, counts = await self.plane.check_output(request)
         return await self._answer(
             context,
             evaluation,
+            counts,
             # Not every 200-character check of every answer: the final one and any that stopped it.
             logged=request.final or not evaluation.allowed,
             run_id=request.run_id,
@@ -230,13 +262,13 @@ class GovernanceHandlers:
         """`atmo.gov.run_ended`: account the run's cost and free its concurrency slot."""
         _check_fields(run_id=request.run_id, agent=request.agent, model=request.model)
         _check_principal(request.principal)
-        tenant, charge = self.plane.run_ended(request)
-        # The ledger first: a report repeated (a retry, another governance) is counted once, and
-        # what was accounted survives a restart of governance.
-        if charge.usd > 0 and await self._log.record_cost(
-            request.run_id, tenant, charge.usd, at_ms=int(time.time() * 1000)
-        ):
-            self.plane.account(request.run_id, tenant, charge.usd)
+        tenant, charge = self.plane.price(request)
+        # Every replica frees the slot and accounts the cost, once per run id (a report repeated
+        # by a retry, or sent to another replica, changes nothing), and the ledger keeps it.
+        settled = RunSettled(
+            run_id=request.run_id, tenant=tenant, cost_usd=charge.usd, accounted_at_ms=int(time.time() * 1000)
+        )
+        await self._journal.settle(settled)
         return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)
 
     async def screen(self, request: ScreenRequest, _ctx: MessageContext) -> ScreenResponse:
@@ -248,8 +280,8 @@ class GovernanceHandlers:
             raise GovernanceBadRequestError(str(exc)[:MAX_FIELD_CHARS]) from None
         for text in response.texts:
             if text.verdict != "SAFE":
-                await self._log.append(
-                    DecisionRow(
+                await self._journal.decided(
+                    DecisionRecord(
                         decision_id=uuid.uuid4().hex,
                         run_id=request.run_id,
                         operation=f"screen_{request.kind}",
@@ -258,7 +290,7 @@ class GovernanceHandlers:
                         policy=f"{request.kind.replace('_', '-')}-safety",
                         reason=f"{text.verdict} ({response.mode}): {text.reason}",
                         principal=_principal(request.principal),
-                        decided_at=int(time.time() * 1000),
+                        decided_at=_now(),
                         outcome="deny" if not text.keep else ("transform" if text.verdict == "INJECTED" else "error"),
                     )
                 )
@@ -285,8 +317,8 @@ class GovernanceHandlers:
             screened.append(answer)
             if outcome is not None and outcome.audited:
                 verdict = outcome.classification
-                await self._log.append(
-                    DecisionRow(
+                await self._journal.decided(
+                    DecisionRecord(
                         decision_id=uuid.uuid4().hex,
                         run_id=request.conversation_id,
                         operation="screen_fact",
@@ -295,7 +327,7 @@ class GovernanceHandlers:
                         policy=SCREEN_POLICY,
                         reason=f"{verdict.verdict.value} ({safety.breach.value}): {verdict.reason}",
                         principal=request.user_id or "anonymous",
-                        decided_at=int(time.time() * 1000),
+                        decided_at=_now(),
                     )
                 )
         # Facts past the cap are refused (none stored), never silently passed unscreened.
@@ -325,31 +357,12 @@ class GovernanceHandlers:
         """`atmo.gov.decisions`: the newest decisions, optionally of one run, as many as fit in one reply."""
         _check_fields(run_id=request.run_id)
         limit = request.limit if 0 < request.limit <= MAX_LIMIT else DEFAULT_LIMIT
+        await self._journal.caught_up()
         rows = await self._log.recent(run_id=request.run_id, limit=limit)
         records = []
         room = self._reply_bytes
         for row in rows:
-            decided = Timestamp()
-            decided.FromMilliseconds(row.decided_at)
-            records.append(
-                DecisionRecord(
-                    decision_id=row.decision_id,
-                    run_id=row.run_id,
-                    operation=row.operation,
-                    subject=row.subject,
-                    allowed=row.allowed,
-                    policy=row.policy,
-                    reason=row.reason,
-                    decided_at=decided,
-                    principal=row.principal,
-                    policy_source=row.policy_source,
-                    policy_version=row.policy_version,
-                    policy_digest=row.policy_digest,
-                    outcome=row.outcome or ("admit" if row.allowed else "deny"),
-                    evaluation_ms=row.evaluation_ms,
-                    context_json=row.context_json,
-                )
-            )
+            records.append(record_of(row))
             room -= records[-1].ByteSize() + _ITEM_OVERHEAD
             if room < 0:
                 records.pop()
@@ -363,6 +376,7 @@ class GovernanceHandlers:
             if not isinstance(body, dict):
                 msg = "the body must be a JSON object"
                 raise ValueError(msg)
+            await self._journal.caught_up()  # with every reload acknowledged so far
             result = await self.plane.check(body)
         except (ValueError, RecursionError) as exc:
             raise GovernanceBadRequestError(f"Malformed check: {exc}"[:MAX_FIELD_CHARS]) from None
@@ -378,34 +392,36 @@ class GovernanceHandlers:
                 raise GovernanceBadRequestError("the body must be a JSON object") from None
             if not isinstance(body, dict):
                 raise GovernanceBadRequestError("the body must be a JSON object")
-            return AdminResponse(result_json=json.dumps(self._admin_result(op, body)))
+            return AdminResponse(result_json=json.dumps(await self._admin_result(op, body)))
 
         return answer
 
-    def _admin_result(self, op: str, body: dict[str, Any]) -> Any:
+    async def _admin_result(self, op: str, body: dict[str, Any]) -> Any:
         plane = self.plane
-        if op == "policies":
-            return plane.policies_view()
-        if op == "summary":
-            return plane.summary()
-        if op == "health":
-            return plane.health()
+        if op in READ_OPS:
+            await self._journal.caught_up()  # every replica answers with every change acknowledged
+            if op == "policies":
+                return plane.policies_view()
+            return plane.summary() if op == "summary" else plane.health()
         operator = _text_field(body, "operator") or "unknown"
         if op == "arm":
             reason = _text_field(body, "reason")
             if not reason.strip():
                 raise GovernanceBadRequestError("arming the kill switch needs a non-blank 'reason'")
-            return plane.arm(reason, operator)
+            return await self._journal.switch(KillSwitchChange(armed=True, reason=reason, operator=operator, at=_now()))
         if op == "disarm":
-            return plane.disarm(operator)
+            return await self._journal.switch(KillSwitchChange(armed=False, operator=operator, at=_now()))
         assert op == "reload"
         swap_name, text = _text_field(body, "swapName"), _text_field(body, "yaml")
         if bool(swap_name) != bool(text):
             raise GovernanceBadRequestError("a reload names both 'swapName' and 'yaml', or neither (re-read the files)")
-        try:
-            return plane.reload(swap_name=swap_name, text=text)
-        except PolicyFileError as exc:
-            raise GovernanceBadRequestError(f"Reload refused, nothing changed: {exc}"[:MAX_FIELD_CHARS]) from None
+        if swap_name:
+            # Refused here, before it is logged, when it cannot apply (every replica would refuse it).
+            try:
+                parse_policies(text, source=f"reload:{swap_name}")
+            except PolicyFileError as exc:
+                raise GovernanceBadRequestError(f"Reload refused, nothing changed: {exc}"[:MAX_FIELD_CHARS]) from None
+        return await self._journal.reload(PolicyReload(swap_name=swap_name, yaml=text, operator=operator))
 
     def router(self) -> Router:
         """Governance's subjects."""
@@ -424,6 +440,7 @@ class GovernanceHandlers:
 
 
 ADMIN_OPS = ("policies", "summary", "health", "reload", "arm", "disarm")
+READ_OPS = frozenset({"policies", "summary", "health"})
 
 
 def _text_field(body: dict[str, Any], key: str) -> str:

@@ -8,6 +8,8 @@ reload that does not parse changes nothing. No policy at all admits everything, 
 
 State the policies keep across requests lives here too: the concurrency slots of admitted runs
 (given back when the run ends, once), and the cost fed to cost ceilings from each run's usage.
+Each decision also says what the stateful policies counted for it (`counting.py`), so that the
+other governance replicas count the same (`observe`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     CheckOutputRequest,
     CheckToolCallRequest,
     Decision,
+    DecisionCounts,
     RunEndedReport,
 )
+from atmosphere.governance.counting import counted_context, counts_of, observe, slots_taken
 from atmosphere.governance.policies import (
     Admit,
     AllowListPolicy,
@@ -258,6 +262,10 @@ def decision_of(
     return answer
 
 
+Judged = tuple[PolicyContext, Evaluation, DecisionCounts | None]
+"""A request as judged: its context, the ring's evaluation, what the stateful policies counted."""
+
+
 @dataclass
 class _Held:
     context: PolicyContext
@@ -346,9 +354,9 @@ class GovernancePlane:
                 for tenant, usd in self.spend.items():
                     target.add_cost(tenant, usd)
 
-    def arm(self, reason: str, operator: str) -> dict[str, Any]:
-        """Arm the kill switch: every admission and tool call is denied with `reason`."""
-        self.kill_switch.arm(reason, operator)
+    def arm(self, reason: str, operator: str, *, at: datetime | None = None) -> dict[str, Any]:
+        """Arm the kill switch (at `at`, default now): every admission and tool call is denied with `reason`."""
+        self.kill_switch.arm(reason, operator, at=at)
         log.warning("kill switch armed by %s: %s", operator or "unknown", reason)
         return self.kill_switch_state()
 
@@ -376,25 +384,49 @@ class GovernancePlane:
             return await asyncio.to_thread(ring.evaluate, context)
         return ring.evaluate(context)
 
-    async def admit(self, request: AdmitRequest) -> tuple[PolicyContext, Evaluation]:
-        """A run's admission; an admitted run holds its concurrency slot until `run_ended`."""
+    async def admit(self, request: AdmitRequest) -> Judged:
+        """A run's admission; an admitted run holds its concurrency slot until its end is settled."""
         context = admission_context(request)
         if self._limits_concurrency:
             self._give_back(request.run_id)  # a redelivered run is admitted again: one slot per run
-        evaluation = await self._evaluate(self.ring, context)
-        if self._limits_concurrency and evaluation.allowed:
+        ring = self.ring
+        evaluation = await self._evaluate(ring, context)
+        holds = self._limits_concurrency and evaluation.allowed
+        if holds:
             self._hold(request.run_id, evaluation.context)
-        return context, evaluation
+        else:
+            # Refused by a later policy: the limits that passed it give their slots back at once.
+            for policy in slots_taken(ring, evaluation):
+                policy.release(evaluation.context)
+        return context, evaluation, counts_of(ring, evaluation, holds_slot=holds)
 
-    async def check_tool(self, request: CheckToolCallRequest) -> tuple[PolicyContext, Evaluation]:
+    async def check_tool(self, request: CheckToolCallRequest) -> Judged:
         """A tool call's check."""
         context = tool_context(request)
-        return context, await self._evaluate(self.ring, context)
+        ring = self.ring
+        evaluation = await self._evaluate(ring, context)
+        return context, evaluation, counts_of(ring, evaluation, holds_slot=False)
 
-    async def check_output(self, request: CheckOutputRequest) -> tuple[PolicyContext, Evaluation]:
+    async def check_output(self, request: CheckOutputRequest) -> Judged:
         """An answer's check (the kill switch stops new work, not answers already streaming)."""
         context = output_context(request)
-        return context, await self._evaluate(self._answer_ring, context)
+        ring = self._answer_ring
+        evaluation = await self._evaluate(ring, context)
+        return context, evaluation, counts_of(ring, evaluation, holds_slot=False)
+
+    def observe(self, run_id: str, counts: DecisionCounts, *, age: float) -> None:
+        """Count what another replica counted for a decision `age` seconds ago (by this replica's clock).
+
+        A run's slot is held from then until its end is settled, or `slot_ttl` after it was admitted.
+        """
+        observe(self.ring.policies, counts, age=age)  # the admission ring holds every policy
+        if counts.holds_slot and self._limits_concurrency and age < self._slot_ttl:
+            self._give_back(run_id)
+            context = counted_context(counts, Phase.PRE_ADMISSION)
+            for policy in self.ring.policies:
+                if isinstance(policy, ConcurrencyLimitPolicy):
+                    policy.observe(context)
+            self._hold(run_id, context, since=self._clock() - max(age, 0.0))
 
     async def check(self, body: dict[str, Any]) -> dict[str, Any]:
         """MS `/check` over the policies in force."""
@@ -402,14 +434,17 @@ class GovernancePlane:
             return await asyncio.to_thread(check_request, self.ring, body)
         return check_request(self.ring, body)
 
-    def run_ended(self, report: RunEndedReport) -> tuple[str, Charge]:
-        """Give back a run's slot; its tenant and what it cost (not accounted yet: see `account`)."""
-        self._give_back(report.run_id)
+    def price(self, report: RunEndedReport) -> tuple[str, Charge]:
+        """A run's tenant and what it cost by the pricing table (accounted once its end is settled)."""
         tenant = report.principal.tenant or DEFAULT_TENANT
         charge = self.pricing.charge(report.usage, default_model=report.model)
         if charge.unpriced_models and report.run_id not in self._ended:
             log.warning("run %s: no price for %s; counted as free", report.run_id, ", ".join(charge.unpriced_models))
         return tenant, charge
+
+    def settle(self, run_id: str) -> None:
+        """A run ended: give back its concurrency slot (once; a repeated end changes nothing)."""
+        self._give_back(run_id)
 
     def account(self, run_id: str, tenant: str, usd: float) -> None:
         """Add a run's cost to its tenant's spend, once per run id (a repeated report changes nothing)."""
@@ -431,9 +466,9 @@ class GovernancePlane:
             for ceiling in self._cost_ceilings:
                 ceiling.add_cost(tenant, usd)
 
-    def _hold(self, run_id: str, context: PolicyContext) -> None:
+    def _hold(self, run_id: str, context: PolicyContext, *, since: float | None = None) -> None:
         self._expire()
-        self._held[run_id] = _Held(context, self._clock())
+        self._held[run_id] = _Held(context, self._clock() if since is None else since)
         while len(self._held) > MAX_HELD_RUNS:
             _, oldest = self._held.popitem(last=False)
             self.ring.release(oldest.context)

@@ -3,6 +3,11 @@
 The cost ledger holds each run's accounted cost once (keyed by run id), so tenants' spend survives a
 restart of governance and a run's end reported twice is counted once.
 
+With governance's log (`replication.py`) every row arrives through one apply per log entry: rows
+are inserted once by decision id (a repeated apply changes nothing) and keep the log sequence and
+what the stateful policies counted, from which a restarted replica rebuilds its counters; the
+ends of runs and the kill switch are kept for the same reason.
+
 Each row names the deciding policy (name, source, version, digest), the outcome, how long the
 evaluation took, and the seed's context snapshot. Retention is bounded by rows and by age; the
 oldest rows go first, checked at open and every `PRUNE_EVERY` appends (never on each one).
@@ -40,6 +45,22 @@ CREATE TABLE IF NOT EXISTS cost_ledger (
     accounted_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_cost_ledger_time ON cost_ledger (accounted_at);
+CREATE TABLE IF NOT EXISTS run_ends (
+    run_id TEXT PRIMARY KEY,
+    log_seq INTEGER NOT NULL,
+    ended_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_run_ends_time ON run_ends (ended_at);
+CREATE TABLE IF NOT EXISTS kill_switch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    reason TEXT NOT NULL,
+    operator TEXT NOT NULL,
+    armed_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policy_swaps (
+    swap_name TEXT NOT NULL,
+    yaml TEXT NOT NULL
+);
 """
 COST_WINDOW_DAYS = 30.0
 """How long a run's cost counts towards its tenant's spend (the cost ceiling's rolling window)."""
@@ -50,12 +71,15 @@ _ADDED_COLUMNS = (
     ("outcome", "TEXT NOT NULL DEFAULT ''"),
     ("evaluation_ms", "REAL NOT NULL DEFAULT 0"),
     ("context_json", "TEXT NOT NULL DEFAULT '{}'"),
+    ("log_seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("counts", "BLOB NOT NULL DEFAULT x''"),
 )
 """Columns a log written before policy identities were recorded lacks; added in place at open."""
 _COLUMNS = (
     "decision_id, run_id, operation, subject, allowed, policy, reason, principal, decided_at,"
     " policy_source, policy_version, policy_digest, outcome, evaluation_ms, context_json"
 )
+_STORED_COLUMNS = f"{_COLUMNS}, log_seq, counts"
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_AGE_DAYS = 30.0
 PRUNE_EVERY = 500
@@ -84,6 +108,27 @@ class DecisionRow:
     evaluation_ms: float = 0.0
     context_json: str = "{}"
     """The context snapshot (a JSON object)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CountedRow:
+    """What a logged decision counted (a serialized `DecisionCounts`), to rebuild counters from."""
+
+    log_seq: int
+    run_id: str
+    decided_at: int
+    """Epoch milliseconds."""
+    counts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ArmedSwitch:
+    """The kill switch as last armed (a disarmed switch has no row)."""
+
+    reason: str
+    operator: str
+    armed_at: int
+    """Epoch milliseconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +170,15 @@ class DecisionLog:
             await log.prune()
             yield log
 
-    async def append(self, row: DecisionRow) -> None:
-        """Store one decision (committed before the decision is answered)."""
+    async def append(self, row: DecisionRow, *, log_seq: int = 0, counts: bytes = b"") -> bool:
+        """Store one decision once (by its id); False when it was stored already (nothing changes).
+
+        `log_seq` is the log entry it came from, `counts` what it counted (see `counted`).
+        """
         async with self._lock:
-            await self._db.execute(
-                f"INSERT INTO decision_log ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant columns
+            cursor = await self._db.execute(
+                f"INSERT OR IGNORE INTO decision_log ({_STORED_COLUMNS})"  # noqa: S608 - constant columns
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.decision_id,
                     row.run_id,
@@ -146,13 +195,17 @@ class DecisionLog:
                     row.outcome,
                     row.evaluation_ms,
                     row.context_json,
+                    log_seq,
+                    counts,
                 ),
             )
             await self._db.commit()
-            self._since_prune += 1
+            stored = cursor.rowcount == 1
+            self._since_prune += int(stored)
             due = self._since_prune >= PRUNE_EVERY
         if due:
             await self.prune()
+        return stored
 
     async def prune(self) -> int:
         """Remove what the retention no longer keeps; how many rows went."""
@@ -168,6 +221,7 @@ class DecisionLog:
             )
             spent = int((time.time() - COST_WINDOW_DAYS * 86_400) * 1000)
             await self._db.execute("DELETE FROM cost_ledger WHERE accounted_at < ?", (spent,))
+            await self._db.execute("DELETE FROM run_ends WHERE ended_at < ?", (cutoff,))
             await self._db.commit()
             return max(aged.rowcount, 0) + max(extra.rowcount, 0)
 
@@ -179,6 +233,62 @@ class DecisionLog:
             )
             await self._db.commit()
             return cursor.rowcount == 1
+
+    async def record_end(self, run_id: str, *, log_seq: int, at_ms: int) -> None:
+        """Note that run `run_id` ended (the newest end wins), so a rebuild holds no slot for it."""
+        async with self._lock:
+            await self._db.execute(
+                "INSERT INTO run_ends VALUES (?, ?, ?) ON CONFLICT (run_id)"
+                " DO UPDATE SET log_seq = excluded.log_seq, ended_at = excluded.ended_at",
+                (run_id, log_seq, at_ms),
+            )
+            await self._db.commit()
+
+    async def run_ends(self) -> dict[str, int]:
+        """Each ended run's log sequence (of its newest end)."""
+        async with self._db.execute("SELECT run_id, log_seq FROM run_ends") as cursor:
+            rows = await cursor.fetchall()
+        return {str(run_id): int(seq) for run_id, seq in rows}
+
+    async def counted(self) -> list[CountedRow]:
+        """The decisions that counted something, in log order (oldest first)."""
+        async with self._db.execute(
+            "SELECT log_seq, run_id, decided_at, counts FROM decision_log WHERE length(counts) > 0"
+            " ORDER BY log_seq, rowid"
+        ) as cursor:
+            rows = await cursor.fetchall()
+        return [CountedRow(int(seq), str(run_id), int(at), bytes(counts)) for seq, run_id, at, counts in rows]
+
+    async def save_switch(self, armed: ArmedSwitch | None) -> None:
+        """Keep the kill switch's state (None: disarmed)."""
+        async with self._lock:
+            await self._db.execute("DELETE FROM kill_switch")
+            if armed is not None:
+                await self._db.execute(
+                    "INSERT INTO kill_switch VALUES (1, ?, ?, ?)", (armed.reason, armed.operator, armed.armed_at)
+                )
+            await self._db.commit()
+
+    async def switch(self) -> ArmedSwitch | None:
+        """The kill switch as kept (None: disarmed)."""
+        async with self._db.execute("SELECT reason, operator, armed_at FROM kill_switch") as cursor:
+            row = await cursor.fetchone()
+        return ArmedSwitch(str(row[0]), str(row[1]), int(row[2])) if row else None
+
+    async def save_swap(self, *, swap_name: str, text: str) -> None:
+        """Keep a policy swap, re-applied over the files at the next start; no name: forget every swap."""
+        async with self._lock:
+            if swap_name:
+                await self._db.execute("INSERT INTO policy_swaps VALUES (?, ?)", (swap_name, text))
+            else:
+                await self._db.execute("DELETE FROM policy_swaps")
+            await self._db.commit()
+
+    async def swaps(self) -> list[tuple[str, str]]:
+        """The kept swaps (name, YAML), in the order they were made."""
+        async with self._db.execute("SELECT swap_name, yaml FROM policy_swaps ORDER BY rowid") as cursor:
+            rows = await cursor.fetchall()
+        return [(str(name), str(text)) for name, text in rows]
 
     async def spend_since(self, cutoff_ms: int) -> dict[str, float]:
         """Each tenant's accounted spend since `cutoff_ms` (epoch milliseconds)."""

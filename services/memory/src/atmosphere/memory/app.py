@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+from typing import Any
 
-from atmosphere.bus import Bus, subjects
+from atmosphere.bus import Bus, ServiceError, subjects
+from atmosphere.bus.errors import ReplicaBehindError
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
+from atmosphere.contracts.memory.v1.memory_pb2 import MemoryWrite
 from atmosphere.memory.handlers import MemoryHandlers, ScreenFacts, runtime_info
 from atmosphere.memory.settings import MemorySettings
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.vfs import parse_routes
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.service import open_service
+from atmosphere.service.replica import ReplicaLog, replica_name
 
 QUEUE = "memory"
+
+log = logging.getLogger("atmosphere.memory")
 
 
 def governance_screen(bus: Bus, timeout: float) -> ScreenFacts:
@@ -33,7 +41,44 @@ async def serve(settings: MemorySettings, *, stop: asyncio.Event, bus: Bus | Non
         open_service("memory", settings, info=lambda: runtime_info(workspaces), stop=stop, bus=bus) as runtime,
     ):
         screen = governance_screen(runtime.bus, settings.memory.screen_timeout)
-        handlers = MemoryHandlers(store, workspaces, screen, max_payload=runtime.bus.max_payload)
-        async with runtime.bus.serve(handlers.router(), queue=QUEUE):
-            runtime.health.mark_ready()
-            await stop.wait()
+
+        # `ATMO_MEMORY` is the store of record: every replica applies every write, in order, to
+        # its own store, so N replicas hold one state (`atmosphere.service.replica`).
+        async def caught_up() -> None:  # `writes` is made below: it applies through `handlers`
+            await writes.caught_up()
+
+        handlers = MemoryHandlers(
+            store,
+            workspaces,
+            screen,
+            max_payload=runtime.bus.max_payload,
+            write=lambda change, key: writes.write(subjects.memory_log(), change, msg_id=idempotency_id(key)),
+            caught_up=caught_up,
+        )
+        writes: ReplicaLog[MemoryWrite, Any] = ReplicaLog(
+            runtime.bus,
+            stream=subjects.MEMORY_LOG_STREAM,
+            filter_subject=subjects.memory_log(),
+            replica=replica_name(settings.db_path.parent, "memory"),
+            message_type=MemoryWrite,
+            apply=handlers.apply,
+            outcomes=(ServiceError,),
+        )
+        async with writes.applying():
+            await catch_up(writes)
+            async with runtime.bus.serve(handlers.router(), queue=QUEUE):
+                runtime.health.mark_ready()
+                await stop.wait()
+
+
+def idempotency_id(key: str) -> str:
+    """The `Nats-Msg-Id` of a write with idempotency key `key` (fixed length whatever the ids)."""
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+
+
+async def catch_up(writes: ReplicaLog[MemoryWrite, Any]) -> None:
+    """Apply what the log already holds before taking requests (a new replica starts from its start)."""
+    try:
+        await writes.caught_up()
+    except ReplicaBehindError:
+        log.warning("memory is still applying %s; reads wait for it", subjects.MEMORY_LOG_STREAM)

@@ -38,6 +38,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ListFilesResponse,
     LoadHistoryRequest,
     LoadHistoryResponse,
+    MemoryWrite,
     ReadFileRequest,
     ReadFileResponse,
     ReplaceHistoryRequest,
@@ -53,13 +54,20 @@ from atmosphere.memory.store import MemoryStore, StalePageTokenError, bound_fact
 from atmosphere.memory.vfs import MissingFileError, WorkspaceError, run_file_tool
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk import ChatMessage as Message
-from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, WRITE_TODOS
+from atmosphere.sdk import ToolKind
+from atmosphere.sdk.builtin_tools import FILE_TOOL_NAMES, FILE_TOOLS, WRITE_TODOS
 from atmosphere.sdk.compaction import parse_strategy
 
 log = logging.getLogger("atmosphere.memory")
 
 ScreenFacts = Callable[[ScreenFactsRequest], Awaitable[ScreenFactsResponse]]
+WriteThrough = Callable[[MemoryWrite, str], Awaitable[Any]]
+"""Store a write where every replica applies it, and return this replica's answer to it; the
+second argument is its idempotency key ("" for none): a retried write with the same key is
+stored once."""
 MAX_FACTS = 100
+WRITING_TOOLS = frozenset({WRITE_TODOS.name} | {t.name for t in FILE_TOOLS if t.kind is not ToolKind.READ})
+"""The harness tools that change a workspace: they go through the write log; the rest only read."""
 
 
 _ENTRY_OVERHEAD = 24
@@ -110,10 +118,15 @@ class MemoryHandlers:
         *,
         recent_window: int = 6,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        write: WriteThrough | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Serve history and facts from `store`, plans and files from `workspaces`; `screen` asks governance.
 
         `max_payload` is the broker's message limit: every answer is sized to fit in it.
+        With several memory replicas, `write` stores each write on `ATMO_MEMORY` (every replica
+        applies it through `apply`) and `caught_up` holds each read until this replica applied
+        every write stored before it (`atmosphere.service.replica`); alone, writes apply here.
         """
         self._store = store
         self._workspaces = workspaces
@@ -121,11 +134,39 @@ class MemoryHandlers:
         self._recent_window = recent_window
         self._reply_bytes = reply_budget(max_payload)
         self._tool_bytes = data_budget(max_payload)
+        self._write: WriteThrough = write or (lambda change, _key: self.apply(0, change))
+        self._caught_up = caught_up
+
+    async def _read(self) -> None:
+        """Before a read: wait until this replica applied every write acknowledged so far."""
+        if self._caught_up is not None:
+            await self._caught_up()
+
+    async def apply(self, seq: int, change: MemoryWrite) -> Any:
+        """Apply write `seq` of the log to this replica's store: the same write gives every replica the same state.
+
+        Applying a write again (a redelivery after a crash) changes nothing: a turn carries its
+        `seq` into the store; the other writes leave the same state when repeated.
+        """
+        op = change.WhichOneof("op")
+        if op == "append_turn":
+            return await self._append_turn(change.append_turn, seq)
+        if op == "replace_history":
+            return await self._replace_history(change.replace_history)
+        if op == "store_facts":
+            facts = list(change.store_facts.facts)
+            return await self._store.save_facts(change.store_facts.user_id, facts) if facts else 0
+        if op == "drop_workspace":
+            return await self._drop_workspace(change.drop_workspace)
+        if op == "tool":
+            return await self._tool(change.tool)
+        raise MemoryBadRequestError(f"not a memory write: {op}")
 
     # -- conversation history ------------------------------------------------------------------
 
     async def load_history(self, request: LoadHistoryRequest, _ctx: MessageContext) -> LoadHistoryResponse:
         """`atmo.mem.history.load`: one page of the history (`next_page_token` says if more follow)."""
+        await self._read()
         try:
             page = await self._store.history_page(
                 request.agent, request.conversation_id, request.page_token, max_bytes=self._reply_bytes
@@ -142,6 +183,12 @@ class MemoryHandlers:
 
     async def append_turn(self, request: AppendTurnRequest, _ctx: MessageContext) -> AppendTurnResponse:
         """`atmo.mem.history.append`: the user turn, and the answer unless the run failed."""
+        # One turn per run: the caller retries an append that timed out, stored once.
+        key = f"turn:{request.agent}:{request.conversation_id}:{request.run_id}" if request.run_id else ""
+        result: AppendTurnResponse = await self._write(MemoryWrite(append_turn=request), key)
+        return result
+
+    async def _append_turn(self, request: AppendTurnRequest, seq: int) -> AppendTurnResponse:
         compaction = request.compaction
         try:
             stored = await self._store.append_turn(
@@ -153,6 +200,7 @@ class MemoryHandlers:
                 max_messages=max(2, compaction.max_messages or 20),
                 model=compaction.model or None,
                 recent_window=self._recent_window,
+                log_seq=seq,
             )
         except ValueError as exc:
             raise MemoryBadRequestError(str(exc)) from exc
@@ -160,6 +208,10 @@ class MemoryHandlers:
 
     async def replace_history(self, request: ReplaceHistoryRequest, _ctx: MessageContext) -> ReplaceHistoryResponse:
         """`atmo.mem.history.replace`: a summarized history, staged turns, or empty to clear."""
+        result: ReplaceHistoryResponse = await self._write(MemoryWrite(replace_history=request), "")
+        return result
+
+    async def _replace_history(self, request: ReplaceHistoryRequest) -> ReplaceHistoryResponse:
         base = _from_wire(request.base.messages) if request.HasField("base") else None
         digest = (request.base_count, request.base_sha256) if request.base_sha256 else None
         if request.base_count < 0:
@@ -197,7 +249,8 @@ class MemoryHandlers:
                 continue
             keep += [s.text for s in screened.facts[: len(batch.facts)] if s.store and s.text.strip()]
             flagged += sum(1 for s in screened.facts[: len(batch.facts)] if s.store and s.verdict != "SAFE")
-        stored = await self._store.save_facts(request.user_id, keep) if keep else 0
+        # Screened once, here; what passed is stored as one write that every replica applies.
+        stored = await self._write(MemoryWrite(store_facts=SaveFactsRequest(user_id=request.user_id, facts=keep)), "")
         return SaveFactsResponse(stored=stored, dropped=len(facts) - len(keep), flagged=flagged)
 
     def _screen_batches(self, facts: list[str], request: SaveFactsRequest) -> list[ScreenFactsRequest]:
@@ -218,6 +271,7 @@ class MemoryHandlers:
         """`atmo.mem.facts.get`: the newest facts that fit in one reply, oldest first."""
         if not request.user_id.strip():
             return GetFactsResponse()
+        await self._read()
         facts = await self._store.get_facts(request.user_id, request.max_facts or 20)
         room = self._reply_bytes
         kept = 0
@@ -233,9 +287,15 @@ class MemoryHandlers:
 
     # -- the harness tools ---------------------------------------------------------------------
 
-    async def tool(self, call: ToolCall, ctx: MessageContext) -> ToolReply:
+    async def tool(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
         """`atmo.mem.tool.<name>`: `write_todos` and the eight file tools, answered within one message."""
-        return self._fitting(await self._tool(call, ctx))
+        if call.name in WRITING_TOOLS:
+            key = f"tool:{call.run_id}:{call.call_id}" if call.run_id and call.call_id else ""
+            result: ToolReply = await self._write(MemoryWrite(tool=call), key)
+        else:
+            await self._read()
+            result = await self._tool(call)
+        return self._fitting(result)
 
     def _fitting(self, result: ToolReply) -> ToolReply:
         """`result` cut to fit in one bus message with room for dispatch's run event around it."""
@@ -252,7 +312,7 @@ class MemoryHandlers:
             result.truncated = True
         return result
 
-    async def _tool(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
+    async def _tool(self, call: ToolCall) -> ToolReply:
         try:
             arguments = json.loads(call.arguments_json or "{}")
         except (ValueError, RecursionError):  # not JSON, nested too deep, or a number too long
@@ -303,6 +363,10 @@ class MemoryHandlers:
 
     async def drop_workspace(self, request: DropWorkspaceRequest, _ctx: MessageContext) -> DropWorkspaceResponse:
         """`atmo.mem.workspace.drop`: an ephemeral workspace, or one conversation's plans and files."""
+        result: DropWorkspaceResponse = await self._write(MemoryWrite(drop_workspace=request), "")
+        return result
+
+    async def _drop_workspace(self, request: DropWorkspaceRequest) -> DropWorkspaceResponse:
         try:
             existed = await asyncio.to_thread(
                 self._workspaces.drop, request.workspace, conversation_only=request.conversation_only
@@ -313,6 +377,7 @@ class MemoryHandlers:
 
     async def get_plan(self, request: GetPlanRequest, _ctx: MessageContext) -> GetPlanResponse:
         """`atmo.mem.plan.get` (admin)."""
+        await self._read()
         scope = request.workspace
         try:
             store = self._workspaces.plans(scope)
@@ -326,6 +391,7 @@ class MemoryHandlers:
 
     async def list_files(self, request: ListFilesRequest, _ctx: MessageContext) -> ListFilesResponse:
         """`atmo.mem.files.list` (admin): the entries from `offset` that fit in one reply."""
+        await self._read()
         if request.offset < 0:
             raise MemoryBadRequestError(f"offset must not be negative, got {request.offset}")
 
@@ -354,6 +420,7 @@ class MemoryHandlers:
 
     async def read_file(self, request: ReadFileRequest, _ctx: MessageContext) -> ReadFileResponse:
         """`atmo.mem.files.read` (admin): the content from `offset` that fits in one reply."""
+        await self._read()
         if request.offset < 0:
             raise MemoryBadRequestError(f"offset must not be negative, got {request.offset}")
 

@@ -77,6 +77,12 @@ CREATE TABLE IF NOT EXISTS conversation_message (
     content TEXT NOT NULL,
     PRIMARY KEY (agent, conversation_id, seq)
 );
+CREATE TABLE IF NOT EXISTS applied_append (
+    -- The `ATMO_MEMORY` sequence of the last turn appended (one row): a turn re-delivered after
+    -- a crash between its commit and its acknowledgement is recognised and not appended twice.
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS user_fact (
     user_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -372,8 +378,12 @@ class MemoryStore:
         max_messages: int,
         model: str | None = None,
         recent_window: int = DEFAULT_RECENT_WINDOW,
+        log_seq: int = 0,
     ) -> int:
         """Append a turn and compact, in one transaction; the number of messages now stored.
+
+        `log_seq` is the turn's sequence in the write log (`ATMO_MEMORY`), committed with it:
+        a turn at or below the last one committed was appended already and is not appended again.
 
         `assistant` is None when the run ended in an error: only the user message is kept.
         `sliding-window` and `token-window` (with `model`'s window) compact here; for
@@ -386,6 +396,8 @@ class MemoryStore:
         parsed = parse_strategy(strategy)
         turn = [user] if assistant is None else [user, assistant]
         async with self._transaction() as db:
+            if log_seq and not await self._claim_append(db, log_seq):
+                return await self._count(db, agent, conversation_id)
             async with db.execute(
                 "SELECT seq, role, length(content) FROM conversation_message"
                 " WHERE agent = ? AND conversation_id = ? ORDER BY seq",
@@ -519,6 +531,28 @@ class MemoryStore:
             )
             await self._evict(db, user_id)
         return sum(1 for fact in cleaned if fact not in known)
+
+    @staticmethod
+    async def _claim_append(db: aiosqlite.Connection, log_seq: int) -> bool:
+        """Record `log_seq` as the last appended turn; False when it (or a later one) already was."""
+        async with db.execute("SELECT seq FROM applied_append WHERE id = 1") as cursor:
+            row = await cursor.fetchone()
+        if row is not None and int(row[0]) >= log_seq:
+            return False
+        await db.execute(
+            "INSERT INTO applied_append (id, seq) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq",
+            (log_seq,),
+        )
+        return True
+
+    @staticmethod
+    async def _count(db: aiosqlite.Connection, agent: str, conversation_id: str) -> int:
+        async with db.execute(
+            "SELECT COUNT(*) FROM conversation_message WHERE agent = ? AND conversation_id = ?",
+            (agent, conversation_id),
+        ) as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
 
     async def _evict(self, db: aiosqlite.Connection, user_id: str) -> None:
         await db.execute(

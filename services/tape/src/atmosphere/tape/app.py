@@ -9,9 +9,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from atmosphere.bus import Bus, ConsumerSpec, subjects
+from atmosphere.bus import Bus, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.service import open_service
+from atmosphere.service.replica import replica_consumer, replica_name, wait_caught_up
 from atmosphere.tape.agents import AgentDirectory
 from atmosphere.tape.handlers import TapeHandlers
 from atmosphere.tape.recorder import Recorder
@@ -22,8 +23,8 @@ from atmosphere.tape.settings import TapeOptions, TapeSettings
 from atmosphere.tape.store import TapeStore
 from atmosphere.tape.sweep import sweep
 
-RECORDER = "tape"
-"""The durable consumer the tape records from."""
+CAUGHT_UP_TIMEOUT = 10.0
+"""How long a query waits for this replica to record what the stream already holds."""
 
 log = logging.getLogger("atmosphere.tape")
 
@@ -97,9 +98,19 @@ async def serve(settings: TapeSettings, *, stop: asyncio.Event, bus: Bus | None 
             retention=retention,
             directory=AgentDirectory(runtime.bus),
         )
-        handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload, recorder=recorder)
-        consumer = ConsumerSpec(
-            stream=subjects.EVENTS_STREAM, durable=RECORDER, filter_subject=subjects.run_events_all()
+        # Every tape replica records the whole stream through a consumer of its own: replicas
+        # never split the runs between them, and each answers queries alone.
+        consumer = replica_consumer(
+            subjects.EVENTS_STREAM,
+            subjects.run_events_all(),
+            replica_name(settings.db_path.parent, "tape"),
+            batch_fetch=True,
+        )
+        handlers = TapeHandlers(
+            store,
+            max_payload=runtime.bus.max_payload,
+            recorder=recorder,
+            caught_up=lambda: wait_caught_up(runtime.bus, consumer, timeout=CAUGHT_UP_TIMEOUT),
         )
         async with (
             runtime.bus.serve(handlers.router(), queue="tape"),

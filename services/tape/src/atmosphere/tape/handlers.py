@@ -9,6 +9,7 @@ newest runs that fit (`truncated`), and a replay shrinks what would not fit (`re
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from atmosphere.bus import MessageContext, Router, WorkItem, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, REPLY_ROOM, reply_budget, utf8_len
@@ -70,12 +71,23 @@ class TapeHandlers:
     """The recorder's entry point (fed by `ATMO_EVENTS`) and the query responders."""
 
     def __init__(
-        self, store: TapeStore, *, max_payload: int = DEFAULT_MAX_PAYLOAD, recorder: Recorder | None = None
+        self,
+        store: TapeStore,
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        recorder: Recorder | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """Record with `recorder` (default: one on `store`); answer from `store` within `max_payload` bytes."""
+        """Record with `recorder` (default: one on `store`); answer from `store` within `max_payload` bytes.
+
+        `caught_up` is awaited before every query: with several tape replicas, each recording
+        the whole stream, it holds a query until this replica recorded every event stored
+        before it (`atmosphere.service.replica`), so every replica gives the same answer.
+        """
         self._store = store
         self._recorder = recorder or Recorder(store)
         self._reply_bytes = reply_budget(max_payload)
+        self._caught_up = caught_up
 
     async def record(self, items: list[WorkItem[RunEvent]]) -> None:
         """Record a batch of events in one transaction; a redelivered event is recorded once.
@@ -94,6 +106,7 @@ class TapeHandlers:
         limit = min(request.max or DEFAULT_MAX_STEPS, MAX_STEPS)
         if limit < 0:
             limit = DEFAULT_MAX_STEPS
+        await self._wait_caught_up()
         steps = await self._store.steps(request.run_id, from_seq=request.from_seq, limit=limit)
         response = GetStepsResponse(run_id=request.run_id)
         run = await self._store.run(request.run_id)
@@ -124,6 +137,7 @@ class TapeHandlers:
         _check_id("tape_id", request.tape_id)
         limit = request.limit if 0 < request.limit <= MAX_RUNS else DEFAULT_MAX_RUNS
         status = request.status.upper() if request.status.upper() in STATUSES else ""
+        await self._wait_caught_up()
         rows = await self._store.runs(tape_id=request.tape_id, status=status, limit=limit)
         response = ListRunsResponse()
         room = self._reply_bytes
@@ -139,10 +153,15 @@ class TapeHandlers:
     async def replay(self, request: ReplayRequest, _ctx: MessageContext) -> ReplayResponse:
         """`atmo.tape.replay`: the run and the runs it started, rebuilt from their steps (no model call)."""
         _check_id("run_id", request.run_id)
+        await self._wait_caught_up()
         tree = await reconstruct_tree(self._store, request.run_id)
         if tree is None:
             return ReplayResponse(run_id=request.run_id, present=False)
         return replay_response(tree, self._reply_bytes)
+
+    async def _wait_caught_up(self) -> None:
+        if self._caught_up is not None:
+            await self._caught_up()
 
     def router(self) -> Router:
         """The tape's request/reply subjects."""

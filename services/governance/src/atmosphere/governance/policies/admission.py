@@ -103,12 +103,15 @@ class KillSwitch(BasePolicy):
         self._state: ArmedState | None = None
         self._lock = threading.Lock()
 
-    def arm(self, reason: str, operator: str = "unknown") -> None:
-        """Deny everything from now on with `reason`; re-arming replaces the reason and the time."""
+    def arm(self, reason: str, operator: str = "unknown", *, at: datetime | None = None) -> None:
+        """Deny everything from now on with `reason`; re-arming replaces the reason and the time.
+
+        `at` is when it was armed (default: now), for a switch armed elsewhere and applied here.
+        """
         if not reason.strip():
             raise ValueError("reason must not be blank")
         with self._lock:
-            self._state = ArmedState(reason, operator.strip() or "unknown", self._now())
+            self._state = ArmedState(reason, operator.strip() or "unknown", at or self._now())
 
     def disarm(self) -> None:
         """Let traffic through again (a no-op when not armed)."""

@@ -195,6 +195,21 @@ class OutputLengthZScorePolicy(BasePolicy):
             )
         return ADMIT
 
+    def observe(self, context: PolicyContext) -> None:
+        """Add the length of a whole answer another replica judged to its tenant's window."""
+        if context.phase is Phase.PRE_ADMISSION or context.metadata.get(PARTIAL_METADATA_KEY):
+            return
+        with self._lock:
+            window = self._windows.setdefault(self._buckets.key(self._windows, context.tenant), deque())
+            window.append(context.response_length)
+            while len(window) > self.window_size:
+                window.popleft()
+
+    def samples(self, tenant: str) -> tuple[int, ...]:
+        """The answer lengths in `tenant`'s window now, oldest first."""
+        with self._lock:
+            return tuple(self._windows.get(tenant.strip() or DEFAULT_TENANT, ()))
+
     @staticmethod
     def _z_score(window: deque[int], length: int) -> float:
         n = len(window)

@@ -2,11 +2,13 @@
 
 Each takes its clock as an argument (monotonic seconds, or an aware datetime) so tests drive
 time. The subject they count is `PolicyContext.subject` (`user:<id>` → `session:<id>` →
-`anonymous`).
+`anonymous`). The counting ones also `observe` a request another governance replica admitted,
+so that N replicas count one set of requests (`atmosphere.governance.replication`).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import deque
@@ -30,6 +32,8 @@ from atmosphere.governance.policies.model import (
 DAY_NAMES: Final = ("MONDAY", "TUESDAY", "WEDNESDAY", "THURSDAY", "FRIDAY", "SATURDAY", "SUNDAY")
 """Java's `DayOfWeek` names, in `datetime.weekday()` order (the deny text quotes them)."""
 WEEKDAYS: Final = frozenset(range(5))
+TOOL_CALL_ACTION: Final = "call_tool"
+"""The `action` metadata of a tool call's synthetic request (`PolicyContext.for_tool_call`)."""
 
 
 class RateLimitPolicy(BasePolicy):
@@ -73,6 +77,25 @@ class RateLimitPolicy(BasePolicy):
             self._forget_idle(now)
         return ADMIT
 
+    def observe(self, context: PolicyContext, *, age: float = 0.0) -> None:
+        """Count a request that another replica admitted `age` seconds ago (by this policy's clock).
+
+        Counted even past the limit (it was admitted: it counts against what comes next), never
+        when it is already out of the window.
+        """
+        if context.phase is Phase.POST_RESPONSE or age >= self.window_seconds:
+            return
+        at = self._clock() - max(age, 0.0)
+        with self._lock:
+            # In time order: `evaluate` drops expired hits from the left.
+            bisect.insort(self._hits.setdefault(context.subject, deque()), at)
+
+    def hits(self, subject: str) -> int:
+        """Requests of `subject` counted in the window now."""
+        cutoff = self._clock() - self.window_seconds
+        with self._lock:
+            return sum(1 for hit in self._hits.get(subject, ()) if hit >= cutoff)
+
     def _forget_idle(self, now: float) -> None:
         # Amortised: only when the table has grown, drop subjects with nothing in the window.
         if len(self._hits) > 1024 and len(self._hits) & 1023 == 0:
@@ -87,7 +110,8 @@ class ConcurrencyLimitPolicy(BasePolicy):
     A pre-admission admit takes a slot; the slot comes back on `release` (once per admitted
     request; never below zero). Unlike Atmosphere, a post-response evaluation does not release:
     here an answer is checked every 200 characters while it streams, so the run's end (governance's
-    `run_ended`) is the one place a slot is given back.
+    `run_ended`) is the one place a slot is given back. A tool call (`action` `call_tool`) runs
+    inside a run that holds its slot already: it neither takes one nor is refused for want of one.
     """
 
     def __init__(self, identity: PolicyIdentity, max_concurrent: int) -> None:
@@ -104,7 +128,7 @@ class ConcurrencyLimitPolicy(BasePolicy):
             return self._in_flight.get(subject, 0)
 
     def evaluate(self, context: PolicyContext) -> Decision:
-        if context.phase is Phase.POST_RESPONSE:
+        if context.phase is Phase.POST_RESPONSE or context.metadata.get("action") == TOOL_CALL_ACTION:
             return ADMIT
         subject = context.subject
         with self._lock:
@@ -113,6 +137,12 @@ class ConcurrencyLimitPolicy(BasePolicy):
                 return Deny(f"concurrency limit: {subject} already has {held} in-flight (max {self.max_concurrent})")
             self._in_flight[subject] = held + 1
         return ADMIT
+
+    def observe(self, context: PolicyContext) -> None:
+        """Take the slot of a run another replica admitted (even past the limit: the run is in flight)."""
+        subject = context.subject
+        with self._lock:
+            self._in_flight[subject] = self._in_flight.get(subject, 0) + 1
 
     def release(self, context: PolicyContext) -> None:
         """Give back the subject's slot."""

@@ -707,3 +707,216 @@ class CheckResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckResponse: _TypeAlias = CheckResponse  # noqa: Y015
+
+@_typing.final
+class GovernanceLogEntry(_message.Message):
+    """One entry of governance's log, stored on the stream `ATMO_GOVERNANCE` (subjects
+    `atmo.govlog.<kind>`) before it takes effect: every governance replica applies every entry,
+    in stream order, to its own decision log and counters, so N replicas keep one of each.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_REPLICA_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    RUN_SETTLED_FIELD_NUMBER: _builtins.int
+    KILL_SWITCH_FIELD_NUMBER: _builtins.int
+    RELOAD_FIELD_NUMBER: _builtins.int
+    origin_replica: _builtins.str
+    """The replica that wrote the entry (`governance-<hex>`, the name kept beside its data)."""
+    @_builtins.property
+    def decision(self) -> Global___LoggedDecision: ...
+    @_builtins.property
+    def run_settled(self) -> Global___RunSettled: ...
+    @_builtins.property
+    def kill_switch(self) -> Global___KillSwitchChange: ...
+    @_builtins.property
+    def reload(self) -> Global___PolicyReload: ...
+    def __init__(
+        self,
+        *,
+        origin_replica: _builtins.str = ...,
+        decision: Global___LoggedDecision | None = ...,
+        run_settled: Global___RunSettled | None = ...,
+        kill_switch: Global___KillSwitchChange | None = ...,
+        reload: Global___PolicyReload | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "entry", b"entry", "kill_switch", b"kill_switch", "reload", b"reload", "run_settled", b"run_settled"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "entry", b"entry", "kill_switch", b"kill_switch", "origin_replica", b"origin_replica", "reload", b"reload", "run_settled", b"run_settled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_entry: _TypeAlias = _typing.Literal["decision", "run_settled", "kill_switch", "reload"]  # noqa: Y015
+    _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_entry) -> _WhichOneofReturnType_entry | None: ...
+
+Global___GovernanceLogEntry: _TypeAlias = GovernanceLogEntry  # noqa: Y015
+
+@_typing.final
+class LoggedDecision(_message.Message):
+    """A decision as every replica logs it, and what the policies that judged it counted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___DecisionRecord: ...
+    @_builtins.property
+    def counts(self) -> Global___DecisionCounts:
+        """Empty when no stateful policy counted the request."""
+
+    def __init__(
+        self,
+        *,
+        record: Global___DecisionRecord | None = ...,
+        counts: Global___DecisionCounts | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoggedDecision: _TypeAlias = LoggedDecision  # noqa: Y015
+
+@_typing.final
+class DecisionCounts(_message.Message):
+    """What the stateful policies counted when they judged a request on the replica that took it:
+    every other replica counts the same when it applies the decision.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
+    HOLDS_SLOT_FIELD_NUMBER: _builtins.int
+    LENGTH_SAMPLES_FIELD_NUMBER: _builtins.int
+    RESPONSE_CHARS_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """Who the limits count (`user:<id>`, else `session:<id>`, else anonymous) and the tenant."""
+    session_id: _builtins.str
+    tenant: _builtins.str
+    holds_slot: _builtins.bool
+    """The admitted run holds a concurrency slot until its end is settled."""
+    response_chars: _builtins.int
+    @_builtins.property
+    def rate_limits(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The identity digests of the rate-limit policies that counted the request."""
+
+    @_builtins.property
+    def length_samples(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The identity digests of the output-length policies that added `response_chars` to the
+        tenant's window of answer lengths.
+        """
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        rate_limits: _abc.Iterable[_builtins.str] | None = ...,
+        holds_slot: _builtins.bool = ...,
+        length_samples: _abc.Iterable[_builtins.str] | None = ...,
+        response_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holds_slot", b"holds_slot", "length_samples", b"length_samples", "rate_limits", b"rate_limits", "response_chars", b"response_chars", "session_id", b"session_id", "tenant", b"tenant", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecisionCounts: _TypeAlias = DecisionCounts  # noqa: Y015
+
+@_typing.final
+class RunSettled(_message.Message):
+    """A run's end: its concurrency slot is given back, and its cost accounted once per run id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
+    ACCOUNTED_AT_MS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    tenant: _builtins.str
+    cost_usd: _builtins.float
+    accounted_at_ms: _builtins.int
+    """When it was accounted, epoch milliseconds (the cost ledger's time: spend rolls over by it)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        cost_usd: _builtins.float = ...,
+        accounted_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounted_at_ms", b"accounted_at_ms", "cost_usd", b"cost_usd", "run_id", b"run_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunSettled: _TypeAlias = RunSettled  # noqa: Y015
+
+@_typing.final
+class KillSwitchChange(_message.Message):
+    """An operator armed (with a reason) or disarmed the kill switch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARMED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    armed: _builtins.bool
+    reason: _builtins.str
+    operator: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        armed: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["armed", b"armed", "at", b"at", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KillSwitchChange: _TypeAlias = KillSwitchChange  # noqa: Y015
+
+@_typing.final
+class PolicyReload(_message.Message):
+    """An operator reloaded the policies: every file re-read (no `swap_name`), or the policies
+    named `swap_name` swapped for those `yaml` defines.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWAP_NAME_FIELD_NUMBER: _builtins.int
+    YAML_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    swap_name: _builtins.str
+    yaml: _builtins.str
+    operator: _builtins.str
+    def __init__(
+        self,
+        *,
+        swap_name: _builtins.str = ...,
+        yaml: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operator", b"operator", "swap_name", b"swap_name", "yaml", b"yaml"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyReload: _TypeAlias = PolicyReload  # noqa: Y015

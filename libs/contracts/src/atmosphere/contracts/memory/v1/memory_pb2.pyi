@@ -656,3 +656,52 @@ class ReadFileResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReadFileResponse: _TypeAlias = ReadFileResponse  # noqa: Y015
+
+@_typing.final
+class MemoryWrite(_message.Message):
+    """One write to memory as the stream `ATMO_MEMORY` stores it (subject `atmo.memlog.write`): the
+    store of record that every memory replica applies, in stream order, to its own store, so
+    any replica answers with every write acknowledged before the question.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPEND_TURN_FIELD_NUMBER: _builtins.int
+    REPLACE_HISTORY_FIELD_NUMBER: _builtins.int
+    STORE_FACTS_FIELD_NUMBER: _builtins.int
+    DROP_WORKSPACE_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def append_turn(self) -> Global___AppendTurnRequest: ...
+    @_builtins.property
+    def replace_history(self) -> Global___ReplaceHistoryRequest: ...
+    @_builtins.property
+    def store_facts(self) -> Global___SaveFactsRequest:
+        """The facts that passed governance's screen (screened once, by the replica that took the
+        request), to be stored as they are.
+        """
+
+    @_builtins.property
+    def drop_workspace(self) -> Global___DropWorkspaceRequest: ...
+    @_builtins.property
+    def tool(self) -> _tool_pb2.ToolCall:
+        """A harness tool that changes the workspace (`write_todos`, the file tools that write)."""
+
+    def __init__(
+        self,
+        *,
+        append_turn: Global___AppendTurnRequest | None = ...,
+        replace_history: Global___ReplaceHistoryRequest | None = ...,
+        store_facts: Global___SaveFactsRequest | None = ...,
+        drop_workspace: Global___DropWorkspaceRequest | None = ...,
+        tool: _tool_pb2.ToolCall | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append_turn", b"append_turn", "drop_workspace", b"drop_workspace", "op", b"op", "replace_history", b"replace_history", "store_facts", b"store_facts", "tool", b"tool"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_turn", b"append_turn", "drop_workspace", b"drop_workspace", "op", b"op", "replace_history", b"replace_history", "store_facts", b"store_facts", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["append_turn", "replace_history", "store_facts", "drop_workspace", "tool"]  # noqa: Y015
+    _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
+
+Global___MemoryWrite: _TypeAlias = MemoryWrite  # noqa: Y015

@@ -1,0 +1,188 @@
+"""`ReplicaLog` on both backends: N replicas of a stateful service apply one stream and never split.
+
+Each "replica" here is a `ReplicaLog` with its own consumer and its own store (a list), as two
+memory or governance processes have. What a writer gets back is its own replica's apply; every
+other replica applies the same messages in the same order; a read barrier holds until the
+replica applied everything stored before it; a refused write is refused on every replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from atmosphere.bus import Bus, BusError, ConsumerSpec, JetStreamLayout, ServiceError, StreamSpec
+from atmosphere.bus.errors import MemoryBadRequestError, ReplicaBehindError
+from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
+from atmosphere.service.replica import ReplicaLog, replica_name, wait_caught_up
+from atmosphere.testing import wait_until
+
+STREAM = StreamSpec(name="REPLICATED", subjects=("replicated.>",))
+OTHER = "replicated.other"
+"""A subject of the same stream that the replicas' filter leaves out (as `ATMO_EVENTS` holds probes)."""
+SUBJECT = "replicated.write"
+LAYOUT = JetStreamLayout(extra_streams=(STREAM,))
+
+
+@pytest.fixture(params=["fake", "nats"])
+def bus(request: pytest.FixtureRequest) -> Bus:
+    if request.param == "fake":
+        return FakeBus()
+    return request.getfixturevalue("nats_bus")  # type: ignore[no-any-return]
+
+
+@dataclass
+class Replica:
+    """One replica's store: the texts it applied, in order; `gate` pauses its applies when cleared."""
+
+    name: str
+    applied: list[str] = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    async def apply(self, seq: int, event: RunEvent) -> str:
+        await self.gate.wait()
+        if event.text_delta.text.startswith("refuse"):
+            raise MemoryBadRequestError(f"refused {event.text_delta.text}")
+        self.applied.append(event.text_delta.text)
+        return f"{self.name} applied #{seq}"
+
+    def log(self, bus: Bus) -> ReplicaLog[RunEvent, str]:
+        return ReplicaLog(
+            bus,
+            stream=STREAM.name,
+            filter_subject=SUBJECT,
+            replica=self.name,
+            message_type=RunEvent,
+            apply=self.apply,
+            outcomes=(ServiceError,),
+            barrier_timeout=3.0,
+        )
+
+
+def write(text: str) -> RunEvent:
+    return RunEvent(text_delta=TextDelta(text=text))
+
+
+@contextlib.asynccontextmanager
+async def replicas(bus: Bus, *names: str) -> AsyncIterator[list[tuple[Replica, ReplicaLog[RunEvent, str]]]]:
+    await bus.provision(LAYOUT)
+    pairs = [(replica, replica.log(bus)) for replica in (Replica(name) for name in names)]
+    async with contextlib.AsyncExitStack() as stack:
+        for _, log in pairs:
+            await stack.enter_async_context(log.applying())
+        yield pairs
+
+
+async def test_a_writer_gets_its_own_replicas_answer_and_every_replica_applies_the_same(bus: Bus) -> None:
+    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+        answers = [await (a_log if n % 2 else b_log).write(SUBJECT, write(f"w{n}")) for n in range(6)]
+        await b_log.caught_up()
+        await a_log.caught_up()
+    assert answers == [f"{'a' if n % 2 else 'b'} applied #{n + 1}" for n in range(6)]
+    assert a.applied == b.applied == [f"w{n}" for n in range(6)]
+
+
+async def test_a_refused_write_is_refused_on_every_replica_and_the_writer_sees_the_refusal(bus: Bus) -> None:
+    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+        with pytest.raises(MemoryBadRequestError, match="refused refuse-me"):
+            await a_log.write(SUBJECT, write("refuse-me"))
+        assert await a_log.write(SUBJECT, write("kept")) == "a applied #2"
+        await b_log.caught_up()
+    assert a.applied == b.applied == ["kept"]
+
+
+async def test_a_read_waits_until_its_replica_applied_every_acknowledged_write(bus: Bus) -> None:
+    async with replicas(bus, "a", "b") as [(_, a_log), (b, b_log)]:
+        b.gate.clear()  # b is slow: a's writes are stored and applied by a only
+        await a_log.write(SUBJECT, write("first"))
+        await a_log.write(SUBJECT, write("second"))
+        read = asyncio.create_task(b_log.caught_up())
+        await asyncio.sleep(0.2)
+        assert not read.done(), "b answered a read before applying what was acknowledged"
+        b.gate.set()
+        await asyncio.wait_for(read, 5)
+        assert b.applied == ["first", "second"]
+
+
+async def test_a_barrier_is_not_held_by_messages_its_filter_leaves_out(bus: Bus) -> None:
+    async with replicas(bus, "a") as [(_, a_log)]:
+        await a_log.write(SUBJECT, write("mine"))
+        await bus.js_publish(OTHER, write("not mine"))  # the stream's newest message is not the replica's
+        await asyncio.wait_for(a_log.caught_up(), 5)
+
+
+async def test_a_stuck_replica_refuses_a_read_rather_than_answer_without_the_writes(bus: Bus) -> None:
+    async with replicas(bus, "a", "b") as [(_, a_log), (b, b_log)]:
+        b.gate.clear()
+        await a_log.write(SUBJECT, write("acknowledged"))
+        with pytest.raises(ReplicaBehindError) as refused:
+            await b_log.caught_up()
+        assert refused.value.retryable
+        b.gate.set()
+
+
+async def test_a_new_replica_applies_the_stream_from_its_start(bus: Bus) -> None:
+    async with replicas(bus, "a") as [(a, a_log)]:
+        for n in range(3):
+            await a_log.write(SUBJECT, write(f"w{n}"))
+    async with replicas(bus, "late") as [(late, late_log)]:
+        await late_log.caught_up()
+    assert late.applied == a.applied == ["w0", "w1", "w2"]
+
+
+async def test_a_replica_restarted_on_its_volume_resumes_where_it_stopped(bus: Bus) -> None:
+    async with replicas(bus, "a") as [(first, a_log)]:
+        await a_log.write(SUBJECT, write("before"))
+    async with replicas(bus, "a") as [(again, again_log)]:
+        await again_log.write(SUBJECT, write("after"))
+        await again_log.caught_up()
+    assert first.applied == ["before"]
+    assert again.applied == ["after"], "the same replica must not apply its stream twice"
+
+
+async def test_the_replica_name_is_made_once_and_kept_with_the_data(tmp_path: Path) -> None:
+    name = replica_name(tmp_path / "data", "memory")
+    assert name.startswith("memory-")
+    assert replica_name(tmp_path / "data", "memory") == name
+    assert replica_name(tmp_path / "other", "memory") != name
+
+
+async def test_wait_caught_up_names_an_unknown_consumer(bus: Bus) -> None:
+    await bus.provision(LAYOUT)
+    with pytest.raises(BusError):
+        await wait_caught_up(bus, ConsumerSpec(stream=STREAM.name, durable="nobody", filter_subject=SUBJECT), timeout=2)
+
+
+async def test_a_write_under_a_steady_stream_of_writes_still_passes_the_barrier(bus: Bus) -> None:
+    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+        stop = asyncio.Event()
+
+        async def keep_writing() -> None:
+            n = 0
+            while not stop.is_set():
+                await a_log.write(SUBJECT, write(f"busy{n}"))
+                n += 1
+
+        writer = asyncio.create_task(keep_writing())
+        try:
+            await wait_until(lambda: _has(b, 5), timeout=10, what="b applying the busy writes")
+            for _ in range(5):
+                await asyncio.wait_for(b_log.caught_up(), 5)
+        finally:
+            stop.set()
+            await writer
+        await b_log.caught_up()
+        assert b.applied == a.applied
+
+
+async def _has(replica: Replica, count: int) -> bool:
+    return len(replica.applied) >= count

@@ -1,0 +1,217 @@
+"""Both Kubernetes overlays build with the real kustomize and pass every check, offline.
+
+`scripts/validate_k8s.py` builds them (throwaway credentials in a copy), validates every object
+against the Kubernetes schemas and walks the output; here it must find nothing, and each check
+must name the defect it exists for when a copy of the output is broken on purpose.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from typing import Any
+
+import pytest
+
+from atmosphere.config import env_names
+from scripts.k8s_pods import named, pod_spec, workloads
+from scripts.k8s_render import OVERLAYS, ROLES, ROOT, SERVICES
+from scripts.strict_yaml import strict_load
+from scripts.validate_k8s import problems, rendered
+from tests.test_k8s_drain import container_environment, settings_class, settings_of
+
+Document = dict[str, Any]
+STATEFUL = ("governance", "memory", "tape")
+UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+
+def broken(overlay: str) -> list[Document]:
+    """A copy of the overlay's output to break."""
+    return copy.deepcopy(rendered()[overlay])
+
+
+def container(documents: list[Document], service: str) -> Document:
+    return pod_spec(workloads(documents)[f"atmosphere-{service}"])["containers"][0]  # type: ignore[no-any-return]
+
+
+def workspace_version() -> str:
+    versions = {
+        tomllib.loads(p.read_text())["project"]["version"]
+        for p in [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]
+    }
+    assert len(versions) == 1, f"the workspace's members disagree on the version: {versions}"
+    return str(versions.pop())
+
+
+def bytes_of(quantity: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * UNITS.get(unit or "", 1)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_validates_against_the_schemas_and_passes_every_check(overlay: str) -> None:
+    assert problems(overlay, rendered()[overlay]) == []
+
+
+def test_the_schemas_refuse_an_unknown_field_and_a_wrong_type() -> None:
+    documents = broken("dev")
+    workloads(documents)["atmosphere-tape"]["spec"]["replica"] = 2
+    named(documents, "PodDisruptionBudget")["nats"]["spec"]["maxUnavailable"] = [1]
+    found = problems("dev", documents)
+    assert any(
+        p.startswith("StatefulSet atmosphere-tape is invalid for Kubernetes 1.37") and "replica" in p for p in found
+    )
+    assert any(p.startswith("PodDisruptionBudget nats is invalid for Kubernetes 1.30") for p in found)
+
+
+def test_the_checks_name_a_pod_without_probes_resources_or_the_restricted_profile() -> None:
+    documents = broken("production")
+    del container(documents, "dispatch")["readinessProbe"]
+    del container(documents, "memory")["resources"]["limits"]["cpu"]
+    container(documents, "tape")["securityContext"]["readOnlyRootFilesystem"] = False
+    container(documents, "sandbox")["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    pod_spec(workloads(documents)["atmosphere-ingress"])["securityContext"]["runAsUser"] = 0
+    pod_spec(workloads(documents)["atmosphere-governance"])["volumes"] = []
+    found = problems("production", documents)
+    for expected in (
+        "Deployment atmosphere-dispatch: container dispatch: no readinessProbe",
+        "StatefulSet atmosphere-memory: container memory: no cpu limits",
+        "StatefulSet atmosphere-tape: container tape: securityContext.readOnlyRootFilesystem is False, not True",
+        "Deployment atmosphere-sandbox: container sandbox: asks for privileges (capabilities.add or privileged)",
+        "Deployment atmosphere-ingress: pod securityContext.runAsUser is 0, not 10001",
+        "StatefulSet atmosphere-governance: container governance: /tmp is no emptyDir"
+        " (the root filesystem is read-only)",
+    ):
+        assert expected in found
+
+
+def test_the_checks_name_a_service_without_its_budget_or_autoscaler() -> None:
+    documents = [
+        d
+        for d in broken("production")
+        if d["metadata"]["name"] != "atmosphere-memory" or d["kind"] != "PodDisruptionBudget"
+    ]
+    named(documents, "HorizontalPodAutoscaler")["atmosphere-dispatch"]["spec"]["minReplicas"] = 1
+    named(documents, "HorizontalPodAutoscaler")["atmosphere-tape"]["spec"]["metrics"][0]["resource"]["name"] = "memory"
+    found = problems("production", documents)
+    assert "atmosphere-memory: 0 PodDisruptionBudgets, not one" in found
+    assert "atmosphere-dispatch: its autoscaler's range 1..8 starts below 2" in found
+    assert "atmosphere-tape: its autoscaler does not scale on CPU" in found
+
+
+def test_the_checks_name_a_dangling_reference() -> None:
+    documents = [d for d in broken("dev") if not d["metadata"]["name"].startswith("atmosphere-nats-tape-")]
+    container(documents, "ingress")["ports"][0]["name"] = "web"
+    found = problems("dev", documents)
+    assert any(
+        re.fullmatch(r"StatefulSet atmosphere-tape: container tape: Secret atmosphere-nats-tape-\w+ does not exist", p)
+        for p in found
+    )
+    assert "Deployment atmosphere-ingress: container ingress: readinessProbe uses unknown port http" in found
+    assert "Service atmosphere-ingress: port http targets http, which no container opens" in found
+
+
+def test_the_sandbox_may_reach_nothing_but_nats_and_dns() -> None:
+    for peer, port in (({"ipBlock": {"cidr": "0.0.0.0/0"}}, 443), ({"podSelector": {}}, 4222)):
+        documents = broken("dev")
+        policy = copy.deepcopy(named(documents, "NetworkPolicy")["bus-clients"])
+        policy["metadata"]["name"] = "leak"
+        policy["spec"]["egress"] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": port}]}]
+        found = problems("dev", [*documents, policy])
+        assert [p for p in found if p.startswith("atmosphere-sandbox: NetworkPolicy leak allows egress")], found
+    documents = broken("dev")
+    named(documents, "NetworkPolicy")["bus-clients"]["spec"]["egress"][0].pop("ports")
+    found = problems("dev", documents)
+    assert "atmosphere-sandbox: NetworkPolicy bus-clients allows egress to ['nats'] on every port" in found
+
+
+def test_nothing_but_ingress_is_reachable_from_outside_and_all_else_is_denied() -> None:
+    documents = [d for d in broken("production") if d["metadata"]["name"] != "default-deny"]
+    opened = copy.deepcopy(named(documents, "NetworkPolicy")["ingress-http"])
+    opened["metadata"]["name"] = "open-governance"
+    opened["spec"]["podSelector"] = {"matchLabels": {"app.kubernetes.io/name": "atmosphere-governance"}}
+    named(documents, "NetworkPolicy")["bus-clients"]["spec"]["podSelector"] = {
+        "matchLabels": {"app.kubernetes.io/name": "x"}
+    }
+    found = problems("production", [*documents, opened])
+    assert "no NetworkPolicy denies all traffic by default" in found
+    assert "atmosphere-governance: reachable from outside is True, should be False" in found
+    assert "atmosphere-memory: a bus client that may not reach NATS" in found
+
+
+def test_the_namespace_enforces_the_restricted_profile() -> None:
+    for overlay, name in (("dev", "atmosphere-dev"), ("production", "atmosphere")):
+        namespace = named(rendered()[overlay], "Namespace")[name]
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    documents = broken("dev")
+    named(documents, "Namespace")["atmosphere-dev"]["metadata"]["labels"].pop("pod-security.kubernetes.io/enforce")
+    assert "Namespace atmosphere-dev does not enforce the restricted profile" in problems("dev", documents)
+
+
+def test_state_lives_in_statefulsets_with_a_volume_per_replica() -> None:
+    for documents in rendered().values():
+        statefulsets = named(documents, "StatefulSet")
+        assert set(statefulsets) == {"nats", *(f"atmosphere-{s}" for s in STATEFUL)}
+        for service in STATEFUL:
+            [claim] = statefulsets[f"atmosphere-{service}"]["spec"]["volumeClaimTemplates"]
+            assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+            assert {"name": claim["metadata"]["name"], "mountPath": "/data"} in container(documents, service)[
+                "volumeMounts"
+            ]
+        assert set(named(documents, "Deployment")) == {f"atmosphere-{s}" for s in SERVICES if s not in STATEFUL}
+        assert not named(documents, "PersistentVolumeClaim")
+
+
+def test_production_runs_two_replicas_of_everything_on_replicated_streams() -> None:
+    replicas = {}
+    for overlay, documents in rendered().items():
+        config = container_environment(documents, "dispatch")
+        replicas[overlay] = config.get("ATMOSPHERE_JETSTREAM__REPLICAS")
+        for service in SERVICES:
+            wanted = 2 if overlay == "production" else 1
+            assert workloads(documents)[f"atmosphere-{service}"]["spec"]["replicas"] == wanted
+            assert named(documents, "HorizontalPodAutoscaler")[f"atmosphere-{service}"]["spec"]["minReplicas"] == wanted
+        assert workloads(documents)["nats"]["spec"]["replicas"] == 3
+    assert replicas == {"dev": None, "production": "3"}
+
+
+def test_every_image_carries_the_workspace_version() -> None:
+    version = workspace_version()
+    for documents in rendered().values():
+        for service in SERVICES:
+            assert container(documents, service)["image"] == f"atmosphere-{service}:{version}"
+
+
+def test_each_service_sets_only_real_variables_and_reads_its_own_credentials() -> None:
+    for documents in rendered().values():
+        secrets = named(documents, "Secret")
+        config = next(c["data"] for n, c in named(documents, "ConfigMap").items() if n.startswith("atmosphere-config-"))
+        # The shared ConfigMap may hold a variable only some services read, but no typo.
+        assert set(config) <= set().union(*(env_names(settings_class(s)) for s in SERVICES))
+        for service in SERVICES:
+            own = {e["name"] for e in container(documents, service).get("env", [])}
+            unknown = own - set(env_names(settings_class(service)))
+            assert not unknown, f"atmosphere-{service} sets unknown variables {unknown}"
+            refs = [s["secretRef"]["name"] for s in container(documents, service)["envFrom"] if "secretRef" in s]
+            [own] = [r for r in refs if r.startswith(f"atmosphere-nats-{service}-")]
+            assert {"ATMOSPHERE_NATS__USER", "ATMOSPHERE_NATS__PASSWORD"} <= set(secrets[own]["data"])
+            assert not [r for r in refs if r.startswith("atmosphere-nats-") and r != own]
+
+
+def test_the_sandbox_memory_limit_holds_its_tool_workers() -> None:
+    for documents in rendered().values():
+        settings = settings_of("sandbox", container_environment(documents, "sandbox"))
+        limit = bytes_of(container(documents, "sandbox")["resources"]["limits"]["memory"])
+        workers = settings.sandbox.tool_workers * settings.sandbox.tool_worker_memory_bytes
+        # A worker over its bound is killed by the sandbox, before the pod is by the kernel.
+        assert limit >= workers + (512 << 20)
+
+
+def test_the_overlays_read_credentials_only_from_the_ignored_directory() -> None:
+    assert "overlays/*/credentials/" in (ROOT / "deploy/k8s/.gitignore").read_text().splitlines()
+    for overlay in OVERLAYS:
+        kustomization = strict_load((ROOT / "deploy/k8s/overlays" / overlay / "kustomization.yaml").read_text())
+        sources = [s for g in kustomization["secretGenerator"] for s in [*g.get("files", []), *g.get("envs", [])]]
+        assert len(sources) == 1 + len(ROLES)
+        assert all(s.startswith("credentials/") for s in sources), sources
