@@ -196,7 +196,9 @@ async def test_provisioning_waits_for_a_cluster_that_lost_its_quorum(
             await asyncio.sleep(2)
             assert not provisioning.done()  # no meta leader: JetStream does not answer yet
             await asyncio.to_thread(nats_cluster.start, 1)  # a quorum again
-            await asyncio.wait_for(provisioning, 30)
+            # Every stream and bucket waits out its own election; on a loaded 2-core machine that
+            # adds up to tens of seconds, well inside each operation's patience.
+            await asyncio.wait_for(provisioning, 100)
         finally:
             await asyncio.to_thread(nats_cluster.start, 2)
         try:

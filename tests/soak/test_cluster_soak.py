@@ -1,11 +1,13 @@
 """The soak (`make soak`): a 3-node NATS cluster and two replicas of every service lose a node and
 one replica of each service, SIGKILLed during 8 concurrent streaming runs, three rounds over.
 
-The stack is `atmosphere dev --cluster 3` as a user starts it, its model a scripted provider in
+The stack is `atmosphere dev --cluster 3 --auth` as a user starts it (each service logged in as
+its own NATS user), its model a scripted provider in
 this process that streams slowly. Each client streams its run over SSE from one ingress and,
 when that stream breaks, resumes it from the other with `Last-Event-ID`. Afterwards every run
 must have completed with its whole answer, its stream in `ATMO_EVENTS` must hold every seq from
-1 once with the terminal event last, the client must have received exactly the client-visible
+1 once with the terminal event last in seq order (an event sent again after a node died is
+stored behind later ones), the client must have received exactly the client-visible
 ones, and the admin reads must give the same answer whichever replica serves them.
 """
 
@@ -34,6 +36,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import LoadHistoryRequest, LoadHi
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.testing import free_port, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply
+from tests.e2e.test_dev_cluster import login
 from tests.e2e.test_dev_command import alive, descendants, is_tool_worker, start, wait_for_banner
 
 from .soak_app import AGENT
@@ -183,16 +186,21 @@ async def healed(root: int, layout: DevLayout) -> bool:
 
 
 async def stream_problems(bus: NatsBus, client: Client) -> list[str]:
-    """How the run's stream (and what the client got of it) falls short of "every event once, terminal last"."""
-    events = [
+    """How the run's stream (and what the client got of it) falls short of "every event once, terminal last".
+
+    In seq order: an event sent again after a node died is stored behind later ones (readers
+    order by seq, `follow_run`), so the stream's own order is not the run's.
+    """
+    stored = [
         e async for _, e in bus.replay_sequenced(subjects.EVENTS_STREAM, subjects.run_events(client.run_id), RunEvent)
     ]
+    events = sorted(stored, key=lambda e: e.seq)
     seqs = [e.seq for e in events]
     problems: list[str] = []
     if seqs != list(range(1, len(seqs) + 1)):
         problems.append(f"{client.tag}: stream seqs are not 1..n once each: {seqs}")
-    if not events or not is_terminal(events[-1]):
-        problems.append(f"{client.tag}: the stream does not end with its terminal event")
+    if not events or not is_terminal(events[-1]) or sum(1 for e in events if is_terminal(e)) != 1:
+        problems.append(f"{client.tag}: the run does not end with its one terminal event")
     visible = [e.seq for e in events if e.WhichOneof("kind") not in SERVER_SIDE_KINDS]
     got = [int(f["seq"]) for f in client.frames]
     if got != visible:
@@ -253,6 +261,7 @@ def dev_options(home: Path) -> DevOptions:
         http_port=free_port(),
         probe_base_port=free_port(),
         grpc_port=free_port(),
+        auth=True,
     )
 
 
@@ -279,6 +288,7 @@ def dev_argv(options: DevOptions) -> list[str]:
         "--grpc-port",
         str(options.grpc_port),
         "--no-model",
+        "--auth",
     ]
 
 
@@ -300,7 +310,9 @@ async def test_the_cluster_loses_nothing_when_a_node_and_a_replica_of_each_servi
             await wait_for_banner(output, timeout=600)
             started = time.monotonic() - began
             clients: list[Client] = []
-            async with connect(layout.nats_url("127.0.0.1").split(","), name="soak") as bus:
+            # The checks read streams and ask memory as dispatch does: every service has its own login.
+            urls = layout.nats_url("127.0.0.1").split(",")
+            async with connect(urls, name="soak", **login(options.home, "dispatch")) as bus:
                 for round_no in range(ROUNDS):
                     round_began = time.monotonic()
                     batch = [

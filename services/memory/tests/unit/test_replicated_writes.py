@@ -122,3 +122,13 @@ async def test_a_turn_without_a_log_sequence_is_always_appended(tmp_path: Path) 
             )
         history = await store.history_page("chat", "c1", "", max_bytes=1 << 20)
     assert len(history.messages) == 4
+
+
+async def test_a_turn_sent_again_is_stored_once_and_another_turn_of_the_run_is_not_lost(tmp_path: Path) -> None:
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    first, other = turn(1), turn(2)
+    first.run_id = other.run_id = "r1"
+    async with replica(bus, tmp_path, "a") as a:
+        stored = [(await a.handlers.append_turn(t, CTX)).stored_messages for t in (first, first, other)]
+    assert stored == [2, 2, 4]

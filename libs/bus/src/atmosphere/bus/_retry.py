@@ -45,8 +45,9 @@ async def request_retrying(
     connection, or an `Error` marked retryable is tried again; any other answer is final.
 
     `answers` are retryable errors the caller handles itself (retrying means something else
-    there, e.g. starting a paged read over). `attempt_timeout` bounds one attempt: a request lost with a responder killed mid-way is
-    then sent again before the deadline (to a replica that is alive) instead of waiting it out.
+    there, e.g. starting a paged read over). `attempt_timeout` bounds one attempt: a request
+    lost with a responder killed mid-way is then sent again before the deadline (to a replica
+    that is alive) instead of waiting it out.
 
     Raises:
         BusError: the last attempt's error once the deadline has passed (or a final one at once).

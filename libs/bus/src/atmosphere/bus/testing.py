@@ -356,7 +356,7 @@ class FakeBus(ConnectionLiveness, Bus):
         return max(self._streams[stream].messages, default=0)
 
     async def stream_leader(self, stream: str) -> str:
-        """"": one in-process bus, no cluster, no other server to take a stream over."""
+        """Always "" (one in-process bus, no cluster: no other server can take a stream over)."""
         if stream not in self._streams:
             msg = f"stream {stream!r} is not provisioned"
             raise BusError(msg)

@@ -115,6 +115,12 @@ def _nats_spec(options: DevOptions, layout: DevLayout, node: NatsNode, credentia
     return ChildSpec(name=node.name, argv=[str(find_binary()), *args])
 
 
+def _model_spec(options: DevOptions) -> ChildSpec:
+    """The local model server (llama.cpp) as a child."""
+    argv = [sys.executable, "-m", "atmosphere.cli.model_server", "--host", options.host]
+    return ChildSpec(name="model", argv=[*argv, "--port", str(options.model_port), "--alias", LOCAL_MODEL_ALIAS])
+
+
 def child_specs(options: DevOptions) -> list[ChildSpec]:
     """The nats-server and service children, in start order."""
     layout = dev_layout(options)
@@ -131,22 +137,7 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
     if layout.clustered:
         common["ATMOSPHERE_JETSTREAM__REPLICAS"] = str(layout.stream_replicas)
     if options.local_model:
-        specs.append(
-            ChildSpec(
-                name="model",
-                argv=[
-                    sys.executable,
-                    "-m",
-                    "atmosphere.cli.model_server",
-                    "--host",
-                    options.host,
-                    "--port",
-                    str(options.model_port),
-                    "--alias",
-                    LOCAL_MODEL_ALIAS,
-                ],
-            )
-        )
+        specs.append(_model_spec(options))
     for process in layout.processes:
         name = process.service
         env = {

@@ -132,6 +132,12 @@ def test_a_huge_document_is_refused_before_parsing() -> None:
         parse_policies(text, source="yaml:huge")
 
 
+@pytest.mark.parametrize("character", ["\x9c", "\x00", "\x1b"], ids=["c1-control", "nul", "escape"])
+def test_a_control_character_is_a_refused_document_not_a_crash(character: str) -> None:
+    with pytest.raises(PolicyFileError, match="invalid YAML"):
+        parse_policies(f"version: 1{character}\n", source="yaml:control")
+
+
 def test_deep_nesting_is_refused() -> None:
     with pytest.raises(PolicyFileError, match="nested deeper than 64"):
         parse_policies("a: " + "[" * 5000 + "]" * 5000 + "\n", source="yaml:deep")

@@ -14,10 +14,13 @@ be sent.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from google.protobuf.message import Message as ProtoMessage
 
 from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.errors import HistoryChangedError
@@ -93,6 +96,11 @@ def _from_wire(messages: Any) -> list[Message]:
         return [Message(m.role, m.content) for m in messages]
     except ValueError as exc:
         raise MemoryBadRequestError(str(exc)) from exc
+
+
+def _digest(message: ProtoMessage) -> str:
+    """What identifies a request sent again: its exact content."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
 
 
 def plan_update(plan: AgentPlan, *, conversation_id: str, agent_id: str) -> PlanUpdate:
@@ -183,8 +191,9 @@ class MemoryHandlers:
 
     async def append_turn(self, request: AppendTurnRequest, _ctx: MessageContext) -> AppendTurnResponse:
         """`atmo.mem.history.append`: the user turn, and the answer unless the run failed."""
-        # One turn per run: the caller retries an append that timed out, stored once.
-        key = f"turn:{request.agent}:{request.conversation_id}:{request.run_id}" if request.run_id else ""
+        # The caller retries an append that timed out with the same bytes: stored once. The key
+        # is the run and the request's content, so two different turns of one run both count.
+        key = f"turn:{request.run_id}:{_digest(request)}" if request.run_id else ""
         result: AppendTurnResponse = await self._write(MemoryWrite(append_turn=request), key)
         return result
 
@@ -290,7 +299,9 @@ class MemoryHandlers:
     async def tool(self, call: ToolCall, _ctx: MessageContext) -> ToolReply:
         """`atmo.mem.tool.<name>`: `write_todos` and the eight file tools, answered within one message."""
         if call.name in WRITING_TOOLS:
-            key = f"tool:{call.run_id}:{call.call_id}" if call.run_id and call.call_id else ""
+            # A call sent again (the same bytes) is applied once; call ids come from the model and
+            # may repeat within a run, so the content is part of the key.
+            key = f"tool:{call.run_id}:{_digest(call)}" if call.run_id else ""
             result: ToolReply = await self._write(MemoryWrite(tool=call), key)
         else:
             await self._read()

@@ -67,7 +67,12 @@ class Document:
         self._values = 0
         if len(text.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES:
             raise PolicyFileError(f"{source}: policy document larger than {MAX_DOCUMENT_BYTES} bytes")
-        self._loader = _BoundedLoader(text)
+        try:
+            # PyYAML's reader refuses control characters already when it is made, not only when
+            # it reads: that is a bad policy document too, not a crash.
+            self._loader = _BoundedLoader(text)
+        except yaml.YAMLError as exc:
+            raise PolicyFileError(f"{source}: invalid YAML: {exc}") from None
         try:
             self.root: yaml.Node | None = self._loader.get_single_node()
         except _RefusedError as exc:
