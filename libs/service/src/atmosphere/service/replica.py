@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import secrets
 from collections import OrderedDict
@@ -29,8 +28,6 @@ from google.protobuf.message import Message
 
 from atmosphere.bus import Bus, BusError, ConsumerSpec, Headers, PayloadTooLargeError, WorkItem
 from atmosphere.bus.errors import ReplicaBehindError
-
-log = logging.getLogger("atmosphere.service")
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
