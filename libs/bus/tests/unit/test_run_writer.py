@@ -8,6 +8,7 @@ import pytest
 from google.protobuf.message import Message
 
 from atmosphere.bus import BusError, Headers, JetStreamLayout, PayloadTooLargeError, PublishAck, runs, subjects
+from atmosphere.bus import _run_writer as runs_writer
 from atmosphere.bus.runs import RunEventWriter, follow_run, submit_run
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -336,3 +337,23 @@ async def test_under_one_leader_the_terminal_still_proves_the_events_before_it()
     await write(writer, [text(n) for n in range(20)])
     assert sorted(stored_seqs(bus)) == list(range(2, 23))
     assert all(bus.sends.count(seq) == 1 for seq in range(2, 22))
+
+
+async def test_events_lost_with_a_leader_are_stored_again_while_the_run_still_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runs_writer, "CONFIRM_AFTER", 0.1)
+    bus = FailingOverCluster(lose={3})
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    for n in range(4):
+        await writer.emit(text(n))
+
+    async def repaired() -> bool:
+        return sorted(stored_seqs(bus)) == [2, 3, 4, 5]
+
+    # No terminal event, no disconnect: only the watchdog's periodic confirmation can find it.
+    await wait_until(repaired, timeout=5, what="the lost event stored again before the run ends")
+    await writer.emit(RunEvent(complete=Complete()))
+    await writer.close()
+    assert sorted(stored_seqs(bus)) == [2, 3, 4, 5, 6]

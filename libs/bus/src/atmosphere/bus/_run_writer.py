@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -54,6 +54,11 @@ MAX_IN_FLIGHT = 1024
 CONFIRM_EVERY = 256
 """Unconfirmed events after which the watchdog confirms them, even while the run goes on."""
 
+CONFIRM_AFTER = 5.0
+"""Seconds after which the watchdog confirms what is unconfirmed, even while the run goes on: a
+stream leader that died with events in flight leaves no other trace on this connection, and a
+reader resuming from the stream must not wait for the run's end to find them."""
+
 STREAM_PIECES = {"text_delta": "text", "reasoning_delta": "text", "tool_call_delta": "arguments_fragment"}
 """Event kinds that are a piece of a stream, and the field that holds the piece."""
 
@@ -79,6 +84,8 @@ class _Piece:
     event: RunEvent
     epoch: int
     """The bus epoch it was sent in; -1 when it could not be sent at all."""
+    sent_at: float = field(default_factory=time.monotonic)
+    """When it was sent (monotonic): the oldest unconfirmed piece's age drives the watchdog."""
 
 
 class RunEventWriter:
@@ -357,7 +364,9 @@ class RunEventWriter:
 
     def _needs_confirmation(self) -> bool:
         epoch = self._bus.epoch
-        return len(self._pieces) >= CONFIRM_EVERY or any(p.epoch != epoch for p in self._pieces)
+        if len(self._pieces) >= CONFIRM_EVERY or any(p.epoch != epoch for p in self._pieces):
+            return True
+        return bool(self._pieces) and time.monotonic() - self._pieces[0].sent_at >= CONFIRM_AFTER
 
 
 async def _stored_seqs(bus: Bus, run_id: str) -> set[int]:
@@ -371,11 +380,11 @@ def _split_stream_piece(event: RunEvent, excess: int) -> list[RunEvent]:
     several consecutive deltas, which concatenate to the same thing.
     """
     kind = event.WhichOneof("kind")
-    field = STREAM_PIECES.get(kind or "")
-    if kind is None or field is None:
+    text_field = STREAM_PIECES.get(kind or "")
+    if kind is None or text_field is None:
         return []
     body = getattr(event, kind)
-    data = getattr(body, field).encode()
+    data = getattr(body, text_field).encode()
     room = len(data) - excess - _SPLIT_SLACK
     if room < 1024:
         return []
@@ -387,7 +396,7 @@ def _split_stream_piece(event: RunEvent, excess: int) -> list[RunEvent]:
             end -= 1  # never cut inside a UTF-8 character
         piece = RunEvent()
         piece.CopyFrom(event)
-        setattr(getattr(piece, kind), field, data[start:end].decode())
+        setattr(getattr(piece, kind), text_field, data[start:end].decode())
         pieces.append(piece)
         start = end
     return pieces
