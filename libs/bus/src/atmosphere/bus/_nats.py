@@ -88,6 +88,9 @@ _JETSTREAM_PATIENCE = 60.0
 _ELECTING = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
 # 503s that no waiting cures: JetStream is off on the server, or for the account.
 _JETSTREAM_OFF = frozenset({10076, 10039})
+# "No suitable peers for placement": fewer servers are up than a stream's replicas need, as while
+# a node restarts (a rolling update of the cluster). Waited out like an election.
+_TOO_FEW_PEERS = 10005
 # How many times `kv_update` reads and writes again after another writer changed the key first.
 _KV_UPDATE_ATTEMPTS = 32
 
@@ -798,16 +801,19 @@ class NatsBus(ConnectionLiveness, Bus):
 
 
 async def _patiently(operation: Callable[[], Awaitable[T]], what: str) -> T:
-    """`operation()`, tried again while JetStream elects its leaders, for up to `_JETSTREAM_PATIENCE` s.
+    """`operation()`, tried again for up to `_JETSTREAM_PATIENCE` s while JetStream is not ready.
 
-    Only for idempotent operations: doing again what is already done changes nothing.
+    Not ready: electing its leaders, or short of servers for a stream's replicas (a node
+    restarting). Only for idempotent operations: doing again what is already done changes nothing.
     """
     deadline = time.monotonic() + _JETSTREAM_PATIENCE
     attempt = 0
     while True:
         try:
             return await operation()
-        except _ELECTING as exc:
+        except (*_ELECTING, nats.js.errors.BadRequestError) as exc:
+            if isinstance(exc, nats.js.errors.BadRequestError) and exc.err_code != _TOO_FEW_PEERS:
+                raise
             if isinstance(exc, nats.js.errors.APIError) and exc.err_code in _JETSTREAM_OFF:
                 raise
             if time.monotonic() >= deadline:
