@@ -264,6 +264,19 @@ def test_an_idle_keep_alive_connection_is_closed(hostile: HostileStack) -> None:
     hostile.check_still_serving()
 
 
+def test_an_answer_before_the_body_says_the_connection_closes(hostile: HostileStack) -> None:
+    # Refused (no token) before its body is read: the connection will not carry another request,
+    # and the answer must say so, or a keep-alive client sends its next request into the close.
+    with socket.create_connection(hostile.host_port, timeout=15) as sock:
+        sock.sendall(b"POST /atmosphere/runs/x/approval HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")
+        status, headers, body = _read_answer(sock)
+        assert (status, json.loads(body)["code"]) == (401, "ingress.unauthorized")
+        assert headers["connection"] == "close"
+        sock.sendall(b"x" * 40)  # the body the client was still sending is read and dropped...
+        assert sock.recv(1) == b""  # ...and the connection closed cleanly, not reset
+    hostile.check_still_serving()
+
+
 def _answers(sock: socket.socket, count: int) -> list[int]:
     """The statuses of `count` answers read off one keep-alive connection (they may share a read)."""
     statuses: list[int] = []

@@ -31,8 +31,8 @@ from http import HTTPStatus
 from typing import Any, ClassVar
 
 import httptools
-from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from atmosphere.ingress.errors import (
     BusyError,
@@ -152,8 +152,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0
         """The current head's size as the parser callbacks report it."""
         self._head_restarted = False
-        self._body_pending = False
-        """The current request's head is complete and its body is not."""
+        self._close_after_response = False
+        """The answer being sent said `connection: close`: once it is sent, linger and close."""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -243,12 +243,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._stop_parsing(self._large_head())
         self._disarm()
         self._in_head, self._head_fed = False, 0
-        self._body_pending = True
         self._arm("body", self.limits.body_timeout)
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not before:  # a new request (not an upgrade)
+            self._close_if_answered_early(self.cycle)
 
     def on_message_complete(self) -> None:
-        self._body_pending = False
         if self._deadline_for == "body":
             self._disarm()
         self._in_head, self._head_fed, self._head_restarted = True, 0, True
@@ -272,10 +273,32 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._body_pending and not self.transport.is_closing():
+        close, self._close_after_response = self._close_after_response, False
+        if close and not self.transport.is_closing():
             # Answered before the body was read (413, 401...): drain a little, then close, rather
             # than read an unbounded body nobody will use.
             self._linger()
+
+    def _close_if_answered_early(self, cycle: RequestResponseCycle) -> None:
+        """Make an answer that starts before its request's body is read say `connection: close`.
+
+        Without it the client, told nothing, sends its next request on a connection this side is
+        about to close (see `on_response_complete`): that request is lost to a disconnect. The
+        close itself stays ours (uvicorn would close at once, and a client still sending its body
+        would get a reset instead of the answer).
+        """
+        send = cycle.send
+
+        async def send_closing_early(message: ASGISendEvent) -> None:
+            if message["type"] != "http.response.start" or not cycle.more_body or cycle.response_started:
+                await send(message)
+                return
+            headers = [(name, value) for name, value in message.get("headers", []) if name.lower() != b"connection"]
+            await send({**message, "headers": [*headers, (b"connection", b"close")]})
+            cycle.keep_alive = True  # the answer says close; the lingering close comes after it
+            self._close_after_response = True
+
+        cycle.send = send_closing_early  # type: ignore[method-assign]
 
     # -- deadlines ----------------------------------------------------------------------------
 
