@@ -17,7 +17,7 @@ import pytest
 import websockets
 
 from atmosphere.bus import ConnectError, connect, subjects
-from atmosphere.testing import free_port, wait_until
+from atmosphere.testing import free_port_block, wait_until
 
 from .test_dev_command import alive, descendants, is_tool_worker, start, wait_for_banner
 from .wsclient import ws_url
@@ -30,13 +30,13 @@ SERVICE_PROCESSES = 12
 
 
 def cluster_args(home: Path) -> tuple[list[str], dict[str, int]]:
-    ports = {
-        "nats": free_port(),
-        "routes": free_port(),
-        "monitor": free_port(),
-        "http": free_port(),
-        "probe": free_port(),
-        "grpc": free_port(),
+    ports = {  # each a base the stack counts up from: a node's, an ingress's, a worker's
+        "nats": free_port_block(NODES),
+        "routes": free_port_block(NODES),
+        "monitor": free_port_block(NODES),
+        "http": free_port_block(2),
+        "probe": free_port_block(SERVICE_PROCESSES),
+        "grpc": free_port_block(2),
     }
     argv = [
         "--cluster",

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atmosphere.testing import free_port, wait_until
+from atmosphere.cli.dev_layout import SERVICES
+from atmosphere.testing import free_port, free_port_block, wait_until
 
 from .conftest import ROOT
 from .wsclient import ask
@@ -80,8 +81,8 @@ class Output:
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    base = free_port()
-    return {"nats": free_port(), "http": free_port(), "probe": base, "grpc": free_port()}
+    workers = len(SERVICES) - 1  # each service but ingress has a probe port: base, base+1...
+    return {"nats": free_port(), "http": free_port(), "probe": free_port_block(workers), "grpc": free_port()}
 
 
 @contextlib.contextmanager

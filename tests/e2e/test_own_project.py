@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.testing import free_port, wait_until
+from atmosphere.cli.dev_layout import SERVICES
+from atmosphere.testing import free_port, free_port_block, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
 from .conftest import ROOT
@@ -103,7 +104,7 @@ def port_args() -> list[str]:
         "--http-port",
         str(free_port()),
         "--probe-base-port",
-        str(free_port()),
+        str(free_port_block(len(SERVICES) - 1)),  # a probe port for each service but ingress
         "--grpc-port",
         str(free_port()),
     ]

@@ -34,7 +34,7 @@ from atmosphere.cli.dev import DevOptions, wait_for_ready
 from atmosphere.cli.dev_layout import SERVICES, DevLayout, dev_layout
 from atmosphere.contracts.memory.v1.memory_pb2 import LoadHistoryRequest, LoadHistoryResponse
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.testing import free_port, wait_until
+from atmosphere.testing import free_port_block, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply
 from tests.e2e.test_dev_cluster import login
 from tests.e2e.test_dev_command import alive, descendants, is_tool_worker, start, wait_for_banner
@@ -255,12 +255,12 @@ def dev_options(home: Path) -> DevOptions:
         app="tests.soak.soak_app:app",
         home=home,
         cluster=3,
-        nats_port=free_port(),
-        nats_cluster_port=free_port(),
-        nats_monitor_port=free_port(),
-        http_port=free_port(),
-        probe_base_port=free_port(),
-        grpc_port=free_port(),
+        nats_port=free_port_block(3),
+        nats_cluster_port=free_port_block(3),
+        nats_monitor_port=free_port_block(3),
+        http_port=free_port_block(2),
+        probe_base_port=free_port_block(12),
+        grpc_port=free_port_block(2),
         auth=True,
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atmosphere.cli.nats_server import cluster_node_args, find_binary, server_args
+from atmosphere.testing.ports import free_port
 
 
 class NatsServerError(RuntimeError):
@@ -126,12 +126,6 @@ class NatsServer:
 
 
 _SEED_ATTEMPTS = 5
-
-
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +304,7 @@ class NatsCluster:
         connected). A port taken between choosing and binding fails the start: another is tried.
         """
         for _ in range(_SEED_ATTEMPTS):
-            route = f"nats://127.0.0.1:{_unused_port()}"
+            route = f"nats://127.0.0.1:{free_port()}"
             node.spawn(
                 cluster_node_args(
                     name=node.name,

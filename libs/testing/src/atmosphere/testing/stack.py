@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +15,6 @@ from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, Servi
 from atmosphere.testing.services import running_service
 
 Serve = Callable[..., Coroutine[Any, Any, None]]
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (for processes that cannot report theirs)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def settings_for(cls: type[ServiceSettings], *, nats_url: str, namespace: str, data_dir: Path, **overrides: Any) -> Any:
