@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from atmosphere.bus import JetStreamLayout
+from atmosphere.bus import BusError, JetStreamLayout
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
@@ -12,12 +12,17 @@ from atmosphere.ingress.connection import Closed, Connection
 from atmosphere.ingress.frames import Frame
 
 
-async def resume_frames(bus: FakeBus, run_id: str, *, allowed: bool | None) -> tuple[list[Frame], list[str]]:
-    """The frames a connection sends for a resume request, and which run ids it checked."""
+async def resume_frames(bus: FakeBus, run_id: str, *, allowed: bool | BusError | None) -> tuple[list[Frame], list[str]]:
+    """The frames a connection sends for a resume request, and which run ids it checked.
+
+    `allowed` is the owner check's answer: None for no check (no-auth mode), an error it raises.
+    """
     checked: list[str] = []
 
     async def may_resume(candidate: str) -> bool:
         checked.append(candidate)
+        if isinstance(allowed, BusError):
+            raise allowed
         return bool(allowed)
 
     connection = Connection(
@@ -58,3 +63,16 @@ async def test_someone_elses_run_is_refused_exactly_like_an_unknown_one() -> Non
     assert [(f["type"], f["code"], f["data"]) for f in refused] == [
         ("error", "ingress.unknown_run", "Unknown run adas-run")
     ]
+
+
+async def test_an_owner_check_the_broker_cannot_answer_names_the_run_to_resume() -> None:
+    # The broker is down (frozen, restarting): the client is told to come back for *its* run,
+    # never a bare "reconnect" it could take for a prompt that was not started.
+    bus = FakeBus()
+    await bus.provision(JetStreamLayout())
+    frames, checked = await resume_frames(bus, "my-run", allowed=BusError("request timed out"))
+    assert checked == ["my-run"]
+    assert [(f["type"], f["code"], f["runId"], f["seq"]) for f in frames] == [
+        ("error", "ingress.unavailable", "my-run", 0)
+    ]
+    assert "X-Atmosphere-Run-Id my-run" in frames[0]["data"]

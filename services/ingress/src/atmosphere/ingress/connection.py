@@ -150,7 +150,12 @@ class Connection:
             allowed = self.may_resume is None or await self.may_resume(run_id)
         except BusError as exc:
             log.warning("resuming run %s: the owner check failed: %s", run_id, exc)
-            self._enqueue(error_frame(UnavailableError("The run could not be followed; reconnect to resume")))
+            # The run id is the client's own (it asked for it): named, so it resumes that run
+            # rather than taking the notice for a prompt that was never started.
+            unchecked = UnavailableError(
+                f"The run could not be followed now; reconnect with X-Atmosphere-Run-Id {run_id} to resume"
+            )
+            self._enqueue({**error_frame(unchecked), "runId": run_id})
             return
         if not allowed:
             self._enqueue(error_frame(RunNotFoundError(f"Unknown run {run_id}")))
