@@ -31,12 +31,12 @@ import pytest
 from atmosphere.bus import NatsBus, connect, subjects
 from atmosphere.bus.runs import SERVER_SIDE_KINDS, is_terminal
 from atmosphere.cli.dev import DevOptions, wait_for_ready
-from atmosphere.cli.dev_layout import SERVICES, DevLayout, dev_layout
+from atmosphere.cli.dev_layout import SERVICE_REPLICAS_IN_CLUSTER, SERVICES, DevLayout, dev_layout
 from atmosphere.contracts.memory.v1.memory_pb2 import LoadHistoryRequest, LoadHistoryResponse
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.testing import free_port_block, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply
-from tests.e2e.test_dev_cluster import login
+from tests.e2e.test_dev_cluster import NODES, SERVICE_PROCESSES, login
 from tests.e2e.test_dev_command import alive, descendants, is_tool_worker, start, wait_for_banner
 
 from .soak_app import AGENT
@@ -254,13 +254,13 @@ def dev_options(home: Path) -> DevOptions:
     return DevOptions(
         app="tests.soak.soak_app:app",
         home=home,
-        cluster=3,
-        nats_port=free_port_block(3),
-        nats_cluster_port=free_port_block(3),
-        nats_monitor_port=free_port_block(3),
-        http_port=free_port_block(2),
-        probe_base_port=free_port_block(12),
-        grpc_port=free_port_block(2),
+        cluster=NODES,
+        nats_port=free_port_block(NODES),
+        nats_cluster_port=free_port_block(NODES),
+        nats_monitor_port=free_port_block(NODES),
+        http_port=free_port_block(SERVICE_REPLICAS_IN_CLUSTER),
+        probe_base_port=free_port_block(SERVICE_PROCESSES),
+        grpc_port=free_port_block(SERVICE_REPLICAS_IN_CLUSTER),
         auth=True,
     )
 

@@ -155,7 +155,7 @@ class Connection:
             unchecked = UnavailableError(
                 f"The run could not be followed now; reconnect with X-Atmosphere-Run-Id {run_id} to resume"
             )
-            self._enqueue({**error_frame(unchecked), "runId": run_id})
+            self._enqueue(_resumable(unchecked, run_id))
             return
         if not allowed:
             self._enqueue(error_frame(RunNotFoundError(f"Unknown run {run_id}")))
@@ -312,7 +312,12 @@ def _follow_failure(exc: Exception, run_id: str, session_id: str) -> Frame:
         message = "The run was not started (the message broker is unavailable); send the prompt again"
         return error_frame(UnavailableError(message), session_id=session_id)
     log.warning("following run %s failed: %s", run_id, exc)
-    return {**error_frame(_stream_broke(run_id), session_id=session_id), "runId": run_id}
+    return _resumable(_stream_broke(run_id), run_id, session_id=session_id)
+
+
+def _resumable(error: UnavailableError, run_id: str, *, session_id: str = "") -> Frame:
+    """An error frame naming the run the client should resume (`runId`), not send again."""
+    return {**error_frame(error, session_id=session_id), "runId": run_id}
 
 
 def _drop_queued(queue: asyncio.Queue[Frame | _Close]) -> None:

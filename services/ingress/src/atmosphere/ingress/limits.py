@@ -290,7 +290,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         send = cycle.send
 
         async def send_closing_early(message: ASGISendEvent) -> None:
-            if message["type"] != "http.response.start" or not cycle.more_body or cycle.response_started:
+            if message["type"] != "http.response.start" or not cycle.more_body:
                 await send(message)
                 return
             headers = [(name, value) for name, value in message.get("headers", []) if name.lower() != b"connection"]
