@@ -55,7 +55,7 @@ DEFINED_ONCE = {
     "def nesting_of": re.compile(r"\bdef nesting_of\b"),
     "def parse_strategy": re.compile(r"\bdef parse_strategy\b"),
     "def new_run": re.compile(r"\bdef new_run\b"),
-    "RUN_ID_HEADER =": _assignment("RUN_ID_HEADER"),
+    "RUN_ID_METADATA_KEY =": _assignment("RUN_ID_METADATA_KEY"),
 }
 # Literal wire names that may be spelled in exactly one src module (their constant's home).
 SPELLED_ONCE = ("ai.subagent.depth", "atmosphere.run.nesting", "ai.request.history")

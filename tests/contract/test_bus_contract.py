@@ -29,7 +29,6 @@ from atmosphere.bus import (
     subjects,
 )
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
 
@@ -126,19 +125,17 @@ def steps_router(calls: list[MessageContext]) -> Router:
 
 async def test_request_reply_with_headers(bus: Bus) -> None:
     calls: list[MessageContext] = []
-    principal = Principal(user_id="u1", auth_method="bearer")
     async with bus.serve(steps_router(calls)):
         reply = await bus.request(
             "svc.steps",
             GetStepsRequest(run_id="r1", max=7),
             GetStepsResponse,
-            headers=Headers(run_id="r1", principal=principal, traceparent="00-abc-def-01"),
+            headers=Headers(traceparent="00-abc-def-01", msg_id="m1"),
         )
     assert (reply.run_id, reply.count) == ("r1", 7)
     [ctx] = calls
     assert ctx.subject == "svc.steps"
-    assert ctx.headers.run_id == "r1"
-    assert ctx.headers.principal == principal
+    assert ctx.headers.msg_id == "m1"
     assert ctx.headers.traceparent == "00-abc-def-01"
 
 

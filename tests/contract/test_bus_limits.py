@@ -20,12 +20,11 @@ from atmosphere.bus import (
 )
 from atmosphere.bus._codec import wire_size
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 
 LOG = StreamSpec(name="LOG", subjects=("log.>",))
 LAYOUT = JetStreamLayout(extra_streams=(LOG,))
-HEADERS = Headers(run_id="r-1", principal=Principal(user_id="alice", roles=["a", "b"]), msg_id="r-1:7")
+HEADERS = Headers(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", msg_id="r-1:7")
 
 
 @pytest.fixture(params=["fake", "nats"])

@@ -11,11 +11,16 @@ import asyncio
 import json
 import signal
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import nats
+from nats.js.api import DeliverPolicy
+
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.testing import run_stack
 
 from .wsclient import ask
@@ -71,6 +76,66 @@ async def test_the_follower_replays_a_finished_run_and_tails_a_live_one(
         assert ready.decode().startswith(f"following {bus_namespace}.atmo.run.*.evt")
         frames = await ask(url, "echo", PROMPT)
         assert assert_decoded_echo_run(await lines_until_exit(live), frames) != run_id
+
+
+RUNS = 200
+AT_ONCE = 10
+
+
+async def test_a_plain_subscriber_reads_every_runs_events_in_seq_order(
+    services: dict[str, Any], nats_bus: NatsBus, nats_url: str, bus_namespace: str
+) -> None:
+    """200 runs, 10 at a time: the stream holds each run's events in seq order from 1.
+
+    A plain nats-py subscriber (an ordered consumer of `ATMO_EVENTS`, no reordering of its own)
+    and the example follower both see every run whole: seq 1 (the run id) first, the terminal
+    event last, nothing out of order in between.
+    """
+    seen: dict[str, list[int]] = defaultdict(list)
+    client = await nats.connect(nats_url)
+    try:
+
+        async def record(message: Any) -> None:
+            event = RunEvent.FromString(message.data)
+            seen[event.run_id].append(event.seq)
+
+        async with run_stack(services, bus=nats_bus) as stack:
+            url = await stack.ingress_url()
+            await client.jetstream().subscribe(
+                f"{bus_namespace}.atmo.run.*.evt",
+                stream=f"{bus_namespace.upper()}_ATMO_EVENTS",
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+                cb=record,
+            )
+            follower = await start_follower(nats_url, bus_namespace, "--runs", str(RUNS))
+            assert follower.stderr is not None
+            await asyncio.wait_for(follower.stderr.readline(), 30)
+            slots = asyncio.Semaphore(AT_ONCE)
+
+            async def one(n: int) -> list[dict[str, Any]]:
+                async with slots:
+                    return await ask(url, "echo", f"run {n} says hello")
+
+            runs = await asyncio.gather(*(one(n) for n in range(RUNS)))
+            out, err = await asyncio.wait_for(follower.communicate(), 60)
+            assert follower.returncode == 0, err.decode()
+            expected = {str(frames[0]["value"]): [f["seq"] for f in frames] for frames in runs}
+            for frames in expected.values():
+                assert frames == list(range(1, len(frames) + 1))
+            deadline = asyncio.get_running_loop().time() + 30
+            while any(len(seen[r]) < len(s) for r, s in expected.items()):
+                assert asyncio.get_running_loop().time() < deadline, "the subscriber missed events"
+                await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+    out_of_order = {r: seen[r] for r, seqs in expected.items() if seen[r] != seqs}
+    assert not out_of_order, f"{len(out_of_order)} of {RUNS} runs stored out of seq order: {out_of_order}"
+    printed: dict[str, list[int]] = defaultdict(list)
+    for line in out.decode().splitlines():
+        event = json.loads(line)
+        printed[event["run"]].append(event["seq"])
+    assert printed == expected, "the example follower did not print every run whole"
 
 
 async def test_the_follower_refuses_a_run_id_that_is_not_a_subject_token(nats_url: str) -> None:

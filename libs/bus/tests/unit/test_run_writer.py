@@ -190,6 +190,56 @@ async def test_a_submission_without_a_connection_is_refused_at_once() -> None:
     assert stored_seqs(bus) == []
 
 
+class RunsQueueBroker(FakeBus):
+    """Records the order in which messages reach the broker; may refuse to queue runs."""
+
+    def __init__(self, *, refuse_runs: bool = False) -> None:
+        super().__init__()
+        self.refuse_runs = refuse_runs
+        self.order: list[str] = []
+        self.leader_reads = 0
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        if subject.startswith("atmo.submit."):
+            self.order.append("submission")
+            if self.refuse_runs:
+                raise BusError("no acknowledgement")
+        elif isinstance(message, RunEvent):
+            self.order.append(f"event {message.seq}")
+        return await super().js_publish(subject, message, headers=headers, timeout=timeout)
+
+    async def stream_leader(self, stream: str) -> str:
+        self.leader_reads += 1
+        return await super().stream_leader(stream)
+
+
+async def test_the_run_id_event_is_stored_before_the_run_is_queued() -> None:
+    # A worker can write seq 2 only after it pulled the run: seq 1 must be in the stream by then,
+    # so a plain subscriber of `ATMO_EVENTS` reads every run's events in seq order.
+    bus = RunsQueueBroker()
+    await bus.provision(JetStreamLayout())
+    await submit_run(bus, request())
+    assert bus.order == ["event 1", "submission"]
+    assert stored_seqs(bus) == [1]
+    # A durable event proves itself: no stream-info round trip for the submitter's one event.
+    assert bus.leader_reads == 0
+
+
+async def test_a_run_that_cannot_be_queued_ends_for_whoever_learnt_its_id() -> None:
+    bus = RunsQueueBroker(refuse_runs=True)
+    await bus.provision(JetStreamLayout())
+    with pytest.raises(runs.SubmitError, match="not submitted"):
+        await submit_run(bus, request(), deadline=0.2)
+    events = [RunEvent.FromString(data) for _, data in bus.stream_messages(subjects.EVENTS_STREAM)]
+    assert [e.seq for e in events] == [1, 2]
+    assert events[1].error.code == "run.not_queued"
+    assert events[1].error.retryable
+    # A client resuming by the run id sees the run end instead of waiting for ever.
+    assert [e.seq async for e in follow_run(bus, "r1")] == [1, 2]
+
+
 async def test_a_quiet_follower_finds_events_it_never_saw_live(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runs, "IDLE_CHECK", 0.05)
     bus = FakeBus()

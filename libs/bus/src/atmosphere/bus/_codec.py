@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -19,13 +17,11 @@ from atmosphere.bus.errors import (
     ServiceError,
     UndecodableMessageError,
 )
-from atmosphere.contracts.common.v1.common_pb2 import Error, Principal
+from atmosphere.contracts.common.v1.common_pb2 import Error
 
 M = TypeVar("M", bound=Message)
 
 TYPE_HEADER = "atmo-type"
-RUN_ID_HEADER = "atmo-run-id"
-PRINCIPAL_HEADER = "atmo-principal"
 TRACEPARENT_HEADER = "traceparent"
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
@@ -43,10 +39,6 @@ _HEADER_LINE_FRAMING = len(b": \r\n")
 class Headers:
     """The headers the system understands. Unknown headers are ignored."""
 
-    run_id: str = ""
-    """`atmo-run-id`: the run a message belongs to."""
-    principal: Principal | None = None
-    """`atmo-principal`: who the message acts for (a base64 `Principal` on the wire)."""
     traceparent: str = ""
     """W3C trace context, passed through untouched."""
     msg_id: str = ""
@@ -70,11 +62,6 @@ class Headers:
         wire: dict[str, str] = {}
         if message_type:
             wire[TYPE_HEADER] = message_type
-        if self.run_id:
-            wire[RUN_ID_HEADER] = self.run_id
-        if self.principal is not None:
-            raw = self.principal.SerializeToString()
-            wire[PRINCIPAL_HEADER] = base64.b64encode(raw).decode("ascii")
         if self.traceparent:
             wire[TRACEPARENT_HEADER] = self.traceparent
         if self.msg_id:
@@ -85,19 +72,10 @@ class Headers:
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, str] | None) -> Headers:
-        """Parse a NATS header map; a malformed principal is dropped, never trusted."""
+        """Parse a NATS header map."""
         if not wire:
             return cls()
-        principal = None
-        encoded = wire.get(PRINCIPAL_HEADER)
-        if encoded:
-            try:
-                principal = Principal.FromString(base64.b64decode(encoded, validate=True))
-            except (binascii.Error, _ProtobufDecodeError):
-                principal = None
         return cls(
-            run_id=wire.get(RUN_ID_HEADER, ""),
-            principal=principal,
             traceparent=wire.get(TRACEPARENT_HEADER, ""),
             msg_id=wire.get(MSG_ID_HEADER, ""),
         )

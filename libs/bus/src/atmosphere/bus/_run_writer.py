@@ -145,10 +145,6 @@ class RunEventWriter:
             PayloadTooLargeError: the event does not fit in one message (its seq is not used).
             BusError: the events could not be stored within the store deadline.
         """
-        if not self._leader_read:
-            # Before anything is sent: a later confirmation compares the leader with this one.
-            self._leader_read = True
-            self._leader = await self._current_leader()
         self._stamp(event)
         # Checked before the seq is taken (synchronously: concurrent emits of one run, such as
         # a sub-run's forwarded events, must not see a seq that is then given back).
@@ -163,9 +159,11 @@ class RunEventWriter:
         self._next_seq += 1
         if durable or (durable is None and is_terminal(event)):
             give_up = time.monotonic() + self._deadline
+            epoch = await self._store(event)
+            if not self._pieces:
+                return event  # acknowledged itself, and nothing unconfirmed before it
             # The durable event's own acknowledgement confirms the events sent before it in
             # its session, under the same leader; only the others need looking up.
-            epoch = await self._store(event)
             if not await self._same_leader():
                 await self._confirm_pieces(give_up, leader_kept=False)
                 return event
@@ -173,6 +171,11 @@ class RunEventWriter:
             if self._pieces:
                 await self._confirm_pieces(give_up)
             return event
+        if not self._leader_read:
+            # Before the first piece is sent: its confirmation compares the leader with this
+            # one. A writer of durable events only (a submitter's run-id event) never asks.
+            self._leader_read = True
+            self._leader = await self._current_leader()
         await self._send_piece(event)
         if self.unacknowledged >= MAX_IN_FLIGHT:
             await self.flush()  # the broker is not keeping up: hold the run back, never drop

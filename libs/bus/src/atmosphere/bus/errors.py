@@ -322,6 +322,13 @@ class RunCancelledError(RunError):
     code = "run.cancelled"
 
 
+class RunNotQueuedError(RunError):
+    """The run was accepted (its run id announced) but could not be queued: nothing ran it."""
+
+    code = "run.not_queued"
+    retryable = True
+
+
 class AgentFailedError(RunError):
     """The agent's `@prompt` raised; the message names the exception type only."""
 

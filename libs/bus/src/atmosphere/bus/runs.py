@@ -36,7 +36,7 @@ from atmosphere.bus._run_writer import (
     RunEventWriter,
     is_terminal,
 )
-from atmosphere.bus.errors import BusError, DecodeError, PayloadTooLargeError
+from atmosphere.bus.errors import BusError, DecodeError, PayloadTooLargeError, RunNotQueuedError
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, Metadata, RunEvent, RunSubmission
 
@@ -150,11 +150,16 @@ class SubmitError(BusError):
 
 
 async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBMIT_DEADLINE) -> PublishAck:
-    """Accept a run: write its run-id event (seq 1), then queue it on `ATMO_RUNS` at its level.
+    """Accept a run: store its run-id event (seq 1), then queue it on `ATMO_RUNS` at its level.
 
     Subscribe to `subjects.run_events(request.run_id)` before calling this to see every event.
     Submitting the same run id twice queues it once (`Nats-Msg-Id` = run id), so a frozen or
     restarting broker is retried for up to `deadline` seconds without queueing the run twice.
+
+    The run-id event is stored *before* the run is queued: no worker can write seq 2 before
+    seq 1 is in `ATMO_EVENTS`, so the stream holds every run's events in seq order and a plain
+    subscriber of the stream reads them in order (one writer per run at a time). That costs
+    one round trip of latency before the run is queued, and no more messages.
 
     Raises:
         SubmitError: the run was not queued (no connection, or no acknowledgement in time).
@@ -165,51 +170,50 @@ async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBM
         # could still run after its caller was told it failed.
         msg = f"run {request.run_id} was not submitted: the broker is unreachable"
         raise SubmitError(msg)
-    writer = RunEventWriter(bus, request, first_seq=1, store_deadline=deadline)
-    headers = Headers(
-        run_id=request.run_id,
-        principal=request.principal if request.HasField("principal") else None,
-        msg_id=request.run_id,
-    )
+    headers = Headers(msg_id=request.run_id)
     # Refused before anything is written: a run-id event must not be left for a run that
     # could never be queued.
     size = request.ByteSize() + wire_size(b"", headers.to_wire())
     if size > bus.max_payload:
         raise PayloadTooLargeError(subjects.run_submit(request.agent), size, bus.max_payload)
-    # Both publishes leave on this one connection in this order, so the run-id event is stored
-    # before any worker can pull the request; waiting for the two acks together saves a round trip.
+    give_up = time.monotonic() + deadline
+    writer = RunEventWriter(bus, request, first_seq=1, store_deadline=deadline)
     run_id_event = RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id)))
-    subject = subjects.run_submit(request.agent, level=queue_level(request))
-    announce = asyncio.create_task(writer.emit(run_id_event, durable=True))
-    await asyncio.sleep(0)  # the run-id event is handed to the client first
     try:
-        queued = await _publish_until(bus, subject, request, headers, deadline)
+        await writer.emit(run_id_event, durable=True)
     except BusError as exc:
-        announce.cancel()
-        with contextlib.suppress(asyncio.CancelledError, BusError):
-            await announce
+        if isinstance(exc, FINAL_ERRORS):
+            raise
+        msg = f"run {request.run_id} was not submitted: its first event was not stored ({exc})"
+        raise SubmitError(msg) from exc
+    subject = subjects.run_submit(request.agent, level=queue_level(request))
+    try:
+        return await _publish_until(bus, subject, request, headers, max(0.0, give_up - time.monotonic()))
+    except BusError as exc:
         if isinstance(exc, PayloadTooLargeError):
             raise
+        await _end_unqueued(bus, request, writer.next_seq, exc)
         msg = f"run {request.run_id} was not submitted: {exc}"
         raise SubmitError(msg) from exc
-    # Queued: the run will run, so this is a success whatever happens to the run-id event. It
-    # normally is stored already (it left first); if not, it goes on being retried meanwhile.
+
+
+NOT_QUEUED_PATIENCE = 2.0
+"""Seconds spent telling a run's readers that it was never queued, before giving up on that."""
+
+
+async def _end_unqueued(bus: Bus, request: RunSubmission, seq: int, reason: BusError) -> None:
+    """Give a run whose seq 1 is stored but which could not be queued a terminal event.
+
+    A client that learnt the run id from seq 1 and resumes by it then sees the run end (with a
+    retryable error: nothing ran) instead of waiting for events that will never come. The
+    broker is likely unreachable, so this is a short attempt; it fails quietly.
+    """
+    writer = RunEventWriter(bus, request, first_seq=seq, store_deadline=NOT_QUEUED_PATIENCE)
+    ended = RunEvent(error=RunNotQueuedError("the run was not queued; send it again").to_proto())
     try:
-        await asyncio.wait_for(asyncio.shield(announce), ACK_PATIENCE)
-    except (TimeoutError, BusError) as exc:
-        log.warning("run %s queued; its run-id event is not stored yet (%s)", request.run_id, exc or "late")
-        _keep(announce)
-    return queued
-
-
-_BACKGROUND: set[asyncio.Task[object]] = set()
-
-
-def _keep(task: asyncio.Task[object]) -> None:
-    """Hold a reference to a task left to finish on its own; its outcome was logged where it failed."""
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await writer.emit(ended)
+    except BusError as exc:
+        log.warning("run %s: not queued (%s); its end could not be recorded either (%s)", request.run_id, reason, exc)
 
 
 async def _publish_until(
