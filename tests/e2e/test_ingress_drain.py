@@ -117,7 +117,9 @@ def keep_alive_after_approval(lines: list[str]) -> bool:
 async def test_sigterm_drains_every_stream_and_exits_within_the_grace(
     backend: Stack, fake_provider: FakeProvider, nats_url: str, bus_namespace: str, tmp_path: Path
 ) -> None:
-    fake_provider.script(WAITING, WAITING, WAITING, WAITING)
+    # The OpenAI stream waits on its model (an approval would end it at once: Chat Completions
+    # cannot carry one); the other doors wait on an approval.
+    fake_provider.script(WAITING, Reply.stalled("Thinking it over.", seconds=120), WAITING, WAITING)
     async with ingress_process(nats_url, bus_namespace, tmp_path) as process:
 
         async def ingress_up() -> bool:
@@ -143,7 +145,7 @@ async def test_sigterm_drains_every_stream_and_exits_within_the_grace(
             sse_run = sse_response.headers["x-atmosphere-run-id"]
             sse_last_seq = max(int(line[4:]) for line in sse.lines if line.startswith("id: "))
 
-            # The same over the OpenAI API: the stream began with the model's text.
+            # The OpenAI API, quiet while the model thinks: the stream began with the model's text.
             completion = Lines()
             body = {"model": "notes", "stream": True, "messages": [{"role": "user", "content": "delete groceries"}]}
             completion_response = await http.send(

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from atmosphere.bus import JetStreamLayout, subjects
@@ -23,7 +24,7 @@ from atmosphere.ingress.api import create_app
 from atmosphere.ingress.connection import SERVICE_RESTART_CODE, Closed, Connection
 from atmosphere.ingress.errors import OpenAiError, OpenAiUnavailableError
 from atmosphere.ingress.frames import Frame
-from atmosphere.ingress.openai_api import DrainingError, _failure, _unless_draining
+from atmosphere.ingress.openai_api import ClientGoneError, DrainingError, _answer, _failure
 from atmosphere.ingress.openai_wire import parse_chat_request
 from atmosphere.ingress.pacing import KEEP_ALIVE_COMMENT, Drain, PacedResponse, Pause, paced
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
@@ -321,7 +322,7 @@ async def test_a_completion_still_waiting_for_its_first_text_when_ingress_drains
         finally:
             stopped.set()
 
-    waiting = asyncio.create_task(_unless_draining(drain, never_answers()))
+    waiting = asyncio.create_task(_answer(drain, a_request(), never_answers()))
     await asyncio.sleep(0)
     drain.start()
     with pytest.raises(DrainingError) as drained:
@@ -330,3 +331,31 @@ async def test_a_completion_still_waiting_for_its_first_text_when_ingress_drains
     failure = _failure(drained.value)
     assert failure.status == 503
     assert "Retry-After" in failure.headers()
+
+
+def a_request(gone: asyncio.Event | None = None) -> Request:
+    """A request whose body was read: its `receive` answers only when the client hangs up."""
+
+    async def receive() -> dict[str, Any]:
+        await (gone or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+async def test_a_completion_whose_client_leaves_before_the_first_byte_stops_at_once() -> None:
+    gone = asyncio.Event()
+    stopped = asyncio.Event()
+
+    async def never_answers() -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    waiting = asyncio.create_task(_answer(Drain(), a_request(gone), never_answers()))
+    await asyncio.sleep(0)
+    gone.set()
+    with pytest.raises(ClientGoneError):
+        await waiting
+    assert stopped.is_set()

@@ -204,7 +204,9 @@ class JetStreamLayout:
         agents = BucketSpec(subjects.AGENTS_BUCKET, max_age_seconds=self.agents_max_age_seconds)
         # Ingress's shared record per conversation; a day is many idle timeouts (30 min by default).
         conversations = BucketSpec(subjects.CONVERSATIONS_BUCKET, max_age_seconds=24 * 3600)
-        every = (agents, BucketSpec(subjects.TOOLS_BUCKET), conversations)
+        # A retried completion attaches to its run while the run's events are kept (a day by default).
+        completions = BucketSpec(subjects.COMPLETIONS_BUCKET, max_age_seconds=24 * 3600)
+        every = (agents, BucketSpec(subjects.TOOLS_BUCKET), conversations, completions)
         return tuple(dataclasses.replace(spec, replication=self.replication) for spec in every)
 
     def object_buckets(self) -> tuple[ObjectBucketSpec, ...]:

@@ -313,6 +313,8 @@ def _ingress(g: _Grants) -> None:
     g.read_bucket(subjects.TOOLS_BUCKET)
     # Which replica announced which conversation: shared by every ingress replica.
     g.write_bucket(subjects.CONVERSATIONS_BUCKET)
+    # Which run an OpenAI completion started, so that its retry attaches to it on any replica.
+    g.write_bucket(subjects.COMPLETIONS_BUCKET)
 
 
 def _dispatch(g: _Grants) -> None:

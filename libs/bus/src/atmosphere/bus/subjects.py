@@ -1,22 +1,29 @@
 """Every NATS subject, stream and bucket name of the system, built in one place.
 
 Code elsewhere never spells a subject as a string literal: it calls these functions, so a
-layout change is one edit here and the tests below it.
+layout change is one edit here (and in `libs/bus/tests/unit/test_subjects.py`). The stream,
+bucket and consumer settings are `atmosphere.bus._jetstream`'s; who may use which subject is
+`atmosphere.bus.permissions`'s; docs/subjects.md describes every name for operators.
 
-Layout (logical names; a bus with a namespace prefixes every subject with `<namespace>.`):
+Layout (logical names; a bus with a namespace prefixes every subject with `<namespace>.`, and
+every stream and bucket name with the namespace in capitals, `team.dev` → `TEAM_DEV_ATMO_EVENTS`):
 
 | subject                      | kind                                   |
 |------------------------------|----------------------------------------|
-| `atmo.submit.<agent>`        | a `RunSubmission`, captured by `ATMO_RUNS` |
+| `atmo.submit.<agent>`        | a `RunSubmission`, captured by `ATMO_RUNS` (a work queue) |
 | `atmo.submit.nested.<n>.<agent>` | a sub-run's `RunSubmission`, `n` levels below a top-level run |
 | `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
+| `atmo.run.<run_id>.probe`    | a run's event writer checking what `ATMO_EVENTS` stored (no event) |
 | `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
-| `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolResult` |
+| `atmo.journal.<run_id>`      | a durable run's `JournalRecord`s, in `ATMO_JOURNAL` (one writer per run) |
+| `atmo.tool.<tool>`           | request/reply `ToolCall` → `ToolReply` |
 | `atmo.sandbox.<instance>.tool.<tool>` | a run's further calls of a tool whose session that sandbox holds |
 | `atmo.sandbox.<instance>.release` | a `ToolCall` naming a run that ended: its sessions are torn down |
-| `atmo.gov.<op>`              | request/reply to governance |
+| `atmo.gov.<op>`              | request/reply to governance (`admin.<op>` for the admin surface) |
+| `atmo.govlog.<kind>`         | governance's log of record, in `ATMO_GOVERNANCE` |
 | `atmo.mem.<op>`              | request/reply to memory |
 | `atmo.mem.tool.<tool>`       | the harness tools memory serves (`write_todos`, files) |
+| `atmo.memlog.write`          | memory's log of record (`MemoryWrite`), in `ATMO_MEMORY` |
 | `atmo.conv.closed`           | a `ConversationClosed` event (fact extraction) |
 | `atmo.tape.<op>`             | request/reply to tape |
 | `atmo.svc.<service>.health`  | request/reply health |
@@ -51,6 +58,8 @@ AGENTS_BUCKET = "ATMO_AGENTS"
 TOOLS_BUCKET = "ATMO_TOOLS"
 CONVERSATIONS_BUCKET = "ATMO_CONVERSATIONS"
 """Ingress's record of each open conversation: which replica saw it last, and who announces its end."""
+COMPLETIONS_BUCKET = "ATMO_COMPLETIONS"
+"""Ingress's record of OpenAI completions a retry may attach to (an `Idempotency-Key`, an SDK's retry)."""
 TOOL_RESULTS_BUCKET = "ATMO_TOOL_RESULTS"
 """Object bucket: tool results too large for one message, from sandbox to dispatch."""
 

@@ -189,7 +189,7 @@ def _lifespan(
             app.state.ingress = state = IngressState.build(settings, runtime, drain=drain)
             sweeping = asyncio.Event()
             sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
-            if settings.ai_openai_enabled and not settings.ai_openai_api_key:
+            if settings.ai_openai_enabled and not settings.ai_openai_api_key and not state.authenticator.enabled:
                 log.warning(
                     "the OpenAI-compatible API is enabled without ATMOSPHERE_AI_OPENAI_API_KEY: "
                     "anyone who reaches this port can use it"
@@ -200,6 +200,7 @@ def _lifespan(
             finally:
                 sweeping.set()
                 await sweeper
+                await state.completions.close()
 
     return lifespan
 
@@ -237,9 +238,10 @@ def _add_probes(app: FastAPI) -> None:
 
     @app.get("/readyz", summary="Readiness", responses={503: {"description": "not connected to NATS"}})
     async def readyz(request: Request) -> JSONResponse:
-        """Connected to NATS and serving."""
-        ready = state_of(request).runtime.health.ready
-        return JSONResponse({"ready": ready, "service": "ingress"}, status_code=200 if ready else 503)
+        """Connected to NATS and serving; `instance` (host:pid) names the process that answers."""
+        health = state_of(request).runtime.health
+        body = {"ready": health.ready, "service": "ingress", "instance": health.instance}
+        return JSONResponse(body, status_code=200 if health.ready else 503)
 
 
 def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:

@@ -342,6 +342,8 @@ class UnusableJsonError(MalformedJsonError):
 # -- the OpenAI-compatible API: `{"error": {message, type, param, code}}` -----------------------
 
 RETRIED_BY_CLIENTS = frozenset({408, 409, 429})
+RUN_ID_HEADER = "X-Atmosphere-Run-Id"
+"""The response header naming the run a request started (SSE, OpenAI)."""
 """Statuses (besides 5xx) OpenAI's clients retry unless told not to."""
 DEFAULT_RETRY_AFTER = 5
 """Seconds suggested in `Retry-After` when nobody upstream said when to come back."""
@@ -376,18 +378,24 @@ class OpenAiError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.run_id = ""
+        """The run the failed completion started, if it started one (`X-Atmosphere-Run-Id`)."""
 
     def body(self) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        """`Retry-After` when a retry can help; `x-should-retry: false` when a client would retry in vain."""
+        """`Retry-After` when a retry can help; `x-should-retry: false` when a client would retry in vain.
+
+        And `X-Atmosphere-Run-Id` when a run was started: its tape and events tell what happened.
+        """
+        headers = {RUN_ID_HEADER: self.run_id} if self.run_id else {}
         if self.retry_after is not None:
-            return {"Retry-After": str(self.retry_after)}
-        if self.says_whether_to_retry and (self.status >= 500 or self.status in RETRIED_BY_CLIENTS):
-            return {"x-should-retry": "false"}
-        return {}
+            headers["Retry-After"] = str(self.retry_after)
+        elif self.says_whether_to_retry and (self.status >= 500 or self.status in RETRIED_BY_CLIENTS):
+            headers["x-should-retry"] = "false"
+        return headers
 
 
 class OpenAiInvalidRequestError(OpenAiError):
@@ -434,6 +442,13 @@ class OpenAiUnsupportedMediaTypeError(OpenAiError):
 
     status = 415
     code = "unsupported_media_type"
+
+
+class OpenAiApprovalRequiredError(OpenAiError):
+    """The agent called a tool that needs a human's approval, which Chat Completions cannot carry."""
+
+    status = 422
+    code = "approval_required"
 
 
 class OpenAiRequestBlockedError(OpenAiError):

@@ -5,6 +5,13 @@
 
 A completion is an ordinary run (same queue, governance, budgets, tape). It is off unless
 `ATMOSPHERE_AI_OPENAI_ENABLED=true`.
+
+What Chat Completions cannot carry is said at once, never waited out: a tool call that needs a
+human's approval cancels the run and answers 422 `approval_required`, naming the tool and the
+doors that can carry approvals. A client that leaves, before the first byte or mid-stream,
+cancels its run; a streamed answer sends its head within `FIRST_EVENT_PATIENCE` and SSE
+comments while the run is quiet. A retried request attaches to its first attempt's run
+(`openai_retries`).
 """
 
 from __future__ import annotations
@@ -16,12 +23,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atmosphere.bus import BusError, PayloadTooLargeError
 from atmosphere.bus.runs import (
@@ -30,14 +37,17 @@ from atmosphere.bus.runs import (
     StreamGapError,
     cancel_run,
     follow_run,
+    last_event,
     new_run,
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
-from atmosphere.ingress.auth import AuthError
+from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.bodies import BodyError, read_body
 from atmosphere.ingress.errors import (
+    RUN_ID_HEADER,
+    OpenAiApprovalRequiredError,
     OpenAiError,
     OpenAiInvalidApiKeyError,
     OpenAiModelNotFoundError,
@@ -47,6 +57,7 @@ from atmosphere.ingress.errors import (
     OpenAiUnsupportedMediaTypeError,
 )
 from atmosphere.ingress.http import message_limit_of, state_of
+from atmosphere.ingress.openai_retries import Claim, RetryKey
 from atmosphere.ingress.openai_wire import (
     ChatRequest,
     Completion,
@@ -82,15 +93,39 @@ def _run_error(event: RunEvent) -> OpenAiError:
     return error_for_run(event.error)
 
 
-def _authorize(state: IngressState, request: Request) -> None:
+FIRST_EVENT_PATIENCE = 2.0
+"""Seconds a streamed completion waits for its first event before it sends its head anyway.
+
+Within it, a run that fails at once (a governance denial, a provider's 4xx) still gets a proper
+HTTP error; after it, the client sees the stream open and SSE comments while the run is quiet,
+and an error (if any) as a last chunk."""
+
+APPROVAL_DOORS = (
+    "the WebSocket at /atmosphere/agent/{agent} (answer with /__approval/<approvalId>/approve), "
+    "or SSE (POST /atmosphere/agent/{agent}) with approvals POSTed to /atmosphere/runs/<run>/approval"
+)
+
+
+def _authorize(state: IngressState, request: Request) -> Caller | None:
+    """Check the caller's key; its token grant's caller when grants stand in for a key (else None)."""
     key = state.settings.ai_openai_api_key
     if not key:
         # Without a key of its own the endpoint takes the agent endpoints' token grants, if any.
-        _grant_principal(state, request, path=None)
-        return
+        return _grant_caller(state, request)
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), key.encode()):
         raise OpenAiInvalidApiKeyError(MISSING_KEY)
+    return None
+
+
+def _grant_caller(state: IngressState, request: Request) -> Caller | None:
+    """The token grant's caller (None with no grants configured); 401 without a valid token."""
+    if not state.authenticator.enabled:
+        return None
+    try:
+        return state.authenticator.identify(request.headers)
+    except AuthError:
+        raise OpenAiInvalidApiKeyError(MISSING_KEY) from None
 
 
 def _grant_principal(state: IngressState, request: Request, *, path: str | None) -> Principal | None:
@@ -99,12 +134,9 @@ def _grant_principal(state: IngressState, request: Request, *, path: str | None)
     With token grants configured, a completion runs for (and is owned by) the grant's user,
     exactly as a WebSocket run would (mode parity).
     """
-    if not state.authenticator.enabled:
+    caller = _grant_caller(state, request)
+    if caller is None:
         return None
-    try:
-        caller = state.authenticator.identify(request.headers)
-    except AuthError:
-        raise OpenAiInvalidApiKeyError(MISSING_KEY) from None
     if path is not None and not caller.may_use(path):
         raise OpenAiPermissionDeniedError("This key may not use that model.")
     return caller.principal
@@ -112,18 +144,47 @@ def _grant_principal(state: IngressState, request: Request, *, path: str | None)
 
 @router.get("/models", summary="The agents exposed as models", responses=_errors(401, 503))
 async def list_models(request: Request) -> JSONResponse:
-    """`{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`."""
+    """`{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`.
+
+    With token grants, only the models whose agent the key may use are listed.
+    """
     state = state_of(request)
-    _authorize(state, request)
+    caller = _authorize(state, request)
     try:
-        agents = await state.directory.all()
+        agents = {a.name: a for a in await state.directory.all()}
     except BusError:
         raise OpenAiUnavailableError("The agent directory is unavailable.") from None
-    return JSONResponse(model_list(state.settings.ai_openai_models, [a.name for a in agents]))
+    usable = [name for name, agent in agents.items() if caller is None or caller.may_use(agent.path)]
+    return JSONResponse(model_list(state.settings.ai_openai_models, usable))
 
 
 class AnswerChangedError(Exception):
     """The run resumed after its worker died and its answer came out differently than what was streamed."""
+
+
+class ApprovalNotCarriedError(Exception):
+    """The run asked for a human's approval, which Chat Completions has no way to carry."""
+
+    def __init__(self, agent: str, tool: str) -> None:
+        self.agent = agent
+        self.tool = tool
+        super().__init__(f"{agent}: {tool} needs approval")
+
+    def as_openai(self) -> OpenAiError:
+        doors = APPROVAL_DOORS.format(agent=self.agent)
+        return OpenAiApprovalRequiredError(
+            f"The agent '{self.agent}' called the tool '{self.tool}', which needs a human's approval; "
+            f"Chat Completions cannot carry one, so the run was cancelled and the tool did not run. "
+            f"Use a door that carries approvals: {doors}."
+        )
+
+
+@dataclass
+class _Retry:
+    """How this completion may be found again by a retry, and what it claimed."""
+
+    key: RetryKey
+    claim: Claim
 
 
 @dataclass
@@ -132,10 +193,12 @@ class _Run:
 
     state: IngressState
     run: RunSubmission
+    """The run followed: this request's own, or the one a retry attached to."""
     events: AsyncGenerator[RunEvent, None]
     completion: Completion
     deadline: float
     """`time.monotonic()` by which the answer must be complete."""
+    retry: _Retry | None = None
     text: list[str] = field(default_factory=list)
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -143,6 +206,9 @@ class _Run:
     finished: bool = False
     streaming: bool = False
     """Whether text already went to the client (a streamed completion): it cannot be taken back."""
+    head_sent: bool = False
+    """Whether the response's head went out (a Stainless SDK never retries after that)."""
+    closed: bool = False
 
     async def next(self) -> RunEvent | None:
         """The next event worth answering with, or None at the end of the stream."""
@@ -157,11 +223,14 @@ class _Run:
                     event = await anext(self.events)
             except StopAsyncIteration:
                 return None
+            kind = event.WhichOneof("kind")
+            if kind == "approval_required":
+                # A sub-agent's too: nobody here can answer it, and the run would wait for it.
+                raise ApprovalNotCarriedError(event.origin_agent or event.agent, event.approval_required.tool_name)
             if event.origin_run_id:
                 continue  # a sub-agent's activity has no OpenAI representation; its report does
             # A run whose worker died goes on where it stopped (dispatch sends none of what the
             # stream already has again), so its `ai.run.resumed` marker needs nothing here.
-            kind = event.WhichOneof("kind")
             if kind == "metadata" and event.metadata.key == ANSWER_REWOUND_METADATA_KEY:
                 self._rewind(event.metadata.value_json)
             elif kind == "usage":
@@ -190,15 +259,28 @@ class _Run:
     def counted_usage(self) -> dict[str, int] | None:
         return self.usage if self.usage["total_tokens"] else None
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "the OpenAI client went away", *, at_once: bool = False) -> None:
+        """Stop following the run, and cancel it unless it finished (once, whoever calls first).
+
+        A run a retry may still attach to (an `Idempotency-Key`; an SDK's request whose head
+        was not sent yet) is cancelled after the retry grace, unless a retry attached.
+        """
+        if self.closed:
+            return
+        self.closed = True
         with contextlib.suppress(Exception):
             await self.events.aclose()
-        if not self.finished:
-            # An OpenAI client that went away (or timed out) does not come back for the rest.
-            await cancel_run(
-                self.state.bus, self.run.run_id, "the OpenAI client went away", principal=self.run.principal
-            )
-        self.state.openai_permits.release()
+        try:
+            if self.finished:
+                return
+            retry = self.retry
+            if retry is not None and not at_once and (retry.key.explicit or not self.head_sent):
+                self.state.completions.cancel_unless_retried(retry.key, retry.claim, self.run, reason)
+            else:
+                # An OpenAI client that went away (or timed out) does not come back for the rest.
+                await cancel_run(self.state.bus, self.run.run_id, reason, principal=self.run.principal)
+        finally:
+            self.state.openai_permits.release()
 
 
 def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal) -> RunSubmission:
@@ -218,7 +300,14 @@ def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal)
     )
 
 
-async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, RunSubmission]:
+@dataclass(frozen=True)
+class _Admitted:
+    chat: ChatRequest
+    run: RunSubmission
+    retry_key: RetryKey | None
+
+
+async def _admit(state: IngressState, request: Request) -> _Admitted:
     """Check and map the request; the run it becomes. `OpenAiError` for anything refused."""
     settings = state.settings
     _authorize(state, request)
@@ -237,7 +326,10 @@ async def _admit(state: IngressState, request: Request) -> tuple[ChatRequest, Ru
     principal = granted or Principal(
         auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or ""
     )
-    return chat, _run_request(chat, target, agents[target].path, principal)
+    # A retry is recognised only as the same caller's: never another user's completion.
+    caller = f"{principal.auth_method}:{principal.tenant}:{principal.user_id}"
+    retry_key = RetryKey.of(request.headers, caller, raw)
+    return _Admitted(chat, _run_request(chat, target, agents[target].path, principal), retry_key)
 
 
 async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[str, AgentDescriptor]]:
@@ -271,6 +363,16 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
     response_model=None,
     summary="Create a chat completion with an agent",
     openapi_extra={
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "description": "Requests with the same key (and caller) are one completion: a retry "
+                "attaches to the first one's run instead of starting another.",
+                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+            }
+        ],
         "requestBody": {
             "required": True,
             "content": {
@@ -298,35 +400,73 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
                     }
                 }
             },
-        }
+        },
     },
     responses={
         200: {"content": {"application/json": {}, "text/event-stream": {}}},
-        **_errors(400, 401, 403, 404, 413, 415, 429, 500, 502, 503),
+        **_errors(400, 401, 403, 404, 413, 415, 422, 429, 500, 502, 503),
     },
 )
-async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+async def chat_completions(request: Request) -> Response:
     """OpenAI's `POST /v1/chat/completions`, served by the agent the model maps to."""
     state = state_of(request)
-    chat, run = await _admit(state, request)
+    admitted = await _admit(state, request)
     await state.openai_permits.acquire()
-    active = _Run(
-        state,
-        run,
-        follow_run(state.bus, run.run_id, submit=run),
-        Completion(model=chat.model or run.agent),
-        deadline=time.monotonic() + state.settings.ai_openai_timeout,
-    )
+    try:
+        active = await _start(state, admitted)
+    except BaseException:
+        state.openai_permits.release()
+        raise
     handed_over = False
     try:
-        response = await _unless_draining(state.drain, _respond(active, chat))
+        response = await _answer(state.drain, request, _respond(active, admitted.chat))
         handed_over = isinstance(response, StreamingResponse)
+        response.headers[RUN_ID_HEADER] = active.run.run_id
         return response
+    except ClientGoneError:
+        await active.close()
+        return Response(status_code=499)  # nobody reads it: the connection is gone
+    except ApprovalNotCarriedError as exc:
+        await active.close("an approval cannot be given over Chat Completions", at_once=True)
+        raise _naming(exc.as_openai(), active) from None
+    except OpenAiError as exc:
+        raise _naming(exc, active) from None
     except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, AnswerChangedError) as exc:
-        raise _failure(exc) from None
+        raise _naming(_failure(exc), active) from None
     finally:
         if not handed_over:
             await active.close()
+
+
+def _naming(error: OpenAiError, active: _Run) -> OpenAiError:
+    """`error`, naming the run the completion started (`X-Atmosphere-Run-Id`)."""
+    error.run_id = active.run.run_id
+    return error
+
+
+async def _start(state: IngressState, admitted: _Admitted) -> _Run:
+    """Submit the run, or attach to the run of the request this one repeats."""
+    run, completion = admitted.run, Completion(model=admitted.chat.model or admitted.run.agent)
+    deadline = time.monotonic() + state.settings.ai_openai_timeout
+    key = admitted.retry_key
+    if key is None:
+        return _Run(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline)
+    try:
+        claim = await state.completions.claim(key, run, completion.id, completion.created)
+        if not claim.ours and await last_event(state.bus, claim.run_id) is None:
+            # The run it names is gone (its events expired): this request starts afresh.
+            claim = await state.completions.claim(key, run, completion.id, completion.created, replacing=claim.run_id)
+    except BusError:
+        raise OpenAiUnavailableError("The agent is unavailable right now; try again.") from None
+    retry = _Retry(key, claim)
+    if claim.ours:
+        return _Run(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline, retry)
+    log.info("completion retried: attaching to run %s", claim.run_id)
+    followed = RunSubmission()
+    followed.CopyFrom(run)
+    followed.run_id = claim.run_id
+    same = Completion(model=completion.model, id=claim.completion_id, created=claim.created)
+    return _Run(state, followed, follow_run(state.bus, claim.run_id), same, deadline, retry)
 
 
 def _failure(exc: Exception) -> OpenAiError:
@@ -346,39 +486,73 @@ class DrainingError(Exception):
     """Ingress began to stop before the answer started."""
 
 
-async def _unless_draining(
-    drain: Drain, answering: Coroutine[Any, Any, JSONResponse | StreamingResponse]
-) -> JSONResponse | StreamingResponse:
-    """`answering`'s response, unless ingress drains first (a whole answer may take minutes).
+class ClientGoneError(Exception):
+    """The client hung up before the answer started."""
 
-    Raises `DrainingError` then, after stopping `answering`.
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client hangs up (its body was read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(drain: Drain, request: Request, answering: Coroutine[Any, Any, Response]) -> Response:
+    """`answering`'s response, unless ingress drains or the client leaves first (an answer may take minutes).
+
+    Raises `DrainingError` or `ClientGoneError` then, after stopping `answering`.
     """
     answer = asyncio.create_task(answering)
     drained = asyncio.create_task(drain.event.wait())
+    gone = asyncio.create_task(_disconnected(request))
     try:
-        await asyncio.wait({answer, drained}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({answer, drained, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        drained.cancel()
+        left = gone.done() and not gone.cancelled() and gone.exception() is None
+        for watcher in (drained, gone):
+            watcher.cancel()
         if not answer.done():
             answer.cancel()
-            await asyncio.gather(answer, return_exceptions=True)
+        # Awaited, so that nothing of ours still reads the connection when a stream takes it over.
+        await asyncio.gather(answer, drained, gone, return_exceptions=True)
     if answer.cancelled():
-        raise DrainingError
+        raise ClientGoneError if left else DrainingError
     return answer.result()
 
 
-async def _respond(active: _Run, chat: ChatRequest) -> JSONResponse | StreamingResponse:
-    # Wait for the first text (or the end) before answering: a run that fails at once gets a
-    # proper HTTP error (the provider's 4xx, a 503 with Retry-After) instead of a 200 with an
-    # error inside.
-    first = await active.next()
+async def _respond(active: _Run, chat: ChatRequest) -> Response:
+    if not chat.stream:
+        # Wait for the first text (or the end) before answering: a run that fails at once gets a
+        # proper HTTP error (the provider's 4xx, a 503 with Retry-After) instead of a 200 with
+        # an error inside.
+        first = await active.next()
+        return await _whole(active, _checked_first(first))
+    # A stream waits for its first event only so long: then its head goes out, and SSE
+    # comments while the run is quiet (a client or proxy must not take the silence for a hang).
+    pending = asyncio.ensure_future(active.next())
+    try:
+        done, _ = await asyncio.wait({pending}, timeout=_first_event_patience(active))
+    except asyncio.CancelledError:
+        pending.cancel()
+        raise
+    if done:
+        return _paced(active, _ready(_checked_first(pending.result())), chat)
+    return _paced(active, pending, chat)
+
+
+def _first_event_patience(active: _Run) -> float:
+    return min(FIRST_EVENT_PATIENCE, active.state.settings.ingress.sse_keep_alive)
+
+
+def _checked_first(first: RunEvent | None) -> RunEvent:
     if first is None:
         raise agent_failed()
     if first.WhichOneof("kind") == "error":
         raise _run_error(first)
-    if not chat.stream:
-        return await _whole(active, first)
-    return _paced(active, first, chat)
+    return first
+
+
+async def _ready(event: RunEvent) -> RunEvent | None:
+    return event
 
 
 async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
@@ -396,10 +570,11 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
             break
         event = await active.next()
     content = "".join(active.text) or summary
+    active.head_sent = True
     return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
 
 
-def _paced(active: _Run, first: RunEvent, chat: ChatRequest) -> PacedResponse:
+def _paced(active: _Run, first: Awaitable[RunEvent | None], chat: ChatRequest) -> PacedResponse:
     """The completion's chunks, a comment while the agent is quiet (a tool call), an end when ingress drains.
 
     An OpenAI client cannot resume a completion: a draining ingress ends it with a retryable
@@ -411,20 +586,27 @@ def _paced(active: _Run, first: RunEvent, chat: ChatRequest) -> PacedResponse:
         failure = OpenAiUnavailableError("The server is restarting; send the request again.")
         return sse_data(failure.body()) + sse_data("[DONE]")
 
+    async def closed() -> None:
+        if isinstance(first, asyncio.Future) and not first.done():
+            first.cancel()  # the stream ended before its first event arrived
+        await active.close()
+
+    active.head_sent = True
     return PacedResponse(
         _stream(active, first, chat),
         keep_alive=active.state.settings.ingress.sse_keep_alive,
         draining=active.state.drain.event,
         last_words=last_words,
+        on_close=closed,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIterator[bytes]:
+async def _stream(active: _Run, first: Awaitable[RunEvent | None], chat: ChatRequest) -> AsyncIterator[bytes]:
     completion = active.completion
     try:
         yield sse_data(completion.chunk({"role": "assistant", "content": ""}))
-        event: RunEvent | None = first
+        event = await first
         finish_reason = "stop"
         while event is not None:
             kind = event.WhichOneof("kind")
@@ -449,10 +631,12 @@ async def _stream(active: _Run, first: RunEvent, chat: ChatRequest) -> AsyncIter
             # loop; and only with counts, since no counts are not zero tokens.
             yield sse_data(completion.usage_chunk(usage))
         yield sse_data("[DONE]")
+    except ApprovalNotCarriedError as exc:
+        await active.close("an approval cannot be given over Chat Completions", at_once=True)
+        yield sse_data(exc.as_openai().body())
+        yield sse_data("[DONE]")
     except (TimeoutError, BusError, StreamGapError, AnswerChangedError) as exc:
         failure = OpenAiUnavailableError("The agent stopped answering.")
         log.warning("completion %s broke off: %s", completion.id, type(exc).__name__)
         yield sse_data(failure.body())
         yield sse_data("[DONE]")
-    finally:
-        await active.close()

@@ -92,7 +92,9 @@ class PacedResponse(StreamingResponse):
     """An SSE response with keep-alive comments while it is quiet and last words when ingress drains.
 
     `last_words()` gives the bytes that end a drained stream (it may act first, e.g. cancel a
-    run nobody can resume); the body is closed after them.
+    run nobody can resume); the body is closed after them. `on_close()` runs once the stream
+    is over, however it ended, even when the client left before the body's first chunk (the
+    body's own `finally` never runs then).
     """
 
     def __init__(
@@ -102,11 +104,13 @@ class PacedResponse(StreamingResponse):
         keep_alive: float | None,
         draining: asyncio.Event,
         last_words: Callable[[], Awaitable[bytes]],
+        on_close: Callable[[], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         """Stream `content`; a comment after each `keep_alive` seconds without bytes (None: never)."""
         super().__init__(content, media_type="text/event-stream", headers=headers)
         self._content = content
+        self._on_close = on_close
         self._keep_alive = keep_alive
         self._draining = draining
         self._last_words = last_words
@@ -135,6 +139,8 @@ class PacedResponse(StreamingResponse):
                 if isinstance(self._content, AsyncGenerator):
                     with contextlib.suppress(Exception):
                         await self._content.aclose()
+                if self._on_close is not None:
+                    await self._on_close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pace(self, send: Send, body: anyio.CancelScope) -> None:

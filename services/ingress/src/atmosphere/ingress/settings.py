@@ -75,6 +75,9 @@ class IngressSettings(ServiceSettings):
     """Completions served at once; more get 503."""
     ai_openai_timeout: float = Field(default=120.0, gt=0)
     """Seconds a completion may take."""
+    ai_openai_retry_grace: float = Field(default=10.0, ge=0, le=600)
+    """Seconds the run of a retryable completion (an `Idempotency-Key`, an SDK's request) goes on
+    after its client left before the answer started, for a retry to attach; then it is cancelled."""
     admin_http_read_auth_required: bool = True
     """Require `ATMOSPHERE_ADMIN_TOKEN` on every `/api/admin/*` read."""
     admin_token: str = ""

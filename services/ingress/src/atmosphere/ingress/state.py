@@ -9,6 +9,7 @@ from atmosphere.bus import Bus
 from atmosphere.ingress.auth import AdminGate, Authenticator
 from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.directory import AgentDirectory
+from atmosphere.ingress.openai_retries import CompletionRetries
 from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.service import ServiceRuntime
@@ -16,7 +17,7 @@ from atmosphere.service import ServiceRuntime
 
 @dataclass
 class IngressState:
-    """The bus, the agent directory, auth and the OpenAI endpoint's concurrency permits."""
+    """The bus, the agent directory, auth, and the OpenAI endpoint's concurrency permits and retries."""
 
     settings: IngressSettings
     runtime: ServiceRuntime
@@ -24,6 +25,8 @@ class IngressState:
     authenticator: Authenticator
     admin_gate: AdminGate
     openai_permits: asyncio.Semaphore
+    completions: CompletionRetries
+    """OpenAI completions a retry may attach to."""
     conversations: ConversationTracker
     drain: Drain
     """Set when ingress stops: open streams end and say where to resume."""
@@ -43,6 +46,7 @@ class IngressState:
             authenticator=Authenticator(settings.ingress.auth_tokens),
             admin_gate=AdminGate(settings.admin_http_read_auth_required, settings.admin_token),
             openai_permits=asyncio.Semaphore(settings.ai_openai_max_concurrent),
+            completions=CompletionRetries(runtime.bus, retry_grace=settings.ai_openai_retry_grace),
             conversations=ConversationTracker(runtime.bus, idle_timeout=settings.ingress.conversation_idle_timeout),
             drain=drain or Drain(),
         )
