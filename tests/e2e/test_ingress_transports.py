@@ -209,7 +209,14 @@ GRANTS = (TokenGrant(token="token-ada-123", user_id="ada", paths=("/atmosphere/a
 @pytest.mark.parametrize("stack", [{"ingress": IngressOptions(port=0, auth_tokens=GRANTS)}], indirect=True)
 async def test_tokens_guard_agent_endpoints(stack: Stack) -> None:
     url = await stack.ingress_url()
-    for target, code in ((ws_url(url, "echo"), 4401), (ws_url(url, "assistant") + "?access_token=token-ada-123", 4403)):
+    targets = (
+        (ws_url(url, "echo"), 4401),
+        (ws_url(url, "assistant") + "?access_token=token-ada-123", 4403),
+        # An unknown agent is a 4401 without a token too: agent names cannot be probed.
+        (ws_url(url, "nobody"), 4401),
+        (ws_url(url, "nobody") + "?access_token=token-ada-123", 4404),
+    )
+    for target, code in targets:
         with pytest.raises(websockets.ConnectionClosed) as closed:
             async with websockets.connect(target) as ws:
                 await ws.recv()

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 import websockets
+from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -139,8 +140,11 @@ async def test_two_tools_over_grpc_with_health_and_reflection(
                 pass
         assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-        info = json.loads((await stub.GetInfo(dispatch_pb2.GetInfoRequest())).info_json)
+        answer = await stub.GetInfo(dispatch_pb2.GetInfoRequest())
+        info = json.loads(answer.info_json)
         assert info["runtime"]["name"] == "built-in"
+        # The same object, typed: a reflection client shows it as JSON, not a string of JSON.
+        assert MessageToDict(answer.info) == info
 
         health = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service="atmosphere.contracts.dispatch.v1.DispatchService")

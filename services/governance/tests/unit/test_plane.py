@@ -407,3 +407,21 @@ async def test_a_policy_waiting_on_io_does_not_hold_governance(tmp_path: Path) -
         release.set()
         server.shutdown()
         server.server_close()
+
+
+def test_a_reloads_digest_changes_when_any_reloaded_policy_does(tmp_path: Path) -> None:
+    # The answer's digest stands for every policy reloaded: a change to the document's second
+    # policy must show in it (the first policy's own digest would stay the same).
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICIES)
+
+    def reread() -> list[Any]:
+        return list(parse_policies(path.read_text(), source=f"yaml:{path.name}"))
+
+    plane = GovernancePlane(reread(), reload_from=reread)
+    same = plane.reload()
+    assert plane.reload()["digest"] == same["digest"]
+    path.write_text(POLICIES.replace("max-concurrent: 2", "max-concurrent: 3"))
+    changed = plane.reload()
+    assert changed["digest"] != same["digest"]
+    assert changed["digest"].startswith("sha256:")

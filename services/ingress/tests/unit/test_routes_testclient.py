@@ -252,3 +252,36 @@ async def test_docs_and_the_openapi_document_are_served() -> None:
     assert page.status_code == 200
     assert "/atmosphere/agent/{name}" in document.json()["paths"]
     assert (missing.status_code, missing.json()["code"]) == (404, "ingress.not_found")
+
+
+async def test_agent_names_cannot_be_probed_without_a_token() -> None:
+    # Credentials are checked before the agent is looked up: an unknown agent and a known one
+    # answer alike (401) without a token; with one, the unknown agent is a 404.
+    async with ingress(settings(ingress=IngressOptions(auth_tokens=(GRANT,))), ECHO) as client:
+        for path in ("/atmosphere/agent/nobody", "/atmosphere/agent/echo", "/atmosphere/agent/nobody/poll"):
+            refused = await client.post(path, content="hi")
+            assert refused.status_code == 401, (path, refused.text)
+        unknown = await client.post(
+            "/atmosphere/agent/nobody", content="hi", headers={"Authorization": "Bearer ada-token-1"}
+        )
+        assert unknown.status_code == 404
+
+
+async def test_the_models_list_holds_only_what_the_key_may_use() -> None:
+    async with ingress(settings(ingress=IngressOptions(auth_tokens=(GRANT,))), ECHO, OTHER_AGENT) as client:
+        listed = await client.get("/atmosphere/v1/models", headers={"Authorization": "Bearer ada-token-1"})
+        assert listed.status_code == 200
+        assert [m["id"] for m in listed.json()["data"]] == ["echo"]  # not "secret": outside the grant
+        assert (await client.get("/atmosphere/v1/models")).status_code == 401
+
+
+@pytest.mark.parametrize("body", ['{"prompt": "hi"', "[1, 2]", '"just a string"', "not json at all"])
+async def test_a_body_declared_json_that_is_not_a_prompt_object_is_a_400(body: str) -> None:
+    async with ingress(settings(), ECHO) as client:
+        for path in ("/atmosphere/agent/echo", "/atmosphere/agent/echo/poll"):
+            refused = await client.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert refused.status_code == 400, (path, body, refused.text)
+        # The same text as plain text is a prompt, as it always was.
+        answered = await client.post("/atmosphere/agent/echo", content=body, headers={"Content-Type": "text/plain"})
+        assert answered.status_code == 200
+        assert sse_frames(answered.text)[-1]["type"] == "complete"

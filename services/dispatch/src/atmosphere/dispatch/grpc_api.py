@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -278,7 +279,10 @@ class DispatchServicer:
     ) -> GetInfoResponse:
         """Dispatch's runtime-truth information."""
         await self._accept(received, context)
-        return GetInfoResponse(info_json=json.dumps(self._info(), sort_keys=True))
+        info = self._info()
+        typed = Struct()
+        typed.update(info)
+        return GetInfoResponse(info_json=json.dumps(info, sort_keys=True), info=typed)
 
 
 def _invalid_run(request: RunRequest, *, limit: int) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -272,6 +273,16 @@ class _Held:
     since: float
 
 
+def set_digest(policies: Sequence[Policy]) -> str:
+    """`sha256:<hex>` of a set of policies, in order: it changes when any one of them does.
+
+    What a reload answers with: the first policy's own digest would stay the same when only a
+    later policy of the document changed.
+    """
+    material = "\n".join(p.identity.digest for p in policies).encode()
+    return "sha256:" + hashlib.sha256(material).hexdigest()
+
+
 class GovernancePlane:
     """The policies in force behind the kill switch, and the state they keep between requests."""
 
@@ -342,7 +353,7 @@ class GovernancePlane:
         return {
             "reloaded": swap_name or "all",
             "version": first.version if first else "",
-            "digest": first.digest if first else "",
+            "digest": set_digest(reloaded),
             "policyCount": len(self.policies),
         }
 

@@ -220,13 +220,13 @@ def _drained(run_id: str, last_seq: int) -> bytes:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
-def _prompt_of(raw: bytes) -> Prompt:
+def _prompt_of(raw: bytes, *, declared_json: bool = False) -> Prompt:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         msg = "The prompt must be UTF-8 text"
         raise MalformedRequestError(msg) from None
-    parsed = parse_inbound(text)
+    parsed = parse_inbound(text, declared_json=declared_json)
     if isinstance(parsed, ApprovalReply):
         msg = "Send approvals to /atmosphere/runs/{run_id}/approval"
         raise MalformedRequestError(msg)
@@ -316,9 +316,11 @@ def _open_connection(
     state: IngressState, websocket: WebSocket, descriptor: AgentDescriptor | None
 ) -> tuple[Connection, tuple[str, int] | None]:
     """The connection of an accepted socket and the run it resumes; `_SocketRefusedError` when refused."""
-    if descriptor is None:
-        raise _SocketRefusedError(CLOSE_UNKNOWN, f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'")
     try:
+        if descriptor is None:
+            # Credentials first: without them, which agents exist is nobody's business.
+            state.authenticator.identify(websocket.headers, websocket.query_params)
+            raise _SocketRefusedError(CLOSE_UNKNOWN, f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'")
         caller = state.authenticator.caller(descriptor.path, websocket.headers, websocket.query_params)
     except AuthError as exc:
         raise _SocketRefusedError(CLOSE_AUTH[exc.status], exc.message) from None
@@ -423,7 +425,9 @@ async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, trans
     state = state_of(request)
     principal = agent_principal(state, request, descriptor.path)
     conversation_id = conversation_of(request.headers.get(CONVERSATION_HEADER), principal)
-    prompt = _prompt_of(await bounded_body(request, limit=message_limit_of(state)))
+    # A body declared JSON must be a prompt object: broken JSON is a 400, never a prompt.
+    declared_json = "json" in request.headers.get("content-type", "").lower()
+    prompt = _prompt_of(await bounded_body(request, limit=message_limit_of(state)), declared_json=declared_json)
     run = new_run_request(
         agent=descriptor.name,
         prompt=prompt,
@@ -440,8 +444,7 @@ async def _accept_prompt(request: Request, descriptor: AgentDescriptor, *, trans
 async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> StreamingResponse:
     """Start a run from a POSTed prompt and stream its frames as Server-Sent Events."""
     state = state_of(request)
-    if descriptor is None:
-        raise AgentNotFoundError(f"Unknown agent at {request.url.path}")
+    descriptor = _known(state, request, descriptor)
     run = await _accept_prompt(request, descriptor, transport="sse")
     headers = {**SSE_HEADERS, "X-Atmosphere-Run-Id": run.run_id}
     events = follow_run(state.bus, run.run_id, submit=run)
@@ -452,6 +455,17 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     except BusError as exc:
         raise _not_submitted(run, exc) from None
     return _sse_response(state, run.run_id, _starting_with(first, events), headers=headers)
+
+
+def _known(state: IngressState, request: Request, descriptor: AgentDescriptor | None) -> AgentDescriptor:
+    """The agent a prompt is for; 404 when there is none, but only after the credentials passed.
+
+    Checked in that order so that agent names cannot be probed without a token (a 401 either way).
+    """
+    if descriptor is None:
+        identified_caller(state, request)
+        raise AgentNotFoundError(f"Unknown agent at {request.url.path}")
+    return descriptor
 
 
 async def _starting_with(first: RunEvent, rest: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
@@ -536,9 +550,7 @@ async def _authorize_run(state: IngressState, request: Request, run_id: str) -> 
 async def agent_poll_start(request: Request, name: str) -> RunStarted:
     """Queue the prompt; then `GET` the returned `next` URL until `done`."""
     state = state_of(request)
-    descriptor = await _descriptor(state, name=name)
-    if descriptor is None:
-        raise AgentNotFoundError(f"Unknown agent '{name}'")
+    descriptor = _known(state, request, await _descriptor(state, name=name))
     run = await _accept_prompt(request, descriptor, transport="long-poll")
     try:
         await submit_run(state.bus, run)

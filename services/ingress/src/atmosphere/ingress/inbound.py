@@ -134,10 +134,12 @@ def parse_approval(raw: str) -> ApprovalReply:
     return deny
 
 
-def parse_inbound(raw: str) -> Prompt | ApprovalReply:
+def parse_inbound(raw: str, *, declared_json: bool = False) -> Prompt | ApprovalReply:
     """Parse plain text, `{"prompt": "...", "hints": {...}}` or an approval reply.
 
-    Text that merely starts with `{` but is not JSON is taken as a plain prompt. JSON that
+    Text that merely starts with `{` but is not JSON is taken as a plain prompt, unless the
+    sender declared it JSON (`declared_json`: an HTTP body sent as `application/json`), where
+    it is a `MalformedRequestError` like any body that is not a prompt object. JSON that
     parses but cannot be used (nested too deep, a number past Python's digit limit, a lone
     surrogate protobuf would refuse) is a `MalformedRequestError`, as is any unusable field.
     """
@@ -146,17 +148,21 @@ def parse_inbound(raw: str) -> Prompt | ApprovalReply:
         raise MalformedRequestError("Empty prompt")
     if has_lone_surrogate(text):
         raise MalformedRequestError("The message contains a lone UTF-16 surrogate, which is not valid Unicode")
-    if text.startswith(APPROVAL_PREFIX):
+    if text.startswith(APPROVAL_PREFIX) and not declared_json:
         return parse_approval(text)
-    if not text.startswith("{"):
+    if not text.startswith("{") and not declared_json:
         return Prompt(text=raw)
     try:
         envelope = parse_json(text)
     except UnusableJsonError as exc:
         raise MalformedRequestError(str(exc)) from None
-    except MalformedJsonError:
+    except MalformedJsonError as exc:
+        if declared_json:
+            raise MalformedRequestError(f"The body is not valid JSON ({exc.message})") from None
         return Prompt(text=raw)
     if not isinstance(envelope, dict):
+        if declared_json:
+            raise MalformedRequestError('A JSON body must be an object: {"prompt": "..."}')
         return Prompt(text=raw)
     prompt = envelope.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():

@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 from atmosphere.contracts.run.v1 import run_pb2 as atmosphere_dot_contracts_dot_run_dot_v1_dot_run__pb2
 from atmosphere.contracts.tool.v1 import tool_pb2 as atmosphere_dot_contracts_dot_tool_dot_v1_dot_tool__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/atmosphere/contracts/dispatch/v1/dispatch.proto\x12 atmosphere.contracts.dispatch.v1\x1a%atmosphere/contracts/run/v1/run.proto\x1a\'atmosphere/contracts/tool/v1/tool.proto\"\xc4\x01\n\nRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12L\n\x08metadata\x18\x04 \x03(\x0b\x32:.atmosphere.contracts.dispatch.v1.RunRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x0bRunResponse\x12\x34\n\x05\x65vent\x18\x01 \x01(\x0b\x32%.atmosphere.contracts.run.v1.RunEvent\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"2\n\rFollowRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"/\n\rCancelRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\"\n\x0e\x43\x61ncelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x13\n\x11ListAgentsRequest\"W\n\x12ListAgentsResponse\x12\x41\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x31.atmosphere.contracts.dispatch.v1.AgentDescriptor\"\x10\n\x0eGetInfoRequest\"$\n\x0fGetInfoResponse\x12\x11\n\tinfo_json\x18\x01 \x01(\t\"\xd8\x01\n\x0f\x41gentDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\r\n\x05tools\x18\x07 \x03(\t\x12\x0f\n\x07harness\x18\x08 \x03(\t\x12?\n\tworkspace\x18\t \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope2\xb9\x04\n\x0f\x44ispatchService\x12\x64\n\x03Run\x12,.atmosphere.contracts.dispatch.v1.RunRequest\x1a-.atmosphere.contracts.dispatch.v1.RunResponse0\x01\x12j\n\x06\x46ollow\x12/.atmosphere.contracts.dispatch.v1.FollowRequest\x1a-.atmosphere.contracts.dispatch.v1.RunResponse0\x01\x12k\n\x06\x43\x61ncel\x12/.atmosphere.contracts.dispatch.v1.CancelRequest\x1a\x30.atmosphere.contracts.dispatch.v1.CancelResponse\x12w\n\nListAgents\x12\x33.atmosphere.contracts.dispatch.v1.ListAgentsRequest\x1a\x34.atmosphere.contracts.dispatch.v1.ListAgentsResponse\x12n\n\x07GetInfo\x12\x30.atmosphere.contracts.dispatch.v1.GetInfoRequest\x1a\x31.atmosphere.contracts.dispatch.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/atmosphere/contracts/dispatch/v1/dispatch.proto\x12 atmosphere.contracts.dispatch.v1\x1a%atmosphere/contracts/run/v1/run.proto\x1a\'atmosphere/contracts/tool/v1/tool.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xc4\x01\n\nRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12L\n\x08metadata\x18\x04 \x03(\x0b\x32:.atmosphere.contracts.dispatch.v1.RunRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x0bRunResponse\x12\x34\n\x05\x65vent\x18\x01 \x01(\x0b\x32%.atmosphere.contracts.run.v1.RunEvent\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"2\n\rFollowRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"/\n\rCancelRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\"\n\x0e\x43\x61ncelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x13\n\x11ListAgentsRequest\"W\n\x12ListAgentsResponse\x12\x41\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x31.atmosphere.contracts.dispatch.v1.AgentDescriptor\"\x10\n\x0eGetInfoRequest\"K\n\x0fGetInfoResponse\x12\x11\n\tinfo_json\x18\x01 \x01(\t\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xd8\x01\n\x0f\x41gentDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\r\n\x05tools\x18\x07 \x03(\t\x12\x0f\n\x07harness\x18\x08 \x03(\t\x12?\n\tworkspace\x18\t \x01(\x0b\x32,.atmosphere.contracts.tool.v1.WorkspaceScope2\xb9\x04\n\x0f\x44ispatchService\x12\x64\n\x03Run\x12,.atmosphere.contracts.dispatch.v1.RunRequest\x1a-.atmosphere.contracts.dispatch.v1.RunResponse0\x01\x12j\n\x06\x46ollow\x12/.atmosphere.contracts.dispatch.v1.FollowRequest\x1a-.atmosphere.contracts.dispatch.v1.RunResponse0\x01\x12k\n\x06\x43\x61ncel\x12/.atmosphere.contracts.dispatch.v1.CancelRequest\x1a\x30.atmosphere.contracts.dispatch.v1.CancelResponse\x12w\n\nListAgents\x12\x33.atmosphere.contracts.dispatch.v1.ListAgentsRequest\x1a\x34.atmosphere.contracts.dispatch.v1.ListAgentsResponse\x12n\n\x07GetInfo\x12\x30.atmosphere.contracts.dispatch.v1.GetInfoRequest\x1a\x31.atmosphere.contracts.dispatch.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_RUNREQUEST_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_RUNREQUEST']._serialized_start=166
-  _globals['_RUNREQUEST']._serialized_end=362
-  _globals['_RUNREQUEST_METADATAENTRY']._serialized_start=315
-  _globals['_RUNREQUEST_METADATAENTRY']._serialized_end=362
-  _globals['_RUNRESPONSE']._serialized_start=364
-  _globals['_RUNRESPONSE']._serialized_end=460
-  _globals['_FOLLOWREQUEST']._serialized_start=462
-  _globals['_FOLLOWREQUEST']._serialized_end=512
-  _globals['_CANCELREQUEST']._serialized_start=514
-  _globals['_CANCELREQUEST']._serialized_end=561
-  _globals['_CANCELRESPONSE']._serialized_start=563
-  _globals['_CANCELRESPONSE']._serialized_end=597
-  _globals['_LISTAGENTSREQUEST']._serialized_start=599
-  _globals['_LISTAGENTSREQUEST']._serialized_end=618
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=620
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=707
-  _globals['_GETINFOREQUEST']._serialized_start=709
-  _globals['_GETINFOREQUEST']._serialized_end=725
-  _globals['_GETINFORESPONSE']._serialized_start=727
-  _globals['_GETINFORESPONSE']._serialized_end=763
-  _globals['_AGENTDESCRIPTOR']._serialized_start=766
-  _globals['_AGENTDESCRIPTOR']._serialized_end=982
-  _globals['_DISPATCHSERVICE']._serialized_start=985
-  _globals['_DISPATCHSERVICE']._serialized_end=1554
+  _globals['_RUNREQUEST']._serialized_start=196
+  _globals['_RUNREQUEST']._serialized_end=392
+  _globals['_RUNREQUEST_METADATAENTRY']._serialized_start=345
+  _globals['_RUNREQUEST_METADATAENTRY']._serialized_end=392
+  _globals['_RUNRESPONSE']._serialized_start=394
+  _globals['_RUNRESPONSE']._serialized_end=490
+  _globals['_FOLLOWREQUEST']._serialized_start=492
+  _globals['_FOLLOWREQUEST']._serialized_end=542
+  _globals['_CANCELREQUEST']._serialized_start=544
+  _globals['_CANCELREQUEST']._serialized_end=591
+  _globals['_CANCELRESPONSE']._serialized_start=593
+  _globals['_CANCELRESPONSE']._serialized_end=627
+  _globals['_LISTAGENTSREQUEST']._serialized_start=629
+  _globals['_LISTAGENTSREQUEST']._serialized_end=648
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=650
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=737
+  _globals['_GETINFOREQUEST']._serialized_start=739
+  _globals['_GETINFOREQUEST']._serialized_end=755
+  _globals['_GETINFORESPONSE']._serialized_start=757
+  _globals['_GETINFORESPONSE']._serialized_end=832
+  _globals['_AGENTDESCRIPTOR']._serialized_start=835
+  _globals['_AGENTDESCRIPTOR']._serialized_end=1051
+  _globals['_DISPATCHSERVICE']._serialized_start=1054
+  _globals['_DISPATCHSERVICE']._serialized_end=1623
 # @@protoc_insertion_point(module_scope)

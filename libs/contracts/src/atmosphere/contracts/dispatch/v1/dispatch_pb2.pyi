@@ -8,6 +8,7 @@ from atmosphere.contracts.tool.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -221,16 +222,26 @@ class GetInfoResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INFO_JSON_FIELD_NUMBER: _builtins.int
+    INFO_FIELD_NUMBER: _builtins.int
     info_json: _builtins.str
-    """The same JSON object dispatch answers on `atmo.svc.dispatch.info`."""
+    """The same JSON object dispatch answers on `atmo.svc.dispatch.info`, as JSON text (kept for
+    clients written against it; `info` is the same object, typed).
+    """
+    @_builtins.property
+    def info(self) -> _struct_pb2.Struct:
+        """The same object as a protobuf `Struct`: a reflection client (grpcurl, Postman) shows it as
+        JSON, not as a string holding JSON.
+        """
+
     def __init__(
         self,
         *,
         info_json: _builtins.str = ...,
+        info: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["info_json", b"info_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "info_json", b"info_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
