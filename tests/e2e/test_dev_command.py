@@ -86,7 +86,9 @@ def ports() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def start(argv: list[str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output]]:
+def start(
+    argv: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], Output]]:
     log = tmp_path / "output.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -95,6 +97,7 @@ def start(argv: list[str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[by
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, like a terminal job
+            env=env,
         )
     try:
         yield process, Output(process, log)
@@ -191,3 +194,63 @@ async def test_interrupting_make_run_leaves_no_process_behind(ports: dict[str, i
         while alive(tree) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert alive(tree) == set(), output.read()
+
+
+async def exit_code(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """The process's exit code, waited for without blocking the loop (a test's servers keep answering)."""
+    deadline = time.monotonic() + timeout
+    while (code := process.poll()) is None:
+        assert time.monotonic() < deadline, "still running"
+        await asyncio.sleep(0.1)
+    return code
+
+
+async def test_a_second_stack_whose_probe_ports_answer_readyz_stops_before_starting_anything(
+    ports: dict[str, int], tmp_path: Path
+) -> None:
+    async def another_stacks_readyz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{"ready":true}')
+        await writer.drain()
+        writer.close()
+
+    probes = [
+        await asyncio.start_server(another_stacks_readyz, "127.0.0.1", ports["probe"] + i)
+        for i in range(len(SERVICES) - 1)
+    ]
+    home = tmp_path / "home"
+    argv = [str(Path(sys.executable).parent / "atmosphere"), "dev", *dev_args(ports, home)]
+    try:
+        with start(argv, tmp_path) as (process, output):
+            assert await exit_code(process, 30) == 1, output.read()
+            text = output.read()
+    finally:
+        for server in probes:
+            server.close()
+            await server.wait_closed()
+    memory = ports["probe"] + 2  # dispatch, governance, memory, sandbox, tape: sorted from the base
+    assert f"port 127.0.0.1:{memory} (memory's probe port) is already in use" in text
+    assert "--probe-base-port" in text
+    assert "Ctrl-C stops everything" not in text
+    # Nothing started: no child's prefixed output, and no data of the broker or a service written.
+    assert "| " not in text, text
+    assert not home.exists()
+
+
+async def test_an_invalid_grant_token_stops_the_stack_once_without_printing_it(
+    ports: dict[str, int], tmp_path: Path
+) -> None:
+    token = "tok7chr"  # one short of the minimum of eight
+    env = {**os.environ, "ATMOSPHERE_INGRESS__AUTH_TOKENS": f'[{{"token": "{token}", "user_id": "alice"}}]'}
+    argv = [str(Path(sys.executable).parent / "atmosphere"), "dev", *dev_args(ports, tmp_path / "home")]
+    with start(argv, tmp_path, env=env) as (process, output):
+        assert await exit_code(process, 90) == 1, output.read()
+        text = output.read()
+    assert token not in text
+    assert "ATMOSPHERE_INGRESS__AUTH_TOKENS[0].token: must be at least 8 characters" in text
+    assert "its settings are invalid" in text
+    assert "exited with 78: it cannot start as configured; not restarting" in text
+    assert "restarting in" not in text  # no service was restarted
+    assert "Ctrl-C stops everything" not in text
+    # Dispatch (the first of the two that read the grants) said it once.
+    assert sum("dispatch" in line and "invalid settings" in line for line in text.splitlines()) == 1, text

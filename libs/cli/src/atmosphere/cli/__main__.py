@@ -7,48 +7,109 @@ import asyncio
 import os
 import secrets
 import sys
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from atmosphere.cli.credentials import add_credentials_command, run_credentials
 from atmosphere.cli.dev import DevOptions, run_dev
-from atmosphere.cli.new import NewProjectError, new_project
+from atmosphere.cli.dev_layout import MAX_PORT, port_conflicts
+from atmosphere.cli.new import NewProjectError, new_project, next_steps, package_name
 from atmosphere.cli.tape import add_tape_commands, run_tape
 
 DEFAULT_APP = "examples.assistant:app"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="atmosphere", description="Atmosphere for Python")
-    commands = parser.add_subparsers(dest="command", required=True)
-    dev = commands.add_parser("dev", help="run nats-server and every service locally")
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help says it in words already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        # A flag's default is its absence, a required option has none, and `None` tells nothing.
+        if "default" in text.lower() or action.nargs == 0 or action.required or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose subcommands' parsers (made elsewhere, e.g. `tape`) show defaults too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= MAX_PORT:
+        msg = f"{text!r} is not a port number from 1 to {MAX_PORT}"
+        raise argparse.ArgumentTypeError(msg)
+    return port
+
+
+def _app_reference(text: str) -> str:
+    module, _, attribute = text.partition(":")
+    if not module.strip() or not attribute.strip():
+        msg = f"{text!r} must look like module:attribute (e.g. {DEFAULT_APP})"
+        raise argparse.ArgumentTypeError(msg)
+    return text
+
+
+def _app_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        msg = f"{text} is not a directory"
+        raise argparse.ArgumentTypeError(msg)
+    return path
+
+
+def _home(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        msg = f"{text} exists and is not a directory"
+        raise argparse.ArgumentTypeError(msg)
+    return path
+
+
+def _version() -> str:
+    try:
+        return metadata.version("atmosphere-ai-cli")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _add_dev_command(commands: Any) -> argparse.ArgumentParser:
+    dev: argparse.ArgumentParser = commands.add_parser("dev", help="run nats-server and every service locally")
     dev.add_argument(
         "--app",
+        type=_app_reference,
         default=os.environ.get("ATMOSPHERE_APP", DEFAULT_APP),
         help="module:attribute of the App to serve (default: $ATMOSPHERE_APP or %(default)s)",
     )
     dev.add_argument(
         "--app-dir",
-        type=Path,
-        default=Path(os.environ.get("ATMOSPHERE_APP_DIR") or "."),
+        type=_app_dir,
+        # A string, so that argparse checks it (as `type`) like a given one.
+        default=os.environ.get("ATMOSPHERE_APP_DIR") or ".",
         help="directory put first on sys.path to import the app (default: $ATMOSPHERE_APP_DIR or the current one)",
     )
+    dev.add_argument("--home", type=_home, default=".atmosphere", help="where the broker and services keep their data")
+    dev.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     dev.add_argument(
-        "--home",
-        type=Path,
-        default=Path(".atmosphere"),
-        help="where the broker and services keep their data (default: %(default)s)",
+        "--nats-port", type=_port, default=4222, help="NATS client port (of the first node; node i: this + i)"
     )
-    dev.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    dev.add_argument("--nats-port", type=int, default=4222)
-    dev.add_argument("--http-port", type=int, default=8080)
+    dev.add_argument("--http-port", type=_port, default=8080, help="ingress's HTTP and WebSocket port")
     dev.add_argument(
         "--probe-base-port",
-        type=int,
+        type=_port,
         default=8181,
-        help="first of five consecutive probe ports for the worker services",
+        help="first of the consecutive /readyz probe ports of the worker services (five; ten with --cluster)",
     )
-    dev.add_argument("--grpc-port", type=int, default=50051, help="port of the gRPC DispatchService")
-    dev.add_argument("--model-port", type=int, default=8090, help="port of the local model (when it runs)")
+    dev.add_argument("--grpc-port", type=_port, default=50051, help="port of the gRPC DispatchService")
+    dev.add_argument("--model-port", type=_port, default=8090, help="port of the local model (when it runs)")
     dev.add_argument(
         "--no-model", action="store_true", help="do not start the local model even when LLM_BASE_URL is unset"
     )
@@ -66,14 +127,31 @@ def _parser() -> argparse.ArgumentParser:
         help="log every service in as its own NATS user with its subject permissions (fresh credentials "
         "under the home's nats-credentials/ each start; observer.env for outside readers)",
     )
-    dev.add_argument("--nats-cluster-port", type=int, default=6222, help="route port of the first cluster node")
-    dev.add_argument("--nats-monitor-port", type=int, default=8222, help="monitoring port of the first cluster node")
+    dev.add_argument(
+        "--nats-cluster-port", type=_port, default=6222, help="route port of the first cluster node (--cluster)"
+    )
+    dev.add_argument(
+        "--nats-monitor-port", type=_port, default=8222, help="monitoring port of the first cluster node (--cluster)"
+    )
+    return dev
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `atmosphere` parser, and its `dev` subcommand's (whose usage a bad port combination shows)."""
+    parser = _Parser(prog="atmosphere", description="Atmosphere for Python")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    dev = _add_dev_command(commands)
     new = commands.add_parser("new", help="write a starter project: one agent, its test, a README")
     new.add_argument("directory", type=Path, help="where to write it (created when missing)")
     new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
     add_tape_commands(commands)
     add_credentials_command(commands)
-    return parser
+    return parser, dev
+
+
+def _parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
 
 
 def _new(args: argparse.Namespace) -> int:
@@ -84,19 +162,12 @@ def _new(args: argparse.Namespace) -> int:
         return 1
     for path in written:
         print(f"wrote {path}")
+    print(next_steps(args.directory, package_name(args.directory, args.package)))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `atmosphere`."""
-    args = _parser().parse_args(argv)
-    if args.command == "new":
-        return _new(args)
-    if args.command == "tape":
-        return run_tape(args)
-    if args.command == "bus-credentials":
-        return run_credentials(args)
-    options = DevOptions(
+def _dev_options(args: argparse.Namespace) -> DevOptions:
+    return DevOptions(
         app=args.app,
         app_dir=args.app_dir.resolve(),
         home=args.home.resolve(),
@@ -117,6 +188,22 @@ def main(argv: list[str] | None = None) -> int:
         # A token made per run unless one is given: admin reads are never open by accident.
         admin_token=os.environ.get("ATMOSPHERE_ADMIN_TOKEN") or secrets.token_urlsafe(18),
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `atmosphere`."""
+    parser, dev_parser = _parsers()
+    args = parser.parse_args(argv)
+    if args.command == "new":
+        return _new(args)
+    if args.command == "tape":
+        return run_tape(args)
+    if args.command == "bus-credentials":
+        return run_credentials(args)
+    options = _dev_options(args)
+    if conflicts := port_conflicts(options):
+        # The flags' combination is the mistake: a usage error, like a port out of range.
+        dev_parser.error("; ".join(conflicts))
     return asyncio.run(run_dev(options))
 
 

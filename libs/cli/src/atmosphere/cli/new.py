@@ -1,13 +1,14 @@
-"""`atmosphere new <dir>`: a starter project with one agent, its in-process test and a README.
+"""`atmosphere new <dir>`: a starter project with one agent, its in-process test, a pyproject and a README.
 
-The agent and the test are the ones of the repository README's "Your own project" (a test keeps
-them equal), so the starter and the documentation cannot tell two different stories.
+The agent and the test are the ones of the guide `docs/your-own-project.md` (a test keeps them
+equal), so the starter and the documentation cannot tell two different stories.
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+import sys
 from pathlib import Path
 
 AGENTS = '''\
@@ -47,10 +48,41 @@ def test_the_counter_calls_its_tool() -> None:
     assert result.text == "Three words."
 """
 
+PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "Agents served by Atmosphere."
+requires-python = ">=3.11"
+# The SDK, the six services and the `atmosphere` command.
+dependencies = ["atmosphere-ai-cli"]
+
+[project.optional-dependencies]
+test = ["pytest>=8"]
+
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[tool.setuptools]
+packages = ["{package}"]
+
+[tool.pytest.ini_options]
+# The tests import `{package}` from the project directory, installed or not.
+pythonpath = ["."]
+testpaths = ["tests"]
+"""
+
 README = """\
 # {name}
 
 An Atmosphere app: the `counter` agent in `{package}/agents.py`, with one tool.
+
+Install it into a virtualenv that has the Atmosphere distributions (`atmosphere-ai-*`: built into
+`dist/` of an Atmosphere checkout, see its `docs/your-own-project.md`):
+
+    python3.11 -m venv .venv
+    .venv/bin/pip install --find-links /path/to/atmosphere/dist -e '.[test]'
 
 Test it in-process (no NATS, no services, a scripted model):
 
@@ -78,14 +110,43 @@ def package_name(directory: Path, package: str | None) -> str:
     return name
 
 
+def project_name(directory: Path) -> str:
+    """A distribution name from the directory's name (PEP 508: letters, digits, `-`, `_`, `.`)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", directory.resolve().name).strip("-._")
+    return name or "atmosphere-agents"
+
+
 def starter_files(directory: Path, package: str) -> dict[Path, str]:
     """Each file of the starter project and its text."""
     return {
         directory / package / "__init__.py": "",
         directory / package / "agents.py": AGENTS.format(package=package),
         directory / "tests" / "test_agents.py": TEST.format(package=package),
+        directory / "pyproject.toml": PYPROJECT.format(name=project_name(directory), package=package),
         directory / "README.md": README.format(name=directory.resolve().name, package=package),
     }
+
+
+def next_steps(directory: Path, package: str) -> str:
+    """What to run next, with the interpreter and `atmosphere` of the environment that wrote it.
+
+    That environment already holds the platform (it ran `atmosphere new`), so its own commands
+    work as printed; `pytest` may still be missing from it, and the hint says how to add it.
+    """
+    python = sys.executable
+    atmosphere = Path(sys.prefix) / "bin" / "atmosphere"
+    return "\n".join(
+        [
+            "",
+            "Next steps:",
+            f"  cd {directory}",
+            f"  {python} -m pytest -q            # its test, in-process (no pytest? {python} -m pip install pytest)",
+            "  # serve it (tool calls need a model that supports them, behind any OpenAI-compatible API):",
+            f"  LLM_BASE_URL=https://api.openai.com/v1 LLM_MODEL=gpt-4o-mini LLM_API_KEY=sk-... "
+            f"{atmosphere} dev --app {package}.agents:app",
+            f"  # then talk to ws://127.0.0.1:8080/atmosphere/agent/counter; the guide: {directory / 'README.md'}",
+        ]
+    )
 
 
 def new_project(directory: Path, *, package: str | None = None) -> list[Path]:

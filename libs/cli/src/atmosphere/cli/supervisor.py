@@ -47,6 +47,9 @@ class _Child:
     restarts: int = 0
     started_at: float | None = None
     """`time.monotonic()` at the last start (None: never started; 0.0 is a valid reading)."""
+    exits: int = 0
+    """Times it exited on its own (not stopped by `stop()`), over its whole life."""
+    last_exit_code: int | None = None
 
 
 def restart_delay(restarts: int, *, base: float = 0.5, cap: float = 30.0) -> float:
@@ -85,6 +88,27 @@ class Supervisor:
     def pids(self) -> list[int]:
         """Process ids of the running children."""
         return [c.process.pid for c in self._children if c.process is not None and c.process.returncode is None]
+
+    def pid(self, name: str) -> int | None:
+        """The process id of the running child `name` (None: not running now, e.g. between restarts)."""
+        process = self._child(name).process
+        return process.pid if process is not None and process.returncode is None else None
+
+    def exits(self, name: str) -> int:
+        """How often the child `name` exited on its own (a crash, or a fatal exit)."""
+        return self._child(name).exits
+
+    def last_exit_code(self, name: str) -> int | None:
+        """The exit code of the child `name`'s last exit on its own (None: it never exited)."""
+        return self._child(name).last_exit_code
+
+    @property
+    def names(self) -> list[str]:
+        """Every child's name, in start order."""
+        return [c.spec.name for c in self._children]
+
+    def _child(self, name: str) -> _Child:
+        return next(c for c in self._children if c.spec.name == name)
 
     def _print(self, name: str, line: str) -> None:
         self._out.write(f"{name:<{self._width}}| {line}\n")
@@ -127,6 +151,8 @@ class Supervisor:
             code = await child.process.wait()
             if self._stopping:
                 return
+            child.exits += 1
+            child.last_exit_code = code
             if code in child.spec.fatal_exit_codes:
                 self._print(child.spec.name, f"exited with {code}: it cannot start as configured; not restarting")
                 self._on_event(f"fatal {child.spec.name} code={code}")

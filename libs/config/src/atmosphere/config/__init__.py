@@ -1,6 +1,7 @@
 """Settings shared by the Atmosphere services, read once from the environment in `__main__`."""
 
 from atmosphere.config._auth import AuthOptions, TokenGrant
+from atmosphere.config._errors import SETTINGS_ERRORS, InvalidSettingsError, invalid_settings
 from atmosphere.config._logging import configure_logging
 from atmosphere.config._settings import (
     JetStreamSettings,
@@ -12,7 +13,9 @@ from atmosphere.config._settings import (
 )
 
 __all__ = [
+    "SETTINGS_ERRORS",
     "AuthOptions",
+    "InvalidSettingsError",
     "JetStreamSettings",
     "LogSettings",
     "NatsSettings",
@@ -21,4 +24,5 @@ __all__ = [
     "WorkerSettings",
     "configure_logging",
     "env_names",
+    "invalid_settings",
 ]

@@ -35,7 +35,8 @@ class TokenGrant(BaseModel):
     def _owning_user(cls, value: str) -> str:
         # A blank or reserved id would make the grant's runs ownerless, hence readable by anyone.
         if not value.strip() or value.strip().lower() in RESERVED_USER_IDS:
-            msg = f"user_id must name a user (not blank, not {sorted(RESERVED_USER_IDS)})"
+            reserved = " or ".join(sorted(RESERVED_USER_IDS))
+            msg = f"must name a user (not blank, not {reserved})"
             raise ValueError(msg)
         return value.strip()
 

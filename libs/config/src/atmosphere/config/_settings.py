@@ -1,7 +1,12 @@
 """The settings every service shares; each service subclasses `ServiceSettings`.
 
+All but ingress do so through `WorkerSettings`, which adds the probe listener.
+
 Environment variables use the `ATMOSPHERE_` prefix and `__` for nesting, e.g.
-`ATMOSPHERE_NATS__URL`, `ATMOSPHERE_LOG__LEVEL`, `ATMOSPHERE_DISPATCH__HEALTH_PORT`.
+`ATMOSPHERE_NATS__URL`, `ATMOSPHERE_LOG__LEVEL`, `ATMOSPHERE_DISPATCH__GRPC_PORT`; a field of the
+top level is a flat variable (`ATMOSPHERE_DATA_DIR`, `ATMOSPHERE_PROBE_PORT`, and Atmosphere's own
+keys such as `ATMOSPHERE_AI_HARNESS_ENABLED`). A nested settings class with a prefix of its own
+reads its own variables (`LLM_*`, `ATMOSPHERE_AI_CODE_*`). docs/settings.md lists every one.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The levels `ATMOSPHERE_LOG__LEVEL` accepts, in any case."""
 
 
 class NatsSettings(BaseModel):
@@ -110,14 +118,15 @@ class LogSettings(BaseModel):
     @classmethod
     def _known_level(cls, value: str) -> str:
         level = value.upper()
-        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
-            msg = f"unknown log level {value!r}"
+        if level not in LOG_LEVELS:
+            # Says what is accepted, not what was given: a message never repeats a setting's value.
+            msg = f"must be {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}"
             raise ValueError(msg)
         return level
 
 
 class ServiceSettings(BaseSettings):
-    """What every service reads: NATS, JetStream limits, logging, data directory."""
+    """What every service reads: NATS, the JetStream limits and replication, logging, the data directory."""
 
     model_config = SettingsConfigDict(
         env_prefix="ATMOSPHERE_",
@@ -136,7 +145,7 @@ class ServiceSettings(BaseSettings):
 
 
 class WorkerSettings(ServiceSettings):
-    """A service without an HTTP surface of its own: it serves `/healthz` + `/readyz` apart."""
+    """A service without an HTTP server (all but ingress): it serves `/healthz` + `/readyz` apart."""
 
     probe_host: str = "0.0.0.0"
     """Interface of the `/healthz` + `/readyz` listener (the kubelet must reach it)."""
@@ -147,8 +156,8 @@ class WorkerSettings(ServiceSettings):
 def env_names(settings: type[BaseSettings]) -> dict[str, str]:
     """Every environment variable `settings` reads, with the field's description.
 
-    Used to check that manifests only set variables that exist and that the README documents
-    every one of them.
+    Used to check that the deploy manifests only set variables that exist and that
+    docs/settings.md documents every one of them (tests/test_deploy.py, tests/test_docs.py).
     """
     config = settings.model_config
     prefix = str(config.get("env_prefix", ""))

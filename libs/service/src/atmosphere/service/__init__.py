@@ -13,12 +13,13 @@ from atmosphere.service._auth import (
 )
 from atmosphere.service._health import Health, health_router
 from atmosphere.service._probes import serve_probes
-from atmosphere.service._run import loop_factory, run
+from atmosphere.service._run import EXIT_INVALID_SETTINGS, loop_factory, run
 from atmosphere.service._runtime import ServiceRuntime, open_service
 
 __all__ = [
     "ANONYMOUS",
     "EXIT_APP_UNLOADABLE",
+    "EXIT_INVALID_SETTINGS",
     "AppLoadError",
     "AuthError",
     "Authenticator",

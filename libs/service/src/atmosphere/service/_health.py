@@ -39,6 +39,7 @@ class Health:
         """Track `service`'s readiness over `bus`."""
         self.service = service
         self.instance = f"{socket.gethostname()}:{os.getpid()}"
+        """`host:pid`: which process answers (`/readyz` reports it, so that a supervisor counts its own)."""
         self.version = _version(service)
         self._bus = bus
         self._wired = False

@@ -49,7 +49,10 @@ def probe_response(health: Health, method: str, path: str) -> bytes:
     if route == "/readyz":
         ready = health.ready
         status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
-        return _response(status, {"ready": ready, "service": health.service}, head=head)
+        # The instance (host:pid) lets a supervisor tell its own child's answer from another
+        # process that happens to hold the port (`atmosphere dev` counts only its own).
+        body = {"ready": ready, "service": health.service, "instance": health.instance}
+        return _response(status, body, head=head)
     return _response(HTTPStatus.NOT_FOUND, {"error": f"no route {route}"}, head=head)
 
 

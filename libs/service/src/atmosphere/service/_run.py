@@ -9,15 +9,27 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 from atmosphere.bus import ConnectError, ConnectionLostError
-from atmosphere.config import ServiceSettings, configure_logging
+from atmosphere.config import (
+    SETTINGS_ERRORS,
+    InvalidSettingsError,
+    ServiceSettings,
+    configure_logging,
+    invalid_settings,
+)
 from atmosphere.service._app import EXIT_APP_UNLOADABLE, AppLoadError
 
 S = TypeVar("S", bound=ServiceSettings)
 
 log = logging.getLogger("atmosphere.service")
+
+EXIT_INVALID_SETTINGS = 78
+"""The exit code of a service whose settings are invalid (`EX_CONFIG` of sysexits.h).
+
+Like `EXIT_APP_UNLOADABLE`, a restart reads the same environment and fails the same way, so a
+supervisor that sees it stops instead of restarting; unlike exit 2 (NATS cannot be reached),
+which a restart may well cure.
+"""
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -33,16 +45,17 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     """Read the settings once, then run `serve(settings, stop=...)` until SIGTERM or SIGINT.
 
     The first signal sets `stop`, so the service drains and exits cleanly; a second signal
-    cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when the
-    settings are invalid or NATS cannot be reached, 3 when the NATS connection closed for good
-    (the supervisor restarts the process), 4 (`EXIT_APP_UNLOADABLE`) when the app cannot be
-    imported (a supervisor must not restart it), 130 when cancelled.
+    cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when NATS
+    cannot be reached and 3 when the NATS connection closed for good (a supervisor restarts
+    the process), 4 (`EXIT_APP_UNLOADABLE`) when the app cannot be imported and 78
+    (`EXIT_INVALID_SETTINGS`) when the settings are invalid (a supervisor must not restart
+    it), 130 when cancelled.
     """
     try:
         settings = load_settings()
-    except ValidationError as exc:
-        print(f"{service}: invalid settings:\n{exc}", file=sys.stderr)  # noqa: T201 - before logging exists
-        return 2
+    except SETTINGS_ERRORS as exc:
+        _report_invalid_settings(service, exc, load_settings)
+        return EXIT_INVALID_SETTINGS
     configure_logging(settings.log, service=service)
 
     async def main() -> None:
@@ -76,3 +89,13 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
         return 130
     log.info("%s stopped", service)
     return 0
+
+
+def _report_invalid_settings(
+    service: str, error: InvalidSettingsError, load_settings: Callable[[], ServiceSettings]
+) -> None:
+    # Never `str(error)`: pydantic repeats every rejected input, and the input may be a token.
+    settings = load_settings if isinstance(load_settings, type) else None
+    problems = "".join(f"\n  {line}" for line in invalid_settings(error, settings))
+    message = f"{service}: invalid settings; fix these variables and start it again:{problems}"
+    print(message, file=sys.stderr)  # noqa: T201 - before logging exists
