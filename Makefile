@@ -37,7 +37,7 @@ install: $(UV) ## Install the workspace (every library and service) into .venv, 
 run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
 	$(VENV)/bin/atmosphere dev $(RUN_ARGS)
 
-test: install lint typecheck proto-check pytest ## Every gate: lint, types, contracts, the whole test suite
+test: install lint typecheck proto-check docs pytest test-lowest ## Every gate: lint, types, contracts, the docs, the whole test suite, the dependency floors
 
 lint: install ## ruff, buf lint/format, lock freshness, the namespace rule
 	$(RUN) ruff check .
@@ -63,8 +63,28 @@ proto-check: install ## Fail when libs/contracts is stale or proto/ breaks the w
 	$(RUN) python scripts/gen_protos.py --check
 	$(RUN) python scripts/check_proto_breaking.py --against '$(BREAKING_BASE)'
 
+.PHONY: docs
+docs: install ## The documentation: docs/ built into site/ by MkDocs, strictly (a broken link fails it)
+	$(RUN) mkdocs build --strict
+
 pytest: install ## The test suite (unit, contract, integration, end-to-end)
 	$(RUN) pytest $(PYTEST_ARGS)
+
+# The declared dependency floors, tested: every library and service installed at the lowest
+# versions its pyproject allows (scripts/lowest_env.py; kept in .atmosphere/lowest and reused
+# until a pyproject or uv.lock changes), then their unit, integration and contract tests run there
+# (about 4 minutes). Left out: the 3-node cluster tests (server behaviour, nearly a minute; the
+# single-server contract tests cover the client's API) and `buf breaking` (a check of proto/).
+LOWEST := .atmosphere/lowest
+LOWEST_TESTS := libs/*/tests/unit libs/bus/tests/integration libs/testing/tests services/*/tests/unit \
+    services/*/tests/integration tests/contract \
+    --ignore=tests/contract/test_bus_replication.py --ignore=tests/contract/test_proto_breaking.py
+
+.PHONY: test-lowest
+test-lowest: install ## The floors: unit, integration and contract tests with each dependency at its lowest declared version
+	$(RUN) python scripts/lowest_env.py sync $(LOWEST) --uv $(UV)
+	$(LOWEST)/bin/python scripts/lowest_env.py check
+	$(LOWEST)/bin/python -m pytest -q $(LOWEST_TESTS)
 
 bench: install ## Benchmarks with ratios against baselines measured in the same run
 	$(RUN) python bench/bus_roundtrip.py

@@ -124,8 +124,9 @@ def test_a_failing_tool_is_a_tool_error_the_model_sees() -> None:
     result = run_agent(APP, "assistant", "go", model=model)
     assert result.completed
     assert [f["event"] for f in result.of("tool-error")] == ["tool-error"]
-    assert model.requests[1].last_tool_result == result.tool_results()["explode"]
-    assert result.tool_results()["explode"].startswith("Error")
+    assert model.requests[1].last_tool_result == result.tool_errors()["explode"]
+    assert result.tool_errors()["explode"].startswith("Error")
+    assert result.tool_results() == {}  # an error is never mistaken for a result
 
 
 def test_bad_tool_arguments_are_refused_before_the_tool_runs() -> None:
@@ -192,7 +193,7 @@ def test_a_builtin_tool_refuses_an_argument_it_does_not_take() -> None:
     )
     result = run_agent(APP, "assistant", "look", model=model)
     assert result.completed
-    results = result.tool_results()
+    results = result.tool_errors()
     assert results["ls"] == "Error: ls got an unknown argument 'path' (it takes: dir)"
     assert results["write_todos"] == "write_todos failed: got an unknown argument 'todo' (it takes: todos, goal)"
     assert sorted(f["data"]["toolName"] for f in result.of("tool-error")) == ["ls", "write_todos"]

@@ -186,4 +186,4 @@ def test_a_tool_that_asks_again_after_approval_fails_instead_of_looping() -> Non
     result = run_agent(app, "insistent", "go", model=model)
     assert result.completed
     assert len(result.of("approval-required")) == 1
-    assert result.tool_results() == {"insistent": "Error: insistent asked for approval again after it was approved"}
+    assert result.tool_errors() == {"insistent": "Error: insistent asked for approval again after it was approved"}

@@ -9,11 +9,12 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Generic, ParamSpec, TypeVar, cast, get_type_hints, overload
+from typing import Annotated, Any, Generic, ParamSpec, TypeVar, cast, get_origin, get_type_hints, overload
 
 import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
 
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolKind as ProtoToolKind
@@ -155,6 +156,28 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
+def _field(param: inspect.Parameter, hint: Any, doc: str | None) -> Any:
+    """The parameter's `Field`: its default, and the docstring's description unless `hint` has one.
+
+    Pydantic lets this `Field` override the one inside `Annotated[...]`: setting the docstring's
+    description (or `None`) here would erase `Annotated[int, Field(description=...)]`'s, the
+    more specific of the two. Metadata other than `Field`s (a plain string) describes nothing.
+    """
+    default = ... if param.default is param.empty else param.default
+    if doc is None or _declared_description(hint) is not None:
+        return Field(default)
+    return Field(default, description=doc)
+
+
+def _declared_description(hint: Any) -> str | None:
+    """The description an `Annotated[..., Field(description=...)]` hint declares, if any."""
+    if get_origin(hint) is not Annotated:
+        return None
+    declared = [meta.description for meta in hint.__metadata__ if isinstance(meta, FieldInfo) and meta.description]
+    # Of several `Field`s the last wins, as it does when pydantic merges them.
+    return declared[-1] if declared else None
+
+
 def _build(
     func: Callable[..., Any],
     *,
@@ -172,7 +195,8 @@ def _build(
         raise UserError(msg)
     summary, arg_docs = parse_docstring(func.__doc__)
     try:
-        hints = get_type_hints(func)
+        # With the extras: `Annotated[int, Field(ge=1, description=...)]` keeps its constraints.
+        hints = get_type_hints(func, include_extras=True)
     except Exception as exc:
         msg = f"@tool {func.__qualname__}: cannot resolve its annotations: {exc}"
         raise UserError(msg) from exc
@@ -184,8 +208,7 @@ def _build(
         if param.name not in hints:
             msg = f"@tool {func.__qualname__}: parameter {param.name!r} needs a type annotation"
             raise UserError(msg)
-        default = ... if param.default is param.empty else param.default
-        fields[param.name] = (hints[param.name], Field(default, description=arg_docs.get(param.name)))
+        fields[param.name] = (hints[param.name], _field(param, hints[param.name], arg_docs.get(param.name)))
     try:
         model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
         parameters = _strip_titles(model.model_json_schema())
@@ -256,7 +279,10 @@ def tool(
     """Declare a tool, bare (`@tool`) or with options (`@tool(timeout=5)`).
 
     The arguments' JSON schema comes from the signature (every parameter needs a type
-    annotation) and the Google-style docstring (`Args:` gives each parameter's description).
+    annotation) and the docstring: its description is the tool's, and its parameter section
+    (Google `Args:`, NumPy `Parameters`, reST `:param x:` or Epydoc `@param x:`) describes each
+    parameter. `Annotated[int, Field(ge=1, description=...)]` keeps its constraints, and its
+    description wins over the docstring's.
     Misuse raises `UserError` at import time. `idempotent=True` declares that a second call with
     the same arguments changes nothing more (see `Tool.idempotent`). `roles=("admin",)` lets only
     a caller holding every listed role run it (checked by dispatch before the call starts).

@@ -335,13 +335,24 @@ class RunResult:
         return [f for f in self.frames if kind in (f.get("type"), f.get("event"))]
 
     def tool_results(self) -> dict[str, str]:
-        """Each tool's last result (`tool-result`) or error (`tool-error`) text, by tool name."""
-        results: dict[str, str] = {}
+        """Each tool's last successful result (`tool-result`), by tool name; errors are not in it.
+
+        A call that failed (the tool raised, was refused, timed out, or its approval was denied)
+        is in `tool_errors()` instead, so a test cannot mistake an error text for a result.
+        """
+        return self._last_by_tool("tool-result", "result")
+
+    def tool_errors(self) -> dict[str, str]:
+        """Each tool's last error (`tool-error`) text, by tool name (what the model was told)."""
+        return self._last_by_tool("tool-error", "error")
+
+    def _last_by_tool(self, event: str, field: str) -> dict[str, str]:
+        found: dict[str, str] = {}
         for frame in self.frames:
-            if frame.get("event") in {"tool-result", "tool-error"}:
+            if frame.get("event") == event:
                 data = frame["data"]
-                results[str(data.get("toolName"))] = str(data.get("result", data.get("error", "")))
-        return results
+                found[str(data.get("toolName"))] = str(data.get(field, ""))
+        return found
 
     def output(self, model: type[T]) -> T:
         """The structured output (`entity-complete`) of an agent with `response_format`, validated."""
