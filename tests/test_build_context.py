@@ -58,3 +58,18 @@ def test_the_build_context_excludes_local_state_but_not_what_the_image_copies() 
         needed += [str(base / "pyproject.toml"), str(base / "README.md"), str(base / "LICENSE")]
         needed += [str(p.relative_to(ROOT)) for p in (member.parent / "src").rglob("*.py")][:3]
     assert [n for n in needed if ignored(n, patterns)] == []
+
+
+def test_the_image_installs_third_party_dependencies_before_it_copies_the_code() -> None:
+    # A code change must not reinstall every dependency: the first `uv sync` sees only the lock
+    # and the members' pyproject.toml files (a stage keeps only those), the code comes after it.
+    dockerfile = (ROOT / "deploy/docker/service.Dockerfile").read_text()
+    build = dockerfile[dockerfile.index("AS build") :]
+    syncs = [m.start() for m in re.finditer(r"uv sync", build)]
+    code = [m.start() for m in re.finditer(r"^COPY (libs|services) ", build, re.MULTILINE)]
+    assert len(syncs) == 2, build
+    assert "--no-install-workspace" in build[syncs[0] : syncs[1]]
+    assert code, build
+    assert syncs[0] < min(code) < syncs[1]
+    manifests = dockerfile[dockerfile.index("AS manifests") : dockerfile.index("AS build")]
+    assert "! -name pyproject.toml -delete" in manifests

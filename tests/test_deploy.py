@@ -229,7 +229,18 @@ def test_compose_keeps_the_sandbox_off_the_network_and_publishes_only_ingress(co
     outside = {n for n, s in services.items() if set(s.get("networks", [])) - {"bus"}}
     assert outside == {"dispatch", "ingress"}
     assert {n for n, s in services.items() if "ports" in s} == {"ingress"}
-    assert services["ingress"]["ports"] == ["8080:8080"]
+    # On loopback unless the operator says otherwise: a copied example opens nothing to the network.
+    assert services["ingress"]["ports"] == ["127.0.0.1:8080:8080"]
+
+
+def test_the_ingress_env_example_opens_no_keyless_openai_endpoint() -> None:
+    values = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy/compose/ingress.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    keyless = not values.get("ATMOSPHERE_AI_OPENAI_API_KEY") and not values.get("ATMOSPHERE_INGRESS__AUTH_TOKENS")
+    assert not (values.get("ATMOSPHERE_AI_OPENAI_ENABLED") == "true" and keyless)
 
 
 def test_the_env_examples_only_set_real_variables() -> None:

@@ -2,13 +2,26 @@
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=dispatch -t atmosphere-dispatch .
 ARG PYTHON_VERSION=3.11
 
+# Only the workspace members' pyproject.toml files, in their folders: what the third-party
+# layer below depends on. A code change re-runs this stage, but its output (and so the COPY of
+# it, checksummed by content) stays the same, and the dependencies are not installed again.
+FROM python:${PYTHON_VERSION}-slim AS manifests
+COPY libs /manifests/libs
+COPY services /manifests/services
+RUN find /manifests -type f ! -name pyproject.toml -delete && find /manifests -type d -empty -delete
+
 FROM python:${PYTHON_VERSION}-slim AS build
 COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
 ARG SERVICE
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
 WORKDIR /app
-# Third-party dependencies first (a cached layer), then the workspace itself.
+# Third-party dependencies first, in a layer of their own: it changes only with the lock or a
+# member's declared dependencies.
 COPY pyproject.toml uv.lock ./
+COPY --from=manifests /manifests ./
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE}
+# Then the workspace itself: a code change rebuilds only this.
 COPY libs libs
 COPY services services
 RUN --mount=type=cache,target=/root/.cache/uv \
