@@ -1,10 +1,11 @@
-"""A user's own project, as README "Your own project" says: install, write, test, serve.
+"""A user's own project, as the guide docs/your-own-project.md says: install, write, test, serve.
 
-The commands and files come from README.md itself (between `<!-- own-project:* -->` markers),
-so the README cannot drift from what works: a missing block fails this test, never skips it.
-The only changes made to them: `/path/to/atmosphere` and `~/myproject` become this checkout and a
-temporary directory, the `LLM_BASE_URL` of the serve line points at a scripted provider, and
-`atmosphere dev` gets free ports (a test cannot rely on 8080 being free).
+The commands and files come from the guide itself (between `<!-- own-project:* -->` markers),
+so it cannot drift from what works: a missing block fails this test, never skips it. They run
+in a shell as a fresh machine's: Python, make and pip, no uv on `PATH` and none of this
+workspace's virtualenv. The only changes made to them: `/path/to/atmosphere` and `~/myproject`
+become this checkout and a temporary directory, the `LLM_BASE_URL` of the serve line points at a
+scripted provider, and `atmosphere dev` gets free ports (a test cannot rely on 8080 being free).
 """
 
 from __future__ import annotations
@@ -31,23 +32,23 @@ from .wsclient import ask
 
 pytestmark = pytest.mark.timeout(240)
 
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "your-own-project.md"
 
 
-def readme_block(name: str) -> tuple[str, str]:
+def guide_block(name: str) -> tuple[str, str]:
     """The (language, text) of the fenced block between the `own-project:<name>` markers."""
     found = re.search(
         rf"<!-- own-project:{name} -->\s*```(\w+)\n(.*?)```\s*<!-- /own-project:{name} -->",
-        README.read_text(),
+        GUIDE.read_text(),
         re.DOTALL,
     )
-    assert found, f"README.md has no own-project:{name} block"
+    assert found, f"docs/your-own-project.md has no own-project:{name} block"
     return found[1], found[2]
 
 
-def readme_file(name: str, project: Path) -> Path:
-    """Write the README's file block `name` where its first line (`# path`) says."""
-    _, text = readme_block(name)
+def guide_file(name: str, project: Path) -> Path:
+    """Write the guide's file block `name` where its first line (`# path`) says."""
+    _, text = guide_block(name)
     first = text.split("\n", 1)[0]
     assert first.startswith("# "), f"the own-project:{name} block must start with '# <path>'"
     path = project / first[2:].strip()
@@ -56,16 +57,14 @@ def readme_file(name: str, project: Path) -> Path:
     return path
 
 
-def find_uv() -> str:
-    uv = shutil.which("uv") or str(ROOT / ".atmosphere/tools/bin/uv")
-    assert Path(uv).exists(), "uv is neither on PATH nor in .atmosphere/tools (run `make install`)"
-    return uv
-
-
-def user_env(uv: str) -> dict[str, str]:
-    """A shell as a user's: uv on PATH, none of this workspace's virtualenv."""
+def user_env() -> dict[str, str]:
+    """A shell as a fresh machine's: no uv on PATH, none of this workspace's virtualenv."""
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH", "UV_PROJECT_ENVIRONMENT"}}
-    env["PATH"] = os.pathsep.join([str(Path(uv).parent), env.get("PATH", "")])
+    venv_bin = str(Path(sys.executable).parent)
+    path = [d for d in env.get("PATH", "").split(os.pathsep) if d and d != venv_bin]
+    # A directory that holds uv leaves PATH unless it also holds the system's Python (then uv stays
+    # reachable there, as on a machine that has both; the guide never calls a bare `uv` anyway).
+    env["PATH"] = os.pathsep.join(d for d in path if not (Path(d) / "uv").exists() or (Path(d) / "python3").exists())
     return env
 
 
@@ -110,13 +109,13 @@ def port_args() -> list[str]:
     ]
 
 
-async def test_a_fresh_virtualenv_installs_tests_and_serves_the_readme_agent(tmp_path: Path) -> None:
+async def test_a_fresh_virtualenv_installs_tests_and_serves_the_guide_agent(tmp_path: Path) -> None:
     project = tmp_path / "myproject"
-    uv = find_uv()
-    env = user_env(uv)
+    env = user_env()
+    assert shutil.which("python3.11", path=env["PATH"]), "the guide's install block needs python3.11 on PATH"
 
-    # Install: build the wheels here, a virtualenv outside the repository, exactly the README's commands.
-    lang, install = readme_block("install")
+    # Install: build the wheels here, a virtualenv outside the repository, exactly the guide's commands.
+    lang, install = guide_block("install")
     assert lang == "bash"
     script = install.replace("/path/to/atmosphere", shlex.quote(str(ROOT))).replace("~/myproject", str(project))
     run_bash(script, cwd=tmp_path, env=env, timeout=180)
@@ -127,13 +126,13 @@ async def test_a_fresh_virtualenv_installs_tests_and_serves_the_readme_agent(tmp
     assert Path(where.strip()).is_relative_to(project / ".venv"), where
 
     # Write: the one-tool agent and its in-process test; run that test in the user's venv.
-    readme_file("agent", project)
-    readme_file("test", project)
-    _, run_test = readme_block("run-test")
+    guide_file("agent", project)
+    guide_file("test", project)
+    _, run_test = guide_block("run-test")
     assert "1 passed" in run_bash(run_test, cwd=project, env=env, timeout=120)
 
-    # Serve: the README's line, with a scripted model that calls the tool.
-    _, serve = readme_block("serve")
+    # Serve: the guide's line, with a scripted model that calls the tool.
+    _, serve = guide_block("serve")
     words = shlex.split(serve.strip())
     assignments = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in words if re.fullmatch(r"[A-Z_]+=.*", w)}
     command = [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]
