@@ -226,3 +226,22 @@ async def test_an_idempotency_key_is_one_completion_per_user(stack: Stack, fake_
         )
         assert bad.status_code == 400
         assert "Idempotency-Key" in json.dumps(bad.json())
+
+
+async def test_a_retry_after_a_retryable_error_is_a_new_run(stack: Stack, fake_provider: FakeProvider) -> None:
+    # The first attempt was answered (a 503 saying "try again"): its retry, by key or by the SDK's
+    # marker, runs again instead of replaying that refusal.
+    url = await stack.ingress_url()
+    # Past dispatch's own retry window (20 s by default): dispatch gives up at once and says so.
+    fake_provider.script(Reply.error(503, message="overloaded", retry_after=60), Reply.text("Back again."))
+    key = {"Authorization": f"Bearer {ADA}", "Idempotency-Key": "after-an-outage"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        first = await http.post("/atmosphere/v1/chat/completions", json=ask("outage"), headers=key)
+        assert first.status_code == 503
+        again = await http.post("/atmosphere/v1/chat/completions", json=ask("outage"), headers=key)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["message"]["content"] == "Back again."
+        # And now the key stands for the run that answered: a third try replays it.
+        third = await http.post("/atmosphere/v1/chat/completions", json=ask("outage"), headers=key)
+        assert third.json() == again.json()
+    assert len(fake_provider.requests) == 2

@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atmosphere.bus import BusError, PayloadTooLargeError
+from atmosphere.bus.errors import RunCancelledError
 from atmosphere.bus.runs import (
     ANSWER_REWOUND_METADATA_KEY,
     HISTORY_METADATA_KEY,
@@ -91,6 +92,18 @@ MISSING_KEY = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'.
 
 def _run_error(event: RunEvent) -> OpenAiError:
     return error_for_run(event.error)
+
+
+OPENAI_FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
+
+
+def _finish_reason(event: RunEvent) -> str | None:
+    """The terminal's `finish_reason` as OpenAI spells it: null when the model never said (`unknown`).
+
+    OpenAI's schema allows null there; a reason its clients do not know would not be truthful either.
+    """
+    reason = event.complete.finish_reason or "stop"  # empty: a runtime that finished without naming why
+    return reason if reason in OPENAI_FINISH_REASONS else None
 
 
 FIRST_EVENT_PATIENCE = 2.0
@@ -453,8 +466,7 @@ async def _start(state: IngressState, admitted: _Admitted) -> _Run:
         return _Run(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline)
     try:
         claim = await state.completions.claim(key, run, completion.id, completion.created)
-        if not claim.ours and await last_event(state.bus, claim.run_id) is None:
-            # The run it names is gone (its events expired): this request starts afresh.
+        if not claim.ours and not _worth_attaching(await last_event(state.bus, claim.run_id)):
             claim = await state.completions.claim(key, run, completion.id, completion.created, replacing=claim.run_id)
     except BusError:
         raise OpenAiUnavailableError("The agent is unavailable right now; try again.") from None
@@ -467,6 +479,22 @@ async def _start(state: IngressState, admitted: _Admitted) -> _Run:
     followed.run_id = claim.run_id
     same = Completion(model=completion.model, id=claim.completion_id, created=claim.created)
     return _Run(state, followed, follow_run(state.bus, claim.run_id), same, deadline, retry)
+
+
+def _worth_attaching(last: RunEvent | None) -> bool:
+    """Whether a retry should follow the run whose newest stored event is `last`, or start afresh.
+
+    A retry follows a run still going, or one that ended in a way another try would not change
+    (its answer, or an error a retry cannot cure). It starts a new run when the first one is gone
+    (its events expired), was cancelled (its client left and no retry came in time), or failed
+    with an error worth retrying (a provider's 503, a rate limit): the client was told to try
+    again, and replaying that error would answer the retry with the same refusal.
+    """
+    if last is None:
+        return False
+    if last.WhichOneof("kind") != "error":
+        return True
+    return not (last.error.retryable or last.error.code == RunCancelledError.code)
 
 
 def _failure(exc: Exception) -> OpenAiError:
@@ -557,7 +585,7 @@ async def _ready(event: RunEvent) -> RunEvent | None:
 
 async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
     summary = ""
-    finish_reason = "stop"
+    finish_reason: str | None = "stop"
     while event is not None:
         kind = event.WhichOneof("kind")
         if kind == "text_delta":
@@ -566,7 +594,7 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
             raise _run_error(event)
         elif kind == "complete":
             summary = event.complete.summary
-            finish_reason = event.complete.finish_reason or "stop"
+            finish_reason = _finish_reason(event)
             break
         event = await active.next()
     content = "".join(active.text) or summary
@@ -607,7 +635,7 @@ async def _stream(active: _Run, first: Awaitable[RunEvent | None], chat: ChatReq
     try:
         yield sse_data(completion.chunk({"role": "assistant", "content": ""}))
         event = await first
-        finish_reason = "stop"
+        finish_reason: str | None = "stop"
         while event is not None:
             kind = event.WhichOneof("kind")
             if kind == "text_delta":
@@ -621,7 +649,7 @@ async def _stream(active: _Run, first: Awaitable[RunEvent | None], chat: ChatReq
             elif kind == "complete":
                 if not active.text and event.complete.summary:
                     yield sse_data(completion.chunk({"content": event.complete.summary}))
-                finish_reason = event.complete.finish_reason or "stop"
+                finish_reason = _finish_reason(event)
                 break
             event = await active.next()
         yield sse_data(completion.chunk({}, finish_reason))
