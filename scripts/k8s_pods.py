@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 Document = dict[str, Any]
-WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+RUN_TO_END = ("Job",)
+"""Workloads whose pods do one thing and exit (provisioning): no probes, no selector of their own."""
 RUN_AS = 10001
 POD_SECURITY = {
     "runAsNonRoot": True,
@@ -29,7 +31,7 @@ def named(documents: list[Document], kind: str) -> dict[str, Document]:
 
 
 def workloads(documents: list[Document]) -> dict[str, Document]:
-    """Every Deployment and StatefulSet by name."""
+    """Every Deployment, StatefulSet and Job by name."""
     return {d["metadata"]["name"]: d for d in documents if d["kind"] in WORKLOAD_KINDS}
 
 
@@ -55,15 +57,16 @@ def pod_problems(workload: Document) -> Iterator[str]:
             yield f"pod uses {host}"
     if spec.get("automountServiceAccountToken") is not False:
         yield "pod mounts a service account token it never uses"
-    if not workload["spec"]["selector"]["matchLabels"].items() <= pod_labels(workload).items():
+    selector = workload["spec"].get("selector")  # a Job's is made by the cluster
+    if selector is not None and not selector["matchLabels"].items() <= pod_labels(workload).items():
         yield "selector misses its own pods"
 
 
-def container_problems(container: Document) -> Iterator[str]:
-    """Container-level problems: probes, resources, the restricted profile, an image."""
+def container_problems(container: Document, *, probed: bool = True) -> Iterator[str]:
+    """Container-level problems: probes (when `probed`), resources, the restricted profile, an image."""
     if not container.get("image"):
         yield "no image"
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe in ("readinessProbe", "livenessProbe") if probed else ():
         if probe not in container:
             yield f"no {probe}"
     resources = container.get("resources", {})
@@ -107,6 +110,8 @@ def workload_problems(documents: list[Document]) -> list[str]:
         where = f"{workload['kind']} {name}"
         found += [f"{where}: {p}" for p in pod_problems(workload)]
         found += [f"{where}: {p}" for p in volume_problems(workload)]
+        probed = workload["kind"] not in RUN_TO_END
         for container in pod_spec(workload)["containers"]:
-            found += [f"{where}: container {container['name']}: {p}" for p in container_problems(container)]
+            problems = container_problems(container, probed=probed)
+            found += [f"{where}: container {container['name']}: {p}" for p in problems]
     return found

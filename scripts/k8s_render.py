@@ -25,7 +25,7 @@ BASE = K8S / "base"
 OVERLAYS = ("dev", "production")
 SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
 ROLES = tuple(str(role) for role in Role)
-"""The roles `atmosphere bus-credentials` writes a `<role>.env` for: the services and `observer`."""
+"""The roles `atmosphere bus-credentials` writes a `<role>.env` for: the services, `observer`, `provisioner`."""
 CREDENTIALS = "credentials"
 AUTH_FILE = AUTH_CONFIG_FILE
 

@@ -7,7 +7,8 @@ credentials (`scripts/k8s_render.py`), every object is validated against the Kub
 schemas shipped by the PyPI package `kubernetes-validate` (strict: an unknown field is an error),
 and the whole is checked: probes, resources and the restricted profile on every pod
 (`k8s_pods`), references between objects (`k8s_references`), a budget and an autoscaler per
-service and the NetworkPolicies (`k8s_coverage`). `make test` runs the same through
+service and the NetworkPolicies (`k8s_coverage`), and the Job that provisions the JetStream
+layout with the provisioner's login alone (`k8s_provision`). `make test` runs the same through
 tests/test_k8s_overlays.py.
 """
 
@@ -22,6 +23,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 
 from scripts.k8s_coverage import namespace_problems, network_problems, scaling_problems
 from scripts.k8s_pods import workload_problems
+from scripts.k8s_provision import provisioning_problems
 from scripts.k8s_references import reference_problems
 from scripts.k8s_render import SERVICES, render_overlays
 
@@ -70,6 +72,7 @@ def problems(overlay: str, documents: list[Document]) -> list[str]:
         *scaling_problems(documents, SERVICES, min_replicas=MIN_REPLICAS[overlay]),
         *network_problems(documents),
         *namespace_problems(documents),
+        *provisioning_problems(documents),
     ]
 
 

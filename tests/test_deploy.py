@@ -118,7 +118,7 @@ def test_the_base_builds_and_labels_every_object_and_pod() -> None:
         w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "atmosphere"
         for w in workloads(documents).values()
     )
-    assert set(workloads(documents)) == {"nats", *(f"atmosphere-{s}" for s in SERVICES)}
+    assert set(workloads(documents)) == {"nats", "atmosphere-provision", *(f"atmosphere-{s}" for s in SERVICES)}
 
 
 def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
@@ -157,12 +157,34 @@ def test_interpolation_reads_variables_as_compose_does() -> None:
 
 def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -> None:
     services: dict[str, Any] = compose["services"]
-    assert set(services) == {"nats-volumes", *NODES, *SERVICES}
+    assert set(services) == {"nats-volumes", *NODES, "provision", *SERVICES}
+    brokers = {node: {"condition": "service_healthy"} for node in NODES}
     for name in SERVICES:
         build = services[name]["build"]
         assert build["dockerfile"] == "deploy/docker/service.Dockerfile"
         assert build["args"]["SERVICE"] == name
-        assert services[name]["depends_on"] == {node: {"condition": "service_healthy"} for node in NODES}
+        # Every service starts once the layout is provisioned (no service's login may make it).
+        assert services[name]["depends_on"] == {**brokers, "provision": {"condition": "service_completed_successfully"}}
+    assert services["provision"]["depends_on"] == brokers
+
+
+def test_compose_provisions_as_the_production_overlays_job(compose: Document, production: list[Document]) -> None:
+    service = compose["services"]["provision"]
+    job = workloads(production)["atmosphere-provision"]
+    [container] = pod_spec(job)["containers"]
+    assert service["build"]["args"]["SERVICE"] == "dispatch"
+    assert container["image"].startswith("atmosphere-dispatch:")
+    assert service["command"] == container["command"] == ["python", "-m", "atmosphere.dispatch.provision"]
+    assert env_files(service) == {(f"{CREDENTIALS}/provisioner.env", True)}
+    # The shared settings only (dispatch's own included), as the Job's envFrom gives it.
+    pod_env = container_environment(production, "provision")
+    compose_env = dict(service["environment"])
+    assert compose_env.pop("ATMOSPHERE_NATS__URL") == ",".join(f"nats://{node}:4222" for node in NODES)
+    assert compose_env == {k: v for k, v in pod_env.items() if k != "ATMOSPHERE_NATS__URL"}
+    # It runs to its end: restarted only on failure, as the Job's pod.
+    assert service["restart"] == "on-failure"
+    assert pod_spec(job)["restartPolicy"] == "OnFailure"
+    assert "healthcheck" not in service
 
 
 def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(

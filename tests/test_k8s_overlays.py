@@ -215,3 +215,37 @@ def test_the_overlays_read_credentials_only_from_the_ignored_directory() -> None
         sources = [s for g in kustomization["secretGenerator"] for s in [*g.get("files", []), *g.get("envs", [])]]
         assert len(sources) == 1 + len(ROLES)
         assert all(s.startswith("credentials/") for s in sources), sources
+
+
+def test_a_job_provisions_the_layout_with_the_provisioners_login_and_no_service_holds_it() -> None:
+    for overlay, documents in rendered().items():
+        job = workloads(documents)["atmosphere-provision"]
+        [provisioner] = pod_spec(job)["containers"]
+        assert provisioner["command"] == ["python", "-m", "atmosphere.dispatch.provision"]
+        refs = [s["secretRef"]["name"] for s in provisioner["envFrom"] if "secretRef" in s]
+        [login] = refs
+        assert login.startswith("atmosphere-nats-provisioner-"), overlay
+        assert {"ATMOSPHERE_NATS__USER", "ATMOSPHERE_NATS__PASSWORD"} <= set(named(documents, "Secret")[login]["data"])
+        # What it reads is dispatch's settings: the run queue's consumers take them.
+        assert set(container_environment(documents, "provision")) <= set(env_names(settings_class("dispatch")))
+        # The Job is restricted like every pod, and may reach NATS.
+        assert not [p for p in problems(overlay, documents) if "atmosphere-provision" in p]
+    documents = broken("production")
+    container(documents, "dispatch")["envFrom"].append(
+        {
+            "secretRef": {
+                "name": next(n for n in named(documents, "Secret") if n.startswith("atmosphere-nats-provisioner-"))
+            }
+        }
+    )
+    assert "Deployment atmosphere-dispatch reads the provisioner's credentials" in problems("production", documents)
+    without = [d for d in broken("dev") if d["kind"] != "Job"]
+    assert "no Job atmosphere-provision: nothing provisions the JetStream layout, and no service may" in problems(
+        "dev", without
+    )
+    documents = broken("dev")
+    del pod_spec(workloads(documents)["atmosphere-provision"])["containers"][0]["securityContext"]
+    assert (
+        "Job atmosphere-provision: container provision: securityContext.readOnlyRootFilesystem is None, not True"
+        in (problems("dev", documents))
+    )

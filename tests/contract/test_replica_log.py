@@ -1,9 +1,10 @@
 """`ReplicaLog` on both backends: N replicas of a stateful service apply one stream and never split.
 
-Each "replica" here is a `ReplicaLog` with its own consumer and its own store (a list), as two
-memory or governance processes have. What a writer gets back is its own replica's apply; every
-other replica applies the same messages in the same order; a read barrier holds until the
-replica applied everything stored before it; a refused write is refused on every replica.
+Each "replica" here is a `ReplicaLog` with its own position and its own store (a list), as two
+memory or governance processes have; none holds a consumer on the broker. What a writer gets
+back is its own replica's apply; every other replica applies the same messages in the same
+order; a read barrier holds until the replica applied everything stored before it; a refused
+write is refused on every replica.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.bus import Bus, BusError, ConsumerSpec, JetStreamLayout, ServiceError, StreamSpec
+from atmosphere.bus import Bus, JetStreamLayout, NatsBus, ServiceError, StreamSpec
 from atmosphere.bus.errors import MemoryBadRequestError, ReplicaBehindError
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
-from atmosphere.service.replica import ReplicaLog, replica_name, wait_caught_up
+from atmosphere.service.replica import ReplicaLog, ReplicaPosition, replica_name
 from atmosphere.testing import wait_until
 
 STREAM = StreamSpec(name="REPLICATED", subjects=("replicated.>",))
@@ -42,6 +43,7 @@ class Replica:
     """One replica's store: the texts it applied, in order; `gate` pauses its applies when cleared."""
 
     name: str
+    volume: Path
     applied: list[str] = field(default_factory=list)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -60,7 +62,7 @@ class Replica:
             bus,
             stream=STREAM.name,
             filter_subject=SUBJECT,
-            replica=self.name,
+            position=ReplicaPosition(self.volume / self.name, "replicated"),
             message_type=RunEvent,
             apply=self.apply,
             outcomes=(ServiceError,),
@@ -72,18 +74,26 @@ def write(text: str) -> RunEvent:
     return RunEvent(text_delta=TextDelta(text=text))
 
 
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    """Where each replica keeps its position (a directory per name: a restart finds its own)."""
+    return tmp_path
+
+
 @contextlib.asynccontextmanager
-async def replicas(bus: Bus, *names: str) -> AsyncIterator[list[tuple[Replica, ReplicaLog[RunEvent, str]]]]:
+async def replicas(
+    bus: Bus, volume: Path, *names: str
+) -> AsyncIterator[list[tuple[Replica, ReplicaLog[RunEvent, str]]]]:
     await bus.provision(LAYOUT)
-    pairs = [(replica, replica.log(bus)) for replica in (Replica(name) for name in names)]
+    pairs = [(replica, replica.log(bus)) for replica in (Replica(name, volume) for name in names)]
     async with contextlib.AsyncExitStack() as stack:
         for _, log in pairs:
             await stack.enter_async_context(log.applying())
         yield pairs
 
 
-async def test_a_writer_gets_its_own_replicas_answer_and_every_replica_applies_the_same(bus: Bus) -> None:
-    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+async def test_a_writer_gets_its_own_replicas_answer_and_every_replica_applies_the_same(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a", "b") as [(a, a_log), (b, b_log)]:
         answers = [await (a_log if n % 2 else b_log).write(SUBJECT, write(f"w{n}")) for n in range(6)]
         await b_log.caught_up()
         await a_log.caught_up()
@@ -91,8 +101,10 @@ async def test_a_writer_gets_its_own_replicas_answer_and_every_replica_applies_t
     assert a.applied == b.applied == [f"w{n}" for n in range(6)]
 
 
-async def test_a_refused_write_is_refused_on_every_replica_and_the_writer_sees_the_refusal(bus: Bus) -> None:
-    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+async def test_a_refused_write_is_refused_on_every_replica_and_the_writer_sees_the_refusal(
+    bus: Bus, volume: Path
+) -> None:
+    async with replicas(bus, volume, "a", "b") as [(a, a_log), (b, b_log)]:
         with pytest.raises(MemoryBadRequestError, match="refused refuse-me"):
             await a_log.write(SUBJECT, write("refuse-me"))
         assert await a_log.write(SUBJECT, write("kept")) == "a applied #2"
@@ -100,8 +112,8 @@ async def test_a_refused_write_is_refused_on_every_replica_and_the_writer_sees_t
     assert a.applied == b.applied == ["kept"]
 
 
-async def test_a_read_waits_until_its_replica_applied_every_acknowledged_write(bus: Bus) -> None:
-    async with replicas(bus, "a", "b") as [(_, a_log), (b, b_log)]:
+async def test_a_read_waits_until_its_replica_applied_every_acknowledged_write(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a", "b") as [(_, a_log), (b, b_log)]:
         b.gate.clear()  # b is slow: a's writes are stored and applied by a only
         await a_log.write(SUBJECT, write("first"))
         await a_log.write(SUBJECT, write("second"))
@@ -113,15 +125,15 @@ async def test_a_read_waits_until_its_replica_applied_every_acknowledged_write(b
         assert b.applied == ["first", "second"]
 
 
-async def test_a_barrier_is_not_held_by_messages_its_filter_leaves_out(bus: Bus) -> None:
-    async with replicas(bus, "a") as [(_, a_log)]:
+async def test_a_barrier_is_not_held_by_messages_its_filter_leaves_out(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a") as [(_, a_log)]:
         await a_log.write(SUBJECT, write("mine"))
         await bus.js_publish(OTHER, write("not mine"))  # the stream's newest message is not the replica's
         await asyncio.wait_for(a_log.caught_up(), 5)
 
 
-async def test_a_stuck_replica_refuses_a_read_rather_than_answer_without_the_writes(bus: Bus) -> None:
-    async with replicas(bus, "a", "b") as [(_, a_log), (b, b_log)]:
+async def test_a_stuck_replica_refuses_a_read_rather_than_answer_without_the_writes(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a", "b") as [(_, a_log), (b, b_log)]:
         b.gate.clear()
         await a_log.write(SUBJECT, write("acknowledged"))
         with pytest.raises(ReplicaBehindError) as refused:
@@ -130,19 +142,19 @@ async def test_a_stuck_replica_refuses_a_read_rather_than_answer_without_the_wri
         b.gate.set()
 
 
-async def test_a_new_replica_applies_the_stream_from_its_start(bus: Bus) -> None:
-    async with replicas(bus, "a") as [(a, a_log)]:
+async def test_a_new_replica_applies_the_stream_from_its_start(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a") as [(a, a_log)]:
         for n in range(3):
             await a_log.write(SUBJECT, write(f"w{n}"))
-    async with replicas(bus, "late") as [(late, late_log)]:
+    async with replicas(bus, volume, "late") as [(late, late_log)]:
         await late_log.caught_up()
     assert late.applied == a.applied == ["w0", "w1", "w2"]
 
 
-async def test_a_replica_restarted_on_its_volume_resumes_where_it_stopped(bus: Bus) -> None:
-    async with replicas(bus, "a") as [(first, a_log)]:
+async def test_a_replica_restarted_on_its_volume_resumes_where_it_stopped(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a") as [(first, a_log)]:
         await a_log.write(SUBJECT, write("before"))
-    async with replicas(bus, "a") as [(again, again_log)]:
+    async with replicas(bus, volume, "a") as [(again, again_log)]:
         await again_log.write(SUBJECT, write("after"))
         await again_log.caught_up()
     assert first.applied == ["before"]
@@ -156,14 +168,37 @@ async def test_the_replica_name_is_made_once_and_kept_with_the_data(tmp_path: Pa
     assert replica_name(tmp_path / "other", "memory") != name
 
 
-async def test_wait_caught_up_names_an_unknown_consumer(bus: Bus) -> None:
-    await bus.provision(LAYOUT)
-    with pytest.raises(BusError):
-        await wait_caught_up(bus, ConsumerSpec(stream=STREAM.name, durable="nobody", filter_subject=SUBJECT), timeout=2)
+async def test_a_replica_holds_no_consumer_on_the_broker(nats_bus: NatsBus, volume: Path) -> None:
+    # A login that may not create consumers (a service's: `bus.permissions`) replicates all the same.
+    async with replicas(nats_bus, volume, "a", "b") as [(_, a_log), (b, b_log)]:
+        await a_log.write(SUBJECT, write("w"))
+        await b_log.caught_up()
+        assert b.applied == ["w"]
+        info = await nats_bus.client.jetstream().stream_info(nats_bus.stream_name(STREAM.name))
+        assert info.state.consumer_count == 0
 
 
-async def test_a_write_under_a_steady_stream_of_writes_still_passes_the_barrier(bus: Bus) -> None:
-    async with replicas(bus, "a", "b") as [(a, a_log), (b, b_log)]:
+async def test_the_position_is_kept_beside_the_data_and_survives_a_bad_file(tmp_path: Path) -> None:
+    position = ReplicaPosition(tmp_path / "data", "memory")
+    assert position.load() == 0
+    position.save(42)
+    assert ReplicaPosition(tmp_path / "data", "memory").load() == 42
+    (tmp_path / "data" / "memory.applied").write_text("garbage")
+    assert ReplicaPosition(tmp_path / "data", "memory").load() == 0  # applied again from the start
+
+
+async def test_a_stream_made_anew_is_applied_from_its_start(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a") as [(_, a_log)]:
+        for n in range(3):
+            await a_log.write(SUBJECT, write(f"old{n}"))
+    ReplicaPosition(volume / "a", "replicated").save(1000)  # as if it applied a longer, older stream
+    async with replicas(bus, volume, "a") as [(again, again_log)]:
+        await again_log.caught_up()
+    assert again.applied == ["old0", "old1", "old2"]
+
+
+async def test_a_write_under_a_steady_stream_of_writes_still_passes_the_barrier(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a", "b") as [(a, a_log), (b, b_log)]:
         stop = asyncio.Event()
 
         async def keep_writing() -> None:

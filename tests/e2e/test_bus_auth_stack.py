@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import secrets
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +19,15 @@ from pydantic import SecretStr
 from atmosphere.bus import ConnectError, connect, subjects
 from atmosphere.bus.permissions import Credential, Role, authorization_config, new_credentials
 from atmosphere.bus.runs import follow_run, is_terminal
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
 from atmosphere.testing import NatsServer, run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
-from .conftest import service_map
+from .conftest import provision_first, service_map
 from .wsclient import ask
 
+FOLLOWER = Path(__file__).resolve().parents[2] / "examples" / "followers" / "follow_runs.py"
 NAMESPACE = "secured"
 
 
@@ -84,6 +89,9 @@ async def test_a_run_with_tools_completes_with_every_service_on_its_own_credenti
         ).items()
     }
     observer = secured_nats.credentials[Role.OBSERVER]
+    # First the layout, by the provisioner's own login: no service's may make it.
+    provisioner = secured_nats.credentials[Role.PROVISIONER]
+    await provision_first(services, user=provisioner.user, password=provisioner.password)
     async with (
         connect(
             secured_nats.url,
@@ -109,12 +117,29 @@ async def test_a_run_with_tools_completes_with_every_service_on_its_own_credenti
         events = [event async for event in follow_run(outside, run_id)]
         assert events[0].seq == 1
         assert is_terminal(events[-1])
+        # ... and so does the plain nats-py example follower, on the observer's login (it may
+        # create no JetStream consumer: it reads by direct get).
+        replay = await asyncio.create_subprocess_exec(
+            sys.executable, str(FOLLOWER), "--server", secured_nats.url, "--namespace", NAMESPACE, "--run", run_id,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "ATMOSPHERE_NATS__USER": observer.user, "ATMOSPHERE_NATS__PASSWORD": observer.password},
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(replay.communicate(), 30)
+        assert replay.returncode == 0, err.decode()
+        printed = [json.loads(line)["seq"] for line in out.decode().splitlines()]
+        assert printed == [e.seq for e in events]
 
         async def recorded() -> bool:
             steps = await outside.request(subjects.tape("steps"), GetStepsRequest(run_id=run_id), GetStepsResponse)
             return steps.run.status == "COMPLETED"
 
         await wait_until(recorded, what="the tape to record the run")
+
+        # Runtime truth: every service says who provisioned what it runs on, and that it did not.
+        for name in services:
+            reply = await harness.request(subjects.service_info(name), ServiceInfoRequest(), ServiceInfoResponse)
+            layout = json.loads(reply.info_json)["jetstream"]
+            assert layout == {"provisionedBy": provisioner.user, "provisionedHere": False}, name
     # Nothing any service did was refused: the permissions cover the whole system's use of the bus.
     refusals = [r.getMessage() for r in caplog.records if "violation" in r.getMessage().lower()]
     assert refusals == []

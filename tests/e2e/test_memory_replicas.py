@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from atmosphere.bus import NatsBus, subjects
+from atmosphere.bus import NatsBus, NoRespondersError, subjects
 from atmosphere.contracts.memory.v1.memory_pb2 import (
     AppendTurnRequest,
     AppendTurnResponse,
@@ -28,7 +28,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsResponse,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
-from atmosphere.testing import run_stack, running_service
+from atmosphere.testing import run_stack, running_service, wait_until
 
 from .conftest import service_map
 
@@ -57,6 +57,14 @@ async def history(bus: NatsBus) -> list[str]:
         subjects.memory("history.load"), LoadHistoryRequest(conversation_id="c1", agent="chat"), LoadHistoryResponse
     )
     return [m.content for m in loaded.messages]
+
+
+async def serves(bus: NatsBus) -> bool:
+    try:
+        await history(bus)
+    except NoRespondersError:
+        return False
+    return True
 
 
 async def tool(bus: NatsBus, name: str, arguments: dict[str, str]) -> ToolReply:
@@ -91,6 +99,8 @@ async def test_memory_replicas_hold_one_state_through_a_failover_and_a_late_repl
             second = memory_replica(nats_url, bus_namespace, tmp_path / "b")
             async with running_service("memory", *second, bus=nats_bus):
                 await replica_a.aclose()
+                # The second serves once it applied the log (its health is the first's until then).
+                await wait_until(lambda: serves(nats_bus), what="the second replica to serve")
                 assert await history(nats_bus) == turns(3)
                 read = await tool(nats_bus, "read_file", {"path": "notes.md"})
                 assert "- milk" in read.content, read.content

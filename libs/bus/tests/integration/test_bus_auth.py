@@ -18,7 +18,16 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api as js_api
 
-from atmosphere.bus import BusError, ConnectError, JetStreamLayout, NatsBus, connect, subjects
+from atmosphere.bus import (
+    BusError,
+    ConnectError,
+    JetStreamLayout,
+    LayoutNotProvisionedError,
+    NatsBus,
+    connect,
+    run_queue,
+    subjects,
+)
 from atmosphere.bus.permissions import (
     SERVICE_ROLES,
     Credential,
@@ -27,6 +36,7 @@ from atmosphere.bus.permissions import (
     inbox_prefix,
     new_credentials,
     permissions,
+    role_layout,
     user_name,
 )
 from atmosphere.bus.runs import follow_run
@@ -88,7 +98,7 @@ async def harness(secured: Secured) -> AsyncIterator[NatsBus]:
     async with connect(
         secured.url, name="harness", namespace=secured.namespace, user=HARNESS_USER, password=secured.harness_password
     ) as bus:
-        await bus.provision(JetStreamLayout())
+        await bus.provision(JetStreamLayout(consumers=run_queue.consumers()))
         yield bus
 
 
@@ -166,6 +176,7 @@ def publish_probes(secured: Secured) -> list[str]:
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.probe",
             f"$JS.API.STREAM.MSG.GET.{stream}",
             f"$JS.API.STREAM.DELETE.{stream}",
+            f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.ACK.{stream}.probe.1.1.1.1.1",
         ]
     jetstream += [
@@ -302,8 +313,8 @@ async def test_services_that_are_not_a_gateway_cannot_submit_runs_or_read_events
         refused = f'permissions violation for subscription to "{secured.wire(subjects.run_events_all())}"'
         assert refused.lower() in caplog.text  # logged as a warning (nats-py lower-cases it)
 
-        # Reading events from the stream: no consumer can be made on ATMO_EVENTS (tape's
-        # durable is its own kind: it may only make durables there).
+        # Reading events from the stream: no consumer can be made on ATMO_EVENTS (nobody may
+        # make one anywhere: the tape reads the stream by direct get).
         events_stream = secured.stream(subjects.EVENTS_STREAM)
         before = (await harness.client.jetstream().stream_info(events_stream)).state.consumer_count
         config = js_api.ConsumerConfig(filter_subject=secured.wire(subjects.run_events_all()))
@@ -314,21 +325,26 @@ async def test_services_that_are_not_a_gateway_cannot_submit_runs_or_read_events
     assert f'permissions violation for publish to "$JS.API.CONSUMER.CREATE.{events_stream}"'.lower() in caplog.text
 
 
-async def test_every_service_provisions_the_layout_with_its_own_permissions(secured: Secured, harness: NatsBus) -> None:
-    layout = JetStreamLayout()
+async def test_no_service_may_make_the_layout_only_the_provisioner(secured: Secured, harness: NatsBus) -> None:
+    layout = JetStreamLayout(consumers=run_queue.consumers())
     js = harness.client.jetstream()
+    for info in await js.streams_info():
+        if secured.namespace.upper() in (info.config.name or ""):
+            await js.delete_stream(info.config.name or "")
+    # A service's login waits for a layout it may not make, and says what is missing.
+    async with as_role(secured, Role.SANDBOX) as sandbox:
+        with pytest.raises(LayoutNotProvisionedError, match=r"bucket ATMO_TOOLS does not exist"):
+            await sandbox.verify(role_layout(Role.SANDBOX, layout), timeout=1)
+    async with as_role(secured, Role.PROVISIONER) as provisioner:
+        await provisioner.provision(layout, by="the test's provisioner")
+        await provisioner.provision(layout, by="the test's provisioner")  # again, over what exists
+    names = {info.config.name for info in await js.streams_info()}
+    assert {secured.stream(s.name) for s in layout.streams()} <= names
+    assert {f"KV_{secured.stream(b.name)}" for b in layout.buckets()} <= names
+    assert {f"OBJ_{secured.stream(b.name)}" for b in layout.object_buckets()} <= names
     for role in SERVICE_ROLES:
-        # From nothing (it creates every stream and bucket), then over what exists.
-        for info in await js.streams_info():
-            if secured.namespace.upper() in (info.config.name or ""):
-                await js.delete_stream(info.config.name or "")
         async with as_role(secured, role) as bus:
-            await bus.provision(layout)
-            await bus.provision(layout)
-        names = {info.config.name for info in await js.streams_info()}
-        assert {secured.stream(s.name) for s in layout.streams()} <= names, role
-        assert {f"KV_{secured.stream(b.name)}" for b in layout.buckets()} <= names, role
-        assert {f"OBJ_{secured.stream(b.name)}" for b in layout.object_buckets()} <= names, role
+            assert await bus.verify(role_layout(role, layout), timeout=5) == "the test's provisioner", role
 
 
 async def test_the_observer_follows_a_run_that_dispatch_wrote(secured: Secured, harness: NatsBus) -> None:
@@ -414,12 +430,12 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
 async def test_tls_with_the_ca_connects_and_without_it_is_refused(tmp_path: Path) -> None:
     ca, cert, key = make_certificates(tmp_path)
     namespace = "tls"
-    credentials = new_credentials(namespace=namespace, roles=[Role.TAPE])
+    credentials = new_credentials(namespace=namespace, roles=[Role.PROVISIONER])
     config = tmp_path / "tls.conf"
     tls = f'tls: {{"cert_file": "{cert}", "key_file": "{key}"}}\n'
     config.write_text(tls + authorization_config(credentials.values(), namespace=namespace))
     server = NatsServer(tmp_path / "nats", extra_args=("-c", str(config))).start()
-    credential = credentials[Role.TAPE]
+    credential = credentials[Role.PROVISIONER]
     try:
         async with connect(
             server.url,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere.bus import JetStreamLayout, subjects
+from atmosphere.bus import JetStreamLayout, RequiredLayout, run_queue, subjects
 from atmosphere.bus.permissions import (
     AUTH_CONFIG_FILE,
     SERVICE_ROLES,
@@ -18,6 +18,7 @@ from atmosphere.bus.permissions import (
     inbox_prefix,
     new_credentials,
     permissions,
+    role_layout,
     user_name,
     write_credentials,
 )
@@ -48,7 +49,10 @@ def test_the_namespace_is_applied_to_every_entry() -> None:
         for entry in granted.publish:
             if entry.startswith("$"):
                 # JetStream's own subjects carry our names as stream names, prefixed.
-                assert entry == "$JS.API.INFO" or STREAM_PREFIX in entry, (role, entry)
+                assert entry in {"$JS.API.INFO", "$JS.API.STREAM.NAMES"} or STREAM_PREFIX in entry, (role, entry)
+                # ... and a consumer's filter, when the subject names one, is a subject of ours.
+                if ".CONSUMER.CREATE." in entry:
+                    assert entry.split(".", 6)[6].startswith(f"{NS}.atmo."), (role, entry)
             else:
                 assert entry.startswith(f"{NS}.atmo."), (role, entry)
         for entry in granted.subscribe:
@@ -112,13 +116,49 @@ def test_run_events_are_read_by_their_followers_only() -> None:
     assert subscribers(subjects.run_events("r1")) == {Role.INGRESS, Role.DISPATCH, Role.OBSERVER}
     assert subscribers(subjects.run_events_all()) == {Role.INGRESS, Role.DISPATCH, Role.OBSERVER}
     events = STREAM_PREFIX + subjects.EVENTS_STREAM
-    # Ordered replays (ephemeral consumers) and stored messages; tape records with a durable.
-    readers = {Role.INGRESS, Role.DISPATCH, Role.OBSERVER}
-    assert api_users(f"$JS.API.CONSUMER.CREATE.{events}") == readers
+    # Stored events are read by direct get (replays, and the tape recording them): no consumer.
+    readers = {Role.INGRESS, Role.DISPATCH, Role.OBSERVER, Role.TAPE}
     assert api_users(f"$JS.API.STREAM.MSG.GET.{events}") == readers
+    assert api_users(f"$JS.API.DIRECT.GET.{events}") == readers
     assert api_users(f"$JS.API.DIRECT.GET.{events}.{wire(subjects.run_events('r1'))}") == readers
-    assert api_users(f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.tape-1") == {Role.TAPE}
-    assert api_users(f"$JS.ACK.{events}.tape-1.1.2.3.4.5") == {Role.TAPE}
+    assert api_users(f"$JS.API.CONSUMER.CREATE.{events}") == set()
+    assert api_users(f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.tape-1") == set()
+
+
+def test_nobody_but_the_provisioner_creates_a_consumer_and_it_only_the_run_queues() -> None:
+    # Whoever may create a consumer chooses where the server delivers it (push to any subject),
+    # and `$JS.API.CONSUMER.CREATE.<stream>` updates any consumer named in its body.
+    every_stream = [
+        *(STREAM_PREFIX + s.name for s in JetStreamLayout().streams()),
+        *(f"KV_{STREAM_PREFIX}{b.name}" for b in JetStreamLayout().buckets()),
+        *(f"OBJ_{STREAM_PREFIX}{b.name}" for b in JetStreamLayout().object_buckets()),
+    ]
+    for stream in every_stream:
+        for subject in (
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.probe",
+            f"$JS.API.CONSUMER.CREATE.{stream}.probe.{NS}.atmo.x",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.probe",
+            f"$JS.API.CONSUMER.DELETE.{stream}.probe",
+        ):
+            assert api_users(subject) == set(), subject
+    runs = STREAM_PREFIX + subjects.RUNS_STREAM
+    for level, consumer in enumerate(run_queue.consumers()):
+        filtered = f"$JS.API.CONSUMER.CREATE.{runs}.{consumer.durable}.{wire(subjects.run_submit_level(level))}"
+        assert api_users(filtered) == {Role.PROVISIONER}
+        # Dispatch binds to them: info, next message, acknowledgements; nothing more.
+        assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{runs}.{consumer.durable}") == {Role.DISPATCH}
+        assert api_users(f"$JS.ACK.{runs}.{consumer.durable}.1.2.3.4.5") == {Role.DISPATCH}
+        assert api_users(f"$JS.API.CONSUMER.INFO.{runs}.{consumer.durable}") == {Role.DISPATCH, Role.PROVISIONER}
+    assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{runs}.other") == set()
+
+
+def test_replicas_read_their_log_and_hear_of_its_writes() -> None:
+    # Memory and governance apply their own log by direct get, woken by its subject.
+    assert subscribers(subjects.memory_log()) == {Role.MEMORY}
+    assert subscribers(subjects.governance_log("decision")) == {Role.GOVERNANCE}
+    assert api_users(f"$JS.API.DIRECT.GET.{STREAM_PREFIX}{subjects.MEMORY_LOG_STREAM}") == {Role.MEMORY}
+    assert api_users(f"$JS.API.DIRECT.GET.{STREAM_PREFIX}{subjects.GOVERNANCE_LOG_STREAM}") == {Role.GOVERNANCE}
 
 
 def test_governance_admin_and_checks_are_each_callers_own() -> None:
@@ -134,7 +174,9 @@ def test_the_observer_reads_events_and_the_tape_and_nothing_else() -> None:
     assert not granted.responds
     ours = [e for e in granted.publish if not e.startswith("$")]
     assert ours == [wire(subjects.tape("x")).removesuffix(".x") + ".>"]
-    assert not any("STREAM.CREATE" in e or "STREAM.UPDATE" in e or "PURGE" in e for e in granted.publish)
+    assert not any(
+        "STREAM.CREATE" in e or "STREAM.UPDATE" in e or "PURGE" in e or "CONSUMER" in e for e in granted.publish
+    )
     assert not granted.may_publish(wire(subjects.run_control("r1")))
 
 
@@ -151,19 +193,63 @@ def test_nobody_deletes_streams_or_reads_another_inbox() -> None:
                 assert not granted.may_subscribe(f"{inbox_prefix(user_name(other, NS))}.abc")
 
 
-def test_every_service_provisions_the_whole_layout() -> None:
+def test_only_the_provisioner_makes_the_layout_and_it_reads_and_writes_nothing() -> None:
     layout = JetStreamLayout()
     names = [
-        *(s.name for s in layout.streams()),
-        *(f"KV_{b.name}" for b in layout.buckets()),
-        *(f"OBJ_{b.name}" for b in layout.object_buckets()),
+        *(STREAM_PREFIX + s.name for s in layout.streams()),
+        *(f"KV_{STREAM_PREFIX}{b.name}" for b in layout.buckets()),
+        *(f"OBJ_{STREAM_PREFIX}{b.name}" for b in layout.object_buckets()),
     ]
+    for name in names:
+        for op in ("CREATE", "UPDATE"):
+            assert api_users(f"$JS.API.STREAM.{op}.{name}") == {Role.PROVISIONER}, (op, name)
+        assert api_users(f"$JS.API.STREAM.DELETE.{name}") == set(), name
+    provisioner = permissions(Role.PROVISIONER, namespace=NS)
+    assert not provisioner.responds
+    assert all(e.startswith("$JS.API.") for e in provisioner.publish)
+    assert not any(".PURGE." in e or ".MSG." in e or ".DIRECT." in e for e in provisioner.publish)
+    assert provisioner.subscribe == (f"{inbox_prefix(user_name(Role.PROVISIONER, NS))}.>",)
+
+
+def test_purges_are_the_journals_writer_and_the_object_buckets_users() -> None:
+    purgers = {
+        name: api_users(f"$JS.API.STREAM.PURGE.{name}")
+        for name in (
+            *(STREAM_PREFIX + s.name for s in JetStreamLayout().streams()),
+            *(f"KV_{STREAM_PREFIX}{b.name}" for b in JetStreamLayout().buckets()),
+            f"OBJ_{STREAM_PREFIX}{subjects.TOOL_RESULTS_BUCKET}",
+        )
+    }
+    assert {name: who for name, who in purgers.items() if who} == {
+        STREAM_PREFIX + subjects.JOURNAL_STREAM: {Role.DISPATCH},
+        f"OBJ_{STREAM_PREFIX}{subjects.TOOL_RESULTS_BUCKET}": {Role.DISPATCH, Role.SANDBOX},
+    }
+
+
+def test_a_role_checks_at_start_exactly_what_it_uses() -> None:
+    layout = JetStreamLayout(consumers=run_queue.consumers())
+    assert role_layout(Role.SANDBOX, layout) == RequiredLayout(
+        buckets=(subjects.TOOLS_BUCKET,), object_buckets=(subjects.TOOL_RESULTS_BUCKET,)
+    )
+    assert role_layout(Role.TAPE, layout) == RequiredLayout(
+        streams=(subjects.EVENTS_STREAM,), buckets=(subjects.AGENTS_BUCKET,)
+    )
+    dispatch = role_layout(Role.DISPATCH, layout)
+    assert dispatch.consumers == run_queue.consumers()
+    assert set(dispatch.streams) == {subjects.RUNS_STREAM, subjects.EVENTS_STREAM, subjects.JOURNAL_STREAM}
+    assert role_layout(Role.PROVISIONER, layout) == layout.required()
     for role in SERVICE_ROLES:
+        # It may inspect every stream and bucket it checks (a refused look would only time out).
         granted = permissions(role)
-        for name in names:
-            for op in ("CREATE", "UPDATE", "INFO"):
-                assert granted.may_publish(f"$JS.API.STREAM.{op}.{name}"), (role, op, name)
-    assert not permissions(Role.OBSERVER).may_publish(f"$JS.API.STREAM.CREATE.{subjects.EVENTS_STREAM}")
+        needed = role_layout(role, layout)
+        for name in (
+            *needed.streams,
+            *(f"KV_{b}" for b in needed.buckets),
+            *(f"OBJ_{b}" for b in needed.object_buckets),
+        ):
+            assert granted.may_publish(f"$JS.API.STREAM.INFO.{name}"), (role, name)
+        for consumer in needed.consumers:
+            assert granted.may_publish(f"$JS.API.CONSUMER.INFO.{consumer.stream}.{consumer.durable}"), role
 
 
 def test_every_stream_and_bucket_of_the_layout_is_used_by_some_role() -> None:
@@ -175,7 +261,7 @@ def test_every_stream_and_bucket_of_the_layout_is_used_by_some_role() -> None:
             for role in Role
             if any(
                 permissions(role).may_publish(f"$JS.API.{op}.{stream.name}{tail}")
-                for op, tail in (("CONSUMER.CREATE", ""), ("CONSUMER.DURABLE.CREATE", ".d"), ("STREAM.MSG.GET", ""))
+                for op, tail in (("CONSUMER.MSG.NEXT", ".dispatch"), ("DIRECT.GET", ""))
             )
         }
         writers = {role for role in Role if any(permissions(role).may_publish(s) for s in stream.subjects)}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere.bus import ConnectError, JetStreamLayout, connect
-from atmosphere.bus.permissions import AUTH_CONFIG_FILE, PASSWORD_ENV, USER_ENV, Role, user_name
+from atmosphere.bus.permissions import AUTH_CONFIG_FILE, PASSWORD_ENV, USER_ENV, Role, role_layout, user_name
 from atmosphere.cli import __main__ as cli_main
 from atmosphere.cli.credentials import DEV_CREDENTIALS_DIR, dev_credentials
 from atmosphere.config import ServiceSettings, env_names
@@ -34,6 +34,8 @@ def test_the_command_writes_private_files_for_every_role(
     assert str(out / AUTH_CONFIG_FILE) in printed
     assert "the memory service" in printed
     assert "outside readers of run events" in printed
+    assert read_env(out / "provisioner.env")[USER_ENV] == user_name(Role.PROVISIONER, "team")
+    assert "`atmosphere provision`, which makes the JetStream layout" in printed
 
 
 def test_the_namespace_defaults_to_the_services_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,11 +65,17 @@ async def test_dev_credentials_are_what_a_server_and_the_services_start_with(tmp
     assert again.env["dispatch"][PASSWORD_ENV] != made.env["dispatch"][PASSWORD_ENV]
     server = NatsServer(tmp_path / "nats", extra_args=("-c", str(again.server_config))).start()
     try:
+        # The provisioner makes the layout; a service finds what its role uses, with its own login.
+        env = again.env["provisioner"]
+        async with connect(
+            server.url, name="provisioner", namespace="dev", user=env[USER_ENV], password=env[PASSWORD_ENV]
+        ) as bus:
+            await bus.provision(JetStreamLayout(), by=env[USER_ENV])
         env = again.env["sandbox"]
         async with connect(
             server.url, name="sandbox", namespace="dev", user=env[USER_ENV], password=env[PASSWORD_ENV]
         ) as bus:
-            await bus.provision(JetStreamLayout())
+            assert await bus.verify(role_layout(Role.SANDBOX, JetStreamLayout()), timeout=5) == "dev.atmo-provisioner"
         # The first set's passwords were replaced.
         with pytest.raises(ConnectError, match="authorization violation"):
             async with connect(

@@ -18,10 +18,14 @@ def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> 
         app="examples.echo:app", home=tmp_path, nats_port=5000, http_port=5001, probe_base_port=5100, no_model=True
     )
     specs = child_specs(options)
-    assert [s.name for s in specs] == ["nats", *SERVICES]
+    assert [s.name for s in specs] == ["nats", "provision", *SERVICES]
+    # The layout is made once, before any service starts, by `python -m atmosphere.dispatch.provision`.
+    assert specs[1].once
+    assert specs[1].argv[1:] == ["-m", "atmosphere.dispatch.provision"]
+    assert not any(s.once for s in specs[2:])
     assert specs[-1].name == "ingress"
     assert specs[-1].env["ATMOSPHERE_INGRESS__PORT"] == "5001"
-    probes = {s.name: s.env.get("ATMOSPHERE_PROBE_PORT", "") for s in specs[1:-1]}
+    probes = {s.name: s.env.get("ATMOSPHERE_PROBE_PORT", "") for s in specs[2:-1]}
     assert sorted(probes.values()) == ["5100", "5101", "5102", "5103", "5104"]
     assert all(s.env["ATMOSPHERE_NATS__URL"] == "nats://127.0.0.1:5000" for s in specs[1:])
     assert "-js" in specs[0].argv

@@ -49,7 +49,9 @@ def test_three_nodes_routed_to_each_other_each_with_its_own_store(tmp_path: Path
 
 
 def test_two_replicas_of_every_service_with_distinct_ports_and_data(tmp_path: Path) -> None:
-    specs = child_specs(cluster_options(tmp_path))[3:]
+    provision, *specs = child_specs(cluster_options(tmp_path))[3:]
+    assert provision.once
+    assert provision.env["ATMOSPHERE_JETSTREAM__REPLICAS"] == "3"  # the layout as every service expects it
     assert [s.name for s in specs] == [f"{service}-{n}" for service in SERVICES for n in (1, 2)]
     urls = "nats://127.0.0.1:5000,nats://127.0.0.1:5001,nats://127.0.0.1:5002"
     assert {s.env["ATMOSPHERE_NATS__URL"] for s in specs} == {urls}
@@ -89,11 +91,11 @@ def test_the_banner_names_every_address(tmp_path: Path) -> None:
 def test_one_node_is_todays_stack_exactly(tmp_path: Path) -> None:
     single = DevOptions(app="examples.echo:app", home=tmp_path, nats_port=5000, no_model=True)
     specs = child_specs(single)
-    assert [s.name for s in specs] == ["nats", *SERVICES]
+    assert [s.name for s in specs] == ["nats", "provision", *SERVICES]
     assert "--cluster" not in specs[0].argv
     assert all("ATMOSPHERE_JETSTREAM__REPLICAS" not in s.env for s in specs[1:])
-    assert {s.env["ATMOSPHERE_DATA_DIR"] for s in specs[1:]} == {str(tmp_path / "data")}
-    assert {s.env["ATMOSPHERE_WORKSPACE_ROOT"] for s in specs[1:]} == {str(tmp_path / "workspace")}
+    assert {s.env["ATMOSPHERE_DATA_DIR"] for s in specs[2:]} == {str(tmp_path / "data")}
+    assert {s.env["ATMOSPHERE_WORKSPACE_ROOT"] for s in specs[2:]} == {str(tmp_path / "workspace")}
     assert "cluster" not in banner(single)
 
 

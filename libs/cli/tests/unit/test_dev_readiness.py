@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import io
 import json
 import socket
 import sys
@@ -197,3 +198,36 @@ def test_every_service_stops_the_stack_on_invalid_settings(tmp_path: Path) -> No
     for name in dev.SERVICES:
         assert EXIT_INVALID_SETTINGS in specs[name].fatal_exit_codes
         assert (EXIT_APP_UNLOADABLE in specs[name].fatal_exit_codes) == (name in dev.APP_LOADERS)
+
+
+@pytest.mark.timeout(30)
+async def test_a_failed_provisioning_stops_the_stack_before_any_service_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "a-service-started"
+
+    def services(_options: DevOptions) -> list[ChildSpec]:
+        refused = python_child("provision", "print('jetstream refused the layout'); raise SystemExit(1)")
+        refused.once = True
+        started = f"open({str(marker)!r}, 'w').close(); import time; time.sleep(60)"
+        return [refused, *(python_child(name, started) for name in dev.SERVICES)]
+
+    stand_in_stack(monkeypatch, services)
+    assert await run_dev(options(tmp_path / "home")) == 1
+    captured = capsys.readouterr()
+    assert "Error: provision failed (exit 1)" in captured.err
+    assert "Ctrl-C stops everything" not in captured.out
+    assert not marker.exists()
+
+
+async def test_a_step_runs_to_its_end_before_run_once_returns() -> None:
+    out = io.StringIO()
+    supervisor = Supervisor(out=out)
+    try:
+        step = python_child("step", "print('made the layout'); raise SystemExit(3)")
+        assert await supervisor.run_once(step, timeout=10) == 3
+        assert "step      | made the layout" in out.getvalue()  # prefixed like every child's output
+        assert await supervisor.run_once(python_child("slow", "import time; time.sleep(60)"), timeout=0.5) is None
+        assert "slow      | did not finish in 0.5s; stopping it" in out.getvalue()
+    finally:
+        await supervisor.stop()

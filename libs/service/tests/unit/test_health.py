@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from atmosphere.bus import ConnectionLostError, subjects
+from atmosphere.bus import ConnectionLostError, LayoutNotProvisionedError, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.config import ServiceSettings
 from atmosphere.contracts.common.v1.service_pb2 import (
@@ -15,6 +15,7 @@ from atmosphere.contracts.common.v1.service_pb2 import (
     ServiceInfoResponse,
 )
 from atmosphere.service import Health, health_router, run, serve_probes
+from atmosphere.service._run import EXIT_NOT_PROVISIONED
 
 
 async def http_get(port: int, request: bytes) -> tuple[int, dict[str, object]]:
@@ -102,3 +103,13 @@ def test_the_process_exits_3_when_the_connection_closed_for_good() -> None:
         raise ConnectionLostError("closed for good")
 
     assert run(serve, ServiceSettings, service="memory") == 3
+
+
+def test_a_service_that_finds_no_layout_exits_5_naming_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    async def serve(_settings: ServiceSettings, *, stop: asyncio.Event) -> None:
+        raise LayoutNotProvisionedError("the JetStream layout is not provisioned: bucket ATMO_TOOLS does not exist")
+
+    assert run(serve, ServiceSettings, service="sandbox") == EXIT_NOT_PROVISIONED == 5
+    logged = capsys.readouterr().err
+    assert "sandbox: the JetStream layout is not provisioned: bucket ATMO_TOOLS does not exist" in logged
+    assert "Traceback" not in logged

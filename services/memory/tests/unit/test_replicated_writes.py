@@ -24,7 +24,7 @@ from atmosphere.memory.handlers import MemoryHandlers
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk import ChatMessage as Message
-from atmosphere.service.replica import ReplicaLog
+from atmosphere.service.replica import ReplicaLog, ReplicaPosition
 
 SCOPE = WorkspaceScope(category="agents", owner="planner", agent_id="planner", conversation_id="c1")
 CTX: Any = None
@@ -68,7 +68,7 @@ async def replica(bus: FakeBus, root: Path, name: str) -> AsyncIterator[Replica]
             bus,
             stream=subjects.MEMORY_LOG_STREAM,
             filter_subject=subjects.memory_log(),
-            replica=name,
+            position=ReplicaPosition(root / name, "memory"),
             message_type=MemoryWrite,
             apply=handlers.apply,
             outcomes=(ServiceError,),

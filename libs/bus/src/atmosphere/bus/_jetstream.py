@@ -73,6 +73,9 @@ class StreamSpec:
     duplicate_window_seconds: float = 120
     """How long a `Nats-Msg-Id` is remembered for de-duplication."""
     replication: Replication = Replication()
+    allow_direct: bool = True
+    """Every replica answers direct gets (JetStream's `allow_direct`): `Bus.replay` reads a
+    stream by them, with no consumer per reader, so a stream without it cannot be replayed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,14 @@ class ConsumerSpec:
     """The server removes the consumer after this long with nobody pulling (0: never). For a
     consumer of one replica's own (one that applies the whole stream to that replica's store):
     a replica gone for good leaves nothing behind."""
+    max_ack_pending: int = 0
+    """Messages handed out and not yet acknowledged at most (0: `Bus.consume` derives it from its
+    `max_inflight`). A provisioned consumer states it: the provisioner does not know the workers."""
+    provisioned: bool = False
+    """Made by the provisioner (it is among `JetStreamLayout.consumers`): `Bus.consume` only binds
+    to it, and fails naming it when it is missing or configured otherwise, where a consumer not
+    provisioned is created or updated by whoever consumes it. No service login may create one
+    (`atmosphere.bus.permissions`): whoever may create a consumer chooses where it delivers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,21 @@ class ObjectBucketSpec:
     max_bytes: int = -1
     """-1 means no size limit; a full bucket refuses new objects."""
     replication: Replication = Replication()
+
+
+@dataclass(frozen=True, slots=True)
+class RequiredLayout:
+    """What must exist for someone to work: streams and buckets by name, and provisioned consumers.
+
+    A service with a login checks it at start (`Bus.verify`) instead of making it: only the
+    provisioner may (`atmosphere.bus.permissions`).
+    """
+
+    streams: tuple[str, ...] = ()
+    buckets: tuple[str, ...] = ()
+    object_buckets: tuple[str, ...] = ()
+    consumers: tuple[ConsumerSpec, ...] = ()
+    """With the configuration they must have (`ConsumerSpec.provisioned`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +189,9 @@ class JetStreamLayout:
     governance replica has what it still holds (the decision log's own retention is shorter)."""
     governance_log_max_bytes: int = 1 << 30
     extra_streams: tuple[StreamSpec, ...] = field(default_factory=tuple)
+    consumers: tuple[ConsumerSpec, ...] = field(default_factory=tuple)
+    """Durable consumers the provisioner makes with the streams (`ConsumerSpec.provisioned`), with
+    the layout's replica count; the run queue's workers (`atmosphere.bus.run_queue`)."""
 
     def streams(self) -> tuple[StreamSpec, ...]:
         """Every stream of the layout."""
@@ -208,6 +237,15 @@ class JetStreamLayout:
         completions = BucketSpec(subjects.COMPLETIONS_BUCKET, max_age_seconds=24 * 3600)
         every = (agents, BucketSpec(subjects.TOOLS_BUCKET), conversations, completions)
         return tuple(dataclasses.replace(spec, replication=self.replication) for spec in every)
+
+    def required(self) -> RequiredLayout:
+        """Everything of the layout by name, and its consumers: what provisioning it makes exist."""
+        return RequiredLayout(
+            streams=tuple(s.name for s in self.streams()),
+            buckets=tuple(b.name for b in self.buckets()),
+            object_buckets=tuple(b.name for b in self.object_buckets()),
+            consumers=self.consumers,
+        )
 
     def object_buckets(self) -> tuple[ObjectBucketSpec, ...]:
         """Every object-store bucket of the layout."""

@@ -5,32 +5,44 @@ permissions come from `permissions(role, namespace=...)`: allow-lists of wire su
 namespace applied) it may publish to and subscribe to, built from `atmosphere.bus.subjects`.
 Everything not listed is refused by the server.
 
-What the lists say (every service also answers its own `atmo.svc.<service>.*`, provisions the
-JetStream layout, and reads only its own inbox, `inbox_prefix(user)`):
+What the lists say (every service also answers its own `atmo.svc.<service>.*` and reads only
+its own inbox, `inbox_prefix(user)`):
 
 - ingress publishes top-level submissions, the run-id event of what it submits, run control,
   `atmo.conv.closed`, its governance checks and admin, memory's workspace reads, tape reads and
   the services' info; it subscribes to run events and keeps `ATMO_CONVERSATIONS`.
 - dispatch publishes every submission (gRPC, coordinators' sub-runs), run events and probes, the
   journal, run control, tool calls (`atmo.tool.*`, `atmo.mem.tool.*`, `atmo.sandbox.>`), memory
-  and its governance checks; it serves run control and `atmo.conv.closed`, and follows run events.
+  and its governance checks; it serves run control and `atmo.conv.closed`, follows run events
+  and pulls runs from the run queue's provisioned consumers.
 - sandbox serves `atmo.tool.*` and `atmo.sandbox.>`, and publishes nothing but replies.
 - governance serves `atmo.gov.>`; memory serves `atmo.mem.>` and asks `atmo.gov.screen_facts`;
   tape serves `atmo.tape.>` and records `ATMO_EVENTS`. Memory and governance each write and
   apply a log of record of their own (`ATMO_MEMORY`, `ATMO_GOVERNANCE`).
 - observer subscribes to run events, reads `ATMO_EVENTS` and asks the tape; nothing else.
+- provisioner creates and updates the streams, buckets and the run queue's consumers
+  (`atmosphere provision`, a Kubernetes Job); it publishes and reads no message of ours.
 
 Only ingress and dispatch may submit runs; only dispatch may publish run events, with one
 exception: a run's first event (seq 1, its run id) is written by whoever submits it
 (`runs.submit_run`), so ingress publishes that too. It adds nothing an ingress could not do
 already: ingress is what streams a run's events to its client.
 
-JetStream: consumers are allowed per stream (`$JS.API.CONSUMER.*.<stream>`), so e.g. sandbox
-cannot create one on `ATMO_EVENTS`. Two things subject permissions cannot close: a push
-consumer delivers to whatever subject its creator names, and whoever may create consumers on a
-stream may update one there whose name it knows. Consumers on `ATMO_EVENTS` are therefore
-limited to ingress, dispatch, tape (whose durables are named at random per replica) and the
-observer, whose credentials belong to trusted tooling only.
+JetStream (what nats-server 2.15 enforces, proven by tests/e2e/test_permission_matrix.py): no
+service login and not the observer may create, update, delete or purge a stream or bucket, nor
+create a consumer of any kind. A subject permission can name the stream and the consumer in
+`$JS.API.CONSUMER.CREATE.<stream>.<name>`, but not what the request's body says: whoever may
+create a consumer chooses its `deliver_subject` (the server delivers the stream to any subject,
+one its creator may not publish to included), and `$JS.API.CONSUMER.CREATE.<stream>`, which
+every ordered consumer uses, updates any consumer of that stream named in the body. So the
+provisioner makes the run queue's consumers and dispatch only binds to them (info, next,
+acknowledge), and every other reader reads stored messages by direct get (`DIRECT.GET`,
+`STREAM.MSG.GET`): replays and the replicas of memory, governance and tape alike. Purges are
+dispatch's on its own journal (`ATMO_JOURNAL`, which only it writes) and the object bucket's
+users' on it (nats-py removes an object's chunks by purging their subject; a bucket's writer
+can empty it by a roll-up anyway). What no subject permission closes: a request's reply
+subject is not checked, so whoever may ask JetStream for a stored message (or any service for
+an answer) may have the answer sent to any subject.
 """
 
 from __future__ import annotations
@@ -45,8 +57,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from atmosphere.bus import subjects
-from atmosphere.bus._jetstream import JetStreamLayout
+from atmosphere.bus import run_queue, subjects
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLayout
 
 # One owner of how a namespace turns into stream names: the bus itself.
 from atmosphere.bus._nats import _stream_prefix
@@ -64,6 +76,7 @@ __all__ = [
     "inbox_prefix",
     "new_credentials",
     "permissions",
+    "role_layout",
     "server_user",
     "user_name",
     "write_credentials",
@@ -71,7 +84,7 @@ __all__ = [
 
 
 class Role(StrEnum):
-    """Who logs in: one role per service, and `observer` for outside readers of run events."""
+    """Who logs in: one role per service, `observer` for outside readers, `provisioner` for the layout."""
 
     INGRESS = "ingress"
     DISPATCH = "dispatch"
@@ -82,9 +95,13 @@ class Role(StrEnum):
     OBSERVER = "observer"
     """An outside subscriber of run events (`atmosphere tape follow`, examples/followers):
     run events read live or from `ATMO_EVENTS`, and the tape's reads. Nothing else."""
+    PROVISIONER = "provisioner"
+    """Whoever makes the JetStream layout (`atmosphere provision`, a Kubernetes Job): creates and
+    updates the streams, buckets and provisioned consumers; deletes and purges nothing, and
+    publishes or reads no message of ours. Never a service's own login."""
 
 
-SERVICE_ROLES: Final = tuple(role for role in Role if role is not Role.OBSERVER)
+SERVICE_ROLES: Final = tuple(role for role in Role if role not in (Role.OBSERVER, Role.PROVISIONER))
 """The roles of the six services (each also the service's name on the bus)."""
 
 AUTH_CONFIG_FILE: Final = "nats-auth.conf"
@@ -208,14 +225,24 @@ class _Wire:
 
 
 class _Grants:
-    """A role's allow-lists as they are built: one method per kind of use of the bus."""
+    """A role's allow-lists as they are built: one method per kind of use of the bus.
+
+    Beside the wire subjects it records which streams, buckets and consumers (logical names)
+    the role uses: a service checks at start that those exist (`role_layout`).
+    """
 
     def __init__(self, wire: _Wire) -> None:
         self._wire = wire
         # Ordered sets: the rendered lists read in the order the grants were made.
-        self._publish: dict[str, None] = {f"{_JS_API}.INFO": None}
+        # Account info, and which stream captures a subject: a publisher that got no answer asks
+        # it to tell a stream without a leader (retried) from no stream at all. Both read names only.
+        self._publish: dict[str, None] = {f"{_JS_API}.INFO": None, f"{_JS_API}.STREAM.NAMES": None}
         self._subscribe: dict[str, None] = {}
         self._responds = False
+        self.streams: dict[str, None] = {}
+        self.buckets: dict[str, None] = {}
+        self.object_buckets: dict[str, None] = {}
+        self.consumers: dict[tuple[str, str], None] = {}
 
     def _pub(self, *wire_subjects: str) -> None:
         self._publish.update(dict.fromkeys(wire_subjects))
@@ -237,7 +264,12 @@ class _Grants:
         self._responds = True
 
     def provision(self, layout: JetStreamLayout) -> None:
-        """Create, update and inspect every stream and bucket of `layout` (what `Bus.provision` does)."""
+        """Create, update and inspect every stream, bucket and provisioned consumer of `layout`.
+
+        A consumer only by its name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
+        which the server checks against the request): the provisioner makes the layout's
+        consumers and no other. Nothing is deleted or purged.
+        """
         names = [
             *(self._wire.stream(s.name) for s in layout.streams()),
             *(f"KV_{self._wire.stream(b.name)}" for b in layout.buckets()),
@@ -245,33 +277,44 @@ class _Grants:
         ]
         for name in names:
             self._api(f"STREAM.CREATE.{name}", f"STREAM.UPDATE.{name}", f"STREAM.INFO.{name}")
+        for consumer in layout.consumers:
+            stream = self._wire.stream(consumer.stream)
+            self._api(
+                f"CONSUMER.CREATE.{stream}.{consumer.durable}.{self._wire.subject(consumer.filter_subject)}",
+                f"CONSUMER.INFO.{stream}.{consumer.durable}",
+            )
 
     def _read(self, stream: str) -> None:
-        """A stream's messages by subject or sequence, and ordered (ephemeral, flow-controlled) replays."""
+        """A stream's stored messages by subject or sequence: by direct get, which creates nothing."""
         self._api(
             f"STREAM.INFO.{stream}",
             f"STREAM.MSG.GET.{stream}",
             f"DIRECT.GET.{stream}",
             f"DIRECT.GET.{stream}.>",
-            f"CONSUMER.CREATE.{stream}",
         )
-        self._pub(f"$JS.FC.{stream}.>")
 
     def read_stream(self, stream: str) -> None:
         """Read `stream` (the last message of a subject, replays)."""
+        self.streams[stream] = None
         self._read(self._wire.stream(stream))
 
-    def consume(self, stream: str) -> None:
-        """Pull from durable consumers of `stream`: create or update, inspect, fetch, acknowledge."""
-        name = self._wire.stream(stream)
-        self._api(
-            f"STREAM.INFO.{name}",
-            f"CONSUMER.CREATE.{name}.>",
-            f"CONSUMER.DURABLE.CREATE.{name}.>",
-            f"CONSUMER.INFO.{name}.>",
-            f"CONSUMER.MSG.NEXT.{name}.>",
-        )
-        self._pub(f"$JS.ACK.{name}.>")
+    def follow(self, stream: str, filter_subject: str) -> None:
+        """Apply `stream` in order as a replica does: read it, and hear of new messages as they are stored."""
+        self.read_stream(stream)
+        self.receive(filter_subject)
+
+    def bind(self, *consumers: ConsumerSpec) -> None:
+        """Pull from provisioned durable consumers: inspect, fetch, acknowledge; never create or change one."""
+        for consumer in consumers:
+            stream = self._wire.stream(consumer.stream)
+            self.streams[consumer.stream] = None
+            self.consumers[(consumer.stream, consumer.durable)] = None
+            self._api(
+                f"STREAM.INFO.{stream}",
+                f"CONSUMER.INFO.{stream}.{consumer.durable}",
+                f"CONSUMER.MSG.NEXT.{stream}.{consumer.durable}",
+            )
+            self._pub(f"$JS.ACK.{stream}.{consumer.durable}.>")
 
     def purge(self, stream: str) -> None:
         """Remove messages of `stream` (by subject)."""
@@ -279,6 +322,7 @@ class _Grants:
 
     def read_bucket(self, bucket: str) -> None:
         """Read keys and values of a key-value bucket."""
+        self.buckets[bucket] = None
         self._read(f"KV_{self._wire.stream(bucket)}")
 
     def write_bucket(self, bucket: str) -> None:
@@ -288,7 +332,10 @@ class _Grants:
 
     def use_objects(self, bucket: str) -> None:
         """Put, read and delete objects of an object bucket (a put looks up and replaces, too)."""
+        self.object_buckets[bucket] = None
         self._read(f"OBJ_{self._wire.stream(bucket)}")
+        # nats-py removes an object's chunks (a delete, a replaced or failed put) by purging
+        # their subject; a writer of the bucket could empty it by a roll-up all the same.
         self._api(f"STREAM.PURGE.OBJ_{self._wire.stream(bucket)}")
         self._pub(f"$O.{self._wire.stream(bucket)}.>")
 
@@ -299,9 +346,8 @@ class _Grants:
 
 
 def _as_service(g: _Grants, role: Role) -> None:
-    """What every service does: answer its health and info, provision the layout."""
+    """What every service does: answer its health and info."""
     g.serve(subjects.service_health(role), subjects.service_info(role))
-    g.provision(JetStreamLayout())
 
 
 def _ingress(g: _Grants) -> None:
@@ -322,9 +368,10 @@ def _dispatch(g: _Grants) -> None:
     g.send(_TOOLS, _MEMORY_TOOLS, _SANDBOX_SESSION_TOOLS, _SANDBOX_RELEASE, _MEMORY, *_DISPATCH_GOVERNANCE)
     g.serve(_RUN_CONTROL, _CONVERSATION_CLOSED)
     g.receive(_RUN_EVENTS)
-    g.consume(subjects.RUNS_STREAM)
+    g.bind(*run_queue.consumers())
     g.read_stream(subjects.EVENTS_STREAM)
     g.read_stream(subjects.JOURNAL_STREAM)
+    # A run that succeeded removes its journal; only dispatch writes `ATMO_JOURNAL`.
     g.purge(subjects.JOURNAL_STREAM)
     g.write_bucket(subjects.AGENTS_BUCKET)
     g.read_bucket(subjects.TOOLS_BUCKET)
@@ -341,7 +388,7 @@ def _governance(g: _Grants) -> None:
     g.serve(_GOVERNANCE)
     # Its log of record: every replica writes to it and applies all of it.
     g.send(subjects.governance_log_all())
-    g.consume(subjects.GOVERNANCE_LOG_STREAM)
+    g.follow(subjects.GOVERNANCE_LOG_STREAM, subjects.governance_log_all())
 
 
 def _memory(g: _Grants) -> None:
@@ -349,12 +396,13 @@ def _memory(g: _Grants) -> None:
     g.send(*_MEMORY_GOVERNANCE)
     # Its log of record: every replica writes to it and applies all of it.
     g.send(subjects.memory_log())
-    g.consume(subjects.MEMORY_LOG_STREAM)
+    g.follow(subjects.MEMORY_LOG_STREAM, subjects.memory_log())
 
 
 def _tape(g: _Grants) -> None:
     g.serve(_TAPE)
-    g.consume(subjects.EVENTS_STREAM)
+    # Every replica records the whole of `ATMO_EVENTS` by reading it (it polls: no subscription).
+    g.read_stream(subjects.EVENTS_STREAM)
     g.read_bucket(subjects.AGENTS_BUCKET)
 
 
@@ -362,6 +410,11 @@ def _observer(g: _Grants) -> None:
     g.receive(_RUN_EVENTS)
     g.read_stream(subjects.EVENTS_STREAM)
     g.send(_TAPE)
+
+
+def _provisioner(g: _Grants) -> None:
+    # The layout every service expects, whatever its limits (they are not part of a subject).
+    g.provision(JetStreamLayout(consumers=run_queue.consumers()))
 
 
 _ROLES: Final = {
@@ -372,16 +425,39 @@ _ROLES: Final = {
     Role.MEMORY: _memory,
     Role.TAPE: _tape,
     Role.OBSERVER: _observer,
+    Role.PROVISIONER: _provisioner,
 }
 
 
-def permissions(role: Role, *, namespace: str = "", user: str | None = None) -> Permissions:
-    """What `role` may publish and subscribe to in `namespace`, logged in as `user` (default: `user_name`)."""
+def _grants(role: Role, namespace: str) -> _Grants:
     g = _Grants(_Wire(subjects.validate_namespace(namespace)))
     if role in SERVICE_ROLES:
         _as_service(g, role)
     _ROLES[role](g)
-    return g.build(user_name(role, namespace) if user is None else user)
+    return g
+
+
+def permissions(role: Role, *, namespace: str = "", user: str | None = None) -> Permissions:
+    """What `role` may publish and subscribe to in `namespace`, logged in as `user` (default: `user_name`)."""
+    return _grants(role, namespace).build(user_name(role, namespace) if user is None else user)
+
+
+def role_layout(role: Role, layout: JetStreamLayout) -> RequiredLayout:
+    """The part of `layout` that `role` uses: what a service checks exists before it starts.
+
+    Its streams, buckets and object buckets, and the provisioned consumers it binds to (the
+    provisioner's: the whole layout).
+    """
+    whole = layout.required()
+    if role is Role.PROVISIONER:
+        return whole
+    g = _grants(role, "")
+    return RequiredLayout(
+        streams=tuple(s for s in whole.streams if s in g.streams),
+        buckets=tuple(b for b in whole.buckets if b in g.buckets),
+        object_buckets=tuple(b for b in whole.object_buckets if b in g.object_buckets),
+        consumers=tuple(c for c in whole.consumers if (c.stream, c.durable) in g.consumers),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from atmosphere.cli.credentials import add_credentials_command, run_credentials
 from atmosphere.cli.dev import DevOptions, run_dev
 from atmosphere.cli.dev_layout import MAX_PORT, port_conflicts
 from atmosphere.cli.new import NewProjectError, new_project, next_steps, package_name
+from atmosphere.cli.provision import add_provision_command, run_provision
 from atmosphere.cli.tape import add_tape_commands, run_tape
 
 DEFAULT_APP = "examples.assistant:app"
@@ -147,6 +148,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
     add_tape_commands(commands)
     add_credentials_command(commands)
+    add_provision_command(commands)
     return parser, dev
 
 
@@ -200,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_tape(args)
     if args.command == "bus-credentials":
         return run_credentials(args)
+    if args.command == "provision":
+        return run_provision(args)
     options = _dev_options(args)
     if conflicts := port_conflicts(options):
         # The flags' combination is the mistake: a usage error, like a port out of range.

@@ -3,8 +3,9 @@
 `atmosphere bus-credentials --out DIR` writes `DIR/nats-auth.conf` (the server's side: every
 role's user, password and permissions, from `atmosphere.bus.permissions`) and `DIR/<role>.env`
 (each service's `ATMOSPHERE_NATS__USER` and `ATMOSPHERE_NATS__PASSWORD`; `observer.env` for
-outside readers of run events such as `atmosphere tape follow`). Every file is 0600; every run
-makes fresh passwords. `atmosphere dev` makes its own with `dev_credentials`.
+outside readers of run events such as `atmosphere tape follow`; `provisioner.env` for
+`atmosphere provision`, the one login that makes the JetStream layout). Every file is 0600;
+every run makes fresh passwords. `atmosphere dev` makes its own with `dev_credentials`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class DevCredentials:
     server_config: Path
     """A nats-server configuration with every role's user (pass it with `-c`, or `include` it)."""
     env: Mapping[str, Mapping[str, str]]
-    """Per role (each service by its name, and `observer`): the variables its process starts with."""
+    """Per role (each service by its name, `observer` and `provisioner`): the variables its process starts with."""
     directory: Path
     """Where the files are (`<role>.env` beside the server's)."""
 
@@ -58,7 +59,8 @@ def add_credentials_command(commands: Any) -> None:
             "Write DIR/nats-auth.conf, the nats-server configuration with one user per service and its "
             "subject permissions, and DIR/<role>.env with the ATMOSPHERE_NATS__USER and "
             "ATMOSPHERE_NATS__PASSWORD of each service (and of 'observer', for outside readers of run "
-            "events). Every file is readable by its owner only; every run makes new passwords."
+            "events, and 'provisioner', for `atmosphere provision`: the only login that makes the JetStream "
+            "layout). Every file is readable by its owner only; every run makes new passwords."
         ),
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
@@ -83,9 +85,12 @@ def run_credentials(args: argparse.Namespace) -> int:
 
 def _summary(files: CredentialFiles) -> str:
     lines = [f"wrote {files.server_config}  (nats-server -c it, or include it in the server's configuration)"]
+    purposes = {
+        Role.OBSERVER: "outside readers of run events",
+        Role.PROVISIONER: "`atmosphere provision`, which makes the JetStream layout",
+    }
     for role, path in files.env_files.items():
-        what = "outside readers of run events" if role is Role.OBSERVER else f"the {role} service"
-        lines.append(f"wrote {path}  (the environment of {what})")
+        lines.append(f"wrote {path}  (the environment of {purposes.get(role, f'the {role} service')})")
     return "\n".join(lines)
 
 

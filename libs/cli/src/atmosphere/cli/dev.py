@@ -61,6 +61,8 @@ READY_TIMEOUT = 60.0
 """Seconds the services of one process each may take to become ready (a cluster's twelve get three times this)."""
 NATS_READY_TIMEOUT = 30.0
 """Seconds the broker may take to accept clients (a cluster: to elect its JetStream meta leader)."""
+PROVISION_TIMEOUT = 120.0
+"""Seconds provisioning the JetStream layout may take (it waits up to a minute for a cluster's leaders)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ def _model_spec(options: DevOptions) -> ChildSpec:
 
 
 def child_specs(options: DevOptions) -> list[ChildSpec]:
-    """The nats-server and service children, in start order."""
+    """The nats-server children, the provisioning step, and the service children, in start order."""
     layout = dev_layout(options)
     # With `--auth` the broker knows every role's user (its arguments) and each service logs in
     # as its own (its environment): all that says how a child reaches NATS.
@@ -147,6 +149,17 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
     }
     if layout.clustered:
         common["ATMOSPHERE_JETSTREAM__REPLICAS"] = str(layout.stream_replicas)
+    # The layout first, by the provisioner (with `--auth`, its own login: no service's may make
+    # it). The services then find it; dispatch's settings shape the run queue, and the step
+    # reads them from the same environment dispatch does.
+    specs.append(
+        ChildSpec(
+            name="provision",
+            argv=[sys.executable, "-m", "atmosphere.dispatch.provision"],
+            env={**common, **(credentials.env["provisioner"] if credentials is not None else {})},
+            once=True,
+        )
+    )
     if options.local_model:
         specs.append(_model_spec(options))
     for process in layout.processes:
@@ -445,7 +458,16 @@ async def _start_stack(
     if not await _broker_ready(options.host, layout):
         return "Error: nats-server did not start; see its log lines above"
     for spec in specs[brokers:]:
-        await supervisor.start(spec)
+        if not spec.once:
+            await supervisor.start(spec)
+            continue
+        code = await supervisor.run_once(spec, timeout=PROVISION_TIMEOUT)
+        if stop.is_set():
+            return None
+        if code != 0:
+            how = "timed out" if code is None else f"exit {code}"
+            why = f": {FATAL_EXITS[code]}" if code in FATAL_EXITS else ""
+            return f"Error: {spec.name} failed ({how}){why}; see its log lines above"
     readiness = {p.name: p.ready_port for p in layout.processes}
     timeout = READY_TIMEOUT * (3 if layout.clustered else 1)
     late = await wait_for_ready(

@@ -38,6 +38,8 @@ class ChildSpec:
     """Seconds between SIGTERM and SIGKILL on shutdown."""
     fatal_exit_codes: frozenset[int] = frozenset()
     """Exit codes that a restart cannot cure (the app does not import): the child stays down."""
+    once: bool = False
+    """A step, not a service: it runs to its end before the next child starts (`Supervisor.run_once`)."""
 
 
 @dataclass
@@ -137,6 +139,25 @@ class Supervisor:
         )
         child.started_at = time.monotonic()
         self._on_event(f"started {child.spec.name} pid={child.process.pid}")
+
+    async def run_once(self, spec: ChildSpec, *, timeout: float) -> int | None:
+        """Run `spec` to its end, its output prefixed like a child's; its exit code (None: `timeout` passed).
+
+        Stopped like a child by `stop()` meanwhile (its exit code is then returned).
+        """
+        child = _Child(spec)
+        self._children.append(child)
+        self._width = max(self._width, len(spec.name) + 1)
+        await self._spawn(child)
+        assert child.process is not None
+        try:
+            async with asyncio.timeout(timeout):
+                await self._pump(child)
+                return await child.process.wait()
+        except TimeoutError:
+            self._print(spec.name, f"did not finish in {timeout:g}s; stopping it")
+            await self._stop_child(child)
+            return None
 
     async def _pump(self, child: _Child) -> None:
         assert child.process is not None

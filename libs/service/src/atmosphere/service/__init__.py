@@ -14,7 +14,8 @@ from atmosphere.service._auth import (
 from atmosphere.service._health import Health, health_router
 from atmosphere.service._probes import serve_probes
 from atmosphere.service._run import EXIT_INVALID_SETTINGS, loop_factory, run
-from atmosphere.service._runtime import ServiceRuntime, open_service
+from atmosphere.service._runtime import ServiceRuntime, layout_from, open_service
+from atmosphere.service._slots import StreamLimitError, StreamSlot, StreamSlots, client_key
 
 __all__ = [
     "ANONYMOUS",
@@ -26,8 +27,13 @@ __all__ = [
     "Caller",
     "Health",
     "ServiceRuntime",
+    "StreamLimitError",
+    "StreamSlot",
+    "StreamSlots",
+    "client_key",
     "conversation_user_key",
     "health_router",
+    "layout_from",
     "load_service_app",
     "loop_factory",
     "open_service",

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from atmosphere.bus import ConnectError, ConnectionLostError
+from atmosphere.bus import ConnectError, ConnectionLostError, LayoutNotProvisionedError
 from atmosphere.config import (
     SETTINGS_ERRORS,
     InvalidSettingsError,
@@ -32,6 +32,11 @@ which a restart may well cure.
 """
 
 
+EXIT_NOT_PROVISIONED = 5
+"""The exit code of a service with a login that did not find the JetStream layout in time: the
+provisioner has not run (yet). A supervisor restarts it; the error names what is missing."""
+
+
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """Uvloop when it is installed (every hop of a token costs less), else asyncio's own."""
     try:
@@ -41,13 +46,16 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *, service: str) -> int:
+def run(  # noqa: PLR0911 - one exit code per way to end, as the docstring lists them
+    serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *, service: str
+) -> int:
     """Read the settings once, then run `serve(settings, stop=...)` until SIGTERM or SIGINT.
 
     The first signal sets `stop`, so the service drains and exits cleanly; a second signal
     cancels it outright. Returns the process exit code: 0 after a clean stop, 2 when NATS
-    cannot be reached and 3 when the NATS connection closed for good (a supervisor restarts
-    the process), 4 (`EXIT_APP_UNLOADABLE`) when the app cannot be imported and 78
+    cannot be reached, 3 when the NATS connection closed for good and 5 (`EXIT_NOT_PROVISIONED`)
+    when a service with a login did not find the JetStream layout (a supervisor restarts the
+    process), 4 (`EXIT_APP_UNLOADABLE`) when the app cannot be imported and 78
     (`EXIT_INVALID_SETTINGS`) when the settings are invalid (a supervisor must not restart
     it), 130 when cancelled.
     """
@@ -85,6 +93,10 @@ def run(serve: Callable[..., Awaitable[None]], load_settings: Callable[[], S], *
     except ConnectionLostError as exc:
         log.error("%s", exc)
         return 3
+    except LayoutNotProvisionedError as exc:
+        # One line naming what is missing, no traceback: a restart may cure it.
+        log.error("%s: %s", service, exc)
+        return EXIT_NOT_PROVISIONED
     except asyncio.CancelledError:
         return 130
     log.info("%s stopped", service)

@@ -1,22 +1,27 @@
 """One replica's copy of a replicated stream: how N replicas of a stateful service never split state.
 
-A JetStream stream (replicated by the NATS cluster) is the store of record. Every replica has a
-durable consumer of its own, named after the replica, and applies every message of the stream,
-in stream order, to its own store (SQLite by default): all replicas hold the same state, each
-a moment behind the stream at most. A write is acknowledged once the stream holds it *and*
-this replica applied it; a read first waits until this replica applied everything the stream
-held when the read began, so whichever replica answers, it answers with every write
-acknowledged before the read — also after the replica that took the write died.
+A JetStream stream (replicated by the NATS cluster) is the store of record. Every replica reads
+the whole stream and applies every message, in stream order, to its own store (SQLite by
+default): all replicas hold the same state, each a moment behind the stream at most. A write is
+acknowledged once the stream holds it *and* this replica applied it; a read first waits until
+this replica applied everything the stream held when the read began, so whichever replica
+answers, it answers with every write acknowledged before the read — also after the replica
+that took the write died.
 
-The replica's name is made once and kept beside its data: a replica that restarts on the same
-volume resumes its consumer where it stopped; a new volume is a new replica that applies the
-stream from its start.
+A replica reads by direct get (`Bus.read_stream`) and keeps how far it applied beside its data
+(`ReplicaPosition`): it holds no consumer on the broker, so its login needs no right to create
+one (whoever may create a consumer chooses where it delivers: `atmosphere.bus.permissions`). A
+replica that restarts on the same volume goes on where it stopped; a new volume is a new
+replica that applies the stream from its start. It hears of new messages by polling the
+stream's last sequence and, where the writers are its own service, by a subscription to the
+stream's subject that wakes it at once (`doorbell`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 from collections import OrderedDict
@@ -24,20 +29,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 
-from atmosphere.bus import Bus, BusError, ConsumerSpec, Headers, PayloadTooLargeError, WorkItem
+from atmosphere.bus import Bus, BusError, Headers, PayloadTooLargeError, Subscription, WorkItem
 from atmosphere.bus.errors import ReplicaBehindError
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
 
+log = logging.getLogger("atmosphere.service.replica")
+
 KEEP_RESULTS = 4096
 """Results of recent applies kept for the writers waiting on them (a writer asks right after
 its write is stored, so only a burst larger than this could miss its own)."""
-GONE_REPLICA_SECONDS = 7 * 24 * 3600.0
-"""A replica's consumer outlives a week without pulls; a replica gone for longer starts over."""
-BARRIER_POLL = 0.01
+POLL_INTERVAL = 1.0
+"""Seconds between two looks at the stream's newest sequence when nothing woke the replica."""
+RETRY_DELAY = 1.0
+"""Seconds before reading again after the broker did not answer, or an apply failed."""
+EAGER_LOOKS = 5
+"""Looks at the stream, 5 ms apart and doubling, after a doorbell that found nothing new yet: a
+subscriber may hear of a message a moment before the stream's leader stored it."""
 
 
 def replica_name(data_dir: Path, service: str) -> str:
@@ -57,15 +69,56 @@ def replica_name(data_dir: Path, service: str) -> str:
     return path.read_text(encoding="ascii").strip()
 
 
-class ReplicaLog(Generic[M, R]):
-    """Apply every message of a stream to this replica's store; write through it; read behind it.
+class ReplicaPosition:
+    """How far this replica applied its stream (a stream sequence), kept in `<data dir>/<service>.applied`.
 
-    `apply(seq, message)` changes the local store and returns the writer's answer. It must be
-    deterministic (the same message gives every replica the same state: times and ids travel
-    in the message). An exception of `outcomes` is an answer too (a refused write is refused on
-    every replica); any other exception is a failure of this replica's store, retried.
-    Applies are at least once: a replica killed between an apply and its acknowledgement
-    applies that one message again on restart, so an apply should tolerate a repeat.
+    Saved after every applied batch, so a replica killed between an apply and the save applies
+    that batch again on restart: applies are at least once, and must tolerate a repeat.
+    """
+
+    def __init__(self, data_dir: Path | None, service: str) -> None:
+        """The position of `service`'s replica whose data is in `data_dir` (None: kept in memory only).
+
+        In memory, a restart applies the stream again from its start: for a test's replica.
+        """
+        self._path = None if data_dir is None else data_dir / f"{service}.applied"
+        self._saved = 0
+
+    def load(self) -> int:
+        """The sequence applied through (0: nothing yet, a new replica)."""
+        if self._path is None:
+            return self._saved
+        try:
+            text = self._path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return 0
+        try:
+            self._saved = int(text)
+        except ValueError:
+            log.warning("%s does not hold a sequence; applying the stream from its start", self._path)
+            return 0
+        return self._saved
+
+    def save(self, seq: int) -> None:
+        """Record that everything up to `seq` is applied (atomically: a crash leaves the old or the new)."""
+        if seq == self._saved:
+            return
+        if self._path is None:
+            self._saved = seq
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self._path.with_suffix(f".{os.getpid()}.tmp")
+        temp.write_text(f"{seq}\n", encoding="ascii")
+        os.replace(temp, self._path)
+        self._saved = seq
+
+
+class StreamReplica(Generic[M]):
+    """Read a stream in order and hand every message of `filter_subject` to `apply_batch`, once each.
+
+    `applied_seq` says how far: every message of the filter up to it is applied (the messages
+    the filter leaves out count as passed). A batch that fails is read and applied again after
+    `RETRY_DELAY` (a failure of this replica's store); an undecodable message is left out.
     """
 
     def __init__(
@@ -74,58 +127,234 @@ class ReplicaLog(Generic[M, R]):
         *,
         stream: str,
         filter_subject: str,
-        replica: str,
         message_type: type[M],
-        apply: Callable[[int, M], Awaitable[R]],
-        outcomes: tuple[type[Exception], ...] = (),
+        apply_batch: Callable[[list[WorkItem[M]]], Awaitable[None]],
+        position: ReplicaPosition,
         max_batch: int = 1,
         linger: float = 0.0,
+        doorbell: bool = False,
+        poll_interval: float = POLL_INTERVAL,
         barrier_timeout: float = 10.0,
     ) -> None:
-        """Apply `stream`'s messages on `filter_subject` as replica `replica`.
+        """Apply `stream`'s messages on `filter_subject` from where `position` says.
 
-        `max_batch=1` hands each message over the moment it is stored (a writer waits for its
-        own); a larger batch suits a high-volume log nobody waits on (recorded events).
+        `max_batch=1` hands each message over the moment it is read (a writer waits for its
+        own); a larger batch suits a high-volume stream nobody waits on (recorded events), and
+        `linger` then waits after a short batch so that the next one is fuller. With `doorbell`
+        the replica subscribes to `filter_subject` and reads as soon as anything is published
+        there (its login must be allowed to); else it looks every `poll_interval` seconds.
         """
+        self.stream = stream
         self._bus = bus
+        self._filter = filter_subject
         self._type = message_type
-        self._apply = apply
-        self._outcomes = outcomes
-        self._max_batch = max_batch
+        self._apply_batch = apply_batch
+        self._position = position
+        self._max_batch = max(1, max_batch)
         self._linger = linger
+        self._doorbell = doorbell
+        self._poll = poll_interval
         self._barrier_timeout = barrier_timeout
-        self.consumer = replica_consumer(stream, filter_subject, replica, batch_fetch=max_batch > 1)
-        self.applied_seq = 0
-        """The stream sequence of the last message applied here (0 before the first)."""
-        self._results: OrderedDict[int, R | BaseException] = OrderedDict()
+        self.applied_seq = position.load()
+        """Every message of the filter up to this stream sequence is applied here."""
         self._progress = asyncio.Condition()
+        self._wake = asyncio.Event()
+        self._eager = 0
 
     @contextlib.asynccontextmanager
     async def applying(self) -> AsyncIterator[None]:
         """Apply the stream while the context is open."""
-        async with self._bus.consume_batches(
-            self.consumer, self._type, self._apply_batch, max_batch=self._max_batch, linger=self._linger
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            if self._doorbell:
+                bell = await stack.enter_async_context(self._bus.subscribe(self._filter, Empty))
+                ringing = asyncio.create_task(self._ring(bell), name=f"{self.stream}-doorbell")
+                stack.callback(ringing.cancel)
+            reading = asyncio.create_task(self._read_loop(), name=f"{self.stream}-replica")
+            # Stopped and waited for: an apply in progress ends before the store closes.
+            stack.push_async_callback(_stopped, reading)
             yield
+
+    async def _ring(self, bell: Subscription[Empty]) -> None:
+        async for _ in bell:
+            self.wake(eager=True)
+
+    def wake(self, *, eager: bool = False) -> None:
+        """Look at the stream now (`eager`: and a few times more while it shows nothing new)."""
+        if eager:
+            self._eager = EAGER_LOOKS
+        self._wake.set()
+
+    async def _read_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                newest = await self._bus.stream_last_seq(self.stream)
+                if newest < self.applied_seq:
+                    await self._restart(newest)
+                if newest > self.applied_seq:
+                    await self._read_through(newest)
+                    failures = 0
+                    if self._linger:
+                        await asyncio.sleep(self._linger)
+                    continue
+                failures = 0
+            except BusError as exc:
+                failures += 1
+                # Once per outage, not every second of it: the broker restarting is no news.
+                (log.warning if failures == 1 else log.debug)(
+                    "%s: cannot read now (%s); trying again", self.stream, exc
+                )
+                await asyncio.sleep(RETRY_DELAY)
+                continue
+            except Exception:
+                log.exception("%s: applying failed; reading it again in %gs", self.stream, RETRY_DELAY)
+                await asyncio.sleep(RETRY_DELAY)
+                continue
+            await self._idle()
+
+    async def _restart(self, newest: int) -> None:
+        # A stream's sequences only grow, so one that ends before what was applied here was
+        # made anew (deleted and provisioned again): its messages are all new to this replica.
+        log.warning(
+            "%s ends at %d but this replica applied through %d: the stream was made anew; applying it from its start",
+            self.stream,
+            newest,
+            self.applied_seq,
+        )
+        self._position.save(0)
+        async with self._progress:
+            self.applied_seq = 0
+
+    async def _idle(self) -> None:
+        if self._eager > 0:
+            self._eager -= 1
+            await asyncio.sleep(0.005 * 2 ** (EAGER_LOOKS - 1 - self._eager))
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._poll):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def _read_through(self, newest: int) -> None:
+        batch: list[WorkItem[M]] = []
+        read = self._bus.read_stream(self.stream, self._filter, self._type, after=self.applied_seq, through=newest)
+        async with contextlib.aclosing(read) as messages:
+            async for seq, envelope in messages:
+                if envelope is not None:
+                    batch.append(WorkItem(envelope=envelope, stream_seq=seq, delivered=1))
+                if len(batch) >= self._max_batch:
+                    await self._settle(batch, seq)
+                    batch = []
+        # Everything of the filter up to `newest` is read: what follows the last one is left out.
+        await self._settle(batch, newest)
+
+    async def _settle(self, batch: list[WorkItem[M]], through: int) -> None:
+        if batch:
+            await self._apply_batch(batch)
+        self._position.save(through)
+        async with self._progress:
+            self.applied_seq = max(self.applied_seq, through)
+            self._progress.notify_all()
+
+    async def reach(self, seq: int, *, timeout: float) -> bool:
+        """Wait until this replica applied through `seq`; False when it did not within `timeout`."""
+        if self.applied_seq >= seq:
+            return True
+        self.wake(eager=True)
+        try:
+            async with asyncio.timeout(timeout), self._progress:
+                await self._progress.wait_for(lambda: self.applied_seq >= seq)
+        except TimeoutError:
+            return False
+        return True
+
+    async def caught_up(self) -> None:
+        """Wait until this replica applied every message the stream held when this was called.
+
+        Raises `ReplicaBehindError` (retryable) after the barrier timeout: the replica is stuck
+        or far behind, and answering now could miss acknowledged writes.
+        """
+        try:
+            # Under a steady stream of writes "nothing left" may never be seen: the target is
+            # what the stream held at the call.
+            target = await self._bus.stream_last_seq(self.stream)
+        except BusError as exc:
+            msg = f"this replica cannot tell how far {self.stream} goes now: try again"
+            raise ReplicaBehindError(msg) from exc
+        if target < self.applied_seq:
+            await self._restart(target)
+        if not await self.reach(target, timeout=self._barrier_timeout):
+            msg = f"this replica is behind {self.stream}: try again"
+            raise ReplicaBehindError(msg)
+
+
+class ReplicaLog(Generic[M, R]):
+    """Apply every message of a stream to this replica's store; write through it; read behind it.
+
+    `apply(seq, message)` changes the local store and returns the writer's answer. It must be
+    deterministic (the same message gives every replica the same state: times and ids travel
+    in the message). An exception of `outcomes` is an answer too (a refused write is refused on
+    every replica); any other exception is a failure of this replica's store, retried.
+    Applies are at least once: a replica killed between an apply and saving its position
+    applies that message again on restart, so an apply should tolerate a repeat.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        filter_subject: str,
+        position: ReplicaPosition,
+        message_type: type[M],
+        apply: Callable[[int, M], Awaitable[R]],
+        outcomes: tuple[type[Exception], ...] = (),
+        barrier_timeout: float = 10.0,
+    ) -> None:
+        """Apply `stream`'s messages on `filter_subject` from `position`, each the moment it is stored.
+
+        The log's writers are the service's own replicas, so this one subscribes to
+        `filter_subject` to hear of every write at once (`StreamReplica`'s doorbell).
+        """
+        self._bus = bus
+        self._apply = apply
+        self._outcomes = outcomes
+        self._results: OrderedDict[int, R | BaseException] = OrderedDict()
+        self._reader = StreamReplica(
+            bus,
+            stream=stream,
+            filter_subject=filter_subject,
+            message_type=message_type,
+            apply_batch=self._apply_batch,
+            position=position,
+            doorbell=True,
+            barrier_timeout=barrier_timeout,
+        )
+
+    @property
+    def stream(self) -> str:
+        """The stream this replica applies."""
+        return self._reader.stream
+
+    @property
+    def applied_seq(self) -> int:
+        """The stream sequence through which this replica applied (0 before the first)."""
+        return self._reader.applied_seq
+
+    def applying(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Apply the stream while the context is open."""
+        return self._reader.applying()
 
     async def _apply_batch(self, items: list[WorkItem[M]]) -> None:
         for item in items:
-            if item.stream_seq <= self.applied_seq:
-                continue  # a redelivery of what this process applied already
             result: R | BaseException
             try:
                 result = await self._apply(item.stream_seq, item.envelope.message)
             except self._outcomes as refused:
                 result = refused
-            await self._advance(item.stream_seq, result)
-
-    async def _advance(self, seq: int, result: R | BaseException) -> None:
-        async with self._progress:
-            self.applied_seq = seq
-            self._results[seq] = result
+            self._results[item.stream_seq] = result
             while len(self._results) > KEEP_RESULTS:
                 self._results.popitem(last=False)
-            self._progress.notify_all()
 
     async def write(self, subject: str, message: Message, *, msg_id: str = "", timeout: float = 10.0) -> R:
         """Store `message` on the stream, wait until this replica applied it, and return the apply's answer.
@@ -142,57 +371,27 @@ class ReplicaLog(Generic[M, R]):
         except BusError as exc:
             # The broker is away or the stream is electing a leader: nothing was taken, or a
             # retry with the same `msg_id` is stored once. Either way the caller may try again.
-            msg = f"{self.consumer.stream} did not take the write ({exc}); try again"
+            msg = f"{self.stream} did not take the write ({exc}); try again"
             raise ReplicaBehindError(msg) from exc
-        result = await self._result_of(ack.seq, timeout)
+        if not await self._reader.reach(ack.seq, timeout=timeout):
+            msg = f"write {ack.seq} of {self.stream} is stored but this replica has not applied it yet"
+            raise ReplicaBehindError(msg)
+        if ack.seq not in self._results:
+            # Applied by an earlier process on this volume, or pushed out by a larger burst: the
+            # write took effect, only its detailed answer is gone.
+            msg = f"write {ack.seq} of {self.stream} was applied, but its answer is no longer kept"
+            raise ReplicaBehindError(msg)
+        result = self._results[ack.seq]
         if isinstance(result, BaseException):
             raise result
         return result
 
-    async def _result_of(self, seq: int, timeout: float) -> R | BaseException:
-        try:
-            async with asyncio.timeout(timeout), self._progress:
-                await self._progress.wait_for(lambda: self.applied_seq >= seq)
-        except TimeoutError as exc:
-            msg = f"write {seq} of {self.consumer.stream} is stored but this replica has not applied it yet"
-            raise ReplicaBehindError(msg) from exc
-        if seq not in self._results:
-            # Applied by an earlier process on this volume, or pushed out by a larger burst: the
-            # write took effect, only its detailed answer is gone.
-            msg = f"write {seq} of {self.consumer.stream} was applied, but its answer is no longer kept"
-            raise ReplicaBehindError(msg)
-        return self._results[seq]
-
     async def caught_up(self) -> None:
         """Wait until this replica applied every message the stream held when this was called."""
-        await wait_caught_up(self._bus, self.consumer, timeout=self._barrier_timeout)
+        await self._reader.caught_up()
 
 
-def replica_consumer(stream: str, filter_subject: str, replica: str, *, batch_fetch: bool) -> ConsumerSpec:
-    """The durable consumer through which replica `replica` applies the whole of `stream`."""
-    return ConsumerSpec(
-        stream=stream,
-        durable=replica,
-        filter_subject=filter_subject,
-        batch_fetch=batch_fetch,
-        inactive_threshold_seconds=GONE_REPLICA_SECONDS,
-    )
-
-
-async def wait_caught_up(bus: Bus, consumer: ConsumerSpec, *, timeout: float) -> None:
-    """Wait until `consumer` has handled every message its stream held when this was called.
-
-    Raises `ReplicaBehindError` after `timeout` seconds (the replica is stuck or far behind:
-    answering now could miss acknowledged writes).
-    """
-    try:
-        async with asyncio.timeout(timeout):
-            # Under a steady stream of writes "nothing pending" may never be seen: the target is
-            # what the stream held at the call, and the ack floor passing it is enough.
-            target = await bus.stream_last_seq(consumer.stream)
-            # The state is the server's: there is no local event to wait on, only the answer to poll.
-            while not (await bus.consumer_state(consumer.stream, consumer.durable)).handled_through(target):  # noqa: ASYNC110
-                await asyncio.sleep(BARRIER_POLL)
-    except TimeoutError as exc:
-        msg = f"this replica is behind {consumer.stream}: try again"
-        raise ReplicaBehindError(msg) from exc
+async def _stopped(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -17,7 +17,7 @@ from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.vfs import parse_routes
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.service import open_service
-from atmosphere.service.replica import ReplicaLog, replica_name
+from atmosphere.service.replica import ReplicaLog, ReplicaPosition
 
 QUEUE = "memory"
 
@@ -59,7 +59,7 @@ async def serve(settings: MemorySettings, *, stop: asyncio.Event, bus: Bus | Non
             runtime.bus,
             stream=subjects.MEMORY_LOG_STREAM,
             filter_subject=subjects.memory_log(),
-            replica=replica_name(settings.db_path.parent, "memory"),
+            position=ReplicaPosition(settings.db_path.parent, "memory"),
             message_type=MemoryWrite,
             apply=handlers.apply,
             outcomes=(ServiceError,),
