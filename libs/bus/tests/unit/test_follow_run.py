@@ -86,8 +86,11 @@ async def test_an_unfillable_gap_and_an_unknown_run_are_errors() -> None:
     task = asyncio.create_task(follow())
     await asyncio.sleep(0.05)
     await bus.publish(subjects.run_events("r1"), RunEvent(run_id="r1", seq=5, error=Error(message="late")))
-    with pytest.raises(StreamGapError, match=r"\[2, 3, 4\]"):
+    with pytest.raises(StreamGapError, match=r"\[2, 3, 4\]") as gap:
         await asyncio.wait_for(task, 2)
+    # What a client is told names the run and what it will never get, and no class name.
+    assert (gap.value.run_id, gap.value.missing) == ("r1", [2, 3, 4])
+    assert gap.value.plainly == "Run r1 lost events 2, 3, 4 from its stream; it cannot be followed past them"
 
 
 def test_a_gap_opened_when_the_clock_reads_zero_keeps_its_start(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
@@ -29,7 +30,7 @@ from atmosphere.ingress.openai_wire import parse_chat_request
 from atmosphere.ingress.pacing import KEEP_ALIVE_COMMENT, Drain, PacedResponse, Pause, paced
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
 from atmosphere.ingress.state import IngressState
-from atmosphere.service import Health, ServiceRuntime
+from atmosphere.service import Health, ServiceRuntime, StreamSlots
 
 ECHO = AgentDescriptor(name="echo", path="/atmosphere/agent/echo")
 SHOUT = AgentDescriptor(name="shout", path="/shout")  # an `@ai_endpoint` path
@@ -134,6 +135,38 @@ def test_a_long_poll_at_the_terminal_seq_is_done_at_once(client: TestClient) -> 
     assert (before_end["done"], before_end["after"]) == (True, 3)
 
 
+async def test_a_long_poll_that_does_not_wait_answers_what_is_stored(bus: FakeBus) -> None:
+    """`wait=0` is "do not wait for new frames", never "answer nothing": stored frames come at once."""
+    live = "run-live"
+    common: dict[str, Any] = {"run_id": live, "agent": "echo", "session_id": "s2"}
+    for event in (
+        RunEvent(seq=1, metadata=Metadata(key="X-Atmosphere-Run-Id", value_json=f'"{live}"'), **common),
+        RunEvent(seq=2, text_delta=TextDelta(text="so far"), **common),
+    ):
+        await bus.js_publish(subjects.run_events(live), event)
+    settings = IngressSettings(nats=NatsSettings(url="nats://127.0.0.1:1"))
+    app = create_app(settings)
+    app.state.ingress = IngressState.build(
+        settings, ServiceRuntime(bus=bus, health=Health("ingress", bus), probe_port=0)
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingress") as http:
+
+        async def poll(run_id: str, after: int) -> dict[str, Any]:
+            answer: dict[str, Any] = (
+                await http.get(f"/atmosphere/runs/{run_id}/poll", params={"after": after, "wait": 0})
+            ).json()
+            return answer
+
+        finished, at_end = await poll(RUN, 0), await poll(RUN, 3)
+        going, nothing_new = await poll(live, 0), await poll(live, 2)
+    assert [f["type"] for f in finished["frames"]] == ["metadata", "streaming-text", "complete"]
+    assert (finished["done"], finished["after"]) == (True, 3)
+    assert at_end == {"frames": [], "done": True, "after": 3}
+    assert [f["seq"] for f in going["frames"]] == [1, 2]
+    assert (going["done"], going["after"]) == (False, 2)
+    assert nothing_new == {"frames": [], "done": False, "after": 2}
+
+
 async def socket_frames(bus: FakeBus, resume: tuple[str, int]) -> list[Frame]:
     """The frames a WebSocket resuming `resume` gets before its client leaves (at the first frame)."""
     connection = Connection(
@@ -228,7 +261,8 @@ async def test_an_sse_stream_keeps_alive_then_names_the_run_to_resume_when_ingre
     closed = asyncio.Event()
     drain = Drain()
     state: Any = SimpleNamespace(settings=IngressSettings(ingress=IngressOptions(sse_keep_alive=0.02)), drain=drain)
-    response = _sse_response(state, RUN, quiet_after(*finished_run()[:2], closed=closed), headers={})
+    slot = StreamSlots(per_client=1, total=1).claim("client")
+    response = _sse_response(state, RUN, quiet_after(*finished_run()[:2], closed=closed), slot=slot, headers={})
     chunks = await sse_body(response, until=lambda got: got.count(KEEP_ALIVE_COMMENT) >= 2, then=drain.start)
     first, second, *between, last = chunks
     assert first.startswith(b"id: 1\n")
@@ -247,7 +281,7 @@ async def test_a_busy_sse_stream_sends_no_keep_alive_and_ends_with_its_source() 
             yield event
 
     state: Any = SimpleNamespace(settings=IngressSettings(ingress=IngressOptions(sse_keep_alive=0.5)), drain=Drain())
-    response = _sse_response(state, RUN, busy(), headers={})
+    response = _sse_response(state, RUN, busy(), slot=StreamSlots(per_client=1, total=1).claim("client"), headers={})
     sent: list[bytes] = []
 
     async def send(message: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from atmosphere.bus._codec import Headers
-from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLayout
 from atmosphere.bus._router import Router
 from atmosphere.bus.errors import ConnectionLostError
 
@@ -320,6 +320,10 @@ class Bus(abc.ABC):
 
         Messages stored after the call started may or may not be included; follow a live
         subscription for those.
+
+        A replay holds nothing on the broker (the NATS backend reads by batched direct gets,
+        never a consumer, so the stream needs `StreamSpec.allow_direct`): any number may run
+        at once, and one abandoned halfway leaves nothing to clean up.
         """
         async for _, message in self.replay_sequenced(stream, subject, message_type):
             yield message
@@ -333,8 +337,36 @@ class Bus(abc.ABC):
         """Remove every message `stream` holds for the exact `subject`."""
 
     @abc.abstractmethod
-    async def provision(self, layout: JetStreamLayout) -> None:
-        """Create or update the streams and key-value buckets of `layout` (idempotent)."""
+    async def provision(self, layout: JetStreamLayout, *, by: str = "") -> None:
+        """Create or update the streams, buckets and consumers of `layout` (idempotent).
+
+        Each stream and bucket is stamped as provisioned `by` (a login or a process), what
+        `verify` answers. Only an unrestricted login or the provisioner's may do this
+        (`atmosphere.bus.permissions`).
+        """
+
+    @abc.abstractmethod
+    async def verify(self, required: RequiredLayout, *, timeout: float) -> str:
+        """Wait until everything `required` names exists, its consumers as configured; who provisioned it.
+
+        What a service with a login does at start instead of provisioning. Returns the name the
+        provisioner stamped ("" when there is none).
+
+        Raises:
+            LayoutNotProvisionedError: still missing after `timeout` seconds, naming what.
+        """
+
+    @abc.abstractmethod
+    def read_stream(
+        self, stream: str, subject: str, message_type: type[M], *, after: int, through: int
+    ) -> AsyncGenerator[tuple[int, Envelope[M] | None], None]:
+        """The messages of `subject` (wildcards allowed) stored after sequence `after`, up to `through`.
+
+        Oldest first, each with its stream sequence; None for one that does not decode (logged).
+        Reading creates nothing on the broker (the NATS backend reads by direct gets), so a
+        reader with no right to create a consumer can apply a whole stream
+        (`atmosphere.service.replica`). Messages removed meanwhile (age, size) are skipped.
+        """
 
     @abc.abstractmethod
     async def kv_put(self, bucket: str, key: str, message: Message) -> None:

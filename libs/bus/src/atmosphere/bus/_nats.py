@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -38,15 +38,14 @@ from atmosphere.bus._api import (
 )
 from atmosphere.bus._batches import FAILED_HANDLER_REDELIVERY_DELAY, BatchPuller, fetch, settle
 from atmosphere.bus._codec import Headers, check_size, decode, encode, error_reply_too_large
-from atmosphere.bus._jetstream import (
-    BucketSpec,
-    ConsumerSpec,
-    JetStreamLayout,
-    ObjectBucketSpec,
-    Retention,
-    StreamSpec,
+from atmosphere.bus._direct import DirectReader
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLayout
+from atmosphere.bus._provisioning import (
+    LayoutProvisioner,
+    WireNames,
+    consumer_config,
+    patiently,
 )
-from atmosphere.bus._replication import placement, replicated, storage_type, update_in_place
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import (
@@ -57,40 +56,24 @@ from atmosphere.bus.errors import (
     NoStreamError,
     PayloadTooLargeError,
     RequestTimeoutError,
+    StreamUnavailableError,
     Term,
     WrongLastSequenceError,
 )
 from atmosphere.bus.sizes import MAX_OBJECT_BYTES, data_budget
 
 M = TypeVar("M", bound=Message)
-T = TypeVar("T")
 
 log = logging.getLogger("atmosphere.bus")
 
-# JetStream's error code for "stream name already in use with a different configuration".
 _WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a publish whose expected last subject sequence did not match."""
-_STREAM_EXISTS_DIFFERENT = 10058
 # Subscriptions buffer at most this many messages before NATS reports a slow consumer.
 _SUBSCRIPTION_PENDING_LIMIT = 65536
 # Chunks of an object are at most this large (nats-py's default), and never over the data budget.
 _OBJECT_CHUNK_BYTES = 128 * 1024
-# How long reading an object waits for its next chunk before giving up.
-_OBJECT_CHUNK_TIMEOUT = 5.0
-# nats-py's de-duplication window of a key-value bucket (shortened to a shorter max age).
-_KV_DUPLICATE_WINDOW = 120.0
-# Seconds within which two max ages count as the same (the server keeps nanoseconds).
-_AGE_TOLERANCE = 0.001
-# Seconds an idempotent JetStream operation (provisioning, creating a consumer) is tried again
-# while a cluster elects its leaders; a cluster still electing after this long is broken.
-_JETSTREAM_PATIENCE = 60.0
-# What the JetStream API answers while a cluster elects a leader: nothing, or 503.
-_ELECTING = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
-# 503s that no waiting cures: JetStream is off on the server, or for the account.
-_JETSTREAM_OFF = frozenset({10076, 10039})
-# "No suitable peers for placement": fewer servers are up than a stream's replicas need, as while
-# a node restarts (a rolling update of the cluster). Waited out like an election.
-_TOO_FEW_PEERS = 10005
+# Seconds `consume` waits for a provisioned consumer to be readable as it must be, before it fails.
+_BIND_PATIENCE = 5.0
 # How many times `kv_update` reads and writes again after another writer changed the key first.
 _KV_UPDATE_ATTEMPTS = 32
 
@@ -112,6 +95,10 @@ class NatsBus(ConnectionLiveness, Bus):
         self._ack_tokens = itertools.count()
         self._consumer_replicas: int | None = None
         """The replica count of the provisioned layout, for durable consumers (None: the stream's)."""
+        self._direct = DirectReader(client)
+        self._wire_names = WireNames(stream=self.stream_name, subject=self.wire_subject)
+        self._provisioner = LayoutProvisioner(self._js, self._wire_names)
+        """Replays: batched direct gets, no consumer per reader."""
 
     @property
     def client(self) -> Client:
@@ -267,7 +254,7 @@ class NatsBus(ConnectionLiveness, Bus):
         try:
             ack = await self._js.publish(self.wire_subject(subject), data, timeout=timeout, headers=wire)
         except nats.js.errors.NoStreamResponseError as exc:
-            raise NoStreamError(subject) from exc
+            raise await self._no_stream_or_no_leader(subject) from exc
         except nats.js.errors.APIError as exc:
             if exc.err_code == _WRONG_LAST_SEQUENCE and headers and headers.expected_last_subject_seq is not None:
                 raise WrongLastSequenceError(subject, headers.expected_last_subject_seq) from exc
@@ -279,6 +266,21 @@ class NatsBus(ConnectionLiveness, Bus):
             msg = f"jetstream publish to {subject!r} failed: {exc}"
             raise BusError(msg) from exc
         return self._ack(ack)
+
+    async def _no_stream_or_no_leader(self, subject: str) -> BusError:
+        """Why a JetStream publish got no answer: no stream, or a stream without a leader right now.
+
+        No stream capturing `subject` is a setup error (final); a stream with no leader is a cluster
+        electing one (retryable). Only the JetStream API saying "no stream" makes it final; an API that does not answer
+        either (no meta leader, or a login that may not ask) leaves it retryable.
+        """
+        try:
+            await self._js.find_stream_name_by_subject(self.wire_subject(subject))
+        except nats.js.errors.NotFoundError:
+            return NoStreamError(subject)
+        except nats.errors.Error as exc:
+            log.debug("could not tell whether a stream captures %s: %s", subject, exc)
+        return StreamUnavailableError(subject)
 
     def _ack(self, ack: js_api.PubAck) -> PublishAck:
         stream = ack.stream.removeprefix(self._stream_prefix)
@@ -325,7 +327,8 @@ class NatsBus(ConnectionLiveness, Bus):
         if ack is None or ack.done():
             return  # given up on (and sent again), or a duplicate answer
         if (msg.headers or {}).get("Status") == "503":
-            ack.set_exception(NoStreamError(msg.subject))
+            # No responders: usually a stream without a leader for a moment (the caller retries).
+            ack.set_exception(StreamUnavailableError(msg.subject))
             return
         try:
             answer = json.loads(msg.data)
@@ -400,19 +403,18 @@ class NatsBus(ConnectionLiveness, Bus):
     async def _pull_subscribe(
         self, consumer: ConsumerSpec, *, max_ack_pending: int
     ) -> JetStreamContext.PullSubscription:
-        config = js_api.ConsumerConfig(
-            durable_name=consumer.durable,
-            ack_policy=js_api.AckPolicy.EXPLICIT,
-            ack_wait=consumer.ack_wait_seconds,
-            max_deliver=consumer.max_deliver,
-            filter_subject=self.wire_subject(consumer.filter_subject),
-            max_ack_pending=max_ack_pending,
-            inactive_threshold=consumer.inactive_threshold_seconds or None,
-            # As many replicas as the streams: a consumer on one server stops its work when
-            # that server dies, however many copies the stream itself has.
-            num_replicas=self._consumer_replicas,
-        )
         stream = self.stream_name(consumer.stream)
+        if consumer.provisioned:
+            # The provisioner made it; this login may only bind to it (`bus.permissions`). Checked
+            # first, as it is, waiting out a leader election (the service's start checked it too).
+            await self._provisioner.verify(RequiredLayout(consumers=(consumer,)), timeout=_BIND_PATIENCE)
+            return await self._js.pull_subscribe_bind(durable=consumer.durable, stream=stream)
+        config = consumer_config(
+            consumer,
+            self._wire_names,
+            max_ack_pending=consumer.max_ack_pending or max_ack_pending,
+            replicas=self._consumer_replicas,
+        )
         # Create or update: a durable left by an earlier version takes the current settings (its
         # filter above all: consumers of a work-queue stream must not overlap, so a stale filter
         # would keep a new consumer from being created at all).
@@ -420,7 +422,7 @@ class NatsBus(ConnectionLiveness, Bus):
         try:
             # Patiently, like provisioning: on a cluster that lost a node the meta leader that
             # creates consumers may still be being elected when the stream already takes messages.
-            await _patiently(lambda: self._js.add_consumer(stream, config), what)
+            await patiently(lambda: self._js.add_consumer(stream, config), what)
         except nats.errors.Error as exc:
             msg = f"cannot create or update consumer {consumer.durable!r} on {consumer.stream!r}: {exc}"
             raise BusError(msg) from exc
@@ -472,48 +474,77 @@ class NatsBus(ConnectionLiveness, Bus):
     async def replay_sequenced(
         self, stream: str, subject: str, message_type: type[M]
     ) -> AsyncGenerator[tuple[int, M], None]:
-        """Every message `stream` holds now for `subject`, oldest first (an ordered consumer)."""
+        """Every message `stream` holds now for `subject`, oldest first, read by batched direct gets.
+
+        No consumer is created (see `_direct`): any number of replays at once costs the server
+        a request per page, and a reader that goes away leaves nothing behind. The newest
+        message is read from the stream's leader first; the replay goes on until it reached
+        it, so a replica that lags cannot cut it short.
+        """
         stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
-        try:
-            last = await self._js.get_last_msg(stream_name, wire)
-        except nats.js.errors.NotFoundError:
+        self._ensure_open(f"replay {subject!r}")
+        last = await self._last_seq(stream_name, wire, subject)
+        if last is None:
             return
-        except nats.errors.Error as exc:
-            msg = f"replaying {subject!r} failed: {exc}"
-            raise BusError(msg) from exc
-        sub = await self._js.subscribe(
-            wire, stream=stream_name, ordered_consumer=True, deliver_policy=js_api.DeliverPolicy.ALL
-        )
-        try:
-            while True:
+
+        async def more_to_read(next_seq: int) -> bool:
+            try:
+                newest = await self._last_seq(stream_name, wire, subject)
+            except BusError:
+                return True  # the leader does not answer now (a restart): the reader's patience decides
+            return newest is not None and newest >= next_seq
+
+        stored = self._direct.read(stream_name, wire, through=last, more_to_read=more_to_read)
+        async with contextlib.aclosing(stored) as messages:
+            async for raw in messages:
                 try:
-                    stored = await sub.next_msg(timeout=5.0)
-                except nats.errors.TimeoutError as exc:
-                    if not await self._still_holds(stream_name, wire):
-                        return  # purged meanwhile: nothing more to read
-                    reason = f"replaying {subject!r} stalled"
-                    raise BusError(reason) from exc
-                try:
-                    message = decode(stored.data, stored.headers, message_type)
+                    message = decode(raw.data, raw.headers, message_type)
                 except DecodeError as exc:
                     # One bad message (an internal publisher's garbage) must not make every
                     # later one unreadable: left out, as subscriptions leave it out.
                     log.warning("skipping an undecodable message of %s: %s", subject, exc)
                 else:
-                    yield stored.metadata.sequence.stream, message
-                if stored.metadata.sequence.stream >= (last.seq or 0):
-                    return
-        finally:
-            await _unsubscribe(sub)
+                    yield raw.seq, message
+                # A page is in memory: without a turn for the rest of the loop between messages,
+                # a reader forwarding them (a socket's writer) would fall a page behind at once.
+                await asyncio.sleep(0)
 
-    async def _still_holds(self, stream_name: str, wire: str) -> bool:
+    async def read_stream(
+        self, stream: str, subject: str, message_type: type[M], *, after: int, through: int
+    ) -> AsyncGenerator[tuple[int, Envelope[M] | None], None]:
+        """The messages of `subject` stored after `after`, up to `through`, by batched direct gets."""
+        stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
+        self._ensure_open(f"read {stream!r}")
+
+        async def more_to_read(next_seq: int) -> bool:
+            try:
+                newest = await self._last_seq(stream_name, wire, subject)
+            except BusError:
+                return True  # the leader does not answer now (a restart): the reader's patience decides
+            return newest is not None and newest >= next_seq
+
+        stored = self._direct.read(stream_name, wire, through=through, more_to_read=more_to_read, start=after + 1)
+        async with contextlib.aclosing(stored) as messages:
+            async for raw in messages:
+                subject_of = self._logical(str(raw.headers.get("Nats-Subject", wire)))
+                try:
+                    message = decode(raw.data, raw.headers, message_type)
+                except DecodeError as exc:
+                    log.warning("skipping an undecodable message %d of %s: %s", raw.seq, stream, exc)
+                    yield raw.seq, None
+                else:
+                    yield raw.seq, Envelope(subject_of, message, Headers.from_wire(raw.headers))
+
+    async def _last_seq(self, stream_name: str, wire: str, subject: str) -> int | None:
+        """The sequence of the newest message of `wire`, asked of the stream's leader (None: none)."""
         try:
-            await self._js.get_last_msg(stream_name, wire)
+            last = await self._js.get_last_msg(stream_name, wire)
         except nats.js.errors.NotFoundError:
-            return False
-        except nats.errors.Error:
-            return True
-        return True
+            return None
+        except nats.errors.Error as exc:
+            msg = f"replaying {subject!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return last.seq or 0
 
     async def purge(self, stream: str, subject: str) -> None:
         """Remove every message of `subject` from `stream`."""
@@ -523,86 +554,19 @@ class NatsBus(ConnectionLiveness, Bus):
             msg = f"purging {subject!r} failed: {exc}"
             raise BusError(msg) from exc
 
-    async def provision(self, layout: JetStreamLayout) -> None:
-        """Create or update every stream and bucket of `layout`, and its replication in place.
+    async def provision(self, layout: JetStreamLayout, *, by: str = "") -> None:
+        """Create or update every stream, bucket and consumer of `layout`, its replication in place.
 
         On a cluster that is still electing leaders (just formed, or a node just lost) the
         JetStream API answers "unavailable" or not at all for a few seconds: provisioning is
-        idempotent, so it is tried again for up to `_JETSTREAM_PATIENCE` seconds, and every
-        replica of every service may start at the same moment.
+        idempotent, so it is tried again for up to a minute (`_provisioning.patiently`).
         """
         self._consumer_replicas = layout.replication.replicas
-        try:
-            await _patiently(lambda: self._provision_once(layout), "provisioning jetstream")
-        except nats.js.errors.APIError as exc:
-            msg = f"provisioning jetstream failed: {exc.description}"
-            raise BusError(msg) from exc
+        await self._provisioner.provision(layout, by=by)
 
-    async def _provision_once(self, layout: JetStreamLayout) -> None:
-        for stream in layout.streams():
-            await self._ensure_stream(stream)
-        for bucket in layout.buckets():
-            await self._ensure_bucket(bucket)
-        for objects in layout.object_buckets():
-            await self._ensure_object_bucket(objects)
-
-    async def _ensure_stream(self, spec: StreamSpec) -> None:
-        # JetStream refuses a de-duplication window longer than the stream's max age.
-        window = spec.duplicate_window_seconds
-        if spec.max_age_seconds:
-            window = min(window, spec.max_age_seconds)
-        config = js_api.StreamConfig(
-            name=self.stream_name(spec.name),
-            subjects=[self.wire_subject(s) for s in spec.subjects],
-            retention=(
-                js_api.RetentionPolicy.WORK_QUEUE
-                if spec.retention is Retention.WORK_QUEUE
-                else js_api.RetentionPolicy.LIMITS
-            ),
-            max_age=spec.max_age_seconds,
-            max_bytes=spec.max_bytes,
-            duplicate_window=window,
-            storage=storage_type(spec.replication),
-            num_replicas=spec.replication.replicas,
-            placement=placement(spec.replication),
-            discard=js_api.DiscardPolicy.OLD,
-        )
-        try:
-            await self._js.add_stream(config)
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != _STREAM_EXISTS_DIFFERENT:
-                raise
-            assert config.name is not None
-            await update_in_place(self._js, (await self._js.stream_info(config.name)).config, config)
-
-    async def _ensure_bucket(self, spec: BucketSpec) -> None:
-        name = self.stream_name(spec.name)
-        try:
-            self._kv[spec.name] = await self._js.key_value(name)
-        except nats.js.errors.BucketNotFoundError:
-            self._kv[spec.name] = await self._js.create_key_value(
-                js_api.KeyValueConfig(
-                    bucket=name,
-                    history=spec.history,
-                    ttl=spec.max_age_seconds or None,
-                    replicas=spec.replication.replicas,
-                    storage=storage_type(spec.replication),
-                )
-            )
-            if not spec.replication.placed:
-                return  # else placed below: nats-py does not pass a bucket's placement on
-        await self._ensure_bucket_config(name, spec)
-
-    async def _ensure_bucket_config(self, name: str, spec: BucketSpec) -> None:
-        """Give an existing bucket the entry age and replication of the layout (made by an older version)."""
-        current = (await self._js.stream_info(f"KV_{name}")).config
-        wanted = replicated(current, spec.replication)
-        max_age = spec.max_age_seconds
-        if abs((current.max_age or 0) - max_age) >= _AGE_TOLERANCE:
-            # JetStream refuses a de-duplication window longer than the max age.
-            window = min(current.duplicate_window or _KV_DUPLICATE_WINDOW, max_age or _KV_DUPLICATE_WINDOW)
-            wanted = wanted.evolve(max_age=max_age, duplicate_window=window)
-        await update_in_place(self._js, current, wanted)
+    async def verify(self, required: RequiredLayout, *, timeout: float) -> str:
+        """Wait until `required` exists, consumers as configured; who provisioned it (`_provisioning`)."""
+        return await self._provisioner.verify(required, timeout=timeout)
 
     async def _bucket(self, bucket: str) -> KeyValue:
         kv = self._kv.get(bucket)
@@ -698,23 +662,6 @@ class NatsBus(ConnectionLiveness, Bus):
 
     # -- object store ------------------------------------------------------------------------
 
-    async def _ensure_object_bucket(self, spec: ObjectBucketSpec) -> None:
-        name = self.stream_name(spec.name)
-        try:
-            self._objects[spec.name] = await self._js.object_store(name)
-        except nats.js.errors.BucketNotFoundError:
-            config = js_api.ObjectStoreConfig(
-                ttl=spec.max_age_seconds or None,
-                max_bytes=spec.max_bytes,
-                storage=storage_type(spec.replication),
-                replicas=spec.replication.replicas,
-                placement=placement(spec.replication),
-            )
-            self._objects[spec.name] = await self._js.create_object_store(name, config)
-            return
-        current = (await self._js.stream_info(f"OBJ_{name}")).config
-        await update_in_place(self._js, current, replicated(current, spec.replication))
-
     async def _object_bucket(self, bucket: str) -> ObjectStore:
         store = self._objects.get(bucket)
         if store is None:
@@ -762,31 +709,45 @@ class NatsBus(ConnectionLiveness, Bus):
     async def _object_chunks(self, bucket_name: str, info: js_api.ObjectInfo, size: int) -> bytes:
         """An object's chunks joined, checked against its size and digest.
 
-        Read here rather than with nats-py's `ObjectStore.get`, which waits forever for a chunk
-        that never comes and copies everything received so far on every chunk.
+        Read by batched direct gets, as replays are: no consumer, so a login that may not create
+        one (`atmosphere.bus.permissions`) reads objects all the same. Not with nats-py's
+        `ObjectStore.get`, which makes an ordered consumer, waits forever for a chunk that never
+        comes and copies everything received so far on every chunk.
         """
-        sub = await self._js.subscribe(
-            OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket_name, obj=info.nuid),
-            stream=OBJ_STREAM_TEMPLATE.format(bucket=bucket_name),
-            ordered_consumer=True,
-        )
+        stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket_name)
+        chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket_name, obj=info.nuid)
         data = bytearray()
         digest = hashlib.sha256()
+
+        async def more_to_read(_next_seq: int) -> bool:
+            return len(data) < size  # chunks are stored before their object's info: a lagging replica
+
+        # Every chunk is stored before the info that names them, so all of them are at most the
+        # stream's newest sequence now.
+        through = await self._stream_last_seq_of(stream)
         try:
-            while len(data) < size:
-                try:
-                    chunk = await sub.next_msg(timeout=_OBJECT_CHUNK_TIMEOUT)
-                except nats.errors.TimeoutError as exc:
-                    msg = f"reading object {info.name!r} stalled after {len(data)} of {size} bytes"
-                    raise BusError(msg) from exc
-                data += chunk.data
-                digest.update(chunk.data)
-        finally:
-            await _unsubscribe(sub)
+            read = self._direct.read(stream, chunks, through=through, more_to_read=more_to_read)
+            async with contextlib.aclosing(read) as stored:
+                async for chunk in stored:
+                    data += chunk.data
+                    digest.update(chunk.data)
+                    if len(data) >= size:
+                        break
+        except BusError as exc:
+            msg = f"reading object {info.name!r} stalled after {len(data)} of {size} bytes ({exc})"
+            raise BusError(msg) from exc
         if len(data) != size or not _digest_matches(info.digest or "", digest.digest()):
             msg = f"object {info.name!r} did not arrive whole ({len(data)} of {size} bytes, or a wrong digest)"
             raise BusError(msg)
         return bytes(data)
+
+    async def _stream_last_seq_of(self, stream_name: str) -> int:
+        try:
+            info = await self._js.stream_info(stream_name)
+        except nats.errors.Error as exc:
+            msg = f"reading stream {stream_name!r} failed: {exc}"
+            raise BusError(msg) from exc
+        return info.state.last_seq or 0
 
     async def object_delete(self, bucket: str, name: str) -> None:
         """Delete the object under `name`; nothing happens when there is none."""
@@ -798,30 +759,6 @@ class NatsBus(ConnectionLiveness, Bus):
         except nats.errors.Error as exc:
             msg = f"deleting object {name!r} of {bucket!r} failed: {exc}"
             raise BusError(msg) from exc
-
-
-async def _patiently(operation: Callable[[], Awaitable[T]], what: str) -> T:
-    """`operation()`, tried again for up to `_JETSTREAM_PATIENCE` s while JetStream is not ready.
-
-    Not ready: electing its leaders, or short of servers for a stream's replicas (a node
-    restarting). Only for idempotent operations: doing again what is already done changes nothing.
-    """
-    deadline = time.monotonic() + _JETSTREAM_PATIENCE
-    attempt = 0
-    while True:
-        try:
-            return await operation()
-        except (*_ELECTING, nats.js.errors.BadRequestError) as exc:
-            if isinstance(exc, nats.js.errors.BadRequestError) and exc.err_code != _TOO_FEW_PEERS:
-                raise
-            if isinstance(exc, nats.js.errors.APIError) and exc.err_code in _JETSTREAM_OFF:
-                raise
-            if time.monotonic() >= deadline:
-                msg = f"{what} failed: jetstream gave no answer within {_JETSTREAM_PATIENCE:g}s ({exc})"
-                raise BusError(msg) from exc
-            attempt += 1
-            log.info("%s: jetstream not ready (%s); trying again", what, exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
 
 
 def _enqueue(route: Route[Any], inbox: asyncio.Queue[tuple[Route[Any], Msg] | None]) -> Callable[[Msg], Any]:

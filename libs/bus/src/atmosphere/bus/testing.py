@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -39,7 +40,8 @@ from atmosphere.bus._api import (
     WorkItem,
 )
 from atmosphere.bus._codec import DEFAULT_MAX_PAYLOAD, Headers, check_size, decode, encode, error_reply_too_large
-from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, Retention, StreamSpec
+from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLayout, Retention, StreamSpec
+from atmosphere.bus._provisioning import LayoutNotProvisionedError
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import (
@@ -124,6 +126,8 @@ class FakeBus(ConnectionLiveness, Bus):
         """Set to False to make readiness checks see a disconnected bus."""
         self.published: list[tuple[str, Message]] = []
         """Every message published or requested, decoded as sent (for assertions)."""
+        self.provisioned_by = ""
+        """Who provisioned the layout last (`provision(by=...)`), what `verify` answers."""
 
     @property
     def is_connected(self) -> bool:
@@ -315,8 +319,9 @@ class FakeBus(ConnectionLiveness, Bus):
             future.set_exception(exc)
         return future
 
-    async def provision(self, layout: JetStreamLayout) -> None:
-        """Create the streams and buckets of `layout` (idempotent; overlaps are refused)."""
+    async def provision(self, layout: JetStreamLayout, *, by: str = "") -> None:
+        """Create the streams, buckets and consumers of `layout` (idempotent; overlaps are refused)."""
+        self.provisioned_by = by
         for spec in layout.streams():
             for other in self._streams.values():
                 if other.spec.name != spec.name and any(
@@ -333,6 +338,30 @@ class FakeBus(ConnectionLiveness, Bus):
             self._buckets.setdefault(bucket.name, {})
         for objects in layout.object_buckets():
             self._objects.setdefault(objects.name, {})
+        for consumer in layout.consumers:
+            self._durable(dataclasses.replace(consumer, provisioned=False))
+
+    async def verify(self, required: RequiredLayout, *, timeout: float) -> str:
+        """Who provisioned `required`, once everything it names exists (else after `timeout`, an error)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while missing := self._missing(required):
+            if asyncio.get_running_loop().time() >= deadline:
+                msg = f"the JetStream layout is not provisioned: {'; '.join(missing)}"
+                raise LayoutNotProvisionedError(msg)
+            await asyncio.sleep(0.01)
+        return self.provisioned_by
+
+    def _missing(self, required: RequiredLayout) -> list[str]:
+        return [
+            *(f"{s} does not exist" for s in required.streams if s not in self._streams),
+            *(f"bucket {b} does not exist" for b in required.buckets if b not in self._buckets),
+            *(f"object bucket {b} does not exist" for b in required.object_buckets if b not in self._objects),
+            *(
+                f"consumer {c.durable} of {c.stream} does not exist"
+                for c in required.consumers
+                if (c.stream, c.durable) not in self._durables
+            ),
+        ]
 
     async def consumer_state(self, stream: str, durable: str) -> ConsumerState:
         """Unacknowledged messages (not yet handed out, redelivering, in hand) and the ack floor."""
@@ -388,6 +417,26 @@ class FakeBus(ConnectionLiveness, Bus):
                     log.warning("skipping an undecodable message of %s: %s", subject, exc)
                     continue
                 yield stored.seq, message
+                await asyncio.sleep(0)  # other tasks run between messages, as with `NatsBus`
+
+    async def read_stream(
+        self, stream: str, subject: str, message_type: type[M], *, after: int, through: int
+    ) -> AsyncGenerator[tuple[int, Envelope[M] | None], None]:
+        """The messages of `subject` (wildcards allowed) stored after `after`, up to `through`."""
+        if stream not in self._streams:
+            msg = f"stream {stream!r} is not provisioned"
+            raise BusError(msg)
+        snapshot = sorted(self._streams[stream].messages.items())
+        for seq, stored in snapshot:
+            if not after < seq <= through or not matches(subject, stored.subject):
+                continue
+            try:
+                message = decode(stored.data, stored.headers, message_type)
+            except DecodeError as exc:
+                log.warning("skipping an undecodable message %d of %s: %s", seq, stream, exc)
+                yield seq, None
+                continue
+            yield seq, Envelope(stored.subject, message, Headers.from_wire(stored.headers))
 
     async def purge(self, stream: str, subject: str) -> None:
         """Remove every message of `subject` from `stream`."""
@@ -437,6 +486,10 @@ class FakeBus(ConnectionLiveness, Bus):
                 if sibling and overlaps(existing.spec.filter_subject, consumer.filter_subject):
                     msg = f"consumer {consumer.durable!r}: filtered consumer not unique on workqueue stream"
                     raise BusError(msg)
+        if consumer.provisioned and (consumer.stream, consumer.durable) not in self._durables:
+            # As on NATS: a provisioned consumer is bound to, never made, by whoever pulls from it.
+            msg = f"consumer {consumer.durable} of {consumer.stream} does not exist: run the provisioner"
+            raise LayoutNotProvisionedError(msg)
         durable = self._durables.setdefault((consumer.stream, consumer.durable), _Durable(consumer))
         durable.spec = consumer  # create or update, as on a real server
         return stream, durable

@@ -8,6 +8,11 @@ the agent endpoints' too: with token grants configured (`ATMOSPHERE_INGRESS__AUT
 `DispatchService` call needs `authorization: Bearer <token>` or `x-api-key: <token>` metadata
 (`UNAUTHENTICATED` otherwise), a grant covering the agent's path (`PERMISSION_DENIED`), and
 `Follow` and `Cancel` reach only the caller's own runs. Health and reflection stay open for probes.
+
+Each `Run` and `Follow` holds one of its client's stream slots while it streams (a client is a
+token's user, or an anonymous caller's address): beyond its share, or beyond what this process
+follows in all, a call is refused at once with `RESOURCE_EXHAUSTED`. No broker exception's text
+reaches a client: a stream that cannot be read is `UNAVAILABLE` with a plain reason.
 """
 
 from __future__ import annotations
@@ -55,7 +60,17 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import (
     RunResponse,
 )
 from atmosphere.contracts.run.v1 import run_pb2
-from atmosphere.service import Authenticator, AuthError, Caller, scoped_conversation
+from atmosphere.dispatch.settings import DispatchOptions
+from atmosphere.service import (
+    Authenticator,
+    AuthError,
+    Caller,
+    StreamLimitError,
+    StreamSlot,
+    StreamSlots,
+    client_key,
+    scoped_conversation,
+)
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -109,12 +124,17 @@ class DispatchServicer:
         info: Callable[[], dict[str, Any]],
         *,
         authenticator: Authenticator | None = None,
+        streams: StreamSlots | None = None,
     ) -> None:
-        """Submit runs on `bus`; `authenticator` holds the token grants (none: anonymous)."""
+        """Submit runs on `bus`; `authenticator` holds the token grants (none: anonymous).
+
+        `streams` bounds the `Run` and `Follow` calls streaming at once, per client and in all.
+        """
         self._bus = bus
         self._agents = {d.name: d for d in descriptors}
         self._info = info
         self._auth = authenticator or Authenticator(())
+        self._streams = streams or _default_streams()
         self._stopping = False
 
     def stop_serving(self) -> None:
@@ -143,6 +163,17 @@ class DispatchServicer:
             )
         return caller, request
 
+    async def _claim_stream(self, caller: Caller, context: grpc.aio.ServicerContext[Any, Any]) -> StreamSlot:
+        """A stream slot for this call, or an abort with `RESOURCE_EXHAUSTED` saying which limit."""
+        try:
+            return self._streams.claim(client_key(caller.principal, _peer_host(context.peer())))
+        except StreamLimitError as exc:
+            if exc.scope == "client":
+                reason = f"Too many run streams open for this client (at most {exc.limit}); end one or try later"
+            else:
+                reason = f"This server follows as many run streams as it takes ({exc.limit}); try again shortly"
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+
     def _principal(self, caller: Caller, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
         if self._auth.enabled:
             return caller.principal
@@ -164,8 +195,13 @@ class DispatchServicer:
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         run = _run_request(request, agent, self._principal(caller, context))
-        async for response in self._stream(run, context):
-            yield response
+        # Claimed before the run is submitted: a refused client starts nothing.
+        slot = await self._claim_stream(caller, context)
+        try:
+            async for response in self._stream(run, context):
+                yield response
+        finally:
+            slot.release()
 
     async def _stream(
         self, run: run_pb2.RunSubmission, context: grpc.aio.ServicerContext[RunRequest, RunResponse]
@@ -188,9 +224,16 @@ class DispatchServicer:
             finished = True  # nothing was queued
             log.warning("gRPC run %s could not be submitted: %s", run.run_id, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the run could not be submitted; try again")
-        except (StreamGapError, BusError) as exc:
+        except StreamGapError as exc:
+            log.warning("gRPC run %s stopped at a gap: %s", run.run_id, exc)
+            await context.abort(grpc.StatusCode.DATA_LOSS, exc.plainly)
+        except BusError as exc:
             log.warning("gRPC run %s could not be followed: %s", run.run_id, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the run's stream broke (run {run.run_id})")
+        except Exception:
+            # Anything else is a bug of ours: logged whole, never its text to the client.
+            log.exception("gRPC run %s failed", run.run_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"the run's stream failed (run {run.run_id}); Follow it")
         finally:
             await events.aclose()
             if not finished and not self._stopping:
@@ -207,6 +250,7 @@ class DispatchServicer:
         """
         caller, request = await self._accept(received, context)
         await self._check_run(caller, request.run_id, context)
+        slot = await self._claim_stream(caller, context)
         events = follow_run(self._bus, request.run_id, after_seq=request.after_seq)
         try:
             async for event in events:
@@ -214,13 +258,24 @@ class DispatchServicer:
                     yield _response(event)
         except UnknownRunError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {request.run_id}")
-        except (StreamGapError, BusError) as exc:
+        except StreamGapError as exc:
+            log.warning("gRPC follow of run %s stopped at a gap: %s", request.run_id, exc)
+            await context.abort(grpc.StatusCode.DATA_LOSS, exc.plainly)
+        except BusError as exc:
             log.warning("gRPC follow of run %s broke: %s", request.run_id, exc)
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the run cannot be followed right now (run {request.run_id}); try again after the last seq received",
             )
+        except Exception:
+            # Anything else is a bug of ours: logged whole, never its text to the client.
+            log.exception("gRPC follow of run %s failed", request.run_id)
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"the run could not be followed (run {request.run_id}); try again after the last seq received",
+            )
         finally:
+            slot.release()
             await events.aclose()
 
     async def Cancel(  # noqa: N802 - the gRPC method name
@@ -325,6 +380,21 @@ def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Princip
         path=agent.path,
         metadata=request.metadata,
     )
+
+
+def _default_streams() -> StreamSlots:
+    """The stream limits of the default settings."""
+    options = DispatchOptions()
+    return StreamSlots(per_client=options.grpc_max_streams_per_client, total=options.grpc_max_streams)
+
+
+def _peer_host(peer: str) -> str:
+    """The address of a gRPC peer (`ipv4:10.0.0.1:5432` → `10.0.0.1`), without its port."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer  # a unix socket, or a form gRPC may add: the whole of it
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    return host.strip("[]")
 
 
 def _response(event: run_pb2.RunEvent) -> RunResponse:

@@ -36,6 +36,7 @@ from atmosphere.bus.runs import (
     follow_run,
     is_terminal,
     last_event,
+    stored_events,
     submit_run,
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -45,6 +46,7 @@ from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.errors import (
     AgentNotFoundError,
+    EventsUnavailableError,
     MalformedRequestError,
     RequestTooLargeError,
     RunNotFoundError,
@@ -72,9 +74,10 @@ from atmosphere.ingress.inbound import (
     require_fits,
     send_approval,
 )
-from atmosphere.ingress.pacing import PacedResponse, Pause, paced
+from atmosphere.ingress.pacing import Pause, paced
 from atmosphere.ingress.state import IngressState
-from atmosphere.service import scoped_conversation
+from atmosphere.ingress.stream_limits import HeldStreamResponse, address_of, claim_stream
+from atmosphere.service import StreamSlot, client_key, scoped_conversation
 
 RESUME_RUN_HEADER = "x-atmosphere-run-id"
 """The HTTP/WebSocket header naming a run to resume (not the bus's own run-id header)."""
@@ -170,16 +173,26 @@ class _Sent:
 
 
 def _sse_response(
-    state: IngressState, run_id: str, events: AsyncIterator[RunEvent], *, after_seq: int = 0, headers: dict[str, str]
-) -> PacedResponse:
-    """The run's frames as SSE; a comment while it is quiet; a last word when ingress drains."""
+    state: IngressState,
+    run_id: str,
+    events: AsyncIterator[RunEvent],
+    *,
+    slot: StreamSlot,
+    after_seq: int = 0,
+    headers: dict[str, str],
+) -> HeldStreamResponse:
+    """The run's frames as SSE; a comment while it is quiet; a last word when ingress drains.
+
+    The stream's `slot` is given back when the response is over, however it ended.
+    """
     sent = _Sent(after_seq)
 
     async def last_words() -> bytes:
         return _drained(run_id, sent.seq)
 
-    return PacedResponse(
+    return HeldStreamResponse(
         _sse_frames(events, sent),
+        slot=slot,
         keep_alive=state.settings.ingress.sse_keep_alive,
         draining=state.drain.event,
         last_words=last_words,
@@ -193,9 +206,17 @@ async def _sse_frames(events: AsyncIterator[RunEvent], sent: _Sent) -> AsyncIter
             if (frame := to_frame(event)) is not None:
                 sent.seq = event.seq
                 yield sse(frame)
-    except (StreamGapError, BusError) as exc:
+    except StreamGapError as exc:
+        # Lost for good: a resume would stop at the same place, so it is not offered.
+        log.warning("an SSE stream stopped at a gap after seq %d: %s", sent.seq, exc)
+        lost = EventsUnavailableError(exc.plainly)
+        body = {"type": "error", "data": lost.message, "code": lost.code, "recoverable": False}
+        yield f"data: {json.dumps(body)}\n\n".encode()
+    except BusError as exc:
+        # Logged here, told plainly there: no exception name or broker text reaches the client.
+        log.warning("an SSE stream broke after seq %d: %s", sent.seq, exc)
         broke = UnavailableError("The stream broke; resume with Last-Event-ID")
-        body = {"type": "error", "data": broke.message, "code": broke.code, "detail": type(exc).__name__}
+        body = {"type": "error", "data": broke.message, "code": broke.code, "recoverable": True}
         yield f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -343,6 +364,9 @@ def _open_connection(
         max_prompts=state.settings.ingress.max_prompts_per_connection,
         send_queue_frames=state.settings.ingress.send_queue_frames,
         max_message_bytes=message_limit_of(state),
+        streams=state.streams,
+        client=client_key(caller.principal, address_of(websocket)),
+        idle_timeout=state.settings.ingress.ws_idle_timeout,
     )
     return connection, resume
 
@@ -447,14 +471,20 @@ async def start_sse(request: Request, descriptor: AgentDescriptor | None) -> Str
     descriptor = _known(state, request, descriptor)
     run = await _accept_prompt(request, descriptor, transport="sse")
     headers = {**SSE_HEADERS, "X-Atmosphere-Run-Id": run.run_id}
+    # Claimed before the run is submitted: a refused client starts nothing.
+    slot = claim_stream(state.streams, run.principal, address_of(request))
     events = follow_run(state.bus, run.run_id, submit=run)
     # The first event (the run id, seq 1) is read before answering, so a run that could not be
     # queued is a 413 or 503 the client can act on, not a 200 stream with an error in it.
     try:
         first = await anext(events)
     except BusError as exc:
+        slot.release()
         raise _not_submitted(run, exc) from None
-    return _sse_response(state, run.run_id, _starting_with(first, events), headers=headers)
+    except BaseException:
+        slot.release()
+        raise
+    return _sse_response(state, run.run_id, _starting_with(first, events), slot=slot, headers=headers)
 
 
 def _known(state: IngressState, request: Request, descriptor: AgentDescriptor | None) -> AgentDescriptor:
@@ -490,7 +520,7 @@ def _not_submitted(run: RunSubmission, exc: BusError) -> RequestTooLargeError | 
     openapi_extra=PROMPT_BODY,
     response_class=StreamingResponse,
     response_model=None,
-    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 403, 404, 413)},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 403, 404, 413, 429)},
 )
 async def agent_sse(request: Request, name: str) -> StreamingResponse:
     """The body is the prompt: plain text or `{"prompt": "...", "hints": {...}}`."""
@@ -502,7 +532,7 @@ async def agent_sse(request: Request, name: str) -> StreamingResponse:
     summary="Resume a run's frames after Last-Event-ID (Server-Sent Events)",
     response_class=StreamingResponse,
     response_model=None,
-    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 404, 503)},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400, 401, 404, 429, 503)},
 )
 async def run_events(
     request: Request,
@@ -514,9 +544,16 @@ async def run_events(
     state = state_of(request)
     require_token(run_id, what="run id", message="Malformed run id or Last-Event-ID")
     after = int(last_event_id) if last_event_id else (lastEventId or 0)
-    await _authorize_run(state, request, run_id)
+    caller = identified_caller(state, request)
+    # Claimed before the run is looked up: a client past its share costs the broker nothing.
+    slot = claim_stream(state.streams, caller.principal, address_of(request))
+    try:
+        await _check_access(state, caller, run_id)
+    except BaseException:
+        slot.release()
+        raise
     events = follow_run(state.bus, run_id, after_seq=after)
-    return _sse_response(state, run_id, events, after_seq=after, headers=SSE_HEADERS)
+    return _sse_response(state, run_id, events, slot=slot, after_seq=after, headers=SSE_HEADERS)
 
 
 async def _authorize_run(state: IngressState, request: Request, run_id: str) -> Principal:
@@ -527,13 +564,18 @@ async def _authorize_run(state: IngressState, request: Request, run_id: str) -> 
     exist (404), so run ids cannot be probed. No-auth mode: every caller may use every run.
     """
     caller = identified_caller(state, request)
+    await _check_access(state, caller, run_id)
+    return caller.principal
+
+
+async def _check_access(state: IngressState, caller: Caller, run_id: str) -> None:
+    """Pass when `caller` may use the stored run `run_id` (see `_authorize_run`), else a typed refusal."""
     try:
         stored = await _run_agent(state, run_id)
     except BusError:
         raise UnavailableError("Runs cannot be looked up right now; try again") from None
     if stored is None or not caller.may_access(owner=stored.owner, path=stored.agent.path):
         raise RunNotFoundError(f"Unknown run {run_id}")
-    return caller.principal
 
 
 # -- long-poll -----------------------------------------------------------------------------------
@@ -563,7 +605,7 @@ async def agent_poll_start(request: Request, name: str) -> RunStarted:
     "/atmosphere/runs/{run_id}/poll",
     response_model=PollResult,
     summary="Frames of a run after a seq (long-poll)",
-    responses=error_responses(400, 401, 404, 503),
+    responses=error_responses(400, 401, 404, 429, 503),
 )
 async def run_poll(
     request: Request,
@@ -574,23 +616,59 @@ async def run_poll(
     """Waits up to `wait` seconds (capped by the server) for frames after `after`."""
     state = state_of(request)
     require_token(run_id, what="run id", message="Malformed run id")
-    await _authorize_run(state, request, run_id)
+    caller = identified_caller(state, request)
     wait = min(wait, state.settings.ingress.long_poll_max_wait)
-    try:
-        frames, done = await _poll_frames(state, run_id, after, wait)
-    except (UnknownRunError, StreamGapError, BusError):
-        raise RunNotFoundError(f"Run {run_id} cannot be read") from None
+    # A poll holds a stream like any follower (briefly, when answered from the store); claimed
+    # before the run is looked up, so a client past its share costs the broker nothing.
+    with claim_stream(state.streams, caller.principal, address_of(request)):
+        await _check_access(state, caller, run_id)
+        try:
+            frames, done = await _poll_frames(state, run_id, after, wait)
+        except (UnknownRunError, StreamGapError, BusError):
+            raise RunNotFoundError(f"Run {run_id} cannot be read") from None
     return PollResult(frames=frames, done=done, after=int(frames[-1]["seq"]) if frames else after)
 
 
 async def _poll_frames(state: IngressState, run_id: str, after: int, wait: float) -> tuple[list[Frame], bool]:
-    """The frames after `after` within `wait` seconds, and whether the run is over.
+    """The frames after `after`, and whether the run is over.
 
-    A run that ended at or before `after` is over at once (`done`), not a wait for frames
-    that will never come; a stopping ingress answers at once with what it has.
+    What is stored already is answered whatever `wait` is (0 included): the frames after
+    `after` up to the terminal one (`done`), or up to the newest stored and whatever follows
+    within `POLL_QUIET`. Only when nothing newer is stored does the poll wait, up to `wait`
+    seconds, for the next frames of a live run. A run that ended at or before `after` is over
+    at once (`done`); a stopping ingress answers at once with what it has.
+    """
+    frames, done, through = await _stored_frames(state, run_id, after)
+    if done:
+        return frames, True
+    return await _next_frames(state, run_id, through, 0.0 if frames else wait, frames)
+
+
+async def _stored_frames(state: IngressState, run_id: str, after: int) -> tuple[list[Frame], bool, int]:
+    """The stored frames after `after` up to the first missing seq, whether the run ended, and that seq - 1."""
+    stored = await stored_events(state.bus, run_id)
+    if any(is_terminal(event) and seq <= after for seq, event in stored.items()):
+        return [], True, after  # the client already saw the end
+    frames: list[Frame] = []
+    seq = after + 1
+    while (event := stored.get(seq)) is not None:
+        if (frame := to_frame(event)) is not None:
+            frames.append(frame)
+        if is_terminal(event):
+            return frames, True, seq
+        seq += 1
+    return frames, False, seq - 1
+
+
+async def _next_frames(
+    state: IngressState, run_id: str, after: int, wait: float, frames: list[Frame]
+) -> tuple[list[Frame], bool]:
+    """`frames` and those a live run sends after `after`, and whether the run ended.
+
+    The first new frame is waited for up to `wait` seconds; after one, until `POLL_QUIET`
+    passes without another.
     """
     deadline = time.monotonic() + wait
-    frames: list[Frame] = []
     events = paced(follow_run(state.bus, run_id, after_seq=after), draining=state.drain.event)
     try:
         while True:

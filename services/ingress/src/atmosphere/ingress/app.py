@@ -58,6 +58,10 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
         timeout_keep_alive=max(1, round(options.keep_alive_timeout)),  # the protocol keeps the exact value
         # Per-message deflate keeps a zlib context per socket: costly for idle connections.
         ws_per_message_deflate=False,
+        # Pings keep proxies from cutting a quiet socket and find a vanished client; an idle
+        # one (no run, no message) is closed by its connection (`ws_idle_timeout`).
+        ws_ping_interval=options.ws_ping_interval,
+        ws_ping_timeout=options.ws_ping_timeout,
         # Messages up to twice the limit are still read and refused with an error frame (the
         # socket stays open); beyond that the protocol closes the socket with 1009.
         ws_max_size=2 * options.max_message_bytes,

@@ -4,13 +4,18 @@ A connection may resume a run on connect (its id and the last seq the client saw
 runs, and answer approvals. Closing cleanly (close codes 1000/1001) cancels the connection's
 unfinished runs; a dropped connection leaves them running so the client can resume them.
 A client too slow for its frames is closed with code 4008 and can resume by run id; a stopping
-ingress closes every connection with 1012, naming the runs to resume elsewhere.
+ingress closes every connection with 1012, naming the runs to resume elsewhere. Each run the
+connection streams holds one of its client's stream slots (`stream_limits.py`): a prompt or
+resume beyond the client's share is refused with an `ingress.too_many_streams` frame. A socket
+with no run streaming that hears nothing from its client for `idle_timeout` seconds is closed
+(1001), so idle sockets do not pile up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +55,8 @@ from atmosphere.ingress.inbound import (
     require_message_size,
     send_approval,
 )
+from atmosphere.ingress.stream_limits import refusal
+from atmosphere.service import StreamLimitError, StreamSlot, StreamSlots
 
 log = logging.getLogger("atmosphere.ingress")
 
@@ -57,6 +64,8 @@ SLOW_CLIENT_CODE = 4008
 SERVICE_RESTART_CODE = 1012
 """RFC 6455 "service restart": ingress is stopping; reconnect (to another replica) and resume."""
 CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+IDLE_CLOSE_CODE = 1001
+"""RFC 6455 "going away": the server lets an idle socket go; reconnect when there is something to send."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,12 @@ class Connection:
     """Largest inbound message; a larger one is answered with an `ingress.too_large` error frame."""
     may_resume: Callable[[str], Awaitable[bool]] | None = None
     """Whether this connection's principal may resume a run by id (None: anyone may, no-auth mode)."""
+    streams: StreamSlots | None = None
+    """Where each run this connection streams takes a slot (None: unbounded, for tests)."""
+    client: str = ""
+    """Whose share of `streams` its runs count against (`atmosphere.service.client_key`)."""
+    idle_timeout: float | None = None
+    """Seconds without a client message, while no run streams, after which the socket is closed."""
     runs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     approvals: dict[str, str] = field(default_factory=dict)
     """approval id → run id, for routing the client's answers."""
@@ -109,12 +124,15 @@ class Connection:
     def __post_init__(self) -> None:
         self._outbound: asyncio.Queue[Frame | _Close] = asyncio.Queue(self.send_queue_frames + 1)
         self._closing = False
+        self._last_active = time.monotonic()
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     async def serve(
         self, receive: Receive, send: SendFrame, close: CloseSocket, *, resume: tuple[str, int] | None = None
     ) -> None:
         """Handle the connection until the client leaves."""
         writer = asyncio.create_task(self._write(send, close))
+        self._watch_idle()
         closed: Closed | None = None
         if self.conversations is not None:
             self.conversations.socket_opened(self.agent.name, self.conversation_id, self.principal)
@@ -122,9 +140,12 @@ class Connection:
             if resume is not None:
                 await self._resume(*resume)
             while not isinstance(received := await receive(), Closed):
+                self._last_active = time.monotonic()
                 await self._handle(received)
             closed = received
         finally:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
             unfinished = [run_id for run_id, task in self.runs.items() if not task.done()]
             if closed is not None and closed.clean and not self._closing:
                 await asyncio.gather(
@@ -233,8 +254,39 @@ class Connection:
         self._follow(request.run_id, submit=request)
 
     def _follow(self, run_id: str, *, after_seq: int = 0, submit: RunSubmission | None = None) -> None:
+        """Stream `run_id` (submitting `submit` first) in a task of its own, holding a stream slot."""
+        try:
+            slot = self.streams.claim(self.client) if self.streams is not None else None
+        except StreamLimitError as exc:
+            self._enqueue(_refused(exc, run_id, submit))
+            return
         task = asyncio.create_task(self._pump(run_id, after_seq, submit))
+        # Given back when the task ends, even one cancelled before it ran (its `finally` never runs).
+        task.add_done_callback(lambda _: self._ended(slot))
         self.runs[run_id] = task
+
+    def _ended(self, slot: StreamSlot | None) -> None:
+        if slot is not None:
+            slot.release()
+        self._last_active = time.monotonic()
+
+    def _watch_idle(self) -> None:
+        """Close the socket once it has been idle for `idle_timeout` seconds (no run, no message).
+
+        A timer, not a task: thousands of quiet sockets each cost a timer entry, not a coroutine.
+        """
+        if self.idle_timeout is None or self._closing:
+            return
+        if any(not task.done() for task in self.runs.values()):
+            self._last_active = time.monotonic()
+        idle_for = time.monotonic() - self._last_active
+        if idle_for < self.idle_timeout:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(self.idle_timeout - idle_for, self._watch_idle)
+            return
+        self._closing = True
+        reason = f"Idle for {self.idle_timeout:g} s; reconnect to go on"
+        self._outbound.put_nowait(_Close(IDLE_CLOSE_CODE, close_reason(reason)))
 
     async def _pump(self, run_id: str, after_seq: int, submit: RunSubmission | None) -> None:
         session_id = submit.session_id if submit is not None else ""
@@ -290,6 +342,14 @@ class Connection:
                 return
 
 
+def _refused(exc: StreamLimitError, run_id: str, submit: RunSubmission | None) -> Frame:
+    """The frame of a run not streamed for want of a slot: a prompt not started, or a run to resume later."""
+    error = refusal(exc)
+    if submit is not None:
+        return error_frame(error)  # nothing was submitted: the client may send the prompt again
+    return {**error_frame(error), "runId": run_id}
+
+
 def _stream_broke(run_id: str) -> UnavailableError:
     return UnavailableError(f"The run's stream broke; reconnect with X-Atmosphere-Run-Id {run_id} to resume")
 
@@ -303,7 +363,7 @@ def _follow_failure(exc: Exception, run_id: str, session_id: str) -> Frame:
         return error_frame(RunNotFoundError(f"Unknown run {run_id}"))
     if isinstance(exc, StreamGapError):
         log.warning("%s", exc)
-        return error_frame(EventsUnavailableError("Part of the stream is no longer available"), session_id=session_id)
+        return error_frame(EventsUnavailableError(exc.plainly), session_id=session_id)
     if isinstance(exc, PayloadTooLargeError):
         return error_frame(RequestTooLargeError(f"The prompt is too large: {exc}"), session_id=session_id)
     if isinstance(exc, SubmitError):

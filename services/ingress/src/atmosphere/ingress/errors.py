@@ -8,6 +8,7 @@
      ├── AgentNotFoundError, RunNotFoundError, PathNotFoundError   404
      ├── MethodNotAllowedError                                405
      ├── UnavailableError, BusyError, ServerRestartingError   503
+ ├── TooManyStreamsError        ingress.too_many_streams  429
      ├── InternalError                                        500
      ├── UnknownApprovalError, ApprovalRejectedError, EventsUnavailableError   (WebSocket frames only)
      ├── UriTooLongError, HeadersTooLargeError, SlowRequestError   414 / 431 / 408 (`limits.py`)
@@ -153,6 +154,14 @@ class BusyError(IngressError):
 
     code = "ingress.busy"
     status = 503
+    retryable = True
+
+
+class TooManyStreamsError(IngressError):
+    """A run stream beyond the client's share, or beyond what this ingress follows in all (`Retry-After`)."""
+
+    code = "ingress.too_many_streams"
+    status = 429
     retryable = True
 
 

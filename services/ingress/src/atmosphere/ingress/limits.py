@@ -71,6 +71,22 @@ OVER_CAPACITY = "Too many connections to this ingress; retry shortly"
 MALFORMED_HTTP = "Malformed HTTP request"
 
 
+MAX_LOGGED_REASON = 200
+"""Characters of a parser's reason that reach the log (it may quote what the client sent)."""
+
+
+def parser_reason(exc: httptools.HttpParserError) -> str:
+    """Why the parser refused a request, in one bounded line.
+
+    A callback that raised (uvicorn's own checks) is reported by the parser as a callback error;
+    what the callback raised is the reason.
+    """
+    cause = exc.__cause__ or exc.__context__
+    reason = str(cause) if isinstance(exc, httptools.HttpParserCallbackError) and cause is not None else str(exc)
+    reason = " ".join(reason.split()) or type(exc).__name__
+    return reason[:MAX_LOGGED_REASON]
+
+
 def refusal(error: IngressError) -> bytes:
     """A complete HTTP/1.1 answer with `error`'s JSON body and status, closing the connection."""
     body = json.dumps(error.body()).encode()
@@ -208,15 +224,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return False
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             refusal, self._refusal = self._refusal, None
             if refusal is None:
-                # Malformed HTTP as llhttp sees it, or a request uvicorn cannot use (a non-ASCII path).
-                log.info("refused an unusable HTTP request", exc_info=True)
+                # Malformed HTTP as llhttp sees it, or a request uvicorn cannot use (a non-ASCII
+                # path). One line with the reason: a client's garbage is no bug of ours, and a
+                # scanner must not be able to fill the log with stack traces.
+                log.info("refused a malformed HTTP request from %s: %s", self._peer(), parser_reason(exc))
                 refusal = MalformedRequestError(MALFORMED_HTTP)
             self._refuse(refusal)
             return False
         return True
+
+    def _peer(self) -> str:
+        host, port = self.client or ("?", 0)
+        return f"{host}:{port}"
 
     def _stop_parsing(self, refusal: IngressError) -> None:
         self._refusal = refusal

@@ -362,7 +362,9 @@ class Completion:
             "usage": usage,
         }
 
-    def complete(self, content: str, usage: dict[str, int] | None, finish_reason: str = "stop") -> dict[str, Any]:
+    def complete(
+        self, content: str, usage: dict[str, int] | None, finish_reason: str | None = "stop"
+    ) -> dict[str, Any]:
         """A non-streamed `chat.completion`."""
         body: dict[str, Any] = {
             "id": self.id,

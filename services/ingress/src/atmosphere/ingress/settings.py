@@ -57,6 +57,17 @@ class IngressOptions(BaseModel):
     """Seconds an SSE stream may stay quiet before a `: keep-alive` comment, so proxies keep it open."""
     drain_grace: float = Field(default=20.0, ge=2, le=600)
     """Seconds a stopping ingress (SIGTERM) gives open streams to end before it exits (below Kubernetes' 30 s)."""
+    max_streams_per_client: int = Field(default=256, ge=1)
+    """Runs one client follows at once (WebSocket runs and resumes, SSE streams and resumes, long-poll
+    waits); beyond it 429. A client is a token's user, or an anonymous caller's address."""
+    max_streams: int = Field(default=8192, ge=1)
+    """Runs this ingress process follows at once, for every client together; beyond it 429."""
+    ws_idle_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a WebSocket with no run streaming may go without a message from its client; then it is closed (1001)."""
+    ws_ping_interval: float = Field(default=20.0, gt=0, le=3600)
+    """Seconds between WebSocket pings to each client (keeps proxies from cutting a quiet socket)."""
+    ws_ping_timeout: float = Field(default=20.0, gt=0, le=3600)
+    """Seconds a client has to answer a ping before its socket counts as dead and is closed."""
 
 
 class IngressSettings(ServiceSettings):

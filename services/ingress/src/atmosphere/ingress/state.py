@@ -12,7 +12,7 @@ from atmosphere.ingress.directory import AgentDirectory
 from atmosphere.ingress.openai_retries import CompletionRetries
 from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.settings import IngressSettings
-from atmosphere.service import ServiceRuntime
+from atmosphere.service import ServiceRuntime, StreamSlots
 
 
 @dataclass
@@ -30,6 +30,8 @@ class IngressState:
     conversations: ConversationTracker
     drain: Drain
     """Set when ingress stops: open streams end and say where to resume."""
+    streams: StreamSlots
+    """The run streams followed now, per client and in total (`stream_limits.py`)."""
 
     @property
     def bus(self) -> Bus:
@@ -49,4 +51,5 @@ class IngressState:
             completions=CompletionRetries(runtime.bus, retry_grace=settings.ai_openai_retry_grace),
             conversations=ConversationTracker(runtime.bus, idle_timeout=settings.ingress.conversation_idle_timeout),
             drain=drain or Drain(),
+            streams=StreamSlots(per_client=settings.ingress.max_streams_per_client, total=settings.ingress.max_streams),
         )
