@@ -13,7 +13,8 @@ import websockets
 from atmosphere.bus import NatsBus, connect, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
-from atmosphere.dispatch.app import run_queue_consumers
+from atmosphere.dispatch.app import run_queues
+from atmosphere.dispatch.settings import DispatchOptions
 from atmosphere.testing import NatsServer, run_stack, running_service, wait_until
 
 from .conftest import service_map
@@ -59,7 +60,7 @@ async def test_a_run_submitted_without_workers_runs_once_a_worker_starts(
         leftovers.append(item.envelope.message.run_id)
 
     async with contextlib.AsyncExitStack() as queues:
-        for spec in run_queue_consumers(run_ack_wait=30):
+        for spec in run_queues(DispatchOptions()):  # as the stack's dispatch provisioned them
             await queues.enter_async_context(nats_bus.consume(spec, RunSubmission, collect))
         await asyncio.sleep(1.0)
     assert leftovers == []

@@ -1,10 +1,15 @@
-"""A durable run's effects, each under its journal key: inputs, model rounds, tool calls, approvals.
+"""A run's effects, each under its journal key: inputs, model rounds, tool calls, approvals.
 
 `RunEffects` derives each effect's idempotency key and request digest exactly as Atmosphere's
-`EffectKeys` does and hands out one handle per effect. The run consults a handle before the
-effect (a committed one replays), marks it pending just before the side effect and commits its
-result just before the result is reported — so a result the client saw is always one the
-journal holds.
+`EffectKeys` does and hands out one handle per effect. In a durable run the run consults a
+handle before the effect (a committed one replays), marks it pending just before the side
+effect and commits its result just before the result is reported — so a result the client saw
+is always one the journal holds.
+
+Without durable runs only tool calls are journaled, and only their start (`tools_only`): a
+marker written just before the side effect, so that a worker taking the run over knows which
+calls may have run and never runs one again (`interrupted.py`). A run that calls no tool
+journals nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ INTERRUPTED = (
 """What the model gets for a non-idempotent call that was under way when its worker died."""
 
 
+def tool_call_key(run_id: str, name: str, canonical_arguments: str, occurrence: int) -> str:
+    """The journal key of a run's `occurrence`-th call of `name` with these arguments (canonical JSON)."""
+    return effect_key(run_id, "tool", name, canonical_arguments, occurrence)
+
+
 def current_call_key() -> str:
-    """The journal key of the tool call being executed in this task ("" outside a durable call).
+    """The journal key of the tool call being executed in this task ("" outside a journaled call).
 
     A tool that starts something of its own (delegation's sub-run) derives that thing's id from
     it, so the resumed call finds what the interrupted one started.
@@ -40,7 +50,7 @@ def current_call_key() -> str:
 
 
 def current_effect() -> ToolEffect | None:
-    """The journal handle of the tool call being executed in this task, if the run is durable."""
+    """The journal handle of the tool call being executed in this task, if the run journals its calls."""
     return _CURRENT.get()
 
 
@@ -52,6 +62,9 @@ class ToolEffect:
     key: str
     digest: str
     started: bool = False
+    marks_only: bool = False
+    """Only the start is recorded (runs without durable runs): a takeover needs to know that the
+    call may have run, not its result, which it never replays."""
 
     @property
     def replay(self) -> tuple[bool, str] | None:
@@ -84,7 +97,7 @@ class ToolEffect:
 
     async def settle(self, *, error: bool, text: str) -> None:
         """Just before the outcome is reported (a call that never started records nothing)."""
-        if self.started:
+        if self.started and not self.marks_only:
             await self.journal.commit(self.key, json.dumps({"error": error, "text": text}))
 
 
@@ -135,12 +148,15 @@ class _Round:
 
 @dataclass
 class RunEffects:
-    """Keys, digests and handles for every effect of one durable run."""
+    """Keys, digests and handles for the effects of one run: all of them, or its tool calls' starts."""
 
     journal: RunJournal
     user_id: str
     model: str
     tool_names: Iterable[str]
+    tools_only: bool = False
+    """Journal only the start of each tool call (runs without durable runs): no input, round or
+    approval, and no result. Whoever runs the inputs and rounds asks `tools_only` first."""
     _rounds: int = 0
     _inputs: int = 0
     _tools_digest: str = field(default="", init=False)
@@ -181,11 +197,17 @@ class RunEffects:
         """The handle of one tool call (its occurrence counted now, on a first drive and a replay alike)."""
         canonical = canonical_json(arguments)
         occurrence = self.journal.occurrence("tool", name, canonical)
-        key = effect_key(self.run_id, "tool", name, canonical, occurrence)
-        return ToolEffect(self.journal, key, effect_key(name, canonical, self.user_id))
+        key = tool_call_key(self.run_id, name, canonical, occurrence)
+        digest = effect_key(name, canonical, self.user_id)
+        return ToolEffect(self.journal, key, digest, marks_only=self.tools_only)
 
-    def approval(self, name: str, arguments: dict[str, Any]) -> ApprovalEffect:
-        """The handle of one approval of a call (approvals have their own occurrence counter)."""
+    def approval(self, name: str, arguments: dict[str, Any]) -> ApprovalEffect | None:
+        """The handle of one approval of a call (approvals have their own occurrence counter).
+
+        None when only tool calls are journaled: the approval is simply asked again on a takeover.
+        """
+        if self.tools_only:
+            return None
         canonical = canonical_json(arguments)
         occurrence = self.journal.occurrence("approval", name, canonical)
         key = effect_key(self.run_id, "approval", name, canonical, occurrence)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 
 from atmosphere.bus import Bus, Nak, Term, WorkItem, subjects
@@ -21,7 +22,8 @@ from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmissio
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
-from atmosphere.dispatch.journal import RunJournal, discard_journal
+from atmosphere.dispatch.interrupted import interrupted_error, started_calls
+from atmosphere.dispatch.journal import AtEnd, RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
@@ -107,6 +109,9 @@ class RunExecutor:
 
     async def on_work(self, item: WorkItem[RunSubmission]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
+        # As early as possible: how long this worker may have been stalled since it took the
+        # item decides when the run first asks whether another worker took it over.
+        taken_at = time.monotonic()
         request = item.envelope.message
         try:
             subjects.token(request.run_id, what="run id")
@@ -123,14 +128,14 @@ class RunExecutor:
             return
         done = self._in_hand[request.run_id] = asyncio.Event()
         try:
-            await self._run(item)
+            await self._run(item, taken_at)
         finally:
             del self._in_hand[request.run_id]
             done.set()
 
-    async def _run(self, item: WorkItem[RunSubmission]) -> None:
+    async def _run(self, item: WorkItem[RunSubmission], taken_at: float) -> None:
         request = item.envelope.message
-        first_seq, delivered = WORKER_FIRST_SEQ, None
+        first_seq, stored, delivered = WORKER_FIRST_SEQ, None, None
         if item.delivered > 1:
             stored = await self._stored_unless_ended(request)
             if stored is None:
@@ -141,40 +146,74 @@ class RunExecutor:
             first_seq = await self._resume_point(request, stored)
             delivered = DeliveredEvents(request.run_id, stored.values())
         journal = await self._journal(request, item.delivered)
-        attempts = journal.fruitless_deliveries if journal is not None else item.delivered
+        agent = await self._binding(request.agent)
+        if stored is not None and await self._ended_interrupted(request, agent, journal, stored, first_seq):
+            return
+        attempts = journal.fruitless_deliveries if self._options.durable else item.delivered
         if attempts >= self._options.max_deliveries:
             await self._give_up(request, first_seq, item.delivered)
-            if journal is not None:
-                await journal.close(succeeded=False)
+            await journal.close(succeeded=False)
             return
         if item.delivered > 1:
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )
         run = Run(
-            request,
-            await self._binding(request.agent),
-            self._services,
-            first_seq=first_seq,
-            delivered=delivered,
-            journal=journal,
+            request, agent, self._services, first_seq=first_seq, delivered=delivered, journal=journal, taken_at=taken_at
         )
         await run.execute()
-        if journal is not None and journal.lost:
+        if journal.lost:
             # Another worker holds the run now: this delivery's ack must not end its work item.
             raise Nak(delay=self._options.ack_wait)
 
-    async def _journal(self, request: RunSubmission, delivery: int) -> RunJournal | None:
-        """The run's effect journal, taken for this worker (None when runs are not durable)."""
-        if not self._options.durable:
-            return None
+    async def _journal(self, request: RunSubmission, delivery: int) -> RunJournal:
+        """The run's journal, taken for this worker.
+
+        Every effect of a durable run; otherwise only tool calls' start markers, and nothing at
+        all is read or written on a first delivery until its first tool call. A redelivery reads
+        the journal and appends a lease in either mode: from then on the earlier holder, should
+        it only have stalled, can neither start a tool call nor (within a second) write an event.
+        """
+        if not self._options.durable and delivery == 1:
+            return RunJournal.unread(
+                self._bus, request.run_id, owner=self._options.owner, max_effects=self._options.max_effects
+            )
         return await RunJournal.open(
             self._bus,
             request.run_id,
             owner=self._options.owner,
             delivery=delivery,
             max_effects=self._options.max_effects,
+            at_end=AtEnd.PURGE_ON_SUCCESS if self._options.durable else AtEnd.KEEP,
         )
+
+    async def _ended_interrupted(
+        self,
+        request: RunSubmission,
+        agent: AgentBinding | None,
+        journal: RunJournal,
+        stored: dict[int, RunEvent],
+        first_seq: int,
+    ) -> bool:
+        """End a redelivered run (not durable) whose earlier worker started calls unsafe to repeat.
+
+        Re-driven from its prompt, the run would have the model ask for them again (see
+        `interrupted.py`); instead it ends with one `dispatch.run_interrupted` error naming
+        them. Whether it ended.
+        """
+        if self._options.durable:
+            return False  # the journal replays the model's rounds: its calls are never chosen anew
+        tools = agent.tools if agent is not None else {}
+        unsafe = [call for call in started_calls(journal, stored.values()) if not call.may_repeat(tools)]
+        if not unsafe:
+            return False
+        error = interrupted_error(unsafe)
+        log.warning("run %s: its worker stopped after starting tool calls; ending it: %s", request.run_id, error)
+        # Its first worker was admitted and is gone: the run's end frees what admission took.
+        await self._services.governance.run_ended(request, usage=[], model="", response_chars=0, succeeded=False)
+        await RunEventWriter(self._bus, request, first_seq=first_seq).emit(RunEvent(error=error.to_proto()))
+        await journal.close(succeeded=False)
+        return True
 
     async def _stored_unless_ended(self, request: RunSubmission) -> dict[int, RunEvent] | None:
         """Every stored event of a redelivered run by seq, or None if it has its terminal event."""

@@ -13,6 +13,11 @@ subject sequence): a worker that took the run over appends a `Lease` record firs
 every write of the earlier holder is refused (`RunTakenOverError`) — one writer per run, fenced
 by the broker rather than by clocks.
 
+Without durable runs a run's first delivery neither reads nor writes its journal up front
+(`unread`): the subject is empty, and the first write (a tool call's start marker) expects it
+to be — so a run that calls no tool costs nothing here, and one taken over meanwhile is fenced
+all the same.
+
 Keys and digests follow Atmosphere's `EffectKeys`: SHA-256 hex over parts each followed by a
 NUL byte; arguments in canonical JSON (keys sorted recursively); digests bound to the
 principal, so a key hit whose digest differs (another user) is never replayed.
@@ -21,6 +26,7 @@ principal, so a key hit whose digest differs (another user) is never replayed.
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import json
 import logging
@@ -49,6 +55,19 @@ DEFAULT_MAX_EFFECTS = 2000
 
 class RunTakenOverError(Exception):
     """Another worker holds the run now: this one must stop writing for it."""
+
+
+class AtEnd(enum.Enum):
+    """What becomes of a run's journal when the run ends."""
+
+    PURGE_ON_SUCCESS = "purge-on-success"
+    """A durable run's: removed if it succeeded; a failed run's is its resume anchor."""
+    PURGE = "purge"
+    """A first delivery's without durable runs: nothing resumes from it, nobody held the run before."""
+    KEEP = "keep"
+    """A takeover's without durable runs: an earlier holder that never wrote the journal may still
+    wake, and must then find it not empty (an empty subject is what its first write expects).
+    A terminal record stays; the stream's max age clears it."""
 
 
 def effect_key(*parts: str | int) -> str:
@@ -92,7 +111,7 @@ class RunJournal:
     """One run's journal, as the worker holding the run reads and writes it."""
 
     def __init__(self, bus: Bus, run_id: str, *, owner: str, max_effects: int = DEFAULT_MAX_EFFECTS) -> None:
-        """An empty view; `open` reads what is stored and takes the run."""
+        """An empty view; `open` reads what is stored and takes the run, `unread` takes it as it is."""
         self.bus = bus
         self.run_id = run_id
         self.owner = owner
@@ -102,6 +121,8 @@ class RunJournal:
         self.lost = False
         """Set once another worker took the run: nothing more is written for it here."""
         self.read_only = False
+        self.at_end = AtEnd.PURGE_ON_SUCCESS
+        """What becomes of the journal when the run ends (`close`)."""
         self.fruitless_deliveries = 0
         """Deliveries of the run in a row (this one included) that committed no effect: the
         poison-run guard counts these, so a run that keeps progressing is never given up on."""
@@ -115,13 +136,34 @@ class RunJournal:
 
     @classmethod
     async def open(
-        cls, bus: Bus, run_id: str, *, owner: str, delivery: int, max_effects: int = DEFAULT_MAX_EFFECTS
+        cls,
+        bus: Bus,
+        run_id: str,
+        *,
+        owner: str,
+        delivery: int,
+        max_effects: int = DEFAULT_MAX_EFFECTS,
+        at_end: AtEnd = AtEnd.PURGE_ON_SUCCESS,
     ) -> RunJournal:
         """Read the run's journal and take the run (a `Lease` record fences earlier holders)."""
         journal = cls(bus, run_id, owner=owner, max_effects=max_effects)
+        journal.at_end = at_end
         await journal._load()
         await journal._append(JournalRecord(lease=Lease(owner=owner, delivery=delivery)))
         journal.fruitless_deliveries += 1
+        return journal
+
+    @classmethod
+    def unread(cls, bus: Bus, run_id: str, *, owner: str, max_effects: int = DEFAULT_MAX_EFFECTS) -> RunJournal:
+        """A first delivery's journal when only tool calls are journaled: nothing read or written yet.
+
+        A first delivery finds the subject empty, so its first append expects exactly that: a
+        worker that took the run over meanwhile (its lease) makes it fail, and `still_held` sees
+        the lease too. Nothing is written for a run that calls no tool; what is written is
+        removed when the run ends, however it ends (nothing resumes from it).
+        """
+        journal = cls(bus, run_id, owner=owner, max_effects=max_effects)
+        journal.at_end = AtEnd.PURGE
         return journal
 
     def _fold(self, effect: Effect) -> None:
@@ -253,29 +295,32 @@ class RunJournal:
 
         A worker that stalled past the ack wait may still be running a run another worker took
         over; it learns so at its next append, or here (dispatch asks about once a second while
-        events flow), and writes nothing more. When the journal cannot be read, it is assumed held.
+        events flow), and writes nothing more. A journal this worker never wrote must still be
+        empty (`unread`). When the journal cannot be read, it is assumed held.
         """
-        if self.lost or self.read_only or self._last_record is None:
+        if self.lost or self.read_only:
             return not self.lost
         try:
             newest = await self.bus.last_message(subjects.JOURNAL_STREAM, self.subject, JournalRecord)
         except BusError:
             return True
-        if newest is not None and newest != self._last_record:
+        # Nobody wrote (both None): held. Our record gone, the subject empty: another worker
+        # ended the run and removed the journal.
+        if newest != self._last_record:
             self.lost = True
             log.warning("run %s: another worker took the run; this one stops writing", self.run_id)
         return not self.lost
 
     async def close(self, *, succeeded: bool, retain: bool = False) -> None:
-        """The run ended: a successful run's journal is removed (unless `retain`); a failed one stays.
+        """The run ended: its journal is removed or closed with a terminal record, as `at_end` says.
 
-        A failed run's journal is its resume anchor (the stream's max age clears it). Never
-        raises: the run's outcome is already written.
+        `retain` keeps it in any case. Never raises: the run's outcome is already written.
         """
-        if self.lost:
-            return
+        if self.lost or self._last == 0:
+            return  # taken over, or nothing was ever stored for the run (it called no tool)
+        purge = self.at_end is AtEnd.PURGE or (self.at_end is AtEnd.PURGE_ON_SUCCESS and succeeded)
         try:
-            if succeeded and not retain:
+            if purge and not retain:
                 await self.bus.purge(subjects.JOURNAL_STREAM, self.subject)
             else:
                 async with self._writing:
@@ -307,13 +352,18 @@ class RunJournal:
         """Whether the subject moved because of our own earlier write (acknowledged too late).
 
         A publish that timed out may have been stored all the same; then the newest record is
-        ours and the journal goes on. If a newer lease is there, the run was taken over.
+        ours and the journal goes on. If another worker's lease came after our last record, the
+        run was taken over — even when its holder then wrote a record equal to ours (the same
+        tool call's start, the same round asked again): records carry no owner, leases do.
         """
         newest: tuple[int, JournalRecord] | None = None
         async for seq, stored in self.bus.replay_sequenced(subjects.JOURNAL_STREAM, self.subject, JournalRecord):
-            newest = (seq, stored)
             if stored.WhichOneof("record") == "lease" and stored.lease.owner != self.owner:
-                newest = None  # someone else's lease: whatever follows is theirs
+                if seq > self._last:
+                    return False
+                newest = None  # an earlier holder's lease: whatever follows it is not ours to match
+                continue
+            newest = (seq, stored)
         if newest is None:
             return False
         seq, stored = newest

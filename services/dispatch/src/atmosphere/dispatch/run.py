@@ -35,6 +35,7 @@ from atmosphere.bus import Bus
 from atmosphere.bus.errors import (
     AgentFailedError,
     BudgetExceededError,
+    BusError,
     HistoryUnavailableError,
     InterceptorFailedError,
     ResponseBlockedError,
@@ -43,6 +44,7 @@ from atmosphere.bus.errors import (
     RuntimeUnavailableError,
     ServiceError,
     UnknownAgentError,
+    broker_failure,
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ, RunEventWriter, TerminalGate, is_terminal
 from atmosphere.bus.sizes import data_budget
@@ -74,7 +76,9 @@ from atmosphere.sdk.runtime import AgentExecutionContext, ToolCallRequest, ToolS
 log = logging.getLogger("atmosphere.dispatch")
 
 LEASE_CHECK_INTERVAL = 1.0
-"""Seconds between a durable run's checks that no other worker took it over while it writes events."""
+"""Seconds between a run's checks that no other worker took it over while it writes events. The
+first comes this long after the worker took the run: before that nobody else can hold it (a run
+is redelivered only after the ack wait, several seconds), so a short run asks nothing."""
 
 
 @dataclass(frozen=True)
@@ -147,13 +151,16 @@ class Run:
         delivered: DeliveredEvents | None = None,
         journal: RunJournal | None = None,
         replay: CapturedEvents | None = None,
+        taken_at: float | None = None,
     ) -> None:
         """Run `request` as `agent` (None: no such agent), writing events from `first_seq`.
 
-        A re-driven run brings what its stream already holds (`delivered`, never sent again)
-        and, when durable, its effect `journal` (committed effects replay). A `replay` of an
-        ended run re-drives it from its journal alone into that capture: no admission, no
-        memory, no interceptor, nothing written to the stream (see `RunExecutor.replay`).
+        A re-driven run brings what its stream already holds (`delivered`, never sent again).
+        A run from the work queue has its `journal`: every effect of a durable run (committed
+        ones replay), else its tool calls' start markers. A `replay` of an ended run re-drives
+        it from its journal alone into that capture: no admission, no memory, no interceptor,
+        nothing written to the stream (see `RunExecutor.replay`). `taken_at`: when the worker
+        took the run (monotonic), from which its first takeover check is timed.
         """
         self.request = request
         self.agent = agent
@@ -161,8 +168,8 @@ class Run:
         self.first_seq = first_seq
         self.delivered = delivered
         self.journal = journal
-        self.effects = self._effects()
         self.replay = replay
+        self.effects = self._effects()
         self.writer: RunEventWriter | CapturedEvents = replay or RunEventWriter(
             services.bus, request, first_seq=first_seq
         )
@@ -182,7 +189,7 @@ class Run:
         self._model_call: asyncio.Task[None] | None = None
         self.succeeded = False
         """Whether the terminal event was `complete`."""
-        self._next_lease_check = 0.0
+        self._next_lease_check = (time.monotonic() if taken_at is None else taken_at) + LEASE_CHECK_INTERVAL
         self.guard: OutputGuard | None = None
         """Holds the answer until governance has checked it (set at admission when policies judge answers)."""
         self.usage: list[Usage] = []
@@ -264,9 +271,12 @@ class Run:
                 await self.stream(self.request.message)
             else:
                 await getattr(self.agent.instance, spec.prompt_method)(self.request.message, self.session)
+        except BusError as exc:
+            log.exception("agent %s failed on run %s: the broker", spec.name, self.request.run_id)
+            await self.fail(broker_failure(exc))
         except Exception as exc:
             log.exception("agent %s failed on run %s", spec.name, self.request.run_id)
-            # The client learns what kind of failure it was, never the traceback.
+            # The client learns what kind of failure of the agent's own code it was, never the traceback.
             await self.fail(AgentFailedError(type(exc).__name__))
 
     async def finish(self) -> None:
@@ -314,7 +324,7 @@ class Run:
 
     async def _input(self, message: str, staged: tuple[ChatMessage, ...]) -> AiRequest | None:
         """What the model is asked: built live, or the journal's seed of it on a resume."""
-        effects = self.effects
+        effects = self.journaled_rounds
         if effects is None:
             return await self._model_request(message, await self._history(staged))
         key, digest, seed = effects.input()
@@ -386,7 +396,7 @@ class Run:
             tool_loop=tool_loop_for(spec.tool_loop, self.agent.tools),
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
-            rounds=self.effects,
+            rounds=self.journaled_rounds,
         )
 
     async def call_model(self, ctx: AgentExecutionContext) -> None:
@@ -406,6 +416,12 @@ class Run:
                 elapsed_ms = round((time.monotonic() - started) * 1000)
                 await self._trip(budget_breach(BudgetReason.WALL_CLOCK, elapsed_ms, deadline * 1000))
                 return
+            if self.lost:
+                # Another worker took the run over (the call was stopped, or a tool's start marker
+                # was refused): nothing more is this worker's to say, its failure included.
+                if not task.cancelled():
+                    task.exception()  # retrieved, so never reported as unretrieved
+                return
             if task.cancelled():
                 if not self._breached:
                     raise asyncio.CancelledError
@@ -416,7 +432,12 @@ class Run:
                 return
             if error is not None:
                 log.error("runtime %s failed on run %s", runtime.name, ctx.run_id, exc_info=error)
-                await self.fail(RuntimeFailedError(f"The model runtime failed ({type(error).__name__})"))
+                if isinstance(error, BusError):
+                    await self.fail(broker_failure(error))
+                else:
+                    await self.fail(
+                        RuntimeFailedError("The model runtime failed unexpectedly (dispatch's log says why)")
+                    )
                 return
             if not self._gate.closed:
                 await self.emit(RunEvent(complete=Complete()))
@@ -449,8 +470,8 @@ class Run:
         """Store the turn: on complete the user message and the answer, otherwise the message only."""
         turn.recorded = True
         memory = self.services.pipeline.conversation
-        if memory is None or self.agent is None or self.replay is not None:
-            return
+        if memory is None or self.agent is None or self.replay is not None or self.lost:
+            return  # a run another worker took over is that worker's to record
         completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
         await memory.record(
             self.request,
@@ -553,15 +574,27 @@ class Run:
         )
 
     async def _still_held(self) -> bool:
-        """Whether this worker still holds the run (its journal asked at most once a second)."""
+        """Whether this worker still holds the run (its journal asked at most once a second).
+
+        Once it does not, the model call under way is stopped: nothing it would say or call is
+        this worker's any more.
+        """
         assert self.journal is not None
         if self.journal.lost:
             return False
         now = time.monotonic()
         if self.replay is None and now >= self._next_lease_check:
             self._next_lease_check = now + LEASE_CHECK_INTERVAL
-            return await self.journal.still_held()
+            if not await self.journal.still_held():
+                if self._model_call is not None:
+                    self._model_call.cancel()
+                return False
         return True
+
+    @property
+    def lost(self) -> bool:
+        """Whether another worker took the run over: this one writes, calls and records nothing more."""
+        return self.journal is not None and self.journal.lost
 
     async def fail(self, error: ServiceError) -> None:
         """End the run with `error` as its terminal event."""
@@ -584,7 +617,10 @@ class Run:
     # -- what the run is given ---------------------------------------------------------------
 
     def _effects(self) -> RunEffects | None:
-        """The journal's handles for this run's effects; None for a run that is not durable."""
+        """The journal's handles for this run's effects; None for a run without a journal.
+
+        A durable run (or a replay) journals every effect; any other only its tool calls' starts.
+        """
         if self.journal is None or self.agent is None:
             return None
         return RunEffects(
@@ -592,7 +628,14 @@ class Run:
             user_id=self.request.principal.user_id,
             model=self.agent.spec.model or self.services.pipeline.model,
             tool_names=self.agent.tools,
+            tools_only=not (self.services.options.durable or self.replay is not None),
         )
+
+    @property
+    def journaled_rounds(self) -> RunEffects | None:
+        """The handles of a run whose inputs and model rounds are journaled (durable, or a replay)."""
+        effects = self.effects
+        return None if effects is None or effects.tools_only else effects
 
     def _workspace(self) -> WorkspaceScope | None:
         """Where this run's plan and files live; None when it has no plan or file tools."""
