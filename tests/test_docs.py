@@ -444,3 +444,15 @@ def test_what_you_import_names_the_whole_pinned_surface() -> None:
     for module in ("atmosphere.sdk", "atmosphere.sdk.host"):
         for name in importlib.import_module(module).__all__:
             assert re.search(rf"`{name}(\(\))?`", section), f"write-an-agent.md does not name {module}.{name}"
+
+
+def test_every_error_code_a_run_can_end_with_is_documented() -> None:
+    import atmosphere.bus.errors as errors  # the catalogue, filled by the imports below
+
+    for service in SERVICES:
+        if importlib.util.find_spec(f"atmosphere.{service}.errors") is not None:
+            importlib.import_module(f"atmosphere.{service}.errors")
+    wire = (DOCS / "wire.md").read_text()
+    codes = [code for code, kind in errors.catalogue().items() if issubclass(kind, errors.RunError)]
+    missing = [code for code in codes if f"| `{code}` |" not in wire]
+    assert not missing, f"error codes not in docs/wire.md's table: {missing}"

@@ -9,8 +9,19 @@ inside the `atmosphere-ai-contracts` wheel) published on `atmo.run.<run_id>.evt`
 
 Each event is printed as one JSON line: `{"run", "seq", "agent", "kind", "data"}`, where `kind` is
 the name of the `RunEvent.kind` field that is set (`text_delta`, `tool_start`, `complete`, ...).
-A stack started with a bus namespace (`ATMOSPHERE_NATS__NAMESPACE=team`) prefixes every subject
-with `team.` and every stream with `TEAM_`: pass `--namespace team`.
+A run's terminal line (`complete` or `error`) also carries `"answer"` when the run was followed
+from its first event: the run's own text as its client should show it. That is not simply every
+`text_delta` joined: a run whose worker died is resumed, the model round that was under way is
+asked again, and when the new answer differs, an `ai.run.answer_rewound` metadata event
+(`{"discard": N}`) says to drop the last N characters of the answer so far before the new text
+follows. Joining the deltas without applying it splices two answers into one (`Answers` below
+applies it).
+
+It reads the stream by direct get and hears new events through a plain subscription: no JetStream
+consumer, so it works with the `observer` login of `atmosphere bus-credentials` (`--user` and
+`--password`, by default `ATMOSPHERE_NATS__USER`/`__PASSWORD`, as `observer.env` sets them). A stack started with a bus
+namespace (`ATMOSPHERE_NATS__NAMESPACE=team`) prefixes every subject with `team.` and every stream
+with `TEAM_`: pass `--namespace team`.
 """
 
 # A command-line program: its output is what it prints.
@@ -21,20 +32,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 from google.protobuf.json_format import MessageToDict
+from nats.aio.client import Client
 from nats.errors import NoServersError
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
 EVENTS_STREAM = "ATMO_EVENTS"
 TERMINAL_KINDS = frozenset({"complete", "error"})
+ANSWER_REWOUND = "ai.run.answer_rewound"
+"""Drop the last `discard` characters of the answer so far: a resumed model answered differently."""
 RUN_ID = re.compile(r"[A-Za-z0-9_\-:@]{1,128}")  # one subject token: no dot, no wildcard
 
 
@@ -42,6 +57,11 @@ def events_subject(namespace: str, run_id: str | None) -> str:
     """`atmo.run.<run_id>.evt`, or every run's events (`*`), under the namespace if any."""
     prefix = f"{namespace}." if namespace else ""
     return f"{prefix}atmo.run.{run_id or '*'}.evt"
+
+
+def inbox_of(user: str) -> str:
+    """Where a login's replies come: Atmosphere's permissions let `user` read only `_INBOX_<user>`."""
+    return "_INBOX_" + re.sub(r"[^A-Za-z0-9_\-]", "_", user)
 
 
 def events_stream(namespace: str) -> str:
@@ -61,44 +81,128 @@ def describe(event: RunEvent) -> dict[str, Any]:
     return line
 
 
+class Answers:
+    """Each run's own answer text as its client should show it, `ai.run.answer_rewound` applied.
+
+    Only a run followed from its first event (seq 1) has a known answer.
+    """
+
+    def __init__(self) -> None:
+        self._text: dict[str, str] = {}
+
+    def take(self, event: RunEvent) -> None:
+        """Add a text delta of the run's own (not a sub-agent's), or apply a rewind."""
+        if event.origin_run_id:
+            return  # a sub-agent's text, forwarded: not the run's answer
+        if event.seq == 1:
+            self._text[event.run_id] = ""
+        text = self._text.get(event.run_id)
+        if text is None:
+            return
+        kind = event.WhichOneof("kind")
+        if kind == "text_delta":
+            self._text[event.run_id] = text + event.text_delta.text
+        elif kind == "metadata" and event.metadata.key == ANSWER_REWOUND:
+            self._text[event.run_id] = text[: max(0, len(text) - discarded(event.metadata.value_json))]
+
+    def pop(self, run_id: str) -> str | None:
+        """The run's answer, forgotten here as its run ended (None: its start was not seen)."""
+        return self._text.pop(run_id, None)
+
+
+def discarded(value_json: str) -> int:
+    """The characters a rewind marker drops (0 for a value that is not `{"discard": N}`)."""
+    try:
+        discard = json.loads(value_json)["discard"]
+    except (ValueError, TypeError, KeyError):
+        return 0
+    return discard if isinstance(discard, int) and not isinstance(discard, bool) and discard > 0 else 0
+
+
 def ends_a_run(event: RunEvent) -> bool:
     """A terminal event of a top-level run (not one forwarded from, or belonging to, a sub-run)."""
     top_level = not event.parent_run_id and not event.origin_run_id
     return top_level and event.WhichOneof("kind") in TERMINAL_KINDS
 
 
-async def follow(server: str, namespace: str, run_id: str | None, runs: int) -> int:
+def line_of(event: RunEvent, answers: Answers) -> dict[str, Any]:
+    """The JSON line of `event`; a run's terminal line carries its answer (every rewind applied)."""
+    answers.take(event)
+    line = describe(event)
+    if line["kind"] in TERMINAL_KINDS and not event.origin_run_id and (answer := answers.pop(event.run_id)) is not None:
+        line["answer"] = answer
+    return line
+
+
+async def follow(
+    server: str, namespace: str, run_id: str | None, runs: int, *, user: str = "", password: str = ""
+) -> int:
     """Print events until `runs` top-level runs have ended (0: forever); the exit status."""
     try:
-        client = await nats.connect(server, connect_timeout=5, max_reconnect_attempts=0)
+        # A login reads only its own inbox, `_INBOX_<user>` (other characters than letters,
+        # digits, `_` and `-` as `_`): replies, direct gets included, must come there.
+        login = {"user": user, "password": password, "inbox_prefix": inbox_of(user)} if user else {}
+        client = await nats.connect(server, connect_timeout=5, max_reconnect_attempts=0, **login)
     except (NoServersError, OSError) as exc:
         print(f"error: cannot reach NATS at {server}: {exc}", file=sys.stderr)
         return 2
     try:
-        subject = events_subject(namespace, run_id)
+        stream = events_stream(namespace)
         try:
-            # An ordered consumer is ephemeral and gap-free: a replay from seq 1 for one run,
-            # only what comes next when following every run.
-            subscription = await client.jetstream().subscribe(
-                subject,
-                stream=events_stream(namespace),
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL if run_id else DeliverPolicy.NEW,
-            )
+            await client.jetstream().stream_info(stream)
         except NotFoundError:
-            print(f"error: no stream {events_stream(namespace)}: is the stack running?", file=sys.stderr)
+            print(f"error: no stream {stream}: is the stack running?", file=sys.stderr)
             return 2
+        subject = events_subject(namespace, run_id)
+        # What comes next arrives as it is published (a plain subscription, no JetStream
+        # consumer: the observer's login may create none); a replayed run first reads what the
+        # stream holds, one message at a time by direct get.
+        live = await client.subscribe(subject)
         print(f"following {subject}", file=sys.stderr, flush=True)
-        ended = 0
-        async for message in subscription.messages:
-            event = RunEvent.FromString(message.data)
-            print(json.dumps(describe(event)), flush=True)
-            ended += ends_a_run(event)
-            if runs and ended >= runs:
+        printer = Printer(runs)
+        if run_id is not None:
+            async for event in stored(client, stream, subject):
+                if printer.show(event):
+                    return 0
+        async for message in live.messages:
+            if printer.show(RunEvent.FromString(message.data)):
                 return 0
         return 0
     finally:
         await client.close()
+
+
+class Printer:
+    """Prints each event of a run once (an event sent again after a failure is not printed twice)."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+        self.ended = 0
+        self.answers = Answers()
+        self.printed: dict[str, int] = {}
+        """The highest seq printed of each run."""
+
+    def show(self, event: RunEvent) -> bool:
+        """Print `event` unless it was printed already; whether enough runs have ended."""
+        if event.seq <= self.printed.get(event.run_id, 0):
+            return False
+        self.printed[event.run_id] = event.seq
+        print(json.dumps(line_of(event, self.answers)), flush=True)
+        self.ended += ends_a_run(event)
+        return bool(self.runs) and self.ended >= self.runs
+
+
+async def stored(client: Client, stream: str, subject: str) -> AsyncIterator[RunEvent]:
+    """The run's stored events, oldest first: each the next one of its subject after the last."""
+    jetstream = client.jetstream()
+    seq = 1
+    while True:
+        try:
+            message = await jetstream.get_msg(stream, seq=seq, subject=subject, next=True, direct=True)
+        except NotFoundError:
+            return  # nothing stored past `seq` (yet): the live subscription goes on from here
+        yield RunEvent.FromString(message.data or b"")
+        seq = (message.seq or seq) + 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,6 +210,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Print Atmosphere run events from NATS as JSON lines.")
     parser.add_argument("--server", default="nats://127.0.0.1:4222", help="NATS URL (default: %(default)s)")
     parser.add_argument("--namespace", default="", help="the stack's bus namespace, if it has one")
+    parser.add_argument(
+        "--user",
+        default=os.environ.get("ATMOSPHERE_NATS__USER", ""),
+        help="NATS login (default: $ATMOSPHERE_NATS__USER)",
+    )
+    parser.add_argument(
+        "--password",
+        default=os.environ.get("ATMOSPHERE_NATS__PASSWORD", ""),
+        help="NATS password (default: $ATMOSPHERE_NATS__PASSWORD)",
+    )
     parser.add_argument("--run", help="replay this run from its first event and exit at its end")
     parser.add_argument("--runs", type=int, help="exit after this many runs ended (default: 1 with --run, else never)")
     args = parser.parse_args(argv)
@@ -122,7 +236,9 @@ def main() -> int:
     """Run the follower until it is done or interrupted."""
     args = parse_args()
     try:
-        return asyncio.run(follow(args.server, args.namespace, args.run, args.runs))
+        return asyncio.run(
+            follow(args.server, args.namespace, args.run, args.runs, user=args.user, password=args.password)
+        )
     except KeyboardInterrupt:
         return 0
 

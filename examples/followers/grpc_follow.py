@@ -11,6 +11,14 @@ Only `grpcio` and the published contracts (the `atmosphere-ai-contracts` wheel) 
 `--target` takes several addresses (comma-separated): after a break the next one is tried. The
 answer's text goes to stdout; the run id, resumes and the end go to stderr. With token grants
 configured, pass `--token`.
+
+One rule a client must apply to show the answer: after a resume, the model round that was under
+way is asked again, and when its new answer differs from what was already sent, the run sends
+an `ai.run.answer_rewound` metadata event (`{"discard": N}`): drop the last N characters of the
+answer so far; the new text follows. A client that ignores it shows two answers spliced into
+one. Printed text cannot be taken back, so this one says so on stderr and prints the answer
+again from its start (as it stands after the drop) on a new line of stdout: the last copy on
+stdout is the answer.
 """
 
 # A command-line program: its output is what it prints.
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import sys
 from collections.abc import AsyncIterable
 
@@ -31,27 +40,54 @@ from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 """What a stream cut by its server going away ends with: the run itself goes on."""
 MAX_RESUMES = 20
+ANSWER_REWOUND = "ai.run.answer_rewound"
 
 
 class Progress:
-    """Where the client is in the run: its id and the last seq received."""
+    """Where the client is in the run: its id, the last seq received, and the answer so far."""
 
     def __init__(self, run_id: str = "", after_seq: int = 0) -> None:
         self.run_id = run_id
         self.last_seq = after_seq
         self.terminal = ""
+        self.answer: str | None = "" if after_seq == 0 else None
+        """The run's own text so far, every rewind applied (a sub-agent's text is not part of it);
+        None when following from a later seq: the answer's start was never received here."""
 
     def take(self, response: dispatch_pb2.RunResponse) -> None:
-        """Note one response: print its text, remember its seq."""
+        """Note one response: print its text (or apply a rewind), remember its seq."""
         self.run_id = self.run_id or response.run_id
         self.last_seq = response.seq
-        kind = response.event.WhichOneof("kind")
-        if kind == "text_delta" and not response.event.origin_run_id:
-            print(response.event.text_delta.text, end="", flush=True)
+        event = response.event
+        kind = event.WhichOneof("kind")
+        if kind == "text_delta" and not event.origin_run_id:
+            if self.answer is not None:
+                self.answer += event.text_delta.text
+            print(event.text_delta.text, end="", flush=True)
+        elif kind == "metadata" and event.metadata.key == ANSWER_REWOUND and not event.origin_run_id:
+            self.rewind(discarded(event.metadata.value_json))
         elif kind in ("complete", "error"):
             self.terminal = kind
             if kind == "error":
                 print(f"\nthe run failed: {response.event.error.message}", file=sys.stderr)
+
+    def rewind(self, discard: int) -> None:
+        """Drop the last `discard` characters of the answer; print it again from its start."""
+        if self.answer is None:
+            print(f"\n[the answer was rewound: drop the last {discard} characters printed]", file=sys.stderr)
+            return
+        self.answer = self.answer[: max(0, len(self.answer) - discard)]
+        print(f"\n[the answer was rewound: {discard} characters withdrawn; the answer again:]", file=sys.stderr)
+        print("\n" + self.answer, end="", flush=True)
+
+
+def discarded(value_json: str) -> int:
+    """The characters a rewind marker drops (0 for a value that is not `{"discard": N}`)."""
+    try:
+        discard = json.loads(value_json)["discard"]
+    except (ValueError, TypeError, KeyError):
+        return 0
+    return discard if isinstance(discard, int) and not isinstance(discard, bool) and discard > 0 else 0
 
 
 async def stream(

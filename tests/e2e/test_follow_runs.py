@@ -55,6 +55,7 @@ def assert_decoded_echo_run(events: list[dict[str, Any]], frames: list[dict[str,
     assert [e["kind"] for e in texts] == ["text_delta"] * len(PROMPT.split(" "))
     assert "".join(e["data"]["text"] for e in texts) == PROMPT
     assert last["kind"] == "complete"
+    assert last["answer"] == PROMPT  # followed from seq 1: the answer, every rewind applied
     return run_id
 
 

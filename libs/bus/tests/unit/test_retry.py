@@ -89,3 +89,18 @@ async def test_an_error_that_says_try_again_is_the_answer_once_the_deadline_pass
         with pytest.raises(RemoteError) as refused:
             await request_retrying(bus, "retry.echo", RunEvent(), RunEvent, deadline=0.5)
     assert refused.value.code == "test.not_yet"
+
+
+async def test_a_responder_that_comes_back_is_found_within_a_quarter_second() -> None:
+    # Nobody serves for a while: the waits between tries double, but never beyond 0.25 s while
+    # the broker says nobody listens, so a responder that is back is asked at once, not a
+    # whole second later.
+    bus = FakeBus()
+    asking = asyncio.create_task(request_retrying(bus, "retry.echo", RunEvent(seq=1), RunEvent, deadline=10.0))
+    await asyncio.sleep(3.0)
+    async with bus.serve(echo_router()):
+        back = asyncio.get_running_loop().time()
+        reply = await asking
+        found = asyncio.get_running_loop().time() - back
+    assert reply.seq == 2
+    assert found <= 0.3, found

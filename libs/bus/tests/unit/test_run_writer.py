@@ -407,3 +407,63 @@ async def test_events_lost_with_a_leader_are_stored_again_while_the_run_still_st
     await writer.emit(RunEvent(complete=Complete()))
     await writer.close()
     assert sorted(stored_seqs(bus)) == [2, 3, 4, 5, 6]
+
+
+class FrozenLeader(FakeBus):
+    """A cluster whose `ATMO_EVENTS` leader freezes: what is sent to it is lost, probes hang until
+    another node leads (`elect`), then JetStream stores again, under the new leader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leader = "n1@t1"
+        self.frozen = False
+        self.elected = asyncio.Event()
+
+    def freeze(self) -> None:
+        self.frozen = True
+        self.elected.clear()
+
+    def elect(self) -> None:
+        self.leader, self.frozen = "n2@t2", False
+        self.elected.set()
+
+    async def publish(self, subject: str, message: Message, *, headers: Headers | None = None) -> None:
+        if self.frozen:
+            self._deliver(subject, message.SerializeToString(), None, None)  # seen live, never stored
+            return
+        await super().publish(subject, message, headers=headers)
+
+    async def js_publish(
+        self, subject: str, message: Message, *, headers: Headers | None = None, timeout: float = 5.0
+    ) -> PublishAck:
+        if self.frozen:
+            await self.elected.wait()  # no leader answers until one is elected
+        return await super().js_publish(subject, message, headers=headers, timeout=timeout)
+
+    async def stream_leader(self, stream: str) -> str:
+        await super().stream_leader(stream)
+        return self.leader
+
+
+async def test_a_confirmation_under_way_when_the_leader_changes_proves_nothing_it_did_not_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The watchdog's probe hangs on the frozen leader; the run ends meanwhile and its terminal
+    # event, stored by the new leader, reads the leader again. The watchdog's own probe must then
+    # still count its pieces (sent to the frozen one) as unproven: the writer once compared them
+    # with the leader the terminal had just read, and lost every event of the freeze.
+    monkeypatch.setattr(runs_writer, "CONFIRM_AFTER", 0.05)
+    bus = FrozenLeader()
+    await bus.provision(JetStreamLayout())
+    writer = RunEventWriter(bus, request(), ack_patience=0.05)
+    await writer.emit(text(0))  # seq 2, stored by n1
+    bus.freeze()
+    for n in range(1, 6):
+        await writer.emit(text(n))  # seqs 3-7: lost with the frozen leader
+    await asyncio.sleep(0.3)  # the watchdog's probe is now waiting for a leader
+    terminal = asyncio.create_task(writer.emit(RunEvent(complete=Complete())))
+    await asyncio.sleep(0.05)
+    bus.elect()
+    await asyncio.wait_for(terminal, 5)
+    await writer.close()
+    assert sorted(stored_seqs(bus)) == list(range(2, 9))  # seq 8 is the terminal; nothing lost

@@ -253,6 +253,55 @@ def test_sub_agent_text_and_reasoning_get_lines_of_their_own() -> None:
     assert printed(*events) == "(thinking) hmm\nAsking. \n[helper] sub\nDone.\n"
 
 
+def rewound_run(run_id: str = "r") -> list[RunEvent]:
+    """A run resumed mid-answer whose model, asked again, answered differently."""
+    rewind = Metadata(key="ai.run.answer_rewound", value_json=json.dumps({"discard": 8}))
+    return [
+        RunEvent(run_id=run_id, seq=1, metadata=Metadata(key="X-Atmosphere-Run-Id", value_json=json.dumps(run_id))),
+        RunEvent(run_id=run_id, seq=3, text_delta=TextDelta(text="The sky ")),
+        RunEvent(run_id=run_id, seq=4, text_delta=TextDelta(text="is green")),  # the first worker's, then it died
+        RunEvent(run_id=run_id, seq=5, metadata=Metadata(key="ai.run.resumed", value_json='{"fromSeq": 5}')),
+        RunEvent(run_id=run_id, seq=6, metadata=rewind),
+        RunEvent(run_id=run_id, seq=7, text_delta=TextDelta(text="looks blue.")),
+        RunEvent(run_id=run_id, seq=8, complete=Complete()),
+    ]
+
+
+def test_a_rewound_answer_is_printed_again_as_it_stands_never_spliced() -> None:
+    shown = printed(*rewound_run())
+    assert shown == (
+        '#1 metadata X-Atmosphere-Run-Id = "r"\n'
+        "The sky is green\n"
+        '#5 metadata ai.run.resumed = {"fromSeq": 5}\n'
+        "#6 answer rewound: 8 characters withdrawn; the answer again:\n"
+        "The sky looks blue.\n"
+        "#8 complete\n"
+    )
+    assert "The sky is greenlooks blue." not in shown.replace("\n", "")  # what ignoring the marker shows
+
+
+def test_a_rewind_of_a_run_followed_from_a_later_seq_says_what_to_drop() -> None:
+    # Its start was not followed here: there is no whole answer to print again.
+    assert printed(*rewound_run()[2:]) == (
+        "is green\n"
+        '#5 metadata ai.run.resumed = {"fromSeq": 5}\n'
+        "#6 answer rewound: drop the last 8 characters of the answer\n"
+        "looks blue.\n"
+        "#8 complete\n"
+    )
+
+
+def test_a_runs_last_json_line_carries_its_answer_with_every_rewind_applied() -> None:
+    out = io.StringIO()
+    printer = EventPrinter(out, as_json=True, all_runs=True)
+    for event in rewound_run("a"):
+        printer.show(event)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["kind"] for line in lines][-2:] == ["text_delta", "complete"]
+    assert lines[-1]["answer"] == "The sky looks blue."
+    assert all("answer" not in line for line in lines[:-1])
+
+
 def test_a_summary_is_one_short_line_and_the_models_input_is_only_counted() -> None:
     long_result = RunEvent(tool_result=ToolResult(tool_name="read", result="line\n" * 500))
     assert "\n" not in summary(long_result)

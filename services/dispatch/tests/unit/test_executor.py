@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from atmosphere.bus import Envelope, Headers, JetStreamLayout, Term, WorkItem, subjects
+from atmosphere.bus import Envelope, Headers, JetStreamLayout, StreamUnavailableError, Term, WorkItem, subjects
 from atmosphere.bus.runs import EVENT_LOST_METADATA_KEY, RESUMED_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.run.v1.run_pb2 import (
@@ -50,6 +50,14 @@ class Broken:
     async def on_prompt(self, message: str, session: StreamingSession) -> None:
         await session.send("partial")
         raise KeyError("secret-internal-detail")
+
+
+@agent(name="stranded")
+class Stranded:
+    @prompt
+    async def on_prompt(self, message: str, session: StreamingSession) -> None:
+        await session.send("partial")
+        raise StreamUnavailableError("atmo.run.r4.evt")  # what a writer raises when no leader came back
 
 
 @agent(name="polite")
@@ -124,7 +132,7 @@ class Intercepted:
     pass
 
 
-APP = App(agents=[Echo, Broken, Polite, Model, Frugal, Hasty, Strict, Intercepted])
+APP = App(agents=[Echo, Broken, Stranded, Polite, Model, Frugal, Hasty, Strict, Intercepted])
 
 
 async def test_events_are_numbered_from_two_and_stamped(harness: Harness) -> None:
@@ -151,6 +159,14 @@ async def test_unknown_agents_and_crashes_end_with_clear_errors(harness: Harness
 
     await executor.execute(request("polite", run_id="r3"))
     assert kinds(harness.events("r3")) == ["error"]
+
+    # The broker failing the run is a retryable error of the catalogue, in words: the client never
+    # reads an internal exception's name (`agent.failed: StreamUnavailableError` once).
+    await executor.execute(request("stranded", run_id="r4"))
+    failed = harness.events("r4")[-1].error
+    assert (failed.code, failed.retryable) == ("bus.unavailable", True)
+    assert "Error" not in failed.message
+    assert "a stream had no leader" in failed.message
 
 
 async def test_admission_fails_closed(harness: Harness) -> None:

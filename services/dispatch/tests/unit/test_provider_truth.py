@@ -90,6 +90,24 @@ async def test_an_unknown_finish_reason_of_a_whole_answer_is_stop(fake_provider:
     assert recorder.terminal().complete.finish_reason == "stop"
 
 
+async def test_an_answer_whose_provider_never_said_why_it_ended_completes_as_unknown(
+    fake_provider: FakeProvider,
+) -> None:
+    # The stream closes properly (`[DONE]`) but no chunk carries a `finish_reason`: the answer
+    # may be whole or cut short, and the terminal must not vouch for either.
+    fake_provider.script(Reply.raw(_chunk({"content": "Maybe all "}), _chunk({"content": "of it."})))
+    recorder = await run(fake_provider)
+    assert recorder.text() == "Maybe all of it."
+    assert recorder.terminal().complete.finish_reason == "unknown"
+
+
+async def test_a_stream_cut_before_its_end_is_still_an_error(fake_provider: FakeProvider) -> None:
+    # Neither `finish_reason` nor `[DONE]`: the stream broke off, which is no answer at all.
+    fake_provider.script(Reply.truncated("Half an ans"))
+    recorder = await run(fake_provider, retry=RetryPolicy(max_retries=0))
+    assert error_of(recorder).error.message == "the provider stream ended before the answer was complete"
+
+
 @pytest.mark.parametrize(
     "reply",
     [Reply.empty(), Reply.text(""), Reply.text("", finish_reason="stop")],

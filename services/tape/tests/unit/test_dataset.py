@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.contracts.common.v1.common_pb2 import Error
-from atmosphere.contracts.run.v1.run_pb2 import Complete, InputMessage, RunEvent, RunInput, TextDelta
+from atmosphere.contracts.run.v1.run_pb2 import Complete, InputMessage, Metadata, RunEvent, RunInput, TextDelta
 from atmosphere.tape.dataset import MAX_NOTES, TapeFileError, TapeReader, export_jsonl, extract
 from atmosphere.tape.recorder import Recorder
 from atmosphere.tape.store import TapeStore
@@ -30,6 +30,8 @@ def run(
     if question is not None:
         messages = [InputMessage(role="system", content="Be kind."), InputMessage(role="user", content=question)]
         events.append(event(1, run_id, at, input=RunInput(messages=messages)))
+    else:  # no input step, but no seq missing either (a run with a gap is not complete)
+        events.append(event(1, run_id, at, metadata=Metadata(key="X-Atmosphere-Run-Id", value_json=f'"{run_id}"')))
     events.append(event(2, run_id, at, text_delta=TextDelta(text=answer)))
     events.append(event(3, run_id, at, **({"complete": Complete()} if end is None else end)))
     return events

@@ -4,7 +4,7 @@ This package is the only code in the system that imports `nats`. Services talk t
 the `Bus` interface; unit tests use `atmosphere.bus.testing.FakeBus`.
 """
 
-from atmosphere.bus import runs, sizes, subjects, text
+from atmosphere.bus import run_queue, runs, sizes, subjects, text
 from atmosphere.bus._api import (
     BatchHandler,
     Bus,
@@ -24,11 +24,13 @@ from atmosphere.bus._jetstream import (
     JetStreamLayout,
     ObjectBucketSpec,
     Replication,
+    RequiredLayout,
     Retention,
     Storage,
     StreamSpec,
 )
 from atmosphere.bus._nats import NatsBus
+from atmosphere.bus._provisioning import PROVISIONED_BY, LayoutNotProvisionedError
 from atmosphere.bus._retry import request_retrying
 from atmosphere.bus._router import Handler, MessageContext, Route, Router
 from atmosphere.bus.errors import (
@@ -43,11 +45,13 @@ from atmosphere.bus.errors import (
     RemoteError,
     RequestTimeoutError,
     ServiceError,
+    StreamUnavailableError,
     Term,
     WrongLastSequenceError,
 )
 
 __all__ = [
+    "PROVISIONED_BY",
     "BatchHandler",
     "BucketSpec",
     "Bus",
@@ -62,6 +66,7 @@ __all__ = [
     "Handler",
     "Headers",
     "JetStreamLayout",
+    "LayoutNotProvisionedError",
     "MessageContext",
     "Nak",
     "NatsBus",
@@ -73,12 +78,14 @@ __all__ = [
     "RemoteError",
     "Replication",
     "RequestTimeoutError",
+    "RequiredLayout",
     "Retention",
     "Route",
     "Router",
     "ServiceError",
     "Storage",
     "StreamSpec",
+    "StreamUnavailableError",
     "Subscription",
     "Term",
     "WorkHandler",
@@ -87,6 +94,7 @@ __all__ = [
     "connect",
     "reconnect_delay",
     "request_retrying",
+    "run_queue",
     "runs",
     "sizes",
     "subjects",

@@ -14,6 +14,7 @@ from atmosphere.bus.errors import (
     BusError,
     ConnectionLostError,
     DecodeError,
+    NoRespondersError,
     NoStreamError,
     PayloadTooLargeError,
     RemoteError,
@@ -25,6 +26,11 @@ M = TypeVar("M", bound=Message)
 FINAL_ERRORS = (RemoteError, DecodeError, PayloadTooLargeError, ConnectionLostError, NoStreamError)
 """Errors a second attempt cannot cure: the responder answered, nothing can be sent, or no
 stream is there to take it."""
+MAX_WAIT = 1.0
+"""The longest wait between two attempts."""
+MAX_WAIT_FOR_RESPONDERS = 0.25
+"""... when nobody served the subject: the broker says so at once, so asking again is cheap,
+and a responder that came back is found within this (not a whole `MAX_WAIT` later)."""
 
 
 async def request_retrying(
@@ -56,6 +62,7 @@ async def request_retrying(
     attempt = 0
     while True:
         remaining = give_up - time.monotonic()
+        longest = MAX_WAIT
         try:
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
             return await bus.request(subject, message, reply_type, timeout=max(0.1, timeout), headers=headers)
@@ -66,8 +73,9 @@ async def request_retrying(
                 raise
         except FINAL_ERRORS:
             raise
-        except BusError:
+        except BusError as exc:
             if give_up - time.monotonic() <= 0.05:
                 raise
-        await asyncio.sleep(min(1.0, 0.05 * 2**attempt, max(0.0, give_up - time.monotonic())))
+            longest = MAX_WAIT_FOR_RESPONDERS if isinstance(exc, NoRespondersError) else MAX_WAIT
+        await asyncio.sleep(min(longest, 0.05 * 2**attempt, max(0.0, give_up - time.monotonic())))
         attempt += 1

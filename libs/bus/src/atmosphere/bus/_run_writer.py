@@ -84,6 +84,8 @@ class _Piece:
     event: RunEvent
     epoch: int
     """The bus epoch it was sent in; -1 when it could not be sent at all."""
+    leader: str | None
+    """The `ATMO_EVENTS` leader (and term) the writer trusted when it sent it; None: none trusted."""
     sent_at: float = field(default_factory=time.monotonic)
     """When it was sent (monotonic): the oldest unconfirmed piece's age drives the watchdog."""
 
@@ -118,8 +120,9 @@ class RunEventWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._repair = asyncio.Lock()
         self._leader: str | None = None
-        """The `ATMO_EVENTS` leader (and term) seen before the unconfirmed events were sent;
-        None before the first emit, or when it could not be read (nothing is proven then)."""
+        """The `ATMO_EVENTS` leader (and term) trusted for the events sent from now on: read before
+        the first one, and again at each confirmation. None when it could not be read, or right
+        after it changed (until an acknowledgement through the new one proves the way to it)."""
         self._leader_read = False
         # The most an event's headers can add (a message id with the longest seq), measured once.
         self._header_room = wire_size(b"", Headers(msg_id=f"{request.run_id}:{'9' * 20}").to_wire())
@@ -159,15 +162,14 @@ class RunEventWriter:
         self._next_seq += 1
         if durable or (durable is None and is_terminal(event)):
             give_up = time.monotonic() + self._deadline
+            trusted = self._leader
             epoch = await self._store(event)
             if not self._pieces:
                 return event  # acknowledged itself, and nothing unconfirmed before it
-            # The durable event's own acknowledgement confirms the events sent before it in
-            # its session, under the same leader; only the others need looking up.
-            if not await self._same_leader():
-                await self._confirm_pieces(give_up, leader_kept=False)
-                return event
-            self._confirmed_by(epoch, event.seq)
+            # The durable event's own acknowledgement confirms the events sent before it in its
+            # session under the leader it was stored by; only the others need looking up.
+            leader = await self._reread_leader(trusted)
+            self._confirmed_by(epoch, event.seq, leader)
             if self._pieces:
                 await self._confirm_pieces(give_up)
             return event
@@ -228,12 +230,16 @@ class RunEventWriter:
                 raise
             except BusError:
                 epoch = -1
-        self._pieces.append(_Piece(event, epoch))
+        self._pieces.append(_Piece(event, epoch, self._leader))
 
-    def _confirmed_by(self, epoch: int | None, seq: int) -> None:
-        """Event `seq` was stored in session `epoch` (None: unknown): so was every event before it there."""
-        if epoch is not None:
-            self._pieces = [p for p in self._pieces if p.epoch != epoch or p.event.seq > seq]
+    def _confirmed_by(self, epoch: int | None, seq: int, leader: str | None) -> None:
+        """Event `seq` was stored in session `epoch` (None: unknown) by `leader` (None: unknown).
+
+        So was every event sent before it in that session while the writer trusted that same
+        leader (and term): JetStream stores one leader's messages in the order it received them.
+        """
+        if epoch is not None and leader is not None:
+            self._pieces = [p for p in self._pieces if p.epoch != epoch or p.event.seq > seq or p.leader != leader]
 
     async def _store(self, event: RunEvent) -> int | None:
         """Publish `event` and wait until stored, trying again (same id) until the deadline.
@@ -267,10 +273,17 @@ class RunEventWriter:
         except BusError:
             return None
 
-    async def _same_leader(self) -> bool:
-        """Whether `ATMO_EVENTS` kept its leader since the last look; the current one is remembered."""
-        before, self._leader = self._leader, await self._current_leader()
-        return before is not None and before == self._leader
+    async def _reread_leader(self, before: str | None) -> str | None:
+        """The leader now, after an acknowledgement that went out while `before` was trusted.
+
+        It becomes the leader trusted for what is sent next only when it is `before` still: the
+        acknowledgement then came the way the next events go. After a change, a message sent
+        at once may still go the old way (the new leader's interest not yet known on every
+        route), so nothing is trusted until the next acknowledgement under the new one.
+        """
+        now = await self._current_leader()
+        self._leader = now if now is not None and now == before else None
+        return now
 
     def _check_deadline(self, give_up: float) -> None:
         if time.monotonic() >= give_up:
@@ -279,25 +292,29 @@ class RunEventWriter:
 
     # -- confirming stream pieces --------------------------------------------------------------
 
-    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True, leader_kept: bool = True) -> None:
+    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True) -> None:
         """Make sure the pieces sent so far are stored: probe, then send again what is missing.
 
         A piece stays listed until it is known stored, so whoever flushes meanwhile waits for
         this repair instead of finding nothing to do. `until_none`: go on while pieces keep
         coming (a flush); else settle what was sent before the call (the watchdog, while the
-        run streams on). `leader_kept=False`: the caller saw the stream's leader change, so
-        the probe proves nothing about what was sent before it.
+        run streams on). The probe proves a piece stored only when it went out in the piece's
+        session under the leader the piece was sent to: each piece carries the leader trusted
+        when it was sent, and the leader is read again after the probe's acknowledgement (two
+        confirmations at once each compare with their own pieces, never with each other's).
         """
         async with self._repair:
             while self._pieces:
                 self._check_deadline(give_up)
                 sent = list(self._pieces)  # pieces sent after the probe are not proven by it
+                # The leader before the probe, read afresh when none is trusted: a probe between two
+                # equal readings proves the way to that leader, which is then trusted again.
+                before = self._leader if self._leader is not None else await self._current_leader()
                 epoch = await self._probe(give_up)
                 if epoch is None:
                     continue  # the session ended during the probe: it proves nothing
-                same_leader = await self._same_leader() and leader_kept
-                leader_kept = True  # the change is settled below; later pieces went to the new leader
-                proven = {id(p) for p in sent if p.epoch == epoch and same_leader}
+                leader = await self._reread_leader(before)
+                proven = {id(p) for p in sent if p.epoch == epoch and p.leader is not None and p.leader == leader}
                 self._pieces = [p for p in self._pieces if id(p) not in proven]
                 uncertain = [p for p in sent if id(p) not in proven]
                 if uncertain:
@@ -327,7 +344,7 @@ class RunEventWriter:
         return epoch if self._bus.epoch == epoch else None
 
     async def _send_missing(self, uncertain: list[_Piece], give_up: float) -> None:
-        stored = await _stored_seqs(self._bus, self._request.run_id)
+        stored = await self._stored_seqs(give_up)
         missing = [p for p in uncertain if p.event.seq not in stored]
         if missing:
             log.info("run %s: sending %d event(s) again after a lost connection", self._request.run_id, len(missing))
@@ -337,6 +354,24 @@ class RunEventWriter:
             self._forget(piece)
         for piece in uncertain:
             self._forget(piece)
+
+    async def _stored_seqs(self, give_up: float) -> set[int]:
+        """The seqs of this run the stream holds, read again while JetStream cannot answer yet.
+
+        Right after a leader change the stream answers "temporarily unavailable" for a moment:
+        that is a reason to wait (within the store deadline), not to give the run up.
+        """
+        attempt = 0
+        while True:
+            try:
+                return await _stored_seqs(self._bus, self._request.run_id)
+            except FINAL_ERRORS:
+                raise
+            except BusError as exc:
+                self._check_deadline(give_up)
+                log.info("run %s: cannot read its stored events yet (%s); trying again", self._request.run_id, exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            attempt += 1
 
     def _forget(self, piece: _Piece) -> None:
         self._pieces = [p for p in self._pieces if p is not piece]

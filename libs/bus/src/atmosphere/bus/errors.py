@@ -8,6 +8,7 @@
      ├── PayloadTooLargeError      payload + headers exceed the broker's `max_payload` (also a ValueError)
      ├── ConnectionLostError       the connection closed for good; the service must restart
      ├── NoStreamError             no JetStream stream captures the subject (a setup error: not retried)
+     ├── StreamUnavailableError    the stream exists but has no leader right now (retried)
      └── RemoteError               the responder answered with an `Error`: `.error` is its class
 
     ServiceError                   the catalogue of wire codes (below): raised by a handler (the
@@ -86,6 +87,18 @@ class NoStreamError(BusError):
     def __init__(self, subject: str) -> None:
         self.subject = subject
         super().__init__(f"no stream captures {subject!r}")
+
+
+class StreamUnavailableError(BusError):
+    """The stream that captures the subject exists but did not answer: it has no leader right now.
+
+    A cluster electing a stream's leader (its last one died or froze) answers nobody for a few
+    seconds; unlike `NoStreamError` this is worth another try.
+    """
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        super().__init__(f"the stream capturing {subject!r} did not answer (no leader right now)")
 
 
 class WrongLastSequenceError(BusError):
@@ -211,6 +224,28 @@ class UnknownServiceError(ServiceError):
         return self._wire_code
 
 
+def plain_reason(exc: BusError) -> str:
+    """What went wrong with the broker, in words a client may read (never a class name)."""
+    reasons: tuple[tuple[type[BusError], str], ...] = (
+        (RequestTimeoutError, "no answer in time"),
+        (NoRespondersError, "nobody was there to answer"),
+        (StreamUnavailableError, "a stream had no leader"),
+        (NoStreamError, "a stream was missing"),
+        (PayloadTooLargeError, "a message was too large"),
+        (ConnectionLostError, "the connection was lost"),
+        (DecodeError, "a message could not be read"),
+        (RemoteError, "a service refused"),
+    )
+    return next((text for kind, text in reasons if isinstance(exc, kind)), "the broker did not answer")
+
+
+def broker_failure(exc: BusError) -> BrokerUnavailableError:
+    """The error a run ends with when the broker failed it: retryable, in plain words."""
+    return BrokerUnavailableError(
+        f"The message broker failed the run ({plain_reason(exc)}); resume it by its id, or send it again"
+    )
+
+
 def catalogue() -> Mapping[str, type[ServiceError]]:
     """Every code registered in this process, and its class (a copy)."""
     return dict(_CATALOGUE)
@@ -304,6 +339,12 @@ class RunAbandonedError(RunError):
     code = "dispatch.run_abandoned"
 
 
+class RunInterruptedError(RunError):
+    """A run's worker stopped after starting tool calls that must not run twice (durable runs off)."""
+
+    code = "dispatch.run_interrupted"
+
+
 class EffectLimitError(RunError):
     """A durable run reached its bound of journaled effects: it fails rather than dropping one."""
 
@@ -330,7 +371,10 @@ class RunNotQueuedError(RunError):
 
 
 class AgentFailedError(RunError):
-    """The agent's `@prompt` raised; the message names the exception type only."""
+    """The agent's own `@prompt` code raised; the message names the exception type only.
+
+    A broker failure under it is `bus.unavailable` instead.
+    """
 
     code = "agent.failed"
 
@@ -363,6 +407,16 @@ class ResponseBlockedError(GovernanceDeniedError):
     code = "governance.response_blocked"
 
 
+class BrokerUnavailableError(RunError):
+    """The message broker failed the run: resume it by its id, or send it again.
+
+    It did not take or give what the run needed in time; nothing of the run that was stored is lost.
+    """
+
+    code = "bus.unavailable"
+    retryable = True
+
+
 class GovernanceUnavailableError(RunError):
     """Governance did not answer, so the run is refused (fail-closed)."""
 
@@ -382,7 +436,7 @@ class RuntimeUnavailableError(RunError):
 
 
 class RuntimeFailedError(RunError):
-    """The model runtime raised; the message names the exception type only."""
+    """The model runtime raised something unexpected; what it was stays in dispatch's log."""
 
     code = "runtime.failed"
 

@@ -36,7 +36,7 @@ from atmosphere.bus._run_writer import (
     RunEventWriter,
     is_terminal,
 )
-from atmosphere.bus.errors import BusError, DecodeError, PayloadTooLargeError, RunNotQueuedError
+from atmosphere.bus.errors import BusError, DecodeError, PayloadTooLargeError, RunNotQueuedError, plain_reason
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import Cancel, Control, ControlAck, Metadata, RunEvent, RunSubmission
 
@@ -239,7 +239,22 @@ class UnknownRunError(BusError, LookupError):
 
 
 class StreamGapError(BusError, RuntimeError):
-    """Events of a run are missing from both the live subscription and the stream."""
+    """Events of a run are missing from both the live subscription and the stream, for good.
+
+    Their writer gave up storing them: a reader cannot go on past them, and a resume would stop
+    at the same place.
+    """
+
+    def __init__(self, run_id: str, missing: list[int]) -> None:
+        self.run_id = run_id
+        self.missing = missing
+        super().__init__(f"run {run_id}: events {missing} are missing from the stream")
+
+    @property
+    def plainly(self) -> str:
+        """What a client is told: the run, and which events it will never get."""
+        shown = ", ".join(str(seq) for seq in self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
+        return f"Run {self.run_id} lost events {shown} from its stream; it cannot be followed past them"
 
 
 IDLE_CHECK = 2.0
@@ -353,8 +368,7 @@ class _Follower:
     def _check_gap(self) -> None:
         if self._gap_since is not None and time.monotonic() - self._gap_since >= self._patience:
             missing = [s for s in range(self.next_seq, min(self.held)) if s not in self.held]
-            msg = f"run {self.run_id}: events {missing} are missing from the stream"
-            raise StreamGapError(msg)
+            raise StreamGapError(self.run_id, missing)
 
     def wait_time(self) -> float:
         """How long to wait for the live tail before looking at the stream again."""
@@ -474,7 +488,7 @@ async def send_control(bus: Bus, control: Control, *, timeout: float = 2.0) -> C
     try:
         return await bus.request(subjects.run_control(control.run_id), control, ControlAck, timeout=timeout)
     except BusError as exc:
-        return ControlAck(accepted=False, detail=f"no worker owns this run ({type(exc).__name__})")
+        return ControlAck(accepted=False, detail=f"no worker owns this run ({plain_reason(exc)})")
 
 
 async def cancel_run(bus: Bus, run_id: str, reason: str, *, principal: Principal | None = None) -> bool:

@@ -30,7 +30,13 @@ from pydantic import ValidationError
 
 from atmosphere.bus import Bus, BusError, ConnectError, subjects
 from atmosphere.bus import connect as connect_bus
-from atmosphere.bus.runs import StreamGapError, UnknownRunError, follow_run
+from atmosphere.bus.runs import (
+    ANSWER_REWOUND_METADATA_KEY,
+    TERMINAL_KINDS,
+    StreamGapError,
+    UnknownRunError,
+    follow_run,
+)
 from atmosphere.config import NatsSettings, ServiceSettings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
@@ -300,8 +306,60 @@ def summary(event: RunEvent) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
+class Answers:
+    """Each run's own answer text as a client shows it: `ai.run.answer_rewound` applied.
+
+    A resumed run asks the model round that was under way again; when the new answer differs
+    from what was sent, the marker says to drop the last N characters before the new text
+    follows. Without it, the old answer's start and the new one's rest read as one answer. Only
+    a run followed from its first event has a known answer (`--after-seq` misses its start).
+    """
+
+    def __init__(self) -> None:
+        self._text: dict[str, str] = {}
+
+    def take(self, event: RunEvent) -> int | None:
+        """Count `event` in its run's answer; the characters it withdrew if it is a rewind (else None)."""
+        if event.origin_run_id:
+            return None  # a sub-agent's text, forwarded: not the run's answer
+        if event.seq == 1:
+            self._text[event.run_id] = ""
+        kind = event.WhichOneof("kind")
+        text = self._text.get(event.run_id)
+        if kind == "text_delta" and text is not None:
+            self._text[event.run_id] = text + event.text_delta.text
+        elif kind == "metadata" and event.metadata.key == ANSWER_REWOUND_METADATA_KEY:
+            discard = discarded(event.metadata.value_json)
+            if text is not None:
+                self._text[event.run_id] = text[: max(0, len(text) - discard)]
+            return discard
+        return None
+
+    def of(self, run_id: str) -> str | None:
+        """The run's answer so far (None: its start was not followed here)."""
+        return self._text.get(run_id)
+
+    def pop(self, run_id: str) -> str | None:
+        """The run's answer, forgotten here as the run ended (None: its start was not followed here)."""
+        return self._text.pop(run_id, None)
+
+
+def discarded(value_json: str) -> int:
+    """The characters a rewind marker drops (0 for a value that is not `{"discard": N}`)."""
+    try:
+        discard = json.loads(value_json)["discard"]
+    except (ValueError, TypeError, KeyError):
+        return 0
+    return discard if isinstance(discard, int) and not isinstance(discard, bool) and discard > 0 else 0
+
+
 class EventPrinter:
-    """Prints events as text (streamed pieces inline, the rest a line each) or as JSON lines."""
+    """Prints events as text (streamed pieces inline, the rest a line each) or as JSON lines.
+
+    Printed text cannot be taken back: on an `ai.run.answer_rewound` marker the text form says so
+    and prints the run's answer again from its start, as it stands after the drop, so the last
+    copy on the screen is the answer. A run's terminal JSON line carries `answer`, likewise.
+    """
 
     def __init__(self, out: TextIO, *, as_json: bool, all_runs: bool) -> None:
         """Write to `out`; with `all_runs`, every line names its run."""
@@ -310,20 +368,42 @@ class EventPrinter:
         self._all_runs = all_runs
         self._streaming: tuple[str, str, str] | None = None
         """Whose pieces the unfinished line holds: run, sub-run, kind."""
+        self._answers = Answers()
 
     def show(self, event: RunEvent) -> None:
         """Print one event."""
-        if self._json:
-            self._write(json.dumps(describe(event)) + "\n")
-            return
+        rewound = self._answers.take(event)
         kind = event.WhichOneof("kind") or "unset"
+        ends = kind in TERMINAL_KINDS and not event.origin_run_id
+        if self._json:
+            line = describe(event)
+            if ends and (answer := self._answers.pop(event.run_id)) is not None:
+                line["answer"] = answer
+            self._write(json.dumps(line) + "\n")
+            return
+        if ends:
+            self._answers.pop(event.run_id)
         if kind in NOT_SHOWN_AS_TEXT:
             return
         if kind in STREAMED_INLINE:
             self._piece(event, kind)
             return
         self.close()
+        if rewound is not None:
+            self._rewind(event, rewound)
+            return
         self._write(f"{self._label(event)}#{event.seq} {summary(event)}\n")
+
+    def _rewind(self, event: RunEvent, discard: int) -> None:
+        label, answer = self._label(event), self._answers.of(event.run_id)
+        if answer is None:
+            # Followed from a later seq: the answer's start is not known here to print again.
+            self._write(f"{label}#{event.seq} answer rewound: drop the last {discard} characters of the answer\n")
+            return
+        self._write(f"{label}#{event.seq} answer rewound: {discard} characters withdrawn; the answer again:\n")
+        if answer:
+            self._write(label + answer)
+            self._streaming = (event.run_id, "", "text_delta")  # the new text goes on from here
 
     def close(self) -> None:
         """End an unfinished line of streamed text."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError
-from atmosphere.bus.errors import GovernanceDeniedError, ServiceError
+from atmosphere.bus.errors import GovernanceDeniedError, ServiceError, plain_reason
 from atmosphere.bus.runs import (
     RUN_ID_METADATA_KEY,
     SERVER_SIDE_KINDS,
@@ -270,7 +270,7 @@ class Delegation:
         except BusError as exc:
             log.warning("sub-run %s of run %s: %s", child.run_id, self._parent.run_id, exc)
             error = RunEvent()
-            error.error.message = f"the sub-run could not be followed ({type(exc).__name__})"
+            error.error.message = f"the sub-run could not be followed ({plain_reason(exc)})"
             return _Outcome("".join(text), error=error)
         finally:
             await events.aclose()

@@ -46,7 +46,7 @@ from atmosphere.bus import (
     RequestTimeoutError,
     subjects,
 )
-from atmosphere.bus.errors import ReplyTooLargeError
+from atmosphere.bus.errors import ReplyTooLargeError, plain_reason
 from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
 from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalRequired,
@@ -598,7 +598,8 @@ class ToolGateway:
             return await self._fail(call, f"Error: {call.name} did not finish within {spec.timeout:g}s")
         except Exception as exc:
             log.exception("run %s: %s failed", self.run.run_id, call.name)
-            return await self._fail(call, f"Error: {call.name} failed ({type(exc).__name__})")
+            why = plain_reason(exc) if isinstance(exc, BusError) else type(exc).__name__
+            return await self._fail(call, f"Error: {call.name} failed ({why})")
         return await self._succeed(call, content)
 
     async def _succeed(self, call: ToolCallRequest, content: str, *, screen: bool = True) -> str:

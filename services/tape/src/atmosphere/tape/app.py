@@ -12,7 +12,7 @@ from typing import Any
 from atmosphere.bus import Bus, subjects
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.service import open_service
-from atmosphere.service.replica import replica_consumer, replica_name, wait_caught_up
+from atmosphere.service.replica import ReplicaPosition, StreamReplica
 from atmosphere.tape.agents import AgentDirectory
 from atmosphere.tape.handlers import TapeHandlers
 from atmosphere.tape.recorder import Recorder
@@ -25,6 +25,8 @@ from atmosphere.tape.sweep import sweep
 
 CAUGHT_UP_TIMEOUT = 10.0
 """How long a query waits for this replica to record what the stream already holds."""
+RECORD_POLL = 0.2
+"""Seconds between two looks at `ATMO_EVENTS` for events to record, when no query asked."""
 
 log = logging.getLogger("atmosphere.tape")
 
@@ -98,25 +100,30 @@ async def serve(settings: TapeSettings, *, stop: asyncio.Event, bus: Bus | None 
             retention=retention,
             directory=AgentDirectory(runtime.bus),
         )
-        # Every tape replica records the whole stream through a consumer of its own: replicas
-        # never split the runs between them, and each answers queries alone.
-        consumer = replica_consumer(
-            subjects.EVENTS_STREAM,
-            subjects.run_events_all(),
-            replica_name(settings.db_path.parent, "tape"),
-            batch_fetch=True,
-        )
-        handlers = TapeHandlers(
-            store,
-            max_payload=runtime.bus.max_payload,
-            recorder=recorder,
-            caught_up=lambda: wait_caught_up(runtime.bus, consumer, timeout=CAUGHT_UP_TIMEOUT),
+
+        # Every tape replica records the whole stream by reading it, its position beside its
+        # store: replicas never split the runs between them, and each answers queries alone.
+        async def caught_up() -> None:  # `events` is made below: it records through `handlers`
+            await events.caught_up()
+
+        handlers = TapeHandlers(store, max_payload=runtime.bus.max_payload, recorder=recorder, caught_up=caught_up)
+        events = StreamReplica(
+            runtime.bus,
+            stream=subjects.EVENTS_STREAM,
+            filter_subject=subjects.run_events_all(),
+            message_type=RunEvent,
+            apply_batch=handlers.record,
+            position=ReplicaPosition(settings.db_path.parent, "tape"),
+            max_batch=options.max_batch,
+            linger=options.batch_linger,
+            # No subscription to every run's events: the tape looks this often, and a query
+            # first reads whatever was stored before it (`caught_up`).
+            poll_interval=RECORD_POLL,
+            barrier_timeout=CAUGHT_UP_TIMEOUT,
         )
         async with (
             runtime.bus.serve(handlers.router(), queue="tape"),
-            runtime.bus.consume_batches(
-                consumer, RunEvent, handlers.record, max_batch=options.max_batch, linger=options.batch_linger
-            ),
+            events.applying(),
             sweeping(store, retention, options),
         ):
             runtime.health.mark_ready()

@@ -27,7 +27,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.tape.agents import UNKNOWN, AgentDirectory, AgentFacts
 from atmosphere.tape.redact import Redactor
 from atmosphere.tape.retention import Bounds, Retention
-from atmosphere.tape.runstate import Limits, RunState, Segment
+from atmosphere.tape.runstate import INCOMPLETE, Limits, RunState, Segment
 from atmosphere.tape.steps import (
     OWN_TEXT,
     Entry,
@@ -204,7 +204,9 @@ class Recorder:
                 states[state.run_id] = state
         for state in states.values():
             run_events = by_run[state.run_id]
-            if run_events[0].seq <= state.last_event_seq:
+            # Its gaps decide a completed run's status, and late events fill them.
+            ends = any(terminal_status(e) for e in run_events)
+            if run_events[0].seq <= state.last_event_seq or ends or state.status == INCOMPLETE:
                 await self._load_gaps(db, state)
             if any(e.WhichOneof("kind") == "text_complete" and not e.origin_run_id for e in run_events):
                 await self._load_round(db, state)
@@ -298,10 +300,21 @@ class Recorder:
             writes.added_runs += 1
             ids = (state.run_id, state.tape_id, state.session_id, state.agent, state.parent_run_id)
             writes.new_runs.append(
-                (*ids, state.runtime, state.endpoint, state.status, state.started_at, state.ended_at, *counters, *later)
+                (
+                    *ids,
+                    state.runtime,
+                    state.endpoint,
+                    state.recorded_status,
+                    state.started_at,
+                    state.ended_at,
+                    *counters,
+                    *later,
+                )
             )
         else:
-            writes.run_updates.append((state.status, state.started_at, state.ended_at, *counters, *later, state.run_id))
+            writes.run_updates.append(
+                (state.recorded_status, state.started_at, state.ended_at, *counters, *later, state.run_id)
+            )
 
     @staticmethod
     async def _write(db: aiosqlite.Connection, writes: _Writes) -> None:

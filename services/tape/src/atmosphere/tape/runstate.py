@@ -26,6 +26,11 @@ from atmosphere.tape.steps import OWN_LANE, Entry, FullText, Lane, Piece, Record
 
 OPEN = "OPEN"
 ABANDONED = "ABANDONED"
+COMPLETED = "COMPLETED"
+INCOMPLETE = "INCOMPLETE"
+"""A run that completed while some of its events are missing from the tape (its stream lost
+them): never shown as `COMPLETED`, whose answer would read whole. Back to `COMPLETED` if the
+missing events arrive late."""
 
 MAX_GAPS = 256
 """Gaps remembered per run; past it the oldest are forgotten (their late events count as seen)."""
@@ -178,6 +183,7 @@ class RunState:
         if (entry.boundary or entry.terminal_status) and not late:
             self.open = None
         if entry.terminal_status and self.status == OPEN:
+            # A completed run still missing events is stored as `INCOMPLETE` (`recorded_status`).
             self.status, self.ended_at, self.terminal_seq = entry.terminal_status, ts, seq
             self._add_step(seq, entry.kind, rendered, ts)  # stored even past the step cap
             return
@@ -212,6 +218,13 @@ class RunState:
             segment.truncated = True
             if self.open is segment:
                 self.open = None
+
+    @property
+    def recorded_status(self) -> str:
+        """The status stored: `INCOMPLETE` for a completed run with seqs still missing."""
+        if self.status in {COMPLETED, INCOMPLETE}:
+            return INCOMPLETE if self.gaps else COMPLETED
+        return self.status
 
     # -- gaps --------------------------------------------------------------------------------
 

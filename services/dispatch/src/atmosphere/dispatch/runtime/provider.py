@@ -136,6 +136,7 @@ class RoundResult:
     text: str = ""
     tool_calls: list[ToolCallBuffer] = field(default_factory=list)
     finish_reason: str | None = None
+    """Why the provider said the round ended; None when its stream closed (`[DONE]`) without saying."""
     usage: TokenUsage | None = None
 
     @property
@@ -366,7 +367,7 @@ async def _attempt(client: httpx.AsyncClient, call: _Call, state: _RoundState) -
         msg = f"the model provider URL {call.url!r} is not http(s)"
         raise ProviderCallError(ProviderMisconfiguredError, msg) from None
     except httpx.RequestError as exc:
-        description = f"provider connection failed ({type(exc).__name__})"
+        description = f"provider connection failed ({_connection_failure(exc)})"
         raise _RetryableError("Model provider unreachable (connection failed)", description) from None
     except SseError as exc:
         raise ProviderCallError(ProviderMalformedError, str(exc)) from None
@@ -429,6 +430,18 @@ async def _status_failure(response: httpx.Response) -> Exception:
     return ProviderCallError(kind, description, status=status, fault=fault)
 
 
+def _connection_failure(exc: httpx.RequestError) -> str:
+    """How a connection to the provider failed, in words (a client never reads an httpx class name)."""
+    kinds: tuple[tuple[type[httpx.RequestError], str], ...] = (
+        (httpx.ConnectError, "could not connect"),
+        (httpx.RemoteProtocolError, "the provider broke off the exchange"),
+        (httpx.ReadError, "the connection broke while reading"),
+        (httpx.WriteError, "the connection broke while sending"),
+        (httpx.ProxyError, "the proxy refused"),
+    )
+    return next((words for kind, words in kinds if isinstance(exc, kind)), "the connection failed")
+
+
 def _finish(state: _RoundState) -> RoundResult:
     result = state.result
     result.text = "".join(state.text)
@@ -439,9 +452,8 @@ def _finish(state: _RoundState) -> RoundResult:
         raise _RetryableError(
             "Model provider stream broke off", "the provider stream ended before the answer was complete"
         )
-    if result.finish_reason is None:
-        # `[DONE]` without a finish reason: accept, the stream closed properly.
-        result.finish_reason = "tool_calls" if result.tool_calls else "stop"
+    # `[DONE]` without a finish reason is accepted (the stream closed properly), but its reason
+    # stays unknown: calling it `stop` would vouch for an answer the provider never called whole.
     if not result.text and not result.tool_calls and not result.cut_off:
         # A 200 that says nothing is not an answer: reporting it as a success would be a lie.
         msg = "The model provider returned an empty answer (no text and no tool call)"

@@ -83,7 +83,7 @@ class TapeRun(_message.Message):
     agent: _builtins.str
     parent_run_id: _builtins.str
     status: _builtins.str
-    """"OPEN", "COMPLETED", "ERROR", "CANCELLED" or "ABANDONED"."""
+    """"OPEN", "COMPLETED", "INCOMPLETE" (completed with events missing), "ERROR", "CANCELLED" or "ABANDONED"."""
     started_at: _builtins.int
     ended_at: _builtins.int
     step_count: _builtins.int
