@@ -698,3 +698,55 @@ async def test_s13_two_sessions_cannot_reach_each_other(sandbox: CodeSessions, c
     await sandbox.release(f"{RUN}-a")
     await sandbox.release(f"{RUN}-b")
     assert not list(code_root.glob(f"{RUN}-a-*"))
+
+
+# --- S14 the host path of the session ---------------------------------------------------------------
+
+HOST_PATH_HUNT = """
+import glob, os
+seen = []
+
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            seen.append(f.read().decode("utf-8", "replace"))
+    except OSError as exc:
+        seen.append(f"{{path}}: {{exc}}")
+
+def link(path):
+    try:
+        seen.append(os.readlink(path))
+    except OSError as exc:
+        seen.append(f"{{path}}: {{exc}}")
+
+procs = glob.glob("/proc/[0-9]*") + ["/proc/self", "/proc/thread-self"]
+for proc in procs:
+    for name in ("cmdline", "environ", "mountinfo", "mounts", "mountstats", "maps", "stat", "status"):
+        read(f"{{proc}}/{{name}}")
+    for name in ("cwd", "root", "exe"):
+        link(f"{{proc}}/{{name}}")
+    for fd in glob.glob(f"{{proc}}/fd/*"):
+        link(fd)
+        read(fd) if "memfd" in (os.readlink(fd) if os.path.islink(fd) else "") else None
+seen += [os.getcwd(), repr(dict(os.environ)), repr(os.listdir("/"))]
+try:
+    open("/workspace/../../escape-probe", "w")
+except OSError as exc:
+    seen.append(str(exc))
+print("\\n".join(seen))
+mine = [line for line in open("/proc/self/mountinfo").read().splitlines() if line.split(" ")[4] == "/workspace"]
+print(json.dumps({{"workspace_mounts": [line.split(" ")[3] for line in mine]}}))
+"""
+
+
+async def test_s14_code_never_learns_the_host_path_of_its_session(sandbox: CodeSessions, code_root: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only as root may the service give each workspace a filesystem of its own")
+    result = await run(sandbox, "python", "import json\n" + HOST_PATH_HUNT.format())
+    shell = await run(sandbox, "bash", "cat /proc/*/cmdline /proc/*/mountinfo; env; pwd; cd ..; pwd; ls -la /proc/1/fd")
+    [session] = [p for p in code_root.iterdir() if p.name.startswith(RUN)]
+    everything = result.stdout + result.stderr + shell.stdout + shell.stderr
+    for host in (str(code_root), session.name, str(code_root.parent)):
+        assert host not in everything, (host, [line for line in everything.splitlines() if host in line][:5])
+    # /workspace is a filesystem of its own: its root is `/`, not a directory somewhere on the host.
+    assert outcomes(result) == {"workspace_mounts": ["/"]}

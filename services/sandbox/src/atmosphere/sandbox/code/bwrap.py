@@ -6,6 +6,11 @@ few generated `/etc` files (passwd, group, hosts) and the host's loader cache an
 a fresh `/proc`, a minimal `/dev`, a bounded tmpfs at `/tmp`, and its session's workspace at
 `/workspace`. No capability, no further user namespace (`--disable-userns`), a seccomp filter
 (`seccomp`), a new session (no terminal to inject into), an environment of five variables (and bwrap's `PWD`).
+Nothing names the workspace's host path: bwrap takes its options from a memfd (`--args`), so
+its command line, which the code can read as `/proc/1/cmdline`, is `bwrap --args <fd> -- python3
+-`; the workspace is a tmpfs of its own where the service may mount one (`tmpfs`), else
+`/proc/self/mountinfo` shows the directory's path (the service logs that at start); and what
+bwrap says on stderr has that path replaced by `/workspace`.
 
 On the host: started as root, the sandbox runs as uid/gid 65534 (`nobody`), never as root; the
 first process joins the execution's control groups before anything else runs (`launcher`), with
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from atmosphere.sandbox.code import tmpfs
 from atmosphere.sandbox.code.artifacts import collect
 from atmosphere.sandbox.code.capture import Captured, capture, shown
 from atmosphere.sandbox.code.cgroups import CgroupHost, CgroupLimits, ExecCgroup, detect
@@ -142,7 +148,10 @@ def bwrap_argv(
     args += ["--remount-ro", "/", "--remount-ro", "/proc"]
     if seccomp is not None:
         args += ["--seccomp", str(fds.add("seccomp", seccomp))]
-    return [*args, "--", *command]
+    # Through a memfd, not the command line: the code can read bwrap's (`/proc/1/cmdline`), and
+    # the options name host paths (the workspace's). The command itself must stay on the line.
+    hidden = b"".join(arg.encode() + b"\0" for arg in args[1:])
+    return [bwrap, "--args", str(fds.add("args", hidden)), "--", *command]
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +335,10 @@ class BwrapSandbox:
     async def _result(self, captured: Captured, execution: _Execution) -> ExecResult:
         settings = self._settings
         cap = settings.max_output_bytes
-        stderr = shown(captured.stderr, stream="stderr", cap=cap, cut=captured.stderr_cut)
+        # bwrap's own complaints (a mount that failed) name the host path: the code sees /workspace.
+        stderr = shown(captured.stderr, stream="stderr", cap=cap, cut=captured.stderr_cut).replace(
+            str(self.workspace), "/workspace"
+        )
         over = execution.stopped_for == "workspace" or (await asyncio.to_thread(self._directory.measure)).over(
             settings.workspace_bytes
         )
@@ -408,6 +420,8 @@ class BwrapBackend:
             log.info("code_exec: removed %d control groups left by a service process that is gone", stale)
         self.seccomp = filter_for_machine()
         self.tmp_bytes = min(TMP_BYTES, settings.memory_bytes)
+        self.workspace_tmpfs = _workspace_tmpfs(settings, root, owner)
+        """The size of each session's workspace tmpfs (None: plain directories, see `tmpfs`)."""
         self._languages = host_languages()
 
     @property
@@ -441,9 +455,13 @@ class BwrapBackend:
             SessionUnavailableError: the workspace could not be made, or the setup command failed.
         """
         try:
-            directory = await asyncio.to_thread(SessionDirectory, self.root, session_id, owner=_owner())
+            directory = await asyncio.to_thread(
+                SessionDirectory, self.root, session_id, owner=_owner(), tmpfs_bytes=self.workspace_tmpfs
+            )
         except OSError as exc:
-            msg = f"cannot make a workspace under {self.root} ({exc.strerror or exc})"
+            # The path is for the operator's log; the model (and so the code) gets the reason alone.
+            log.warning("code_exec: cannot make a workspace under %s: %s", self.root, exc)
+            msg = f"cannot make a workspace ({exc.strerror or type(exc).__name__})"
             raise SessionUnavailableError(msg) from exc
         sandbox = BwrapSandbox(self, directory)
         if self.settings.setup.strip():
@@ -456,6 +474,21 @@ class BwrapBackend:
                 await sandbox.close()
                 raise SessionUnavailableError(_setup_failure(result))
         return sandbox
+
+
+def _workspace_tmpfs(settings: CodeSettings, root: Path, owner: tuple[int, int] | None) -> int | None:
+    """Each workspace's tmpfs size, if this service may mount one (only as root), else None (logged)."""
+    if owner is None:
+        log.warning("code_exec: not root, so workspaces are host directories: /proc/self/mountinfo shows their path")
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    why = tmpfs.unavailable(root)
+    if why is not None:
+        log.warning("code_exec: cannot mount a tmpfs per workspace (%s): /proc/self/mountinfo shows their path", why)
+        return None
+    if stale := tmpfs.sweep_stale(root):
+        log.info("code_exec: unmounted %d workspaces left by a service process that is gone", stale)
+    return 2 * settings.workspace_bytes
 
 
 def _setup_failure(result: ExecResult) -> str:

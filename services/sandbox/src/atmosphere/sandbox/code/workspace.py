@@ -1,8 +1,10 @@
 """A session's directory on the host, and the host's only ways of touching what the code put there.
 
-Layout: `<root>/<session>/workspace` (mode 0700, owned by the sandbox user, bound at `/workspace`).
-`<root>` and `<root>/<session>` belong to the service (mode 0711: the sandbox user may pass
-through, to reach its own workspace, but not list them).
+Layout: `<root>/<session>/workspace` (mode 0700, owned by the sandbox user, bound at `/workspace`;
+a tmpfs of its own where the service may mount one, so that the code cannot learn the host path:
+`tmpfs`). `<root>` and `<root>/<session>` belong to the service (mode 0711: the sandbox user may
+pass through, to reach its own workspace, but not list them); `<session>` is
+`<label>-<service pid>-<id>`.
 
 The code controls everything inside the workspace, so the host never follows a name there: it
 works from directory descriptors, opens with `O_NOFOLLOW`, checks what it opened with `fstat`,
@@ -11,8 +13,9 @@ followed a planted symlink while collecting, chowning or removing wrote where th
 Removal and the size check hold a bounded number of descriptors whatever the depth of the tree.
 
 The size of a workspace is not a filesystem quota (an unprivileged host has no bounded filesystem
-to give each session): `measure` adds up the blocks of its files, while code runs and after, and
-the sandbox stops code and empties the workspace past `workspace_bytes`. A tree too deep
+to give each session, and a tmpfs is twice the budget): `measure` adds up the blocks of its files,
+while code runs and after, and the sandbox stops code and empties the workspace past
+`workspace_bytes`. A tree too deep
 (`MAX_DEPTH`) or with too many entries (`MAX_ENTRIES`) counts as over the budget.
 """
 
@@ -27,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from atmosphere.sandbox.code import tmpfs
 
 MAX_DEPTH: Final = 64
 """Directory levels a workspace may nest (more: over its budget)."""
@@ -76,25 +81,37 @@ def unreachable(path: Path, uid: int, gid: int) -> str | None:
 class SessionDirectory:
     """`<root>/<session>/workspace`, made for one session and removed at its end."""
 
-    def __init__(self, root: Path, session_id: str, *, owner: tuple[int, int] | None) -> None:
+    def __init__(
+        self, root: Path, session_id: str, *, owner: tuple[int, int] | None, tmpfs_bytes: int | None = None
+    ) -> None:
         """A new directory for `session_id` under `root`; the workspace is chowned to `owner` (uid, gid).
 
+        With `tmpfs_bytes`, the workspace is a tmpfs of that size (`tmpfs.mount`).
+
         Raises:
-            OSError: it could not be made.
+            OSError: it could not be made (nothing is left of it then).
         """
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)  # noqa: S103 - passable (bwrap, as the sandbox user, opens by path), not listable
         label = _SESSION_NAME.sub("_", session_id)[:40]
-        self.path = root / f"{label}-{uuid.uuid4().hex[:12]}"
+        self.path = root / f"{label}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.owner = owner
         self.path.mkdir(mode=0o711)
         os.chmod(self.path, 0o711)  # noqa: S103 - as the root; mkdir's mode is masked by the umask
         self.workspace = self.path / "workspace"
-        self.workspace.mkdir(mode=0o700)
-        if owner is not None:
-            os.chown(self.workspace, *owner)
-        with self.open_workspace() as fd:
-            self.reset_artifacts(fd)
+        self.mounted = False
+        try:
+            self.workspace.mkdir(mode=0o700)
+            if tmpfs_bytes is not None:
+                tmpfs.mount(self.workspace, tmpfs_bytes, owner)
+                self.mounted = True
+            if owner is not None:
+                os.chown(self.workspace, *owner)
+            with self.open_workspace() as fd:
+                self.reset_artifacts(fd)
+        except OSError:
+            self.remove()
+            raise
 
     @contextlib.contextmanager
     def open_workspace(self) -> Iterator[int]:
@@ -136,6 +153,9 @@ class SessionDirectory:
 
     def remove(self) -> None:
         """Remove the session's directory and everything in it (no process of the session may run)."""
+        if self.mounted:
+            tmpfs.unmount(self.workspace)  # its files go with it
+            self.mounted = False
         try:
             fd = os.open(self.path, _DIR_FLAGS)
         except FileNotFoundError:
