@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from atmosphere.dispatch.app import serve as serve_dispatch
+from atmosphere.dispatch.provision import provision
 from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings, LlmSettings
 from atmosphere.governance.app import serve as serve_governance
 from atmosphere.governance.settings import GovernanceSettings
@@ -70,6 +72,17 @@ def service_map(
         )
         for name in names
     }
+
+
+async def provision_first(services: dict[str, tuple[Any, Any]], *, user: str = "", password: str = "") -> None:
+    """Make the layout before `services` start, as `atmosphere provision` does with the provisioner's login.
+
+    With dispatch's settings from `services` (the run queue's consumers take them) and the login
+    given; services with a login of their own only wait for it.
+    """
+    _, settings = services["dispatch"]
+    login = settings.nats.model_copy(update={"user": user, "password": SecretStr(password)})
+    await provision(settings.model_copy(update={"nats": login}))
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ from atmosphere.governance.plane import GovernancePlane
 from atmosphere.governance.policies import parse_policies
 from atmosphere.governance.replication import GovernanceJournal, GovernanceLog, GovernanceReplica
 from atmosphere.governance.store import DecisionLog
-from atmosphere.service.replica import ReplicaLog
+from atmosphere.service.replica import ReplicaLog, ReplicaPosition
 from atmosphere.testing import NatsServer
 
 POLICIES = "policies:\n  - {name: plenty, type: rate-limit, config: {limit: 100000000, window-seconds: 60}}\n"
@@ -83,7 +83,7 @@ async def serving(url: str, namespace: str, arm: str, db: Path) -> AsyncIterator
                 server,
                 stream=subjects.GOVERNANCE_LOG_STREAM,
                 filter_subject=subjects.governance_log_all(),
-                replica=state.name,
+                position=ReplicaPosition(None, "governance"),
                 message_type=GovernanceLogEntry,
                 apply=state.apply,
                 outcomes=(ServiceError,),

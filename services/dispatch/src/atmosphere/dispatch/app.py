@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import uuid
@@ -13,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from atmosphere.bus import Bus, Consumer, ConsumerSpec, MessageContext, Router, subjects
+from atmosphere.bus import Bus, Consumer, ConsumerSpec, MessageContext, Router, run_queue, subjects
+from atmosphere.bus.run_queue import RunQueueLimits
 from atmosphere.bus.runs import MAX_NESTING
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
@@ -28,43 +30,41 @@ from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.pipeline import ModelPipeline
 from atmosphere.dispatch.run import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
-from atmosphere.dispatch.settings import DispatchSettings
+from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings
 from atmosphere.sdk import App
 from atmosphere.sdk.host import HarnessSwitch
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
-from atmosphere.service import Authenticator, ServiceRuntime, load_service_app, open_service
+from atmosphere.service import Authenticator, ServiceRuntime, StreamSlots, load_service_app, open_service
 
 NO_MODEL = "no model configured: set LLM_BASE_URL"
 """Why no runtime is active when the built-in one lacks a provider URL."""
 
-WORKERS = "dispatch"
+WORKERS = run_queue.WORKERS
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
 
 
-def run_queue_consumers(run_ack_wait: float, *, max_deliveries: int = 5, heartbeat: float = 0) -> list[ConsumerSpec]:
-    """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`).
+def run_queue_consumers(
+    run_ack_wait: float, *, max_deliveries: int = 5, heartbeat: float = 0, max_concurrent_runs: int = 16
+) -> list[ConsumerSpec]:
+    """The run queue's worker consumers (`atmosphere.bus.run_queue`) as these settings make them.
 
-    Each level gets its own `max_concurrent_runs` slots, so a coordinator waiting on its
-    sub-runs never holds the slot they need: with one shared pool, as many coordinators as
-    slots would each wait for a child that no slot is left to run.
+    The provisioner makes them with the same settings; dispatch only binds to them, and refuses
+    to start when they were made with others (an ack wait the heartbeat does not expect).
     """
-    return [
-        ConsumerSpec(
-            stream=subjects.RUNS_STREAM,
-            durable=WORKERS if level == 0 else f"{WORKERS}-nested-{level}",
-            filter_subject=subjects.run_submit_level(level),
-            ack_wait_seconds=run_ack_wait,
-            heartbeat_seconds=heartbeat,
-            # A backstop behind the executor's own guard (which ends the run with an error at
-            # `max_deliveries` fruitless deliveries): a run failing before even that is not
-            # delivered forever. A durable run that keeps progressing gets more deliveries.
-            max_deliver=max_deliveries * 4,
-            confirm_ack=True,
-            # A run is handed over the moment it is queued, not when a batch pull expires.
-            batch_fetch=False,
-        )
-        for level in range(MAX_NESTING + 1)
-    ]
+    limits = RunQueueLimits.for_workers(
+        ack_wait_seconds=run_ack_wait, max_run_deliveries=max_deliveries, max_concurrent_runs=max_concurrent_runs
+    )
+    return [dataclasses.replace(spec, heartbeat_seconds=heartbeat) for spec in run_queue.consumers(limits)]
+
+
+def run_queues(options: DispatchOptions) -> list[ConsumerSpec]:
+    """The run queue's consumers dispatch's settings ask for: what it binds to, what the provisioner makes."""
+    return run_queue_consumers(
+        options.run_ack_wait,
+        max_deliveries=options.max_run_deliveries,
+        heartbeat=options.run_heartbeat,
+        max_concurrent_runs=options.max_concurrent_runs,
+    )
 
 
 def harness_config(settings: DispatchSettings) -> HarnessConfig:
@@ -175,7 +175,7 @@ class Dispatch:
                 owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                 max_effects=self.settings.durable_runs_max_effects_per_run,
                 retain_on_success=self.settings.durable_runs_retain_on_success,
-                ack_wait=self.settings.run_ack_wait,
+                ack_wait=self.settings.dispatch.run_ack_wait,
                 tool_permissions=self.settings.tools.policy,
             ),
             harnesses=self.harnesses,
@@ -196,18 +196,18 @@ class Dispatch:
             await stack.enter_async_context(
                 bus.consume(consumer, RunSubmission, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
-            for consumer in run_queue_consumers(
-                self.settings.run_ack_wait,
-                max_deliveries=options.max_run_deliveries,
-                heartbeat=options.run_heartbeat,
-            )
+            for consumer in run_queues(options)
         ]
 
     async def serve_grpc(self, stack: contextlib.AsyncExitStack, service: ServiceRuntime) -> None:
         """The gRPC `DispatchService` (port 0: a free one, shown in the info once bound)."""
         options = self.settings.dispatch
         servicer = DispatchServicer(
-            service.bus, self.descriptors, self.info, authenticator=Authenticator(self.settings.ingress.auth_tokens)
+            service.bus,
+            self.descriptors,
+            self.info,
+            authenticator=Authenticator(self.settings.ingress.auth_tokens),
+            streams=StreamSlots(per_client=options.grpc_max_streams_per_client, total=options.grpc_max_streams),
         )
         self.grpc_port = await stack.enter_async_context(
             serve_grpc(
@@ -237,8 +237,16 @@ async def serve(
         # Every discovered runtime, not only the resolved one: any may have opened a pool.
         for discovered in dispatch.runtimes:
             stack.push_async_callback(discovered.aclose)
+        # The run queue's consumers are provisioned with the layout, never made by this login.
         service = await stack.enter_async_context(
-            open_service("dispatch", settings, info=dispatch.info, stop=stop, bus=bus)
+            open_service(
+                "dispatch",
+                settings,
+                info=dispatch.info,
+                stop=stop,
+                bus=bus,
+                consumers=tuple(run_queues(settings.dispatch)),
+            )
         )
         queues = await dispatch.serve_runs(stack, service.bus)
         await dispatch.serve_grpc(stack, service)

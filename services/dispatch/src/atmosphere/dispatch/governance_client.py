@@ -2,15 +2,21 @@
 
 The run id and principal travel in the request bodies, which governance reads; they are not
 repeated as `atmo-run-id`/`atmo-principal` headers (nothing read them, and a header block costs
-both ends a parse on every message).
+both ends a parse on every message). Every question notes whether governance answered
+(`governance_availability`): during an outage runs are refused without holding a slot for the
+whole timeout, and the first answer after it lets every waiting question through at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+from typing import TypeVar
 
-from atmosphere.bus import Bus, BusError, RemoteError, request_retrying, subjects
+from google.protobuf.message import Message
+
+from atmosphere.bus import Bus, BusError, RemoteError, subjects
 from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError
 from atmosphere.contracts.common.v1.common_pb2 import Usage
 from atmosphere.contracts.governance.v1.governance_pb2 import (
@@ -24,8 +30,11 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ScreenResponse,
 )
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch.governance_availability import Availability, ask
 
 log = logging.getLogger("atmosphere.dispatch")
+
+M = TypeVar("M", bound=Message)
 
 UNAVAILABLE = "Request denied: governance is unavailable (fail-closed)"
 RESPONSE_BLOCKED = "Response blocked: "
@@ -33,6 +42,12 @@ RESPONSE_BLOCKED = "Response blocked: "
 OUTPUT_UNAVAILABLE = RESPONSE_BLOCKED + "governance is unavailable, so the answer was not checked (fail-closed)"
 REPORT_RETRY_SECONDS = 120.0
 """How long a run-end report governance did not take is sent again (across a governance restart)."""
+REPORT_SPREAD = 0.5
+"""Seconds over which the retried reports are spread, so that those an outage held back do not
+reach governance all in one instant with the first runs after it."""
+RETRY_AFTER = "1"
+"""Seconds after which a run refused because governance did not answer may be sent again
+(`Retry-After` on the OpenAI endpoint): governance is asked again by the very next run."""
 CHECK_WINDOW = 32 * 1024
 """Characters of an answer (its tail) sent with each check; four bytes each fit any bus limit we accept."""
 SERVER_METADATA = frozenset({"roles", "tenant", "action", "transport", "tool_name", "tool_args", "tool_args_preview"})
@@ -46,6 +61,7 @@ class GovernanceClient:
         """Ask over `bus`, waiting at most `timeout` seconds per question."""
         self._bus = bus
         self.timeout = timeout
+        self.availability = Availability()
         self._reports: set[asyncio.Task[None]] = set()
         """Run-end reports being retried in the background (held so they are not collected)."""
 
@@ -79,16 +95,10 @@ class GovernanceClient:
         )
         try:
             # A check is safe to repeat: a broker restart within the timeout costs a moment, not the run.
-            decision = await request_retrying(
-                self._bus,
-                subjects.governance("admit"),
-                admit,
-                Decision,
-                deadline=self.timeout,
-            )
+            decision = await self._ask(subjects.governance("admit"), admit, Decision)
         except BusError as exc:
             log.warning("run %s: governance did not answer admission (%s); refusing", run.run_id, exc)
-            raise GovernanceUnavailableError(UNAVAILABLE) from exc
+            raise GovernanceUnavailableError(UNAVAILABLE, details={"retry_after": RETRY_AFTER}) from exc
         if not decision.allowed:
             policy = decision.policy or "default"
             # The policy and reason ride along as details, so whoever follows the run (a parent's
@@ -114,7 +124,7 @@ class GovernanceClient:
             conversation_id=run.conversation_id,
             session_id=run.session_id,
         )
-        return await self._bus.request(subjects.governance("check_tool"), request, Decision, timeout=self.timeout)
+        return await self._ask(subjects.governance("check_tool"), request, Decision, retry=False)
 
     async def check_output(self, run: RunSubmission, tail: str, *, length: int, final: bool) -> Decision:
         """Governance's decision on the answer so far (`final`: the whole answer, before `complete`).
@@ -138,9 +148,7 @@ class GovernanceClient:
             conversation_id=run.conversation_id,
             session_id=run.session_id,
         )
-        return await request_retrying(
-            self._bus, subjects.governance("check_output"), request, Decision, deadline=self.timeout
-        )
+        return await self._ask(subjects.governance("check_output"), request, Decision)
 
     async def run_ended(
         self, run: RunSubmission, *, usage: list[Usage], model: str, response_chars: int, succeeded: bool
@@ -163,7 +171,7 @@ class GovernanceClient:
         )
         subject = subjects.governance("run_ended")
         try:
-            return await self._bus.request(subject, report, RunEndedAck, timeout=self.timeout)
+            return await self._ask(subject, report, RunEndedAck, retry=False)
         except RemoteError as exc:  # an answer: governance refused the report; sending it again changes nothing
             log.warning("run %s: governance refused the run's end (%s)", run.run_id, exc)
             return None
@@ -178,7 +186,9 @@ class GovernanceClient:
 
     async def _report_later(self, subject: str, report: RunEndedReport) -> None:
         try:
-            await request_retrying(self._bus, subject, report, RunEndedAck, deadline=REPORT_RETRY_SECONDS)
+            # Spread: the reports an outage held back are not all sent in the same instant.
+            await asyncio.sleep(random.uniform(0, REPORT_SPREAD))  # noqa: S311 - a spread, not a secret
+            await ask(self._bus, self.availability, subject, report, RunEndedAck, deadline=REPORT_RETRY_SECONDS)
         except BusError as exc:
             log.error("run %s: its end never reached governance; its cost is not accounted (%s)", report.run_id, exc)
 
@@ -189,4 +199,8 @@ class GovernanceClient:
             BusError: no verdict (the caller decides what fail-closed means for its texts).
         """
         request = ScreenRequest(kind=kind, texts=texts, source=source, run_id=run.run_id, principal=run.principal)
-        return await self._bus.request(subjects.governance("screen"), request, ScreenResponse, timeout=self.timeout)
+        return await self._ask(subjects.governance("screen"), request, ScreenResponse, retry=False)
+
+    async def _ask(self, subject: str, request: Message, reply_type: type[M], *, retry: bool = True) -> M:
+        """One question within this client's timeout (see `governance_availability.ask`)."""
+        return await ask(self._bus, self.availability, subject, request, reply_type, deadline=self.timeout, retry=retry)

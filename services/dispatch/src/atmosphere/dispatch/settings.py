@@ -24,10 +24,9 @@ from atmosphere.sdk.host import HarnessSwitch
 
 log = logging.getLogger("atmosphere.dispatch")
 
-DURABLE_ACK_WAIT = 4.0
-"""The default ack wait of durable runs: a dead worker's run continues elsewhere within seconds."""
-PLAIN_ACK_WAIT = 30.0
-"""The default ack wait without the journal, which alone fences a worker that only stalled."""
+RUN_ACK_WAIT = 4.0
+"""The default ack wait: a dead worker's run is taken over within seconds. In either mode the
+journal fences a worker that only stalled (the successor's lease), so it need not be longer."""
 
 
 class DispatchOptions(BaseModel):
@@ -38,11 +37,11 @@ class DispatchOptions(BaseModel):
     max_concurrent_runs: int = Field(default=16, ge=1, le=4096)
     """Runs this instance executes at once, per nesting level (top-level runs, and sub-runs one,
     two and three levels down each have this many); more wait in `ATMO_RUNS` for a free worker."""
-    run_ack_wait: float | None = Field(default=None, ge=1)
+    run_ack_wait: float = Field(default=RUN_ACK_WAIT, ge=1)
     """Seconds without a heartbeat after which JetStream hands a run to another worker: how soon a
-    run whose worker died continues elsewhere. Unset: 4 with durable runs (the journal fences a
-    worker that only stalled), else 30 (nothing would stop a stalled worker from running the run
-    alongside its successor, e.g. across a broker freeze)."""
+    run whose worker died is taken over. A worker that only stalled this long (across a broker
+    freeze, say) is fenced by its successor's lease in the run's journal, with or without durable
+    runs: it starts no tool call and, within a second, writes no event."""
     run_heartbeat: float = Field(default=1.0, gt=0)
     """Seconds between the heartbeats (in-progress acknowledgements) of a run being worked on;
     keep it well under `run_ack_wait`."""
@@ -50,6 +49,11 @@ class DispatchOptions(BaseModel):
     """Interface of the gRPC `DispatchService`."""
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     """Port of the gRPC `DispatchService` (0 picks a free one; it is shown in the info)."""
+    grpc_max_streams_per_client: int = Field(default=256, ge=1)
+    """gRPC `Run` and `Follow` calls one client streams at once; beyond it `RESOURCE_EXHAUSTED`.
+    A client is a token's user, or an anonymous caller's address."""
+    grpc_max_streams: int = Field(default=4096, ge=1)
+    """gRPC `Run` and `Follow` calls this process streams at once, for every client together."""
     governance_timeout: float = Field(default=5.0, gt=0)
     """Seconds to wait for governance; no answer means the request is refused (fail-closed)."""
     approval_timeout: float = Field(default=300.0, gt=0)
@@ -259,14 +263,8 @@ class DispatchSettings(WorkerSettings):
     durable_runs_retain_on_success: bool = False
     """Keep the journal of a run that succeeded (audit) instead of removing it at its end."""
     durable_runs_max_effects_per_run: int = Field(default=2000, ge=1, le=1_000_000)
-    """Journaled effects one run may have; a run that needs more fails (nothing is dropped)."""
-
-    @property
-    def run_ack_wait(self) -> float:
-        """The ack wait in force (see `DispatchOptions.run_ack_wait`)."""
-        if self.dispatch.run_ack_wait is not None:
-            return self.dispatch.run_ack_wait
-        return DURABLE_ACK_WAIT if self.durable_runs else PLAIN_ACK_WAIT
+    """Journaled effects one run may have; a run that needs more fails (nothing is dropped).
+    Without durable runs only tool calls are journaled: it bounds a run's tool calls."""
 
     @property
     def durable_runs(self) -> bool:

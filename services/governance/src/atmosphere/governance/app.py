@@ -22,7 +22,7 @@ from atmosphere.governance.screens import LlmEndpoint, ToolOutputMode, build_cla
 from atmosphere.governance.settings import GovernanceSettings
 from atmosphere.governance.store import DecisionLog, Retention
 from atmosphere.service import load_service_app, open_service
-from atmosphere.service.replica import ReplicaLog, replica_name
+from atmosphere.service.replica import ReplicaLog, ReplicaPosition, replica_name
 
 log = logging.getLogger("atmosphere.governance")
 
@@ -99,6 +99,7 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
             decisions,
             plane,
             replica=replica_name(settings.db_path.parent, "governance"),
+            position=ReplicaPosition(settings.db_path.parent, "governance"),
             safety=safety,
             screening=screening,
         ) as handlers,
@@ -115,6 +116,7 @@ async def replicated(
     plane: GovernancePlane,
     *,
     replica: str,
+    position: ReplicaPosition | None = None,
     safety: MemorySafety | None = None,
     screening: Screening | None = None,
 ) -> AsyncIterator[GovernanceHandlers]:
@@ -123,6 +125,7 @@ async def replicated(
     `ATMO_GOVERNANCE` is the store of record: every replica applies every decision and state
     change, in order, so N replicas keep one decision log and one set of counters. The
     responders are returned once this replica took up its own store and applied what the log held.
+    `position` keeps how far it applied beside its store (None: in memory, a test's replica).
     """
     state = GovernanceReplica(decisions, plane, name=replica)
     # What this replica applied before a restart (spend, the kill switch, policy swaps, the
@@ -132,7 +135,7 @@ async def replicated(
         bus,
         stream=subjects.GOVERNANCE_LOG_STREAM,
         filter_subject=subjects.governance_log_all(),
-        replica=replica,
+        position=position or ReplicaPosition(None, "governance"),
         message_type=GovernanceLogEntry,
         apply=state.apply,
         outcomes=(ServiceError,),

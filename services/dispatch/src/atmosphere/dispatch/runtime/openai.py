@@ -49,6 +49,9 @@ from atmosphere.sdk.runtime import (
 log = logging.getLogger("atmosphere.dispatch.runtime")
 
 DEFAULT_MODEL = "default"
+UNKNOWN_FINISH = "unknown"
+"""The terminal's finish reason when the provider closed its stream properly (`[DONE]`) but never
+said why the answer ended: whole or cut short, nobody can tell."""
 
 
 CACHE_KEY_HOSTS = ("api.openai.com",)
@@ -362,12 +365,14 @@ async def _replay(session: StreamingSession, recorded: RecordedRound, *, forward
 
 
 def finish_reason(answer: RoundResult) -> str:
-    """The terminal's finish reason: the provider's when it cut the answer short, else `stop`.
+    """The terminal's finish reason: the provider's if it cut the answer short, `unknown` if it never said.
 
-    A last round that still asked for tools (the tool-loop cap refused them) ended its answer
+    Else `stop`. A last round that still asked for tools (the tool-loop cap refused them) ended its answer
     all the same, so it is a `stop` too: `tool_calls` would promise calls the answer lacks.
     """
-    return answer.finish_reason if answer.cut_off and answer.finish_reason else "stop"
+    if answer.finish_reason is None:
+        return UNKNOWN_FINISH
+    return answer.finish_reason if answer.cut_off else "stop"
 
 
 def _messages(ctx: AgentExecutionContext) -> list[dict[str, Any]]:
