@@ -4,6 +4,7 @@ import io
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from atmosphere.cli import __main__ as cli_main
 from atmosphere.cli import dev
 from atmosphere.cli.dev import SERVICES, DevOptions, banner, child_specs, wait_for_ready
 from atmosphere.cli.supervisor import ChildSpec, Supervisor, restart_delay
+from atmosphere.testing import wait_until
 
 
 def test_child_specs_start_the_broker_first_and_ingress_last(tmp_path: Path) -> None:
@@ -78,6 +80,37 @@ async def test_supervisor_prefixes_output_and_restarts_a_crashed_child() -> None
     assert "flaky     | hi" in out.getvalue()
     assert "exited with 3; restarting in 0.5s" in out.getvalue()
     assert sum(e.startswith("started flaky") for e in events) >= 2
+
+
+async def test_a_child_restarting_when_the_stack_stops_is_stopped_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The restart's process exists but its pipes are still being connected when stop() comes:
+    # stop() cancels the restart, and the process it made must not be left running unheld.
+    real_exec = asyncio.create_subprocess_exec
+    made: list[asyncio.subprocess.Process] = []
+
+    async def slow_to_connect(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        process = await real_exec(*args, **kwargs)
+        made.append(process)
+        if len(made) > 1:
+            await asyncio.sleep(0.5)
+        return process
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_to_connect)
+    supervisor = Supervisor(out=io.StringIO())
+    # The first run crashes; the restart would run for a minute.
+    ran = tmp_path / "ran"
+    script = f"import pathlib, sys, time; p = pathlib.Path({str(ran)!r}); p.exists() and time.sleep(60); p.touch()"
+    script += "; sys.exit(3)"
+    await supervisor.start(ChildSpec(name="flaky", argv=[sys.executable, "-c", script]))
+
+    async def restarting() -> bool:
+        return len(made) > 1
+
+    await wait_until(restarting, what="the restart")
+    await supervisor.stop()
+    assert [process.returncode is not None for process in made] == [True, True]
 
 
 async def test_stop_kills_a_child_that_ignores_sigterm() -> None:

@@ -126,17 +126,28 @@ class Supervisor:
 
     async def _spawn(self, child: _Child) -> None:
         env = {**os.environ, **child.spec.env, "PYTHONUNBUFFERED": "1"}
-        child.process = await asyncio.create_subprocess_exec(
-            *child.spec.argv,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            # Own session: a terminal's Ctrl-C reaches only the supervisor, which then stops
-            # the children in order (services first, the broker last).
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+        starting = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *child.spec.argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                # Own session: a terminal's Ctrl-C reaches only the supervisor, which then stops
+                # the children in order (services first, the broker last).
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         )
+        try:
+            child.process = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Cancelled (by `stop()`) while the process was being made: it exists already, and
+            # cancelling its making would leave it running with nobody holding it (and its pipe
+            # unclosed). Let the making end, then stop what it made.
+            child.process = await starting
+            await self._stop_child(child)
+            raise
         child.started_at = time.monotonic()
         self._on_event(f"started {child.spec.name} pid={child.process.pid}")
 

@@ -392,6 +392,10 @@ class ReplicaLog(Generic[M, R]):
 
 
 async def _stopped(task: asyncio.Task[None]) -> None:
-    task.cancel()
+    # Cancelled until it ends: on Python 3.11 a cancel that lands as an inner `wait_for` (nats-py
+    # requests use one) completes is swallowed, and the loop would read on while this waits forever.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
     with contextlib.suppress(asyncio.CancelledError):
         await task
