@@ -192,11 +192,13 @@ class StreamReplica(Generic[M]):
                 if newest < self.applied_seq:
                     await self._restart(newest)
                 if newest > self.applied_seq:
+                    # What woke it is here: no more eager looks. Each look is a request to the
+                    # stream's leader, so none follows a read at once either: what came during
+                    # the read is read at the next ring, wake or poll, in one batch.
+                    self._eager = 0
                     await self._read_through(newest)
-                    failures = 0
                     if self._linger:
                         await asyncio.sleep(self._linger)
-                    continue
                 failures = 0
             except BusError as exc:
                 failures += 1
