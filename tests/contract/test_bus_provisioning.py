@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import nats.js.errors
 import pytest
 from nats.js import api as js_api
 
@@ -21,6 +22,7 @@ from atmosphere.bus import (
     NatsBus,
     RequiredLayout,
     StreamSpec,
+    connect,
     run_queue,
     subjects,
 )
@@ -111,3 +113,24 @@ async def test_a_bucket_made_before_loses_its_roll_ups_and_is_stamped(nats_bus: 
     config = (await js.stream_info(f"KV_{name}")).config
     assert not config.allow_rollup_hdrs
     assert (config.metadata or {})[PROVISIONED_BY] == "the provisioner"
+
+
+async def test_a_bucket_made_by_another_provisioner_meanwhile_is_taken_as_made(
+    nats_bus: NatsBus, nats_url: str, bus_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two replicas of a service starting together both find no bucket: the second's create then
+    # meets the first's bucket already stamped and updated, which JetStream refuses as a
+    # different configuration. Here the second looked before the first made anything.
+    await nats_bus.provision(LAYOUT, by="first")
+    async with connect(nats_url, name="second", namespace=bus_namespace) as second:
+        js = second._js
+
+        async def looked_too_early(bucket: str) -> Any:
+            raise nats.js.errors.BucketNotFoundError
+
+        monkeypatch.setattr(js, "key_value", looked_too_early)
+        monkeypatch.setattr(js, "object_store", looked_too_early)
+        await second.provision(LAYOUT, by="second")
+    config = (await nats_bus.client.jetstream().stream_info(f"KV_{nats_bus.stream_name(subjects.TOOLS_BUCKET)}")).config
+    assert not config.allow_rollup_hdrs
+    assert (config.metadata or {})[PROVISIONED_BY] == "second"

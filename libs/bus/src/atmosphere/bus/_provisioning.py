@@ -14,9 +14,10 @@ Everything here is idempotent and tried again while a cluster elects its leaders
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -117,6 +118,21 @@ def consumer_mismatches(spec: ConsumerSpec, names: WireNames, found: js_api.Cons
     return differences
 
 
+@contextlib.contextmanager
+def _made_meanwhile() -> Iterator[None]:
+    """Let a bucket's creation find it made meanwhile by another provisioner (then updated as below).
+
+    Two replicas of a service starting at once both find no bucket and create it; the one that
+    comes second meets the first's bucket already stamped and updated, so JetStream refuses the
+    bare creation as a different configuration. The update that follows makes it as wanted.
+    """
+    try:
+        yield
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != _STREAM_EXISTS_DIFFERENT:
+            raise
+
+
 class LayoutProvisioner:
     """Provision a layout, or check one is provisioned, over one JetStream context."""
 
@@ -185,15 +201,16 @@ class LayoutProvisioner:
         try:
             await self._js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            await self._js.create_key_value(
-                js_api.KeyValueConfig(
-                    bucket=name,
-                    history=spec.history,
-                    ttl=spec.max_age_seconds or None,
-                    replicas=spec.replication.replicas,
-                    storage=storage_type(spec.replication),
+            with _made_meanwhile():
+                await self._js.create_key_value(
+                    js_api.KeyValueConfig(
+                        bucket=name,
+                        history=spec.history,
+                        ttl=spec.max_age_seconds or None,
+                        replicas=spec.replication.replicas,
+                        storage=storage_type(spec.replication),
+                    )
                 )
-            )
         # Then the rest, which nats-py does not pass on when it creates a bucket: placement,
         # the stamp, no roll-ups; and an existing bucket's entry age and replication.
         current = (await self._js.stream_info(f"KV_{name}")).config
@@ -220,7 +237,8 @@ class LayoutProvisioner:
                 replicas=spec.replication.replicas,
                 placement=placement(spec.replication),
             )
-            await self._js.create_object_store(name, config)
+            with _made_meanwhile():
+                await self._js.create_object_store(name, config)
         current = (await self._js.stream_info(f"OBJ_{name}")).config
         # An object's metadata is written with a roll-up: an object bucket keeps them.
         wanted = replicated(current, spec.replication).evolve(metadata={**(current.metadata or {}), **stamp})

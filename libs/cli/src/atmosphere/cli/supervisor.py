@@ -17,6 +17,8 @@ from typing import TextIO
 log = logging.getLogger("atmosphere.cli")
 
 _PR_SET_PDEATHSIG = 1
+STOP_DRAIN = 2.0
+"""Seconds `stop()` waits, after the children ended, for the last of their output."""
 
 
 def _die_with_parent() -> None:
@@ -77,6 +79,7 @@ class Supervisor:
         self._on_fatal = on_fatal or (lambda _name, _code: None)
         self._children: list[_Child] = []
         self._stopping = False
+        self._stop_requested = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._on_event = on_event or (lambda _line: None)
         self._width = 10
@@ -196,16 +199,27 @@ class Supervisor:
             delay = restart_delay(child.restarts)
             self._print(child.spec.name, f"exited with {code}; restarting in {delay:.1f}s")
             self._on_event(f"crashed {child.spec.name} code={code}")
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop_requested.wait()  # stop() ends the backoff at once
             if self.stopping:
                 return
             await self._spawn(child)
+            if self._stop_requested.is_set():  # stop() came while it was being made, and passed it by
+                await self._stop_child(child)
+                return
 
     async def stop(self) -> None:
         """Stop the children in reverse start order: SIGTERM, wait, then SIGKILL."""
         self._stopping = True
+        self._stop_requested.set()
         for child in reversed(self._children):
             await self._stop_child(child)
+        # Each watcher ends by itself once its child's output reached its end: cancelled before
+        # that, the pipe would stay open and outlive the event loop (a grandchild holding it
+        # open is why the wait is bounded).
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_DRAIN)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
