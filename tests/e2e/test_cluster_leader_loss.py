@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from atmosphere.bus import BusError, NatsBus, connect, subjects
-from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY, is_terminal
+from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY, STORE_DEADLINE, is_terminal
 from atmosphere.config import JetStreamSettings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.dispatch.settings import DispatchOptions
@@ -146,6 +146,19 @@ async def stored(bus: NatsBus, run_id: str) -> list[RunEvent]:
             await asyncio.sleep(1)
 
 
+async def settled(bus: NatsBus, run_id: str, deadline: float) -> list[RunEvent]:
+    """The run's stored events once its writer is done: a terminal stored, or `deadline` past.
+
+    A client may see the terminal before it is stored: subscribers get it as it is published, and
+    a publish the lost leader swallowed is stored by the writer's retry, up to `STORE_DEADLINE`.
+    """
+    while True:
+        events = await stored(bus, run_id)
+        if any(is_terminal(e) for e in events) or time.monotonic() > deadline:
+            return events
+        await asyncio.sleep(1)
+
+
 async def leader_of(bus: NatsBus, stream: str) -> str:
     leader = await bus.stream_leader(stream)
     return leader.split("@", 1)[0]
@@ -198,7 +211,9 @@ async def test_losing_a_streams_leader_corrupts_no_accepted_run(
             await asyncio.sleep(3)
             await asyncio.to_thread(nats_cluster.start, victim)
         await asyncio.wait_for(asyncio.gather(*streaming), CLIENT_DEADLINE + 30)
-        report = [await _check(bus, client) for client in clients]
+        # Every writer has stored its run's events, or given up, by then (they all started before).
+        settle_by = time.monotonic() + STORE_DEADLINE + 5
+        report = [await _check(bus, client, settle_by) for client in clients]
     problems = [line for lines in report for line in lines]
     assert not problems, "\n".join(problems)
 
@@ -210,7 +225,7 @@ def _streaming(clients: list[Client]) -> Any:
     return condition
 
 
-async def _check(bus: NatsBus, client: Client) -> list[str]:
+async def _check(bus: NatsBus, client: Client, settle_by: float) -> list[str]:
     """What is wrong with one client's run (nothing, if all is well)."""
     problems: list[str] = []
     name = f"{client.tag} ({client.run_id or 'never accepted'})"
@@ -224,7 +239,7 @@ async def _check(bus: NatsBus, client: Client) -> list[str]:
     elif client.terminals[0]["type"] == "complete" and client.text != answer_of(client.tag):
         problems.append(f"{name}: completed with the answer {client.text!r}")
     try:
-        events = await stored(bus, client.run_id)
+        events = await settled(bus, client.run_id, settle_by)
     except BusError as exc:
         return [*problems, f"{name}: its events cannot be read: {exc}"]
     seqs = Counter(e.seq for e in events)
