@@ -310,6 +310,29 @@ def takeover_seconds(kills: list[Kill], clients: list[Client]) -> list[float]:
     return delays
 
 
+def worker_env(
+    nats_url: str, namespace: str, data: Path, *, app: str, provider_url: str, durable: bool, **extra: str
+) -> dict[str, str]:
+    """The environment of a dispatch worker process of the test's stack (`extra`: more variables)."""
+    return {
+        **os.environ,
+        "ATMOSPHERE_NATS__URL": nats_url,
+        "ATMOSPHERE_NATS__NAMESPACE": namespace,
+        "ATMOSPHERE_APP": app,
+        "ATMOSPHERE_APP_DIR": str(ROOT),
+        "ATMOSPHERE_DATA_DIR": str(data),
+        "ATMOSPHERE_PROBE_HOST": "127.0.0.1",
+        "ATMOSPHERE_PROBE_PORT": "0",
+        "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
+        "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true" if durable else "false",
+        "LLM_BASE_URL": provider_url,
+        "LLM_MODEL": "fake-model",
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
 @pytest.mark.timeout(600)
 async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
     nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path
@@ -323,26 +346,18 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
         services = service_map(
             nats_url, bus_namespace, tmp_path / "data", ("governance", "memory", "tape", "sandbox", "ingress"), app=APP
         )
-        env = {
-            **os.environ,
-            "ATMOSPHERE_NATS__URL": nats_url,
-            "ATMOSPHERE_NATS__NAMESPACE": bus_namespace,
-            "ATMOSPHERE_APP": APP,
-            "ATMOSPHERE_APP_DIR": str(ROOT),
-            "ATMOSPHERE_DATA_DIR": str(tmp_path / "data"),
-            "ATMOSPHERE_PROBE_HOST": "127.0.0.1",
-            "ATMOSPHERE_PROBE_PORT": "0",
-            "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
-            "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
-            "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
+        env = worker_env(
+            nats_url,
+            bus_namespace,
+            tmp_path / "data",
+            app=APP,
+            provider_url=provider.base_url,
+            durable=True,
             # A kill every 0.8-2 s can land on one run's re-drive five times in a row before it commits
             # anything on a loaded 2-core machine; the poison-run limit (5 fruitless deliveries) would
             # then end that run by design. Here every run must finish, so the limit is raised.
-            "ATMOSPHERE_DISPATCH__MAX_RUN_DELIVERIES": "25",
-            "LLM_BASE_URL": provider.base_url,
-            "LLM_MODEL": "fake-model",
-            "PYTHONPATH": str(ROOT),
-        }
+            ATMOSPHERE_DISPATCH__MAX_RUN_DELIVERIES="25",
+        )
         workers = [Worker(env, tmp_path), Worker(env, tmp_path)]
         async with run_stack(services, bus=nats_bus) as stack:
             url = await stack.ingress_url()

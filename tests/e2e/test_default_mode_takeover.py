@@ -29,8 +29,8 @@ from atmosphere.testing import run_stack, wait_until
 from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 
 from .apps.takeover_app import LEDGER_ENV, release_file
-from .conftest import ROOT, service_map
-from .test_chaos import Client, Worker, drive
+from .conftest import service_map
+from .test_chaos import Client, Worker, drive, worker_env
 
 APP = "tests.e2e.apps.takeover_app:app"
 KILLS = 10
@@ -81,22 +81,10 @@ async def takeover(nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_pat
         services = service_map(
             nats_url, bus_namespace, tmp_path / "data", ("governance", "memory", "tape", "sandbox", "ingress"), app=APP
         )
-        env = {
-            **os.environ,
-            "ATMOSPHERE_NATS__URL": nats_url,
-            "ATMOSPHERE_NATS__NAMESPACE": bus_namespace,
-            "ATMOSPHERE_APP": APP,
-            "ATMOSPHERE_APP_DIR": str(ROOT),
-            "ATMOSPHERE_DATA_DIR": str(tmp_path / "data"),
-            "ATMOSPHERE_PROBE_HOST": "127.0.0.1",
-            "ATMOSPHERE_PROBE_PORT": "0",
-            "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
-            "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
-            "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",  # the default, said out loud
-            "LLM_BASE_URL": provider.base_url,
-            "LLM_MODEL": "fake-model",
-            "PYTHONPATH": str(ROOT),
-        }
+        # Durable runs off: the default, said out loud.
+        env = worker_env(
+            nats_url, bus_namespace, tmp_path / "data", app=APP, provider_url=provider.base_url, durable=False
+        )
         workers = [Worker(env, tmp_path), Worker(env, tmp_path)]
         async with run_stack(services, bus=nats_bus) as stack:
             try:

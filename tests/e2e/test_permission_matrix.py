@@ -16,12 +16,11 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -42,7 +41,7 @@ from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmissio
 from atmosphere.dispatch.app import run_queues
 from atmosphere.dispatch.provision import provision
 from atmosphere.dispatch.settings import DispatchSettings
-from atmosphere.testing import NatsServer
+from atmosphere.testing import NatsServer, raw_login
 from atmosphere.testing.stack import settings_for
 
 NAMESPACE = "matrix"
@@ -215,31 +214,15 @@ def probes(role: Role, configs: dict[str, dict[str, Any]], inbox: str) -> list[P
     return made
 
 
-@contextlib.asynccontextmanager
-async def raw_login(broker: Broker, role: Role, refusals: list[str]) -> AsyncIterator[Client]:
-    async def on_error(exc: Exception) -> None:
-        refusals.append(str(exc))
-
-    credential = broker.credentials[role]
-    client = await nats.connect(
-        broker.url,
-        user=credential.user,
-        password=credential.password,
-        inbox_prefix=inbox_prefix(credential.user),
-        error_cb=on_error,
-        allow_reconnect=False,
-    )
-    try:
-        yield client
-    finally:
-        await client.close()
+def probe_login(broker: Broker, role: Role, refusals: list[str]) -> contextlib.AbstractAsyncContextManager[Client]:
+    return raw_login(broker.url, broker.credentials[role], refusals)
 
 
 async def outcomes(broker: Broker, role: Role, configs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], str]:
     """(operation, stream) -> "refused" (a permissions violation), "ok", or the server's error."""
     refusals: list[str] = []
     answers: dict[int, Msg] = {}
-    async with raw_login(broker, role, refusals) as client:
+    async with probe_login(broker, role, refusals) as client:
         inbox = inbox_prefix(broker.credentials[role].user)
         sent = probes(role, configs, inbox)
 
@@ -291,7 +274,7 @@ def allowed(role: Role, operation: str, stream: str) -> bool:
 async def test_each_role_may_do_exactly_what_its_table_allows(
     broker: Broker, provisioned: JetStreamLayout, role: Role
 ) -> None:
-    async with raw_login(broker, Role.PROVISIONER, []) as provisioner:
+    async with probe_login(broker, Role.PROVISIONER, []) as provisioner:
         configs = {key: await raw_config(provisioner, key) for key in STREAMS}
         before = {key: await stream_state(provisioner, key) for key in STREAMS}
     seen = await outcomes(broker, role, configs)
@@ -308,7 +291,7 @@ async def test_each_role_may_do_exactly_what_its_table_allows(
 
     # Nothing changed that the table does not allow: no stream lost a message, none was
     # deleted, no consumer was added, and only the provisioner changed a configuration.
-    async with raw_login(broker, Role.PROVISIONER, []) as provisioner:
+    async with probe_login(broker, Role.PROVISIONER, []) as provisioner:
         for key, stream in STREAMS.items():
             assert await stream_state(provisioner, key) == before[key], key
             after = await raw_config(provisioner, key)
@@ -333,7 +316,7 @@ async def test_the_issues_attacks_are_refused_to_every_service_and_the_observer(
 ) -> None:
     # The sandbox's login shrank the decision log to one message and moved `ATMO_RUNS` off its
     # subjects; the observer's made a push consumer on `ATMO_EVENTS` delivering to tool calls.
-    async with raw_login(broker, Role.PROVISIONER, []) as provisioner:
+    async with probe_login(broker, Role.PROVISIONER, []) as provisioner:
         configs = {key: await raw_config(provisioner, key) for key in STREAMS}
     for role in (*SERVICE_ROLES, Role.OBSERVER):
         seen = await outcomes(broker, role, configs)

@@ -42,7 +42,7 @@ from atmosphere.bus.permissions import (
 from atmosphere.bus.runs import follow_run
 from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission, TextDelta
-from atmosphere.testing import NatsServer
+from atmosphere.testing import NatsServer, raw_login
 
 HARNESS_USER = "harness"
 """A user without restrictions, for what the test itself sets up and checks."""
@@ -211,24 +211,8 @@ def subscribe_probes(secured: Secured) -> list[str]:
     return [secured.wire(s) for s in ours] + inboxes + ["_INBOX.>", ">", "$JS.API.>"]
 
 
-@contextlib.asynccontextmanager
-async def raw_client(secured: Secured, role: Role, errors: list[str]) -> AsyncIterator[Client]:
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    credential = secured.credentials[role]
-    client = await nats.connect(
-        secured.url,
-        user=credential.user,
-        password=credential.password,
-        inbox_prefix=inbox_prefix(credential.user),
-        error_cb=on_error,
-        allow_reconnect=False,
-    )
-    try:
-        yield client
-    finally:
-        await client.close()
+def raw_client(secured: Secured, role: Role, errors: list[str]) -> contextlib.AbstractAsyncContextManager[Client]:
+    return raw_login(secured.url, secured.credentials[role], errors)
 
 
 async def settled(client: Client) -> None:

@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -471,6 +471,18 @@ class NatsBus(ConnectionLiveness, Bus):
             raise BusError(msg) from exc
         return decode(raw.data or b"", None, message_type)
 
+    def _more_to_read(self, stream_name: str, wire: str, subject: str) -> Callable[[int], Awaitable[bool]]:
+        """Whether the leader holds a message of `subject` at or after a sequence (a reader's stop check)."""
+
+        async def more_to_read(next_seq: int) -> bool:
+            try:
+                newest = await self._last_seq(stream_name, wire, subject)
+            except BusError:
+                return True  # the leader does not answer now (a restart): the reader's patience decides
+            return newest is not None and newest >= next_seq
+
+        return more_to_read
+
     async def replay_sequenced(
         self, stream: str, subject: str, message_type: type[M]
     ) -> AsyncGenerator[tuple[int, M], None]:
@@ -487,13 +499,7 @@ class NatsBus(ConnectionLiveness, Bus):
         if last is None:
             return
 
-        async def more_to_read(next_seq: int) -> bool:
-            try:
-                newest = await self._last_seq(stream_name, wire, subject)
-            except BusError:
-                return True  # the leader does not answer now (a restart): the reader's patience decides
-            return newest is not None and newest >= next_seq
-
+        more_to_read = self._more_to_read(stream_name, wire, subject)
         stored = self._direct.read(stream_name, wire, through=last, more_to_read=more_to_read)
         async with contextlib.aclosing(stored) as messages:
             async for raw in messages:
@@ -516,13 +522,7 @@ class NatsBus(ConnectionLiveness, Bus):
         stream_name, wire = self.stream_name(stream), self.wire_subject(subject)
         self._ensure_open(f"read {stream!r}")
 
-        async def more_to_read(next_seq: int) -> bool:
-            try:
-                newest = await self._last_seq(stream_name, wire, subject)
-            except BusError:
-                return True  # the leader does not answer now (a restart): the reader's patience decides
-            return newest is not None and newest >= next_seq
-
+        more_to_read = self._more_to_read(stream_name, wire, subject)
         stored = self._direct.read(stream_name, wire, through=through, more_to_read=more_to_read, start=after + 1)
         async with contextlib.aclosing(stored) as messages:
             async for raw in messages:

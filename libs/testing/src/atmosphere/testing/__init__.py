@@ -7,7 +7,7 @@ test of the workspace: `nats_url`, `fresh_nats`, `bus_namespace`, `nats_bus`,
 
 from atmosphere.testing.nats_server import NatsServer, NatsServerError
 from atmosphere.testing.ports import free_port, free_port_block
-from atmosphere.testing.services import running_service, wait_until
+from atmosphere.testing.services import raw_login, running_service, wait_until
 from atmosphere.testing.stack import Stack, run_stack, settings_for
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Stack",
     "free_port",
     "free_port_block",
+    "raw_login",
     "run_stack",
     "running_service",
     "settings_for",

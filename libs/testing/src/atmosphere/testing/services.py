@@ -8,7 +8,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
+import nats
+import nats.aio.client
+
 from atmosphere.bus import Bus, BusError, subjects
+from atmosphere.bus.permissions import Credential, inbox_prefix
 from atmosphere.contracts.common.v1.service_pb2 import HealthCheckRequest, HealthCheckResponse
 
 
@@ -65,3 +69,28 @@ async def running_service(
         except TimeoutError:
             task.cancel()
             raise
+
+
+@contextlib.asynccontextmanager
+async def raw_login(url: str, credential: Credential, errors: list[str]) -> AsyncIterator[nats.aio.client.Client]:
+    """A plain nats-py client logged in as `credential`, as a probe of its permissions.
+
+    It uses the role's own inbox prefix (what the role may subscribe to), never reconnects, and
+    appends each error the server reports (a permissions violation) to `errors`.
+    """
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    client = await nats.connect(
+        url,
+        user=credential.user,
+        password=credential.password,
+        inbox_prefix=inbox_prefix(credential.user),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -120,7 +120,7 @@ class CgroupHost:
             with contextlib.suppress(OSError):
                 for child in parent.iterdir():
                     owner = child.name.removeprefix(PREFIX).split("-", 1)[0]
-                    if not child.name.startswith(PREFIX) or not owner.isdigit() or _alive(int(owner)):
+                    if not child.name.startswith(PREFIX) or not owner.isdigit() or pid_alive(int(owner)):
                         continue
                     with contextlib.suppress(OSError):
                         child.rmdir()
@@ -145,7 +145,8 @@ class CgroupHost:
         return group
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -25,6 +25,8 @@ import re
 from pathlib import Path
 from typing import Final
 
+from atmosphere.sandbox.code.cgroups import pid_alive
+
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
 MNT_DETACH: Final = 0x2
@@ -85,7 +87,7 @@ def sweep_stale(root: Path) -> int:
     swept = 0
     for mount_point in mounted_under(root):
         pid = owner_pid(mount_point.parent.name)
-        if pid is None or pid == os.getpid() or _alive(pid):
+        if pid is None or pid == os.getpid() or pid_alive(pid):
             continue
         try:
             unmount(mount_point)
@@ -106,13 +108,3 @@ def mounted_under(root: Path) -> list[Path]:
             if point.startswith(prefix):
                 found.append(Path(point))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
