@@ -147,14 +147,19 @@ async def stored(bus: NatsBus, run_id: str) -> list[RunEvent]:
 
 
 async def settled(bus: NatsBus, run_id: str, deadline: float) -> list[RunEvent]:
-    """The run's stored events once its writer is done: a terminal stored, or `deadline` past.
+    """The run's stored events once its writer is done: a terminal and every seq before it stored,
+    or `deadline` past.
 
-    A client may see the terminal before it is stored: subscribers get it as it is published, and
-    a publish the lost leader swallowed is stored by the writer's retry, up to `STORE_DEADLINE`.
+    A client may see an event before it is stored: subscribers get it as it is published, and a
+    publish the lost leader swallowed is stored by the writer's retry, up to `STORE_DEADLINE` —
+    behind later events, the terminal among them (the writer repairs what its terminal's
+    acknowledgement could not prove, after it; readers order by seq and fill gaps late).
     """
     while True:
         events = await stored(bus, run_id)
-        if any(is_terminal(e) for e in events) or time.monotonic() > deadline:
+        seqs = {e.seq for e in events}
+        whole = any(is_terminal(e) for e in events) and seqs == set(range(1, max(seqs) + 1))
+        if whole or time.monotonic() > deadline:
             return events
         await asyncio.sleep(1)
 
