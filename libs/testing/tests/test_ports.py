@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,22 @@ def test_a_range_covering_every_port_is_a_clear_error(tmp_path: Path, monkeypatc
         free_port_block(2)
     with pytest.raises(ValueError, match="a block of 0 ports"):
         free_port_block(0)
+
+
+def test_a_port_another_process_claimed_is_never_issued_and_a_dead_ones_claim_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "CLAIMS", tmp_path / "claims")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    dead_pid = int(ended.stdout)
+    live, dead = free_port(), free_port()  # free, and now ours in this process only
+    ports._issued.difference_update({live, dead})
+    (tmp_path / "claims").mkdir(exist_ok=True)
+    (tmp_path / "claims" / str(live)).write_text(str(os.getppid()))  # a live process: the test's parent
+    (tmp_path / "claims" / str(dead)).write_text(str(dead_pid))
+    choose, first = ports._choose.choice, [dead, live]
+    monkeypatch.setattr(ports._choose, "choice", lambda starts: first.pop() if first else choose(starts))
+    assert free_port() == dead  # `live` refused, then the dead process's claim taken over
+    assert not first
+    assert (tmp_path / "claims" / str(dead)).read_text() == str(os.getpid())
+    assert (tmp_path / "claims" / str(live)).read_text() == str(os.getppid())

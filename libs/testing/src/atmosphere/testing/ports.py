@@ -5,13 +5,19 @@ connection on the machine takes its local port from. Between the check and the c
 any connection may take it, and a connected socket holds it for as long as it lives (seen: a
 `dev --cluster 3` node's route port "already in use" in a full test run, with ~100 connections
 opening while the stack starts). So these ports come from outside that range, where no connect()
-lands, each checked free by binding it, and none is handed out twice by one test process.
+lands, each checked free by binding it, and none is handed out twice: not by one test process,
+nor by two at once (parallel test workers, the floors' lane beside the suite). A port is claimed
+across processes by a file named after it in `CLAIMS` holding the claimant's pid; a claim whose
+process is gone is taken over, so a killed run leaves nothing that blocks the next.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import socket
+import tempfile
 from pathlib import Path
 
 LOWEST = 10_000
@@ -20,6 +26,9 @@ _HIGHEST = 65_535
 _ATTEMPTS = 1000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LINUX_DEFAULT_EPHEMERAL = (32_768, 60_999)
+
+CLAIMS = Path(tempfile.gettempdir()) / f"atmosphere-test-ports-{os.getuid()}"
+"""Where ports are claimed across processes: one file per port, holding the claimant's pid."""
 
 _issued: set[int] = set()
 _choose = random.SystemRandom()  # independent of any seeding of `random` a test run does
@@ -42,7 +51,7 @@ def free_port_block(count: int) -> int:
     for _ in range(_ATTEMPTS):
         start = _choose.choice(starts)
         block = range(start, start + count)
-        if _issued.isdisjoint(block) and all(_bindable(port) for port in block):
+        if _issued.isdisjoint(block) and all(_bindable(port) for port in block) and _claim(block):
             _issued.update(block)
             return start
     raise RuntimeError(f"no {count} consecutive free TCP ports outside the ephemeral range in {_ATTEMPTS} tries")
@@ -64,6 +73,56 @@ def ephemeral_range() -> tuple[int, int]:
     except (OSError, ValueError):
         return _LINUX_DEFAULT_EPHEMERAL
     return low, high
+
+
+def _claim(block: range) -> bool:
+    """Claim every port of `block` for this process, or none (another process holds one)."""
+    CLAIMS.mkdir(mode=0o700, exist_ok=True)
+    taken: list[int] = []
+    for port in block:
+        if not _claim_one(port):
+            for mine in taken:
+                with contextlib.suppress(OSError):
+                    (CLAIMS / str(mine)).unlink()
+            return False
+        taken.append(port)
+    return True
+
+
+def _claim_one(port: int) -> bool:
+    path = CLAIMS / str(port)
+    for _ in range(2):  # once more after taking over a dead process's claim
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if not _claim_is_stale(path):
+                return False
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as claim:
+            claim.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _claim_is_stale(path: Path) -> bool:
+    """Whether the process that claimed `path` is gone (a claim being written is not stale)."""
+    try:
+        pid = int(path.read_text() or "0")
+    except (OSError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False  # ours, from an earlier issue in this process
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _bindable(port: int) -> bool:
