@@ -16,6 +16,9 @@ the stream has and sends the missing ones again, with `Nats-Msg-Id` = `<run_id>:
 is stored once). Before a durable event everything before it is confirmed, so a run's record is
 complete before its work item is acked. A resent event is stored behind later ones: readers
 order by `seq` (`follow_run`).
+
+The writer numbers, stamps and sends the events and keeps the watchdog; the bookkeeping of what
+is not yet confirmed, the probes and the resends are `_run_confirm`'s (`UnconfirmedEvents`).
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atmosphere.bus import subjects
 from atmosphere.bus._api import Bus
 from atmosphere.bus._codec import Headers, wire_size
-from atmosphere.bus._retry import FINAL_ERRORS
+from atmosphere.bus._run_confirm import UnconfirmedEvents
 from atmosphere.bus.errors import BusError, PayloadTooLargeError
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 
@@ -77,19 +79,6 @@ def _now() -> Timestamp:
     return ts
 
 
-@dataclass(eq=False)
-class _Piece:
-    """An event sent as a plain publish, not yet confirmed stored."""
-
-    event: RunEvent
-    epoch: int
-    """The bus epoch it was sent in; -1 when it could not be sent at all."""
-    leader: str | None
-    """The `ATMO_EVENTS` leader (and term) the writer trusted when it sent it; None: none trusted."""
-    sent_at: float = field(default_factory=time.monotonic)
-    """When it was sent (monotonic): the oldest unconfirmed piece's age drives the watchdog."""
-
-
 class RunEventWriter:
     """Numbers, stamps and stores one run's events in `ATMO_EVENTS`, each exactly once (see the module)."""
 
@@ -115,15 +104,11 @@ class RunEventWriter:
         self._next_seq = first_seq
         self._patience = ack_patience
         self._deadline = store_deadline
-        self._pieces: list[_Piece] = []
+        self._unconfirmed = UnconfirmedEvents(
+            bus, request.run_id, ack_patience=ack_patience, store_deadline=store_deadline
+        )
         self._watchdog: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._repair = asyncio.Lock()
-        self._leader: str | None = None
-        """The `ATMO_EVENTS` leader (and term) trusted for the events sent from now on: read before
-        the first one, and again at each confirmation. None when it could not be read, or right
-        after it changed (until an acknowledgement through the new one proves the way to it)."""
-        self._leader_read = False
         # The most an event's headers can add (a message id with the longest seq), measured once.
         self._header_room = wire_size(b"", Headers(msg_id=f"{request.run_id}:{'9' * 20}").to_wire())
 
@@ -135,7 +120,7 @@ class RunEventWriter:
     @property
     def unacknowledged(self) -> int:
         """How many events were sent but not yet confirmed stored."""
-        return len(self._pieces)
+        return len(self._unconfirmed.pieces)
 
     async def emit(self, event: RunEvent, *, durable: bool | None = None) -> RunEvent:
         """Stamp `event` (ids, owner, seq, timestamp) and publish it; return the stamped event.
@@ -160,26 +145,12 @@ class RunEventWriter:
                 stamped = await self.emit(piece, durable=durable)
             return stamped
         self._next_seq += 1
+        unconfirmed = self._unconfirmed
         if durable or (durable is None and is_terminal(event)):
-            give_up = time.monotonic() + self._deadline
-            trusted = self._leader
-            epoch = await self._store(event)
-            if not self._pieces:
-                return event  # acknowledged itself, and nothing unconfirmed before it
-            # The durable event's own acknowledgement confirms the events sent before it in its
-            # session under the leader it was stored by; only the others need looking up.
-            leader = await self._reread_leader(trusted)
-            self._confirmed_by(epoch, event.seq, leader)
-            if self._pieces:
-                await self._confirm_pieces(give_up)
+            await unconfirmed.store_durable(event)
             return event
-        if not self._leader_read:
-            # Before the first piece is sent: its confirmation compares the leader with this
-            # one. A writer of durable events only (a submitter's run-id event) never asks.
-            self._leader_read = True
-            self._leader = await self._current_leader()
-        await self._send_piece(event)
-        if self.unacknowledged >= MAX_IN_FLIGHT:
+        await unconfirmed.send(event)
+        if len(unconfirmed.pieces) >= MAX_IN_FLIGHT:
             await self.flush()  # the broker is not keeping up: hold the run back, never drop
         self._watch()
         return event
@@ -190,8 +161,8 @@ class RunEventWriter:
         Raises:
             BusError: some could not be stored within the store deadline.
         """
-        if self._pieces:
-            await self._confirm_pieces(time.monotonic() + self._deadline)
+        if self._unconfirmed.pieces:
+            await self._unconfirmed.confirm(time.monotonic() + self._deadline)
 
     async def close(self) -> None:
         """Stop the watchdog (the run is over)."""
@@ -203,8 +174,6 @@ class RunEventWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
 
-    # -- sending -------------------------------------------------------------------------------
-
     def _stamp(self, event: RunEvent) -> None:
         request = self._request
         event.run_id = request.run_id
@@ -215,166 +184,6 @@ class RunEventWriter:
         event.owner = self._owner
         event.seq = self._next_seq
         event.timestamp.CopyFrom(_now())
-
-    def _headers(self, seq: int) -> Headers:
-        return Headers(msg_id=f"{self._request.run_id}:{seq}")
-
-    async def _send_piece(self, event: RunEvent) -> None:
-        epoch = self._bus.epoch
-        if not self._bus.is_connected:
-            epoch = -1  # not handed to a client that would buffer it: sent once we are back
-        else:
-            try:
-                await self._bus.publish(self._subject, event)
-            except FINAL_ERRORS:
-                raise
-            except BusError:
-                epoch = -1
-        self._pieces.append(_Piece(event, epoch, self._leader))
-
-    def _confirmed_by(self, epoch: int | None, seq: int, leader: str | None) -> None:
-        """Event `seq` was stored in session `epoch` (None: unknown) by `leader` (None: unknown).
-
-        So was every event sent before it in that session while the writer trusted that same
-        leader (and term): JetStream stores one leader's messages in the order it received them.
-        """
-        if epoch is not None and leader is not None:
-            self._pieces = [p for p in self._pieces if p.epoch != epoch or p.event.seq > seq or p.leader != leader]
-
-    async def _store(self, event: RunEvent) -> int | None:
-        """Publish `event` and wait until stored, trying again (same id) until the deadline.
-
-        Returns the epoch of the session that stored it, or None if that session ended
-        between the send and the acknowledgement.
-        """
-        give_up = time.monotonic() + self._deadline
-        attempt = 0
-        while True:
-            epoch = self._bus.epoch
-            try:
-                await self._bus.js_publish(
-                    self._subject, event, headers=self._headers(event.seq), timeout=self._patience
-                )
-                return epoch if self._bus.epoch == epoch else None
-            except FINAL_ERRORS:
-                raise
-            except BusError as exc:
-                if time.monotonic() >= give_up:
-                    raise
-                log.info("run %s: storing event %d failed (%s); trying again", self._request.run_id, event.seq, exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-            attempt += 1
-
-    async def _current_leader(self) -> str | None:
-        try:
-            return await self._bus.stream_leader(subjects.EVENTS_STREAM)
-        except FINAL_ERRORS:
-            raise
-        except BusError:
-            return None
-
-    async def _reread_leader(self, before: str | None) -> str | None:
-        """The leader now, after an acknowledgement that went out while `before` was trusted.
-
-        It becomes the leader trusted for what is sent next only when it is `before` still: the
-        acknowledgement then came the way the next events go. After a change, a message sent
-        at once may still go the old way (the new leader's interest not yet known on every
-        route), so nothing is trusted until the next acknowledgement under the new one.
-        """
-        now = await self._current_leader()
-        self._leader = now if now is not None and now == before else None
-        return now
-
-    def _check_deadline(self, give_up: float) -> None:
-        if time.monotonic() >= give_up:
-            msg = f"run {self._request.run_id}: {self.unacknowledged} event(s) not stored in {self._deadline:g}s"
-            raise BusError(msg)
-
-    # -- confirming stream pieces --------------------------------------------------------------
-
-    async def _confirm_pieces(self, give_up: float, *, until_none: bool = True) -> None:
-        """Make sure the pieces sent so far are stored: probe, then send again what is missing.
-
-        A piece stays listed until it is known stored, so whoever flushes meanwhile waits for
-        this repair instead of finding nothing to do. `until_none`: go on while pieces keep
-        coming (a flush); else settle what was sent before the call (the watchdog, while the
-        run streams on). The probe proves a piece stored only when it went out in the piece's
-        session under the leader the piece was sent to: each piece carries the leader trusted
-        when it was sent, and the leader is read again after the probe's acknowledgement (two
-        confirmations at once each compare with their own pieces, never with each other's).
-        """
-        async with self._repair:
-            while self._pieces:
-                self._check_deadline(give_up)
-                sent = list(self._pieces)  # pieces sent after the probe are not proven by it
-                # The leader before the probe, read afresh when none is trusted: a probe between two
-                # equal readings proves the way to that leader, which is then trusted again.
-                before = self._leader if self._leader is not None else await self._current_leader()
-                epoch = await self._probe(give_up)
-                if epoch is None:
-                    continue  # the session ended during the probe: it proves nothing
-                leader = await self._reread_leader(before)
-                proven = {id(p) for p in sent if p.epoch == epoch and p.leader is not None and p.leader == leader}
-                self._pieces = [p for p in self._pieces if id(p) not in proven]
-                uncertain = [p for p in sent if id(p) not in proven]
-                if uncertain:
-                    await self._send_missing(uncertain, give_up)
-                if not until_none:
-                    return
-
-    async def _probe(self, give_up: float) -> int | None:
-        """The epoch in which a probe was stored, or None if the session ended meanwhile.
-
-        Everything sent before the probe in that session is stored too; what was sent in an
-        earlier session was either stored or lost by then (a client flushes what it buffered
-        before anything sent after it).
-        """
-        epoch = self._bus.epoch
-        probe = RunEvent(run_id=self._request.run_id)
-        while True:
-            try:
-                await self._bus.js_publish(subjects.run_probe(self._request.run_id), probe, timeout=self._patience)
-                break
-            except FINAL_ERRORS:
-                raise
-            except BusError:
-                self._check_deadline(give_up)
-                await asyncio.sleep(min(1.0, self._patience / 4))
-                epoch = self._bus.epoch
-        return epoch if self._bus.epoch == epoch else None
-
-    async def _send_missing(self, uncertain: list[_Piece], give_up: float) -> None:
-        stored = await self._stored_seqs(give_up)
-        missing = [p for p in uncertain if p.event.seq not in stored]
-        if missing:
-            log.info("run %s: sending %d event(s) again after a lost connection", self._request.run_id, len(missing))
-        for piece in missing:
-            self._check_deadline(give_up)
-            await self._store(piece.event)
-            self._forget(piece)
-        for piece in uncertain:
-            self._forget(piece)
-
-    async def _stored_seqs(self, give_up: float) -> set[int]:
-        """The seqs of this run the stream holds, read again while JetStream cannot answer yet.
-
-        Right after a leader change the stream answers "temporarily unavailable" for a moment:
-        that is a reason to wait (within the store deadline), not to give the run up.
-        """
-        attempt = 0
-        while True:
-            try:
-                return await _stored_seqs(self._bus, self._request.run_id)
-            except FINAL_ERRORS:
-                raise
-            except BusError as exc:
-                self._check_deadline(give_up)
-                log.info("run %s: cannot read its stored events yet (%s); trying again", self._request.run_id, exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-            attempt += 1
-
-    def _forget(self, piece: _Piece) -> None:
-        self._pieces = [p for p in self._pieces if p is not piece]
 
     # -- the watchdog --------------------------------------------------------------------------
 
@@ -393,7 +202,7 @@ class RunEventWriter:
         while self.unacknowledged:
             try:
                 if self._needs_confirmation():
-                    await self._confirm_pieces(time.monotonic() + self._deadline, until_none=False)
+                    await self._unconfirmed.confirm(time.monotonic() + self._deadline, until_none=False)
             except BusError as exc:
                 # Nothing is dropped: the run's next durable event flushes (and fails) for real.
                 log.warning("run %s: confirming events failed: %s", self._request.run_id, exc)
@@ -401,14 +210,11 @@ class RunEventWriter:
             await asyncio.sleep(self._patience)
 
     def _needs_confirmation(self) -> bool:
+        pieces = self._unconfirmed.pieces
         epoch = self._bus.epoch
-        if len(self._pieces) >= CONFIRM_EVERY or any(p.epoch != epoch for p in self._pieces):
+        if len(pieces) >= CONFIRM_EVERY or any(p.epoch != epoch for p in pieces):
             return True
-        return bool(self._pieces) and time.monotonic() - self._pieces[0].sent_at >= CONFIRM_AFTER
-
-
-async def _stored_seqs(bus: Bus, run_id: str) -> set[int]:
-    return {e.seq async for e in bus.replay(subjects.EVENTS_STREAM, subjects.run_events(run_id), RunEvent)}
+        return bool(pieces) and time.monotonic() - pieces[0].sent_at >= CONFIRM_AFTER
 
 
 def _split_stream_piece(event: RunEvent, excess: int) -> list[RunEvent]:

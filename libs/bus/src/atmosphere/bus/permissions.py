@@ -61,7 +61,7 @@ from atmosphere.bus import run_queue, subjects
 from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLayout
 
 # One owner of how a namespace turns into stream names: the bus itself.
-from atmosphere.bus._nats import _stream_prefix
+from atmosphere.bus._nats_core import stream_prefix
 
 __all__ = [
     "AUTH_CONFIG_FILE",
@@ -221,7 +221,7 @@ class _Wire:
         return f"{self.namespace}.{logical}" if self.namespace else logical
 
     def stream(self, name: str) -> str:
-        return _stream_prefix(self.namespace) + name
+        return stream_prefix(self.namespace) + name
 
 
 class _Grants:
