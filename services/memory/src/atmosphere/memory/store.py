@@ -1,7 +1,8 @@
 """The memory service's SQLite store: conversation history and long-term facts, in one file.
 
-Same conventions as the tape and governance stores: WAL with synchronous=NORMAL (a committed
-write survives a crash of this process), one aiosqlite connection whose users take turns.
+Opened as the tape and governance stores are (`atmosphere.service.sqlite.open_sqlite`: WAL with
+synchronous=NORMAL, a committed write survives a crash of this process), one aiosqlite
+connection whose users take turns.
 Every write is ONE `BEGIN IMMEDIATE … COMMIT` transaction, rolled back on any exception or
 cancellation, so a crash never leaves half a turn or a half-applied compaction. Reads take
 the same turn: on a shared connection a reader could otherwise see another coroutine's
@@ -50,6 +51,7 @@ from atmosphere.sdk.compaction import (
     split_for_summary,
     token_window_keep,
 )
+from atmosphere.service.sqlite import open_sqlite
 
 _log = logging.getLogger(__name__)
 
@@ -194,6 +196,21 @@ _MESSAGE_OVERHEAD: Final = 16
 """Protobuf framing of one `ChatMessage` in a page (tags, lengths, the partial flag)."""
 
 
+async def _create_schema(db: aiosqlite.Connection, path: Path) -> None:
+    """Create the tables (if missing) and check the file's schema version is one this service reads."""
+    await db.executescript(_SCHEMA)
+    await db.execute("BEGIN IMMEDIATE")
+    async with db.execute("SELECT MAX(version) FROM schema_version") as cursor:
+        row = await cursor.fetchone()
+    version = None if row is None else row[0]
+    if version is None:
+        await db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+    elif version > SCHEMA_VERSION:
+        msg = f"{path}: schema version {version} is newer than this service's {SCHEMA_VERSION}"
+        raise RuntimeError(msg)
+    await db.commit()
+
+
 class _Opening:
     """What `MemoryStore.open` returns: await it, or use it as an async context manager."""
 
@@ -218,11 +235,12 @@ class _Opening:
 class MemoryStore:
     """Conversation history per (agent, conversation id) and long-term facts per user id."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
-        """Use an open connection (see `open`)."""
+    def __init__(self, db: aiosqlite.Connection, *, closing: contextlib.AsyncExitStack | None = None) -> None:
+        """Use an open connection (see `open`); `closing` closes it (None: `close` closes `db` itself)."""
         self._db = db
         self._lock = asyncio.Lock()
         self._closed = False
+        self._closing = closing
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
@@ -239,36 +257,27 @@ class MemoryStore:
 
     @classmethod
     async def connect(cls, path: Path) -> MemoryStore:
-        """Open the database, switch it to WAL and create or check the schema."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(path)
+        """Open the database (WAL, `open_sqlite`) and create or check the schema."""
+        # The store outlives this call (`open` may be awaited, not entered): the connection's
+        # context stays open on a stack that `close` unwinds.
+        closing = contextlib.AsyncExitStack()
         try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a committed turn survives a crash of this process; only an OS crash
-            # can lose the last moments. An fsync per turn would sit on every run's path.
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.executescript(_SCHEMA)
-            await db.execute("BEGIN IMMEDIATE")
-            async with db.execute("SELECT MAX(version) FROM schema_version") as cursor:
-                row = await cursor.fetchone()
-            version = None if row is None else row[0]
-            if version is None:
-                await db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-            elif version > SCHEMA_VERSION:
-                msg = f"{path}: schema version {version} is newer than this service's {SCHEMA_VERSION}"
-                raise RuntimeError(msg)
-            await db.commit()
+            db = await closing.enter_async_context(open_sqlite(path))
+            await _create_schema(db, path)
         except BaseException:
-            await db.close()
+            await closing.aclose()
             raise
-        return cls(db)
+        return cls(db, closing=closing)
 
     async def close(self) -> None:
         """Wait for the operation in progress, then close the database (idempotent)."""
         async with self._lock:
             if not self._closed:
                 self._closed = True
-                await self._db.close()
+                if self._closing is None:
+                    await self._db.close()
+                else:
+                    await self._closing.aclose()
 
     async def __aenter__(self) -> MemoryStore:
         return self
