@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atmosphere.bus import JetStreamLayout, ServiceError, subjects
+from atmosphere.bus import JetStreamLayout
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenedFact, ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -20,11 +20,12 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, WorkspaceScope
+from atmosphere.memory.app import replicated
 from atmosphere.memory.handlers import MemoryHandlers
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.workspaces import Workspaces
 from atmosphere.sdk import ChatMessage as Message
-from atmosphere.service.replica import ReplicaLog, ReplicaPosition
+from atmosphere.service.replica import ReplicaPosition
 
 SCOPE = WorkspaceScope(category="agents", owner="planner", agent_id="planner", conversation_id="c1")
 CTX: Any = None
@@ -52,29 +53,13 @@ class Replica:
 @contextlib.asynccontextmanager
 async def replica(bus: FakeBus, root: Path, name: str) -> AsyncIterator[Replica]:
     """One memory replica: its own store and workspace, its writes through the shared log."""
-    async with MemoryStore.open(root / name / "memory.db") as store:
-
-        async def caught_up() -> None:  # `log` is made below: it applies through `handlers`
-            await log.caught_up()
-
-        handlers = MemoryHandlers(
-            store,
-            Workspaces(root / name / "workspace"),
-            screen,
-            write=lambda change, key: log.write(subjects.memory_log(), change, msg_id=key),
-            caught_up=caught_up,
-        )
-        log: ReplicaLog[MemoryWrite, Any] = ReplicaLog(
-            bus,
-            stream=subjects.MEMORY_LOG_STREAM,
-            filter_subject=subjects.memory_log(),
-            position=ReplicaPosition(root / name, "memory"),
-            message_type=MemoryWrite,
-            apply=handlers.apply,
-            outcomes=(ServiceError,),
-        )
-        async with log.applying():
-            yield Replica(handlers, root / name / "workspace")
+    async with (
+        MemoryStore.open(root / name / "memory.db") as store,
+        replicated(
+            bus, store, Workspaces(root / name / "workspace"), screen, position=ReplicaPosition(root / name, "memory")
+        ) as handlers,
+    ):
+        yield Replica(handlers, root / name / "workspace")
 
 
 async def test_what_one_replica_wrote_the_other_reads(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import aiosqlite
 
+from atmosphere.service.sqlite import open_sqlite
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decision_log (
     decision_id TEXT PRIMARY KEY,
@@ -153,12 +155,8 @@ class DecisionLog:
     @contextlib.asynccontextmanager
     async def open(cls, path: Path, retention: Retention | None = None) -> AsyncIterator[DecisionLog]:
         """Open (creating or upgrading if needed) the log at `path`."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        async with aiosqlite.connect(path) as db:
-            await db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a committed decision survives a crash of this process; only an OS
-            # crash can lose the last moments. An fsync per decision would sit on every run's path.
-            await db.execute("PRAGMA synchronous=NORMAL")
+        # WAL + NORMAL (`open_sqlite`): a committed decision survives a crash of this process.
+        async with open_sqlite(path) as db:
             await db.executescript(_SCHEMA)
             async with db.execute("PRAGMA table_info(decision_log)") as cursor:
                 present = {row[1] for row in await cursor.fetchall()}

@@ -1,17 +1,19 @@
-"""Memory's wiring: the SQLite store, the workspaces, the responders."""
+"""Memory's wiring: the SQLite store, the workspaces, memory's write log, the responders."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
-from typing import Any
+from collections.abc import AsyncIterator
 
 from atmosphere.bus import Bus, ServiceError, subjects
 from atmosphere.bus.errors import ReplicaBehindError
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenFactsRequest, ScreenFactsResponse
 from atmosphere.contracts.memory.v1.memory_pb2 import MemoryWrite
-from atmosphere.memory.handlers import MemoryHandlers, ScreenFacts, runtime_info
+from atmosphere.memory.handlers import MemoryHandlers, runtime_info
+from atmosphere.memory.replication import MemoryJournal, MemoryLog, MemoryReplica
+from atmosphere.memory.responders.facts import ScreenFacts
 from atmosphere.memory.settings import MemorySettings
 from atmosphere.memory.store import MemoryStore
 from atmosphere.memory.vfs import parse_routes
@@ -39,44 +41,54 @@ async def serve(settings: MemorySettings, *, stop: asyncio.Event, bus: Bus | Non
     async with (
         MemoryStore.open(settings.db_path) as store,
         open_service("memory", settings, info=lambda: runtime_info(workspaces), stop=stop, bus=bus) as runtime,
-    ):
-        screen = governance_screen(runtime.bus, settings.memory.screen_timeout)
-
-        # `ATMO_MEMORY` is the store of record: every replica applies every write, in order, to
-        # its own store, so N replicas hold one state (`atmosphere.service.replica`).
-        async def caught_up() -> None:  # `writes` is made below: it applies through `handlers`
-            await writes.caught_up()
-
-        handlers = MemoryHandlers(
+        replicated(
+            runtime.bus,
             store,
             workspaces,
-            screen,
-            max_payload=runtime.bus.max_payload,
-            write=lambda change, key: writes.write(subjects.memory_log(), change, msg_id=idempotency_id(key)),
-            caught_up=caught_up,
-        )
-        writes: ReplicaLog[MemoryWrite, Any] = ReplicaLog(
-            runtime.bus,
-            stream=subjects.MEMORY_LOG_STREAM,
-            filter_subject=subjects.memory_log(),
+            governance_screen(runtime.bus, settings.memory.screen_timeout),
             position=ReplicaPosition(settings.db_path.parent, "memory"),
-            message_type=MemoryWrite,
-            apply=handlers.apply,
-            outcomes=(ServiceError,),
-        )
-        async with writes.applying():
-            await catch_up(writes)
-            async with runtime.bus.serve(handlers.router(), queue=QUEUE):
-                runtime.health.mark_ready()
-                await stop.wait()
+        ) as handlers,
+        runtime.bus.serve(handlers.router(), queue=QUEUE),
+    ):
+        runtime.health.mark_ready()
+        await stop.wait()
 
 
-def idempotency_id(key: str) -> str:
-    """The `Nats-Msg-Id` of a write with idempotency key `key` (fixed length whatever the ids)."""
-    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+@contextlib.asynccontextmanager
+async def replicated(
+    bus: Bus,
+    store: MemoryStore,
+    workspaces: Workspaces,
+    screen: ScreenFacts,
+    *,
+    position: ReplicaPosition | None = None,
+) -> AsyncIterator[MemoryHandlers]:
+    """Memory's responders, applying memory's write log to `store` and `workspaces` while the context is open.
+
+    `ATMO_MEMORY` is the store of record: every replica applies every write, in order, to its own
+    store, so N replicas hold one state (`replication.py`). The responders are returned once this
+    replica applied what the log held (or, if that takes long, while it goes on applying).
+    `position` keeps how far it applied beside its store (None: in memory, a test's replica).
+    """
+    replica = MemoryReplica(store, workspaces, max_payload=bus.max_payload)
+    writes: MemoryLog = ReplicaLog(
+        bus,
+        stream=subjects.MEMORY_LOG_STREAM,
+        filter_subject=subjects.memory_log(),
+        position=position or ReplicaPosition(None, "memory"),
+        message_type=MemoryWrite,
+        apply=replica.apply,
+        outcomes=(ServiceError,),
+    )
+    handlers = MemoryHandlers(
+        store, workspaces, screen, max_payload=bus.max_payload, journal=MemoryJournal(replica, log=writes)
+    )
+    async with writes.applying():
+        await catch_up(writes)
+        yield handlers
 
 
-async def catch_up(writes: ReplicaLog[MemoryWrite, Any]) -> None:
+async def catch_up(writes: MemoryLog) -> None:
     """Apply what the log already holds before taking requests (a new replica starts from its start)."""
     try:
         await writes.caught_up()

@@ -15,6 +15,7 @@ from pathlib import Path
 import aiosqlite
 
 from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY
+from atmosphere.service.sqlite import open_sqlite
 from atmosphere.tape.schema import migrate
 
 
@@ -101,10 +102,7 @@ class TapeStore:
     @contextlib.asynccontextmanager
     async def open(cls, path: Path) -> AsyncIterator[TapeStore]:
         """Open (creating or migrating if needed) the database at `path`."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        async with aiosqlite.connect(path) as db:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")
+        async with open_sqlite(path) as db:
             await migrate(db)
             yield cls(db)
 

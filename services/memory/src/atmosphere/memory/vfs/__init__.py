@@ -2,9 +2,10 @@
 
 From the bottom up: `filesystem` (the `FileSystem` contract, `WorkspaceError`), `paths` (every
 name checked as a string before any I/O), `dirfd` (fd-relative primitives that never follow a
-link), `storeroot` and `filestore` (one bounded store), `patterns` (glob and deadline-bound
-regex), `composite` (prefix-routed shared stores behind one namespace), `conversation_stores`
-(which store each conversation of an owner sees) and `file_tools` (the eight model-facing tools).
+link), `storeroot` and `filestore` (one bounded store; its `limits`, `filereads`, `filesearch` and
+`filewrites`), `patterns` (glob and deadline-bound regex), `composite` (prefix-routed shared stores
+behind one namespace), `conversation_stores` (which store each conversation of an owner sees) and
+`file_tools` (the eight model-facing tools).
 
 The rest of memory (the handlers, the plan store, `Workspaces`) imports from this package only.
 """

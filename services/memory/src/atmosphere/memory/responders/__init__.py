@@ -1,0 +1,1 @@
+"""Memory's responders, one class per area: history, facts, the harness tools, workspaces."""
