@@ -262,7 +262,7 @@ AGENT_DOORS = (agent_socket.router, agent_sse.router, agent_poll.router, run_con
 def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     """Include every router; the fixed routes they serve (a catch-all hit on their paths is a 405)."""
     app.include_router(docs.router)
-    # The agent doors in the order their routes were always listed (the OpenAPI document keeps it).
+    # In this order, the OpenAPI document lists their routes as it did when they were one router.
     for door in AGENT_DOORS:
         app.include_router(door)
     if settings.ai_openai_enabled:
@@ -276,7 +276,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
         r
         for r in (
             *app.router.routes,
-            *(r for door in AGENT_DOORS for r in door.routes),
+            *(route for door in AGENT_DOORS for route in door.routes),
             *openai_routes,
             *governance_admin.router.routes,
             *workspace_api.router.routes,
