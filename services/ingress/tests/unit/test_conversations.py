@@ -13,7 +13,7 @@ from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
-from atmosphere.ingress.agents_api import conversation_of
+from atmosphere.ingress.agent_prompts import conversation_of
 from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.errors import MalformedRequestError as InboundError
 from atmosphere.ingress.workspace_api import traversal_shaped

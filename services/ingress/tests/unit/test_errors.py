@@ -8,7 +8,6 @@ from atmosphere.bus import RemoteError
 from atmosphere.bus.errors import ServiceError, catalogue
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.ingress import errors
-from atmosphere.ingress.admin_api import _bus_failure
 from atmosphere.ingress.errors import (
     AdminBadRequestError,
     AdminSurfaceAbsentError,
@@ -21,6 +20,7 @@ from atmosphere.ingress.errors import (
     RequestTooLargeError,
 )
 from atmosphere.ingress.frames import error_frame
+from atmosphere.ingress.http import _bus_failure
 
 
 def test_every_ingress_code_is_namespaced_and_registered_once() -> None:

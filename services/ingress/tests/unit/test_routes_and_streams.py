@@ -20,7 +20,7 @@ from atmosphere.config import NatsSettings
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, TextDelta
-from atmosphere.ingress.agents_api import _sse_response
+from atmosphere.ingress.agent_sse import _sse_response
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.connection import SERVICE_RESTART_CODE, Closed, Connection
 from atmosphere.ingress.errors import OpenAiError, OpenAiUnavailableError

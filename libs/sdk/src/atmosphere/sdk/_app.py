@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from atmosphere.sdk._agent import AgentSpec, spec_of
+from atmosphere.sdk._spec import AgentSpec, spec_of
 from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
 

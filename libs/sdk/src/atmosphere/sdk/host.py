@@ -9,12 +9,12 @@ harness's built-in tool schemas and compaction are `atmosphere.sdk.builtin_tools
 `atmosphere.sdk.compaction`.
 """
 
-from atmosphere.sdk._agent import AgentSpec, spec_of
 from atmosphere.sdk._app import load_app
 from atmosphere.sdk._capability import AiCapability
 from atmosphere.sdk._harness import HarnessSwitch
 from atmosphere.sdk._policies import BudgetReason
 from atmosphere.sdk._session import EventSink, SessionHost
+from atmosphere.sdk._spec import AgentSpec, spec_of
 from atmosphere.sdk._tool import APPROVED_ARGUMENT, DEFAULT_TOOL_TIMEOUT, ToolArgumentsError, render_result
 from atmosphere.sdk.errors import RETRY_SUFFIX, ToolSignal
 

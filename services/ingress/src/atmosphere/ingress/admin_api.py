@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn
 
 from fastapi import APIRouter, Path, Query, Request
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, RequestTimeoutError, subjects
-from atmosphere.bus.errors import BadRequestError, NotFoundError
+from atmosphere.bus import Bus, BusError, subjects
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.tape.v1.tape_pb2 import (
@@ -35,28 +33,19 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.ingress.errors import (
     AdminBadRequestError,
-    AdminError,
     AdminNotFoundError,
-    AdminSurfaceAbsentError,
-    AdminUnavailableError,
     AdminUnknownRunError,
 )
-from atmosphere.ingress.http import error_responses, require_admin, state_of
-
-M = TypeVar("M", bound=Message)
-R = TypeVar("R")
+from atmosphere.ingress.http import ADMIN_ERRORS, ADMIN_TIMEOUT, OPTIONAL_ID, admin_call, state_of, valid_id
 
 MAX_SEQ = 2**53
 ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
 """What a run, tape or conversation id may look like; anything else is answered with 400."""
-OPTIONAL_ID = r"^([A-Za-z0-9_\-:@]{1,128})?$"
 
 SERVICES = ("ingress", "dispatch", "sandbox", "governance", "memory", "tape")
 INFO_TIMEOUT = 1.0
-ADMIN_TIMEOUT = 5.0
 
 router = APIRouter()
-ERRORS = error_responses(400, 401, 403, 404, 503)
 
 
 def _merge(into: dict[str, Any], fragment: dict[str, Any]) -> None:
@@ -91,41 +80,8 @@ async def console_info(request: Request) -> dict[str, Any]:
     return merged
 
 
-async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[R]]) -> R:
-    """Gate, then ask the owning service; a bus failure raises the `AdminError` that says which."""
-    state = state_of(request)
-    require_admin(state, request)
-    try:
-        return await ask(state.bus)
-    except BusError as exc:
-        raise _bus_failure(owner, exc) from None
-
-
-def _bus_failure(owner: str, exc: BusError) -> AdminError:
-    """The answer when the owning service could not serve an admin read."""
-    if isinstance(exc, NoRespondersError):
-        return AdminSurfaceAbsentError(f"The {owner} service is not running, so this surface is absent")
-    if isinstance(exc, RequestTimeoutError):
-        return AdminUnavailableError(f"The {owner} service did not answer in time")
-    if isinstance(exc, RemoteError):
-        if isinstance(exc.error, NotFoundError):
-            return AdminSurfaceAbsentError(exc.message)
-        if isinstance(exc.error, BadRequestError):
-            return AdminBadRequestError(exc.message)
-        return AdminUnavailableError(f"The {owner} service failed: {exc.message}")
-    return AdminUnavailableError(f"The {owner} service cannot be reached")
-
-
 def _dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, always_print_fields_with_no_presence=True)
-
-
-def valid_id(value: str) -> bool:
-    try:
-        subjects.token(value, what="id")
-    except ValueError:
-        return False
-    return True
 
 
 def _run(run: TapeRun) -> dict[str, Any]:
@@ -146,7 +102,7 @@ def _run(run: TapeRun) -> dict[str, Any]:
     }
 
 
-@router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=ERRORS)
+@router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=ADMIN_ERRORS)
 async def admin_agents(request: Request) -> Any:
     """The `ATMO_AGENTS` descriptors."""
 
@@ -157,7 +113,7 @@ async def admin_agents(request: Request) -> Any:
     return await admin_call(request, "dispatch", ask)
 
 
-@router.get("/api/admin/tools", summary="Tools and their schemas", responses=ERRORS)
+@router.get("/api/admin/tools", summary="Tools and their schemas", responses=ADMIN_ERRORS)
 async def admin_tools(request: Request) -> Any:
     """The `ATMO_TOOLS` descriptors."""
 
@@ -168,7 +124,7 @@ async def admin_tools(request: Request) -> Any:
     return await admin_call(request, "sandbox", ask)
 
 
-@router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=ERRORS)
+@router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=ADMIN_ERRORS)
 async def admin_tape_runs(
     request: Request,
     tapeId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
@@ -202,7 +158,7 @@ def _step(step: TapeStep) -> dict[str, Any]:
     return shown
 
 
-@router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=ERRORS)
+@router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=ADMIN_ERRORS)
 async def admin_tape_steps(
     request: Request,
     run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})],
@@ -259,7 +215,11 @@ def _replayed(run: ReplayedRun) -> dict[str, Any]:
     return shown
 
 
-@router.get("/api/admin/tape/runs/{run_id}/replay", summary="A run and the runs it started, rebuilt", responses=ERRORS)
+@router.get(
+    "/api/admin/tape/runs/{run_id}/replay",
+    summary="A run and the runs it started, rebuilt",
+    responses=ADMIN_ERRORS,
+)
 async def admin_tape_replay(
     request: Request, run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]
 ) -> Any:

@@ -20,8 +20,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from atmosphere.bus import Bus, BusError
-from atmosphere.ingress import admin_api, agents_api, docs, governance_admin, openai_api, workspace_api
-from atmosphere.ingress.agents_api import start_sse
+from atmosphere.ingress import (
+    admin_api,
+    agent_poll,
+    agent_socket,
+    agent_sse,
+    docs,
+    governance_admin,
+    openai_api,
+    run_control,
+    workspace_api,
+)
+from atmosphere.ingress.agent_prompts import PROMPT_BODY
+from atmosphere.ingress.agent_sse import start_sse
 from atmosphere.ingress.errors import (
     IngressError,
     InternalError,
@@ -244,10 +255,16 @@ def _add_probes(app: FastAPI) -> None:
         return JSONResponse(body, status_code=200 if health.ready else 503)
 
 
+AGENT_DOORS = (agent_socket.router, agent_sse.router, agent_poll.router, run_control.router)
+"""The WebSocket, SSE and long-poll doors of the agents, and the control of their runs."""
+
+
 def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     """Include every router; the fixed routes they serve (a catch-all hit on their paths is a 405)."""
     app.include_router(docs.router)
-    app.include_router(agents_api.router)
+    # In this order, the OpenAPI document lists their routes as it did when they were one router.
+    for door in AGENT_DOORS:
+        app.include_router(door)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
     app.include_router(governance_admin.router)
@@ -259,7 +276,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
         r
         for r in (
             *app.router.routes,
-            *agents_api.router.routes,
+            *(route for door in AGENT_DOORS for route in door.routes),
             *openai_routes,
             *governance_admin.router.routes,
             *workspace_api.router.routes,
@@ -294,12 +311,12 @@ def _add_endpoint_paths(app: FastAPI, fixed: Sequence[Route], *, openai_prefix: 
 
     @app.websocket("/{path:path}")
     async def endpoint_socket(websocket: WebSocket, path: str) -> None:
-        await agents_api.serve_socket_at(websocket, state_of(websocket).directory.by_path("/" + path))
+        await agent_socket.serve_socket_at(websocket, state_of(websocket).directory.by_path("/" + path))
 
     @app.post(
         "/{path:path}",
         summary="Run a prompt on an @ai_endpoint path (Server-Sent Events)",
-        openapi_extra=agents_api.PROMPT_BODY,
+        openapi_extra=PROMPT_BODY,
         response_class=StreamingResponse,
         response_model=None,
         responses={200: {"content": {"text/event-stream": {}}}, **error_responses(405, 400, 401, 403, 404, 413)},

@@ -37,10 +37,20 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ListDecisionsRequest,
     ListDecisionsResponse,
 )
-from atmosphere.ingress.admin_api import ADMIN_TIMEOUT, ERRORS, OPTIONAL_ID, admin_call, valid_id
 from atmosphere.ingress.bodies import parse_json
 from atmosphere.ingress.errors import AdminBadRequestError, AdminUnavailableError, BodyError
-from atmosphere.ingress.http import bounded_text, error_responses, require_admin, require_admin_write, state_of
+from atmosphere.ingress.http import (
+    ADMIN_ERRORS,
+    ADMIN_TIMEOUT,
+    OPTIONAL_ID,
+    admin_call,
+    bounded_text,
+    error_responses,
+    require_admin,
+    require_admin_write,
+    state_of,
+    valid_id,
+)
 from atmosphere.ingress.inbound import message_limit, require_fits
 
 log = logging.getLogger("atmosphere.ingress.governance")
@@ -318,7 +328,7 @@ async def governance_check(request: Request) -> JSONResponse:
     f"{PREFIX}/policies",
     summary="The policies in force, in evaluation order",
     response_model=None,
-    responses=_answers(list[PolicyEntry], ERRORS),
+    responses=_answers(list[PolicyEntry], ADMIN_ERRORS),
 )
 async def governance_policies(request: Request) -> JSONResponse:
     """`[{name, source, version, className, digest, type, …}]`; dry-run and kill-switch entries add their state."""
@@ -329,7 +339,7 @@ async def governance_policies(request: Request) -> JSONResponse:
     f"{PREFIX}/summary",
     summary="How many policies, from where",
     response_model=None,
-    responses=_answers(Summary, ERRORS),
+    responses=_answers(Summary, ADMIN_ERRORS),
 )
 async def governance_summary(request: Request) -> JSONResponse:
     """`{policyCount, sources}`."""
@@ -340,7 +350,7 @@ async def governance_summary(request: Request) -> JSONResponse:
     f"{PREFIX}/health",
     summary="Governance's health and the kill switch",
     response_model=None,
-    responses=_answers(Health, ERRORS),
+    responses=_answers(Health, ADMIN_ERRORS),
 )
 async def governance_health(request: Request) -> JSONResponse:
     """`{status, policyCount, killSwitch: {armed, reason, operator, armedAt}}`."""
@@ -430,7 +440,7 @@ def _snapshot(record: DecisionRecord) -> dict[str, Any]:
     f"{PREFIX}/decisions",
     summary="The decision log, newest first",
     response_model=None,
-    responses=_answers(list[DecisionRow], ERRORS),
+    responses=_answers(list[DecisionRow], ADMIN_ERRORS),
 )
 async def governance_decisions(
     request: Request,

@@ -2,33 +2,47 @@
 
 Routes raise typed errors (`errors.py`); the app answers them in one place per body shape
 (`ingress_error_response`, `openai_error_response`), so no route builds an error body itself.
+The admin routes (`admin_api.py`, `governance_admin.py`, `workspace_api.py`) ask the owning
+service over the bus through `admin_call`, which names the failure precisely.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from fastapi import Request, WebSocket
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from atmosphere.bus import subjects
+from atmosphere.bus import Bus, BusError, NoRespondersError, RemoteError, RequestTimeoutError, subjects
+from atmosphere.bus.errors import BadRequestError, NotFoundError
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.ingress.auth import AuthError, Caller, presented_token
 from atmosphere.ingress.bodies import BodyError, read_body, read_text
 from atmosphere.ingress.errors import (
     ADMIN_AUTH_REFUSALS,
     AUTH_REFUSALS,
+    AdminBadRequestError,
+    AdminError,
     AdminForbiddenError,
+    AdminSurfaceAbsentError,
     AdminUnauthorizedError,
+    AdminUnavailableError,
     IngressError,
     MalformedRequestError,
     OpenAiError,
 )
 from atmosphere.ingress.inbound import message_limit
 from atmosphere.ingress.state import IngressState
+
+R = TypeVar("R")
+
+ADMIN_TIMEOUT = 5.0
+"""Seconds an admin read waits for the owning service."""
+OPTIONAL_ID = r"^([A-Za-z0-9_\-:@]{1,128})?$"
+"""An optional id filter of an admin read: empty, or what a run, tape or conversation id may look like."""
 
 
 class ErrorBody(BaseModel):
@@ -41,6 +55,10 @@ class ErrorBody(BaseModel):
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI `responses` of a route that may answer these statuses with an `ErrorBody`."""
     return {s: {"model": ErrorBody} for s in statuses}
+
+
+ADMIN_ERRORS = error_responses(400, 401, 403, 404, 503)
+"""What an admin read may answer besides its data."""
 
 
 def ingress_error_response(error: IngressError, *, status: int | None = None) -> JSONResponse:
@@ -111,6 +129,40 @@ def require_admin_write(state: IngressState, request: Request) -> None:
     if not presented or not hmac.compare_digest(presented.encode(), token.encode()):
         msg = "Admin changes need 'Authorization: Bearer <admin token>'"
         raise AdminUnauthorizedError(msg)
+
+
+def valid_id(value: str) -> bool:
+    """Whether `value` is usable as an id in a subject (a malformed one is answered 400, never asked)."""
+    try:
+        subjects.token(value, what="id")
+    except ValueError:
+        return False
+    return True
+
+
+async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[R]]) -> R:
+    """Gate, then ask the owning service; a bus failure raises the `AdminError` that says which."""
+    state = state_of(request)
+    require_admin(state, request)
+    try:
+        return await ask(state.bus)
+    except BusError as exc:
+        raise _bus_failure(owner, exc) from None
+
+
+def _bus_failure(owner: str, exc: BusError) -> AdminError:
+    """The answer when the owning service could not serve an admin read."""
+    if isinstance(exc, NoRespondersError):
+        return AdminSurfaceAbsentError(f"The {owner} service is not running, so this surface is absent")
+    if isinstance(exc, RequestTimeoutError):
+        return AdminUnavailableError(f"The {owner} service did not answer in time")
+    if isinstance(exc, RemoteError):
+        if isinstance(exc.error, NotFoundError):
+            return AdminSurfaceAbsentError(exc.message)
+        if isinstance(exc.error, BadRequestError):
+            return AdminBadRequestError(exc.message)
+        return AdminUnavailableError(f"The {owner} service failed: {exc.message}")
+    return AdminUnavailableError(f"The {owner} service cannot be reached")
 
 
 async def bounded_body(request: Request, *, limit: int) -> bytes:

@@ -26,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
 
 import httptools
+import uvicorn
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -45,6 +47,14 @@ from atmosphere.ingress.errors import (
 
 log = logging.getLogger("atmosphere.ingress")
 
+TESTED_UVICORN = ((0, 50), (0, 55))
+"""The uvicorn versions (major, minor) this module was tested on: from the first, up to but not including the second.
+
+`BoundedHttpToolsProtocol` subclasses uvicorn's private httptools protocol and overrides its
+parser callbacks and hooks, which any minor release may change without notice: a server is
+built only on a tested version (`require_tested_uvicorn`). To move the range, run ingress's
+tests on the new uvicorn, then raise this and the pin in `services/ingress/pyproject.toml`.
+"""
 LINGER_SECONDS = 2.0
 """How long a refused connection keeps draining what the client still sends before closing."""
 _REQUEST_LINE_FRAMING = len(b"  HTTP/1.1\r\n")
@@ -388,6 +398,33 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return ""
 
 
+class UntestedUvicornError(RuntimeError):
+    """The installed uvicorn is not one `BoundedHttpToolsProtocol` was tested on."""
+
+
+def require_tested_uvicorn() -> None:
+    """Pass when the installed uvicorn is within `TESTED_UVICORN`, else raise `UntestedUvicornError`.
+
+    Refused rather than warned: on an untested uvicorn the bounds may silently stop holding.
+    """
+    installed = uvicorn.__version__
+    (low_major, low_minor), (high_major, high_minor) = TESTED_UVICORN
+    tested = f">={low_major}.{low_minor},<{high_major}.{high_minor}"
+    found = re.match(r"(\d+)\.(\d+)", installed)
+    if found is None or not TESTED_UVICORN[0] <= (int(found[1]), int(found[2])) < TESTED_UVICORN[1]:
+        msg = (
+            f"uvicorn {installed} is not a version ingress was tested on ({tested}): its HTTP limits "
+            "(atmosphere.ingress.limits) subclass uvicorn's private httptools protocol. Install a tested "
+            "uvicorn, or run ingress's tests on this one and raise TESTED_UVICORN and the pin in "
+            "services/ingress/pyproject.toml."
+        )
+        raise UntestedUvicornError(msg)
+
+
 def bounded_protocol(limits: HttpLimits) -> type[BoundedHttpToolsProtocol]:
-    """A `BoundedHttpToolsProtocol` class bound to `limits`, for `uvicorn.Config(http=...)`."""
+    """A `BoundedHttpToolsProtocol` class bound to `limits`, for `uvicorn.Config(http=...)`.
+
+    Refused (`UntestedUvicornError`) on a uvicorn outside `TESTED_UVICORN`.
+    """
+    require_tested_uvicorn()
     return type("IngressHttpProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})

@@ -29,8 +29,8 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReadFileResponse,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
-from atmosphere.ingress.admin_api import ADMIN_TIMEOUT, ERRORS, admin_call
 from atmosphere.ingress.errors import AdminBadRequestError, AdminSurfaceAbsentError
+from atmosphere.ingress.http import ADMIN_ERRORS, ADMIN_TIMEOUT, admin_call
 
 router = APIRouter()
 
@@ -73,7 +73,11 @@ def _plan_step(step: Any) -> dict[str, Any]:
     return wire
 
 
-@router.get("/api/admin/workspace/owners", summary="Owners with a plan store or a file workspace", responses=ERRORS)
+@router.get(
+    "/api/admin/workspace/owners",
+    summary="Owners with a plan store or a file workspace",
+    responses=ADMIN_ERRORS,
+)
 async def workspace_owners(request: Request) -> Any:
     """`[{owner, plan, filesystem}]` for every agent whose plan or file surface attached."""
 
@@ -100,7 +104,7 @@ async def _surface(request: Request, name: str, session_id: str, feature: str) -
     return descriptor
 
 
-@router.get("/api/admin/agents/{name}/plan", summary="An agent's plan in one conversation", responses=ERRORS)
+@router.get("/api/admin/agents/{name}/plan", summary="An agent's plan in one conversation", responses=ADMIN_ERRORS)
 async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:  # noqa: N803
     """`{agent, sessionId, goal?, steps}` (steps as in `plan-update`)."""
     descriptor = await _surface(request, name, sessionId, "planning")
@@ -124,7 +128,11 @@ async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:
     return await admin_call(request, "memory", ask)
 
 
-@router.get("/api/admin/agents/{name}/files", summary="A directory of a conversation's workspace", responses=ERRORS)
+@router.get(
+    "/api/admin/agents/{name}/files",
+    summary="A directory of a conversation's workspace",
+    responses=ADMIN_ERRORS,
+)
 async def agent_files(request: Request, name: Name, sessionId: SessionId, path: FilePath = ".") -> Any:  # noqa: N803
     """`{agent, sessionId, path, entries: [{path, size, directory}]}`."""
     if traversal_shaped(path):
@@ -145,7 +153,7 @@ async def agent_files(request: Request, name: Name, sessionId: SessionId, path: 
 
 
 @router.get(
-    "/api/admin/agents/{name}/files/content", summary="One file of a conversation's workspace", responses=ERRORS
+    "/api/admin/agents/{name}/files/content", summary="One file of a conversation's workspace", responses=ADMIN_ERRORS
 )
 async def agent_file_content(request: Request, name: Name, sessionId: SessionId, path: FilePath) -> Any:  # noqa: N803
     """`{agent, sessionId, path, content}`."""

@@ -1,0 +1,190 @@
+"""The WebSocket door of an agent: prompts in, frames out, resumable by run id.
+
+    WS   /atmosphere/agent/{name}            prompts in, frames out; resume with X-Atmosphere-Run-Id
+
+`@ai_endpoint` paths are served the same way at their own path (`serve_socket_at`, wired by
+`api.py`). What a connection does once open is `connection.py`'s; this module opens it, or
+closes the socket with a code that says why it was refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from fastapi import APIRouter, WebSocket
+
+from atmosphere.bus import BusError, subjects
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
+from atmosphere.ingress.agent_prompts import CONVERSATION_HEADER, conversation_of, find_agent
+from atmosphere.ingress.auth import AuthError, Caller
+from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
+from atmosphere.ingress.errors import MalformedRequestError
+from atmosphere.ingress.frames import Frame
+from atmosphere.ingress.http import message_limit_of, state_of
+from atmosphere.ingress.inbound import close_reason
+from atmosphere.ingress.run_access import stored_run
+from atmosphere.ingress.state import IngressState
+from atmosphere.ingress.stream_limits import address_of
+from atmosphere.service import client_key
+
+RESUME_RUN_HEADER = "x-atmosphere-run-id"
+"""The HTTP/WebSocket header naming a run to resume (not the bus's own run-id header)."""
+LAST_SEQ_HEADER = "x-atmosphere-last-seq"
+CLOSE_AUTH = {401: 4401, 403: 4403}
+CLOSE_UNKNOWN = 4404
+CLOSE_UNAVAILABLE = 4503
+
+router = APIRouter()
+log = logging.getLogger("atmosphere.ingress")
+
+
+class _SocketRefusedError(Exception):
+    """A WebSocket refused before it serves anything: closed with `code` and `reason`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@router.websocket("/atmosphere/agent/{name}")
+async def agent_socket(websocket: WebSocket, name: str) -> None:
+    """Prompts in (text or JSON, or approval replies), Atmosphere frames out."""
+    await serve_socket_at(websocket, find_agent(state_of(websocket), name=name))
+
+
+async def serve_socket_at(websocket: WebSocket, lookup: Awaitable[AgentDescriptor | None]) -> None:
+    """Serve the agent `lookup` finds; if the directory cannot be read, refuse with a close code.
+
+    Unhandled, the lookup's `BusError` would make the server reject the handshake with a bare
+    500; a client should learn that it may try again.
+    """
+    try:
+        descriptor = await lookup
+    except BusError as exc:
+        log.warning("agent directory unavailable for %s: %s", websocket.url.path, exc)
+        await websocket.accept()
+        await websocket.close(CLOSE_UNAVAILABLE, "The agent directory is unavailable; try again")
+        return
+    await serve_socket(websocket, descriptor)
+
+
+async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None) -> None:
+    """One WebSocket client of an agent (shared by agent names and `@ai_endpoint` paths)."""
+    state = state_of(websocket)
+    await websocket.accept()
+    try:
+        connection, resume = _open_connection(state, websocket, descriptor)
+    except _SocketRefusedError as refused:
+        await websocket.close(refused.code, close_reason(refused.reason))
+        return
+    close = functools.partial(_close_socket, websocket)
+    try:
+        with state.drain.tracking(connection):
+            await connection.serve(
+                _receiver(websocket, connection), functools.partial(_send_frame, websocket), close, resume=resume
+            )
+    except Exception:
+        # Never drop the socket without a close frame: its client learns the connection ended.
+        log.exception("a WebSocket connection failed")
+        await close(1011, "Internal error; reconnect with X-Atmosphere-Run-Id to resume")
+
+
+def _open_connection(
+    state: IngressState, websocket: WebSocket, descriptor: AgentDescriptor | None
+) -> tuple[Connection, tuple[str, int] | None]:
+    """The connection of an accepted socket and the run it resumes; `_SocketRefusedError` when refused."""
+    try:
+        if descriptor is None:
+            # Credentials first: without them, which agents exist is nobody's business.
+            state.authenticator.identify(websocket.headers, websocket.query_params)
+            raise _SocketRefusedError(CLOSE_UNKNOWN, f"Unknown agent '{websocket.url.path.rsplit('/', 1)[-1]}'")
+        caller = state.authenticator.caller(descriptor.path, websocket.headers, websocket.query_params)
+    except AuthError as exc:
+        raise _SocketRefusedError(CLOSE_AUTH[exc.status], exc.message) from None
+    headers, query = websocket.headers, websocket.query_params
+    resume = _resume_point(headers, query)
+    try:
+        conversation_id = conversation_of(
+            headers.get(CONVERSATION_HEADER) or query.get("conversationId"), caller.principal
+        )
+    except MalformedRequestError as exc:
+        raise _SocketRefusedError(1008, exc.message) from None
+    connection = Connection(
+        bus=state.bus,
+        agent=descriptor,
+        conversation_id=conversation_id,
+        conversations=state.conversations,
+        principal=caller.principal,
+        transport="websocket",
+        may_resume=_resume_guard(state, caller, descriptor) if state.authenticator.enabled else None,
+        max_prompts=state.settings.ingress.max_prompts_per_connection,
+        send_queue_frames=state.settings.ingress.send_queue_frames,
+        max_message_bytes=message_limit_of(state),
+        streams=state.streams,
+        client=client_key(caller.principal, address_of(websocket)),
+        idle_timeout=state.settings.ingress.ws_idle_timeout,
+    )
+    return connection, resume
+
+
+def _resume_point(headers: Mapping[str, str], query: Mapping[str, str]) -> tuple[str, int] | None:
+    """The run a connecting client resumes and the last seq it saw (None: it resumes nothing)."""
+    resume_id = headers.get(RESUME_RUN_HEADER) or query.get("X-Atmosphere-Run-Id") or query.get("runId")
+    if not resume_id:
+        return None
+    try:
+        subjects.token(resume_id, what="run id")
+        return resume_id, max(0, int(headers.get(LAST_SEQ_HEADER) or query.get("lastSeq") or 0))
+    except ValueError:
+        raise _SocketRefusedError(1008, "Malformed run id or last seq") from None
+
+
+def _resume_guard(state: IngressState, caller: Caller, agent: AgentDescriptor) -> Callable[[str], Awaitable[bool]]:
+    """Whether a WebSocket of `caller` at `agent`'s route may resume a run: its owner, same agent.
+
+    Another agent's run is refused even when the grant covers that agent too: a route reads only
+    its own agent's runs.
+    """
+
+    async def may_resume(run_id: str) -> bool:
+        stored = await stored_run(state, run_id)
+        return stored is not None and stored.agent.name == agent.name and caller.owns(stored.owner)
+
+    return may_resume
+
+
+def _receiver(websocket: WebSocket, connection: Connection) -> Callable[[], Awaitable[str | Closed]]:
+    """The next text message of `websocket`; a binary one must be UTF-8 or it is answered with an error frame."""
+
+    async def receive() -> str | Closed:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return Closed(int(message.get("code") or 1006))
+            if message.get("text") is not None:
+                return str(message["text"])
+            if message.get("bytes") is not None:
+                try:
+                    return bytes(message["bytes"]).decode("utf-8")
+                except UnicodeDecodeError:
+                    connection.reject(MalformedRequestError("A binary frame must hold UTF-8 text"))
+
+    return receive
+
+
+async def _send_frame(websocket: WebSocket, frame: Frame) -> None:
+    try:
+        await websocket.send_text(json.dumps(frame, separators=(",", ":")))
+    except (RuntimeError, OSError) as exc:
+        raise ClientGoneError from exc
+
+
+async def _close_socket(websocket: WebSocket, code: int, reason: str) -> None:
+    # A reason over the protocol's 123 bytes would make the close itself fail.
+    with contextlib.suppress(RuntimeError, OSError):
+        await websocket.close(code, close_reason(reason))
