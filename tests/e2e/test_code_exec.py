@@ -24,7 +24,10 @@ from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 from .conftest import service_map
 from .wsclient import ask
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.usefixtures("sandbox_user"),  # no other test process's sandbox meanwhile
+]
 
 APP = "examples.assistant:app"
 FIRST = (

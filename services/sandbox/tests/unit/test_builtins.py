@@ -135,6 +135,7 @@ async def test_a_stale_offer_is_taken_back_when_the_tool_is_no_longer_enabled(ap
 
 
 @needs_bwrap
+@pytest.mark.usefixtures("sandbox_user")
 async def test_code_exec_runs_in_bubblewrap_keeps_a_session_per_run_and_releases_it(app_dir: Path) -> None:
     settings = settings_for(app_dir, code=CodeSettings(enabled=True, engine="auto"))
     async with sandbox(settings) as bus:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
+import tempfile
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -99,6 +101,26 @@ def fresh_nats(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+SANDBOX_USER_LOCK = Path(tempfile.gettempdir()) / f"atmosphere-sandbox-user-{os.getuid()}.lock"
+"""The host-wide lock `sandbox_user` takes (a file every test process on the host can flock)."""
+
+
+@pytest.fixture
+def sandbox_user() -> Iterator[None]:
+    """The sandbox user (uid 65534) to this test alone, among every test process on the host.
+
+    Without a pids control group a sandbox's process limit (RLIMIT_NPROC) counts every process
+    of that user on the host, so two tests' sandboxes at once (parallel workers, the floors'
+    lane beside the suite) could make each other's launches fail. Waits for the other's end.
+    """
+    with SANDBOX_USER_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """`code_exec` test support: small limits, a workspace root the sandbox user can reach, and `leftovers`.
 
-Every test here ends with no process of a sandbox left and no control group of ours left
+Every test here has the sandbox user to itself (`sandbox_user`, autouse: no other test process
+on the host runs a sandbox meanwhile), and ends with no process of a sandbox left and no control group of ours left
 (`no_leftovers`, autouse): whatever a test did, its executions were cleaned up within 2 s.
 """
 
@@ -122,8 +123,11 @@ def settled_leftovers(timeout: float = SETTLE_SECONDS) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """Every test ends with nothing of its sandboxes left (processes, control groups) within 2 s."""
+def no_leftovers(sandbox_user: None) -> Iterator[None]:
+    """Every test ends with nothing of its sandboxes left (processes, control groups) within 2 s.
+
+    The sandbox user is this test's from before it starts until its sandboxes are gone.
+    """
     yield
     assert settled_leftovers() == []
 
