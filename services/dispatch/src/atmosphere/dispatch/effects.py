@@ -27,12 +27,6 @@ from atmosphere.sdk.runtime import JournaledRound, RecordedRound
 _CURRENT: contextvars.ContextVar[ToolEffect | None] = contextvars.ContextVar("atmosphere_tool_effect", default=None)
 """The tool call a task is executing (one task per concurrent call)."""
 
-INTERRUPTED = (
-    "Error: the tool call {name} was interrupted: the worker running it stopped before it reported a result,"
-    " so it may or may not have taken effect. It was not run again; check before repeating it."
-)
-"""What the model gets for a non-idempotent call that was under way when its worker died."""
-
 
 def tool_call_key(run_id: str, name: str, canonical_arguments: str, occurrence: int) -> str:
     """The journal key of a run's `occurrence`-th call of `name` with these arguments (canonical JSON)."""

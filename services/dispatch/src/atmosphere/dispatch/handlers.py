@@ -25,7 +25,7 @@ from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.interrupted import interrupted_error, started_calls
 from atmosphere.dispatch.journal import AtEnd, RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
 from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
@@ -38,10 +38,10 @@ log = logging.getLogger("atmosphere.dispatch")
 
 
 def agent_descriptors(
-    app: App, pipeline: ModelPipeline, harnesses: Mapping[str, AgentHarness] | None = None
+    app: App, model_side: ModelSide, harnesses: Mapping[str, AgentHarness] | None = None
 ) -> list[AgentDescriptor]:
     """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves, with runtime truth."""
-    runtime = pipeline.runtime
+    runtime = model_side.runtime
     capabilities = sorted(c.value for c in runtime.capabilities()) if runtime is not None else []
     harnesses = harnesses or {}
     descriptors = []
@@ -90,16 +90,16 @@ class RunExecutor:
         self,
         app: App,
         bus: Bus,
-        pipeline: ModelPipeline,
+        model_side: ModelSide,
         options: ExecutorOptions | None = None,
         *,
         harnesses: Mapping[str, AgentHarness] | None = None,
     ) -> None:
-        """Serve `app`'s agents over `bus`, answering `session.stream()` with `pipeline`."""
+        """Serve `app`'s agents over `bus`, answering `session.stream()` with `model_side`."""
         self._bus = bus
         self._options = options or ExecutorOptions()
         governance = GovernanceClient(bus, timeout=self._options.governance_timeout)
-        self._services = RunServices(bus, pipeline, MemoryClient(bus), governance, self._options)
+        self._services = RunServices(bus, model_side, MemoryClient(bus), governance, self._options)
         specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}

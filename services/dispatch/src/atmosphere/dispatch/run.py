@@ -61,9 +61,9 @@ from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS, RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide, cache_hint, history_of
 from atmosphere.dispatch.output_guard import Blocked, OutputGuard
 from atmosphere.dispatch.permissions import ToolPermissions, run_mode
-from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline, cache_hint, history_of
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run_input import input_event, seed_json, seeded
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
@@ -111,7 +111,7 @@ class RunServices:
     """What every run of one dispatch process shares: the bus, the model side, other services' clients."""
 
     bus: Bus
-    pipeline: ModelPipeline
+    model_side: ModelSide
     memory: MemoryClient
     governance: GovernanceClient
     options: ExecutorOptions
@@ -293,8 +293,8 @@ class Run:
     async def stream(self, message: str) -> None:
         """Answer `message` with the agent's model, its tools and policies, to a terminal event."""
         assert self.agent is not None
-        pipeline = self.services.pipeline
-        if pipeline.runtime is None:
+        model_side = self.services.model_side
+        if model_side.runtime is None:
             await self.fail(RuntimeUnavailableError(NO_RUNTIME))
             return
         staged = history_of(self.request)
@@ -306,7 +306,7 @@ class Run:
         if request is None:
             return
         await self.emit(input_event(request, limit=data_budget(self.services.bus.max_payload)))
-        model = request.model or pipeline.runtime.config.model
+        model = request.model or model_side.runtime.config.model
         self._turn = _Turn(message, model=model, staged=bool(staged), answer_from=len(self.answer))
         handed_over = False
         try:
@@ -345,7 +345,7 @@ class Run:
         return request
 
     async def _history(self, staged: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
-        memory = self.services.pipeline.conversation
+        memory = self.services.model_side.conversation
         if memory is None:
             return staged
         assert self.agent is not None
@@ -363,7 +363,7 @@ class Run:
                 log.exception("interceptor %s failed on run %s", type(interceptor).__name__, run.run_id)
                 await self.fail(InterceptorFailedError(f"Interceptor {type(interceptor).__name__} failed"))
                 return None
-        memory = self.services.pipeline.conversation
+        memory = self.services.model_side.conversation
         if memory is not None:
             # The harness's long-term memory runs after the user's interceptors, as Atmosphere's does.
             request = await memory.recall(run, self.agent.harness, request)
@@ -401,7 +401,7 @@ class Run:
 
     async def call_model(self, ctx: AgentExecutionContext) -> None:
         """The runtime answers `ctx`, within the budget's wall clock; its failure ends the run."""
-        runtime = self.services.pipeline.runtime
+        runtime = self.services.model_side.runtime
         assert runtime is not None
         assert self.agent is not None
         budget = self.agent.spec.budget
@@ -469,7 +469,7 @@ class Run:
     async def _record(self, turn: _Turn, terminal: RunEvent | None) -> None:
         """Store the turn: on complete the user message and the answer, otherwise the message only."""
         turn.recorded = True
-        memory = self.services.pipeline.conversation
+        memory = self.services.model_side.conversation
         if memory is None or self.agent is None or self.replay is not None or self.lost:
             return  # a run another worker took over is that worker's to record
         completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
@@ -568,7 +568,7 @@ class Run:
         await self.services.governance.run_ended(
             self.request,
             usage=self.usage,
-            model=self.agent.spec.model or self.services.pipeline.model or "",
+            model=self.agent.spec.model or self.services.model_side.model or "",
             response_chars=sum(len(piece) for piece in self.answer),
             succeeded=self.succeeded,
         )
@@ -626,7 +626,7 @@ class Run:
         return RunEffects(
             self.journal,
             user_id=self.request.principal.user_id,
-            model=self.agent.spec.model or self.services.pipeline.model,
+            model=self.agent.spec.model or self.services.model_side.model,
             tool_names=self.agent.tools,
             tools_only=not (self.services.options.durable or self.replay is not None),
         )

@@ -46,7 +46,7 @@ from atmosphere.bus import (
     RequestTimeoutError,
     subjects,
 )
-from atmosphere.bus.errors import ReplyTooLargeError, plain_reason
+from atmosphere.bus.errors import plain_reason
 from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
 from atmosphere.contracts.run.v1.run_pb2 import (
     ApprovalRequired,
@@ -57,11 +57,11 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ToolStart,
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
+from atmosphere.dispatch import tool_errors
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.effects import INTERRUPTED, RunEffects, ToolEffect, current_effect
+from atmosphere.dispatch.effects import RunEffects, ToolEffect, current_effect
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.permissions import (
-    INSUFFICIENT_AUTHORIZATION,
     ToolPermissions,
     auto_approves,
     gate,
@@ -81,18 +81,12 @@ LocalTool = Callable[[dict[str, Any]], Awaitable[str]]
 """A tool executed inside dispatch (delegation): arguments in, text for the model out."""
 
 
-CANCELLED_BY_USER = '{"status":"cancelled","message":"Action cancelled by user"}'
-"""What the model gets for a denied approval (Atmosphere's text)."""
 OFFLOAD_PART_BYTES = 256 * 1024
 """The most UTF-8 bytes of a result saved in one workspace file (memory's per-file limit is 512 KiB)."""
 MAX_OFFLOAD_PARTS = 16
 """A result is saved in at most this many files; beyond them it is cut, and the preview says so."""
 _SAVE_ROOM = 1024
 """Bytes of a save request besides the part's JSON text (the path, the JSON keys)."""
-
-
-def _text(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def _parse_arguments(raw: str) -> dict[str, Any] | None:
@@ -121,16 +115,6 @@ def _approval_asked(reply: ToolReply) -> str | None:
     for event in reply.events:
         if event.WhichOneof("kind") == "approval_required":
             return event.approval_required.message
-    return None
-
-
-def _size_failure(call: ToolCallRequest, exc: BusError) -> str | None:
-    """What the model learns when a call or its result was too large for the bus; None otherwise."""
-    if isinstance(exc, PayloadTooLargeError):
-        return f"Error: the call to tool {call.name} is {exc.size} bytes; the limit is {exc.limit}"
-    if isinstance(exc, RemoteError) and isinstance(exc.error, ReplyTooLargeError):
-        size, limit = exc.details.get("size", "?"), exc.details.get("limit", "?")
-        return f"Error: the result of tool {call.name} was too large to send ({size} bytes; the limit is {limit})"
     return None
 
 
@@ -256,9 +240,7 @@ class ToolGateway:
         """Run one call; the returned text goes back to the model."""
         spec = self.tools.get(call.name)
         if spec is None:
-            return _text(
-                {"error": "unknown_tool", "tool": call.name, "message": f"No tool named '{call.name}' is available"}
-            )
+            return tool_errors.unknown_tool(call.name)
         checked = await self._checked_arguments(call, spec)
         if isinstance(checked, str):
             return checked
@@ -284,7 +266,7 @@ class ToolGateway:
         """The refusal of governance or of the tool's roles, before `tool-start` (no frames); None: go on."""
         refusal = await self._govern(call)
         if refusal is None and not self._authorized(call):
-            refusal = INSUFFICIENT_AUTHORIZATION
+            refusal = tool_errors.INSUFFICIENT_AUTHORIZATION
         return refusal
 
     async def _gated(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
@@ -320,7 +302,7 @@ class ToolGateway:
             return None
         await self.emit(start)
         if outcome is None:
-            text = INTERRUPTED.format(name=call.name)
+            text = tool_errors.INTERRUPTED.format(name=call.name)
             effect.started = True
             await effect.settle(error=True, text=text)
             log.warning("run %s: %s was interrupted with its worker; reported, not re-run", self.run.run_id, call.name)
@@ -340,14 +322,12 @@ class ToolGateway:
             return await self._fail(call, oversized)
         arguments = _parse_arguments(call.arguments_json)
         if arguments is None:
-            return _text(
-                {"error": "invalid_arguments", "tool": call.name, "details": ["the arguments are not a JSON object"]}
-            )
+            return tool_errors.invalid_arguments(call.name, [tool_errors.NOT_AN_OBJECT])
         # The harness's plan and file tools check their own arguments, leniently (a model's
         # double-encoded `todos` is accepted) and with Atmosphere's exact error texts.
         problems = [] if call.name in self.memory_tools else check_arguments(spec.parameters, arguments)
         if problems:
-            return _text({"error": "invalid_arguments", "tool": call.name, "details": problems})
+            return tool_errors.invalid_arguments(call.name, problems)
         encoded = json.dumps(arguments)
         oversized = self._oversized(call, utf8_len(encoded))  # escapes can make the re-encoding longer
         if oversized is not None:
@@ -375,33 +355,23 @@ class ToolGateway:
         """The refusal of arguments too large for one bus message, or None when they fit."""
         if size <= self.data_limit:
             return None
-        which = "approved arguments" if approved else "arguments"
-        log.warning("run %s: the %s of %s are %d bytes; refused", self.run.run_id, which, call.name, size)
-        return f"Error: the {which} of tool {call.name} are {size} bytes; the limit is {self.data_limit}"
+        log.warning("run %s: the arguments of %s are %d bytes; refused", self.run.run_id, call.name, size)
+        return tool_errors.oversized_arguments(call.name, size, self.data_limit, approved=approved)
 
     async def _govern(self, call: ToolCallRequest) -> str | None:
         assert self.governance is not None
         try:
             decision = await self.governance.check_tool(self.run, call.name, call.arguments_json)
         except PayloadTooLargeError as exc:
-            message = (
-                f"Error: the tool call {call.name} is too large for the governance check ({exc.size} bytes; the"
-                f" limit is {exc.limit}), so it was refused (fail-closed)"
-            )
-            return await self._fail(call, message)
+            return await self._fail(call, tool_errors.governance_check_too_large(call.name, exc))
         except RemoteError as exc:
             log.warning("run %s: governance refused to check %s (%s)", self.run.run_id, call.name, exc)
-            message = f"Error: governance could not check the tool call {call.name} ({exc.message}), so it was refused"
-            return await self._fail(call, message)
+            return await self._fail(call, tool_errors.governance_could_not_check(call.name, exc))
         except BusError as exc:
             log.warning("run %s: governance did not answer for %s (%s); refusing", self.run.run_id, call.name, exc)
-            message = f"Error: governance is unavailable, so the tool call {call.name} was refused (fail-closed)"
-            return await self._fail(call, message)
+            return await self._fail(call, tool_errors.governance_unavailable(call.name))
         if not decision.allowed:
-            policy = decision.policy or "default"
-            return _text(
-                {"status": "cancelled", "message": f"Tool {call.name} denied by policy '{policy}': {decision.reason}"}
-            )
+            return tool_errors.denied_by_policy(call.name, decision.policy, decision.reason)
         return None
 
     async def _approve(
@@ -433,7 +403,7 @@ class ToolGateway:
         except TimeoutError:
             if approval is not None:
                 await approval.expire()
-            return await self._fail(call, _text({"status": "timeout", "message": "Approval timed out"}))
+            return await self._fail(call, tool_errors.APPROVAL_TIMED_OUT)
         if approval is not None:
             await approval.decide(decision.action, decision.payload_json)
         return await self._decided(call, arguments, decision.action, decision.payload_json)
@@ -444,12 +414,12 @@ class ToolGateway:
         """What a reviewer's decision makes of the call: arguments to run it with, or its outcome text."""
         if action in {"approve", "yes"}:
             edited = _approved_arguments(payload_json, arguments)
-            return edited if edited is not None else await self._fail(call, CANCELLED_BY_USER)
+            return edited if edited is not None else await self._fail(call, tool_errors.CANCELLED_BY_USER)
         if action == "respond" and payload_json:
             # The reviewer's answer stands in for the tool's: the model and the client get it as the
             # result. It is the run owner's own text, not a tool's output: not screened.
             return await self._succeed(call, payload_json, screen=False)
-        return await self._fail(call, CANCELLED_BY_USER)
+        return await self._fail(call, tool_errors.CANCELLED_BY_USER)
 
     async def _execute(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
         local = (self.local_tools or {}).get(call.name)
@@ -473,7 +443,10 @@ class ToolGateway:
         try:
             reply = await self._delivered(call, spec, subject, request)
         except BusError as exc:
-            return await self._fail(call, self._failure_text(call, spec, exc))
+            failure = tool_errors.delivery_failure(
+                call.name, spec.timeout, exc, memory_tool=call.name in self.memory_tools
+            )
+            return await self._fail(call, failure)
         if reply.session_instance:
             self.sessions[call.name] = reply.session_instance
         asked = _approval_asked(reply)
@@ -521,11 +494,7 @@ class ToolGateway:
             content = await self._stored_result(name)
         except BusError as exc:
             log.warning("run %s: the stored result of %s could not be read (%s)", self.run.run_id, call.name, exc)
-            message = (
-                f"Error: the result of tool {call.name} was too large for one message and could not be read"
-                f" back ({exc})"
-            )
-            return await self._fail(call, message)
+            return await self._fail(call, tool_errors.stored_result_unreadable(call.name, exc))
         return await self._succeed(call, content)
 
     def _marked_approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -539,7 +508,7 @@ class ToolGateway:
     ) -> str:
         """The tool raised `ApprovalRequired`: ask the user, then call it again marked approved (once)."""
         if arguments.get(APPROVED_ARGUMENT) is True:
-            return await self._fail(call, f"Error: {call.name} asked for approval again after it was approved")
+            return await self._fail(call, tool_errors.approval_asked_again(call.name))
         if auto_approves(self.permission_mode, spec):
             return await self._execute(call, spec, self._marked_approved(call, arguments))
         outcome = await self._approved(call, arguments, message=message)
@@ -565,29 +534,6 @@ class ToolGateway:
             raise BusError(msg)
         return data.decode("utf-8", errors="replace")
 
-    def _failure_text(self, call: ToolCallRequest, spec: ToolSpec, exc: BusError) -> str:
-        """What the model learns when the bus could not deliver a tool call."""
-        if isinstance(exc, RequestTimeoutError):
-            seconds = int(spec.timeout) if spec.timeout == int(spec.timeout) else spec.timeout
-            return _text(
-                {
-                    "error": "tool_timeout",
-                    "tool": call.name,
-                    "timeoutSeconds": seconds,
-                    "message": f"Tool execution exceeded the {seconds}s deadline and was cancelled",
-                }
-            )
-        too_large = _size_failure(call, exc)
-        if too_large is not None:
-            return too_large
-        if isinstance(exc, NoRespondersError):
-            if call.name in self.memory_tools:
-                return f"Error: the memory service is not serving {call.name} right now"
-            return f"Error: no sandbox serves the tool {call.name} right now"
-        if isinstance(exc, RemoteError):
-            return f"Error: {exc.message}"
-        return f"Error: the tool call failed ({exc})"
-
     async def _run_local(
         self, call: ToolCallRequest, spec: ToolSpec, local: LocalTool, arguments: dict[str, Any]
     ) -> str:
@@ -595,11 +541,11 @@ class ToolGateway:
         try:
             content = await asyncio.wait_for(local(arguments), spec.timeout)
         except TimeoutError:
-            return await self._fail(call, f"Error: {call.name} did not finish within {spec.timeout:g}s")
+            return await self._fail(call, tool_errors.local_timed_out(call.name, spec.timeout))
         except Exception as exc:
             log.exception("run %s: %s failed", self.run.run_id, call.name)
             why = plain_reason(exc) if isinstance(exc, BusError) else type(exc).__name__
-            return await self._fail(call, f"Error: {call.name} failed ({why})")
+            return await self._fail(call, tool_errors.local_failed(call.name, why))
         return await self._succeed(call, content)
 
     async def _succeed(self, call: ToolCallRequest, content: str, *, screen: bool = True) -> str:
