@@ -20,6 +20,7 @@ from atmosphere.bus.runs import (
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
+from atmosphere.dispatch.durability import Durability, Journaled, Live, Replaying
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.interrupted import interrupted_error, started_calls
@@ -27,7 +28,8 @@ from atmosphere.dispatch.journal import AtEnd, RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
-from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
+from atmosphere.dispatch.run import Run, end_unknown_agent
+from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
 from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -158,10 +160,8 @@ class RunExecutor:
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )
-        run = Run(
-            request, agent, self._services, first_seq=first_seq, delivered=delivered, journal=journal, taken_at=taken_at
-        )
-        await run.execute()
+        durability = Journaled(journal, durable=self._options.durable, taken_at=taken_at)
+        await self._execute(request, agent, durability, first_seq=first_seq, delivered=delivered)
         if journal.lost:
             # Another worker holds the run now: this delivery's ack must not end its work item.
             raise Nak(delay=self._options.ack_wait)
@@ -260,13 +260,28 @@ class RunExecutor:
         """
         journal = await RunJournal.read(self._bus, request.run_id)
         capture = CapturedEvents()
-        run = Run(request, await self._binding(request.agent), self._services, journal=journal, replay=capture)
-        await run.execute()
+        await self._execute(request, await self._binding(request.agent), Replaying(journal, capture))
         return capture.events
 
     async def execute(self, request: RunSubmission) -> None:
         """Run `request` to exactly one terminal event, not journaled (see `Run.execute`)."""
-        await Run(request, await self._binding(request.agent), self._services).execute()
+        await self._execute(request, await self._binding(request.agent), Live())
+
+    async def _execute(
+        self,
+        request: RunSubmission,
+        agent: AgentBinding | None,
+        durability: Durability,
+        *,
+        first_seq: int = WORKER_FIRST_SEQ,
+        delivered: DeliveredEvents | None = None,
+    ) -> None:
+        """Run `request` as `agent` under `durability`; a request for no served agent ends with its error."""
+        if agent is None:
+            await end_unknown_agent(request, self._services, durability, first_seq=first_seq, delivered=delivered)
+            return
+        scope = RunScope.of(request, agent, self._services)
+        await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
         """The agent's binding, its tools joined by what the sandboxes offer now (`code_exec`, `eval`)."""
