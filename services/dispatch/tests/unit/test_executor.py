@@ -17,7 +17,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
 )
 from atmosphere.dispatch.handlers import agent_descriptors
 from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide
-from atmosphere.dispatch.tools import TOOL_REPLY_GRACE
+from atmosphere.dispatch.sandbox_port import TOOL_REPLY_GRACE
 from atmosphere.sdk import (
     AiBudget,
     AiInterceptor,

@@ -43,11 +43,6 @@ def current_call_key() -> str:
     return effect.key if effect is not None else ""
 
 
-def current_effect() -> ToolEffect | None:
-    """The journal handle of the tool call being executed in this task, if the run journals its calls."""
-    return _CURRENT.get()
-
-
 @dataclass
 class ToolEffect:
     """One tool call under the journal."""
@@ -75,7 +70,7 @@ class ToolEffect:
         return self.journal.interrupted(self.key)
 
     def enter(self) -> contextvars.Token[ToolEffect | None]:
-        """Make this the current call of the task (see `current_effect`)."""
+        """Make this the current call of the task (see `current_call_key`)."""
         return _CURRENT.set(self)
 
     @staticmethod
