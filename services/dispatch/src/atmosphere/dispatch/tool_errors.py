@@ -36,6 +36,10 @@ INTERRUPTED = (
     " so it may or may not have taken effect. It was not run again; check before repeating it."
 )
 """What the model gets for a non-idempotent call that was under way when its worker died."""
+NO_TOOL_RUNNER = "Error: no tool runner is attached to this run"
+"""A runtime was asked for tools by the model on a run that cannot run any."""
+TOOL_LIMIT_REACHED = "Error: the tool-call limit for this request was reached; answer with what you have"
+"""The model asked for more tool calls than the run's tool loop allows."""
 SCREEN_UNAVAILABLE = "Error: governance is unavailable, so the result of tool {tool} was withheld (fail-closed)"
 SCREEN_NO_VERDICT = "Error: governance gave no verdict on the result of tool {tool}, so it was withheld (fail-closed)"
 
