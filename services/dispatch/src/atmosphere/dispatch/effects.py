@@ -18,7 +18,7 @@ import contextvars
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
 from atmosphere.dispatch.journal import Entry, RunJournal, canonical_json, effect_key
@@ -41,6 +41,60 @@ def current_call_key() -> str:
     """
     effect = _CURRENT.get()
     return effect.key if effect is not None else ""
+
+
+class CallEffect(Protocol):
+    """What the tool choke point does with one call's journal record: a `ToolEffect`, or `UNJOURNALED`."""
+
+    @property
+    def replay(self) -> tuple[bool, str] | None:
+        """The committed outcome `(is_error, text)` to replay, or None."""
+        ...
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether an earlier worker started this call and died before it reported."""
+        ...
+
+    def enter(self) -> contextvars.Token[ToolEffect | None]:
+        """Make this the current call of the task (see `current_call_key`)."""
+        ...
+
+    async def start(self) -> None:
+        """Just before the side effect."""
+        ...
+
+    async def settle(self, *, error: bool, text: str) -> None:
+        """Just before the outcome is reported."""
+        ...
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Report an interrupted call (`interrupted`) as settled with the error `text`."""
+        ...
+
+
+class _Unjournaled:
+    """The record of a call of a run that journals nothing: there is nothing to replay or write."""
+
+    replay = None
+    interrupted = False
+
+    def enter(self) -> contextvars.Token[ToolEffect | None]:
+        """No call key for what the call starts (`current_call_key` is "")."""
+        return _CURRENT.set(None)
+
+    async def start(self) -> None:
+        """Nothing to mark."""
+
+    async def settle(self, *, error: bool, text: str) -> None:
+        """Nothing to commit."""
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Never interrupted."""
+
+
+UNJOURNALED: CallEffect = _Unjournaled()
+"""The journal record of every call of a run without a journal."""
 
 
 @dataclass
@@ -88,6 +142,11 @@ class ToolEffect:
         """Just before the outcome is reported (a call that never started records nothing)."""
         if self.started and not self.marks_only:
             await self.journal.commit(self.key, json.dumps({"error": error, "text": text}))
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Commit the outcome of a call its earlier worker started and never reported: the error `text`."""
+        self.started = True
+        await self.settle(error=True, text=text)
 
 
 @dataclass

@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 from atmosphere.bus.errors import (
     AgentFailedError,
@@ -61,6 +60,7 @@ from atmosphere.dispatch.run_input import input_event
 from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
 from atmosphere.dispatch.run_tools import tool_gateway
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
+from atmosphere.dispatch.turns import Turns
 from atmosphere.sdk import AiRequest, StreamingSession
 from atmosphere.sdk.host import BudgetReason
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolCallRequest
@@ -68,17 +68,6 @@ from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolCall
 log = logging.getLogger("atmosphere.dispatch")
 
 __all__ = ["AgentBinding", "ExecutorOptions", "Run", "RunServices", "end_unknown_agent"]
-
-
-@dataclass
-class _Turn:
-    """The model exchange under way, recorded in memory just before the terminal event."""
-
-    message: str
-    model: str | None
-    staged: bool
-    answer_from: int
-    recorded: bool = False
 
 
 def _resumed(first_seq: int) -> RunEvent:
@@ -126,7 +115,7 @@ class Run:
         )
         self.gateway = tool_gateway(scope, self.emit, self.control, self.effects)
         self.requests = ModelRequests(scope, self.journaled_rounds)
-        self._turn: _Turn | None = None
+        self.turns = Turns(scope, durability, self.output)
         self._model_call: asyncio.Task[None] | None = None
 
     @property
@@ -247,7 +236,7 @@ class Run:
             return
         await self.emit(input_event(request, limit=data_budget(scope.services.bus.max_payload)))
         model = request.model or runtime.config.model
-        self._turn = _Turn(message, model=model, staged=bool(staged), answer_from=len(self.output.answer))
+        turn = self.turns.begin(message, model=model, staged=bool(staged))
         handed_over = False
         try:
             await self.call_model(runtime, self._context(request))
@@ -256,9 +245,9 @@ class Run:
             handed_over = not self.control.cancelled
             raise
         finally:
-            turn, self._turn = self._turn, None
+            self.turns.current = None
             if not turn.recorded and not handed_over:
-                await asyncio.shield(self._record(turn, None))
+                await asyncio.shield(self.turns.record(turn, None))
         if not self.output.breached and self.output.closed and self.durability.reaches_services:
             await self._post_process(request)
 
@@ -348,29 +337,12 @@ class Run:
 
     async def _before_terminal(self, terminal: RunEvent) -> None:
         """Just before the terminal event goes out: the turn recorded, the run's end reported, sessions released."""
-        if self._turn is not None and not self._turn.recorded:
-            # So the next turn of this conversation (or a fact extraction) finds this one stored.
-            await self._record(self._turn, terminal)
+        # So the next turn of this conversation (or a fact extraction) finds this one stored.
+        await self.turns.before_terminal(terminal)
         # So a client that starts its next run on seeing this one end finds the cost accounted
         # (a tenant's ceiling stops that next run).
         await self._report_end()
         await self.gateway.release_sessions()
-
-    async def _record(self, turn: _Turn, terminal: RunEvent | None) -> None:
-        """Store the turn: on complete the user message and the answer, otherwise the message only."""
-        turn.recorded = True
-        memory = self.scope.services.model_side.conversation
-        if memory is None or not self.durability.reaches_services or self.durability.lost:
-            return  # a run another worker took over is that worker's to record
-        completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
-        await memory.record(
-            self.scope.request,
-            self.scope.agent.harness,
-            user=turn.message,
-            answer="".join(self.output.answer[turn.answer_from :]) if completed else None,
-            model=turn.model,
-            staged=turn.staged,
-        )
 
     async def _report_end(self) -> None:
         """Tell governance the run ended (its cost, its answer's length); never fails the run."""

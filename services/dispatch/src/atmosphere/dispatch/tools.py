@@ -48,7 +48,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission, ToolErr
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch import tool_errors
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.effects import RunEffects, ToolEffect
+from atmosphere.dispatch.effects import UNJOURNALED, CallEffect, RunEffects, ToolEffect
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.permissions import ToolPermissions, auto_approves, gate, missing_roles
 from atmosphere.dispatch.sandbox_port import BusSandbox, SandboxPort
@@ -133,19 +133,20 @@ class ToolGateway:
             lenient = call.name in self.memory_tools
             arguments, encoded = checked_arguments(self.run.run_id, call, spec, limit=self.data_limit, lenient=lenient)
             start = RunEvent(tool_start=ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded))
-            effect = self.effects.tool_call(call.name, arguments) if self.effects is not None else None
-            if effect is not None and (replayed := await self._replayed(call, spec, effect, start)) is not None:
+            effect = self.effects.tool_call(call.name, arguments) if self.effects is not None else UNJOURNALED
+            replayed = await self._replayed(call, spec, effect, start)
+            if replayed is not None:
                 return replayed
             await self._govern(call)
         except CallRefused as refused:
             return refused.text
         except CallFailed as failed:
-            return await self._failed(call, failed.text, None)
+            return await self._failed(call, failed.text, UNJOURNALED)  # nothing started: nothing to commit
         await self.emit(start)
         return await self._started(call, spec, arguments, effect)
 
     async def _started(
-        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: ToolEffect | None
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
     ) -> str:
         """After `tool-start`: approve, execute, screen, offload, record."""
         try:
@@ -157,7 +158,7 @@ class ToolGateway:
             return await self._failed(call, failed.text, effect)
         return await self._succeeded(call, await self._offload(call.name, content), effect)
 
-    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: ToolEffect, start: RunEvent) -> str | None:
+    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: CallEffect, start: RunEvent) -> str | None:
         """A journaled call's outcome without running it (or any gate again), or None: run it.
 
         Committed: its frames again (a client that has them gets nothing new) and its text. Started
@@ -171,8 +172,7 @@ class ToolGateway:
         await self.emit(start)
         if outcome is None:
             text = tool_errors.INTERRUPTED.format(name=call.name)
-            effect.started = True
-            await effect.settle(error=True, text=text)
+            await effect.settle_interrupted(text)
             log.warning("run %s: %s was interrupted with its worker; reported, not re-run", self.run.run_id, call.name)
             outcome = (True, text)
         is_error, text = outcome
@@ -212,7 +212,7 @@ class ToolGateway:
         return self._marked_approved(call, await self._approvals.approved(call, arguments))
 
     async def _execute(
-        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: ToolEffect | None
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
     ) -> str:
         """The tool's result text: run here (delegation) or through the sandbox port."""
         local = (self.local_tools or {}).get(call.name)
@@ -232,8 +232,7 @@ class ToolGateway:
             subject = subjects.memory_tool(call.name)
             if self.workspace is not None:
                 request.workspace.CopyFrom(self.workspace)
-        if effect is not None:
-            await effect.start()  # just before the side effect
+        await effect.start()  # just before the side effect
         try:
             reply = await self._sandbox.call(subject, request, spec)
         except BusError as exc:
@@ -262,7 +261,7 @@ class ToolGateway:
         return {**arguments, APPROVED_ARGUMENT: True}
 
     async def _rerun_approved(
-        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], message: str, effect: ToolEffect | None
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], message: str, effect: CallEffect
     ) -> str:
         """The tool raised `ApprovalRequired`: ask the user, then call it again marked approved (once)."""
         if arguments.get(APPROVED_ARGUMENT) is True:
@@ -277,12 +276,11 @@ class ToolGateway:
         spec: ToolSpec,
         local: LocalTool,
         arguments: dict[str, Any],
-        effect: ToolEffect | None,
+        effect: CallEffect,
     ) -> str:
         """A tool run in this process; it may read its call's journal key (`effects.current_call_key`)."""
-        if effect is not None:
-            await effect.start()
-        token = effect.enter() if effect is not None else None
+        await effect.start()
+        token = effect.enter()
         try:
             return await asyncio.wait_for(local(arguments), spec.timeout)
         except TimeoutError:
@@ -292,8 +290,7 @@ class ToolGateway:
             why = plain_reason(exc) if isinstance(exc, BusError) else type(exc).__name__
             raise CallFailed(tool_errors.local_failed(call.name, why)) from None
         finally:
-            if token is not None:
-                ToolEffect.leave(token)
+            ToolEffect.leave(token)
 
     async def _screen(self, call: ToolCallRequest, content: str) -> str:
         """The result as governance's injection screen lets the model see it (an empty one is not sent)."""
@@ -304,19 +301,17 @@ class ToolGateway:
             raise CallFailed(screened.error)
         return screened.text
 
-    async def _succeeded(self, call: ToolCallRequest, content: str, effect: ToolEffect | None) -> str:
+    async def _succeeded(self, call: ToolCallRequest, content: str, effect: CallEffect) -> str:
         """Record the result: cut to one run event, committed (a durable run's), reported."""
         # The model and the client get the same text, and it must fit in one run event.
         content = clip(content, self.data_limit, f"the result of {call.name}")
-        if effect is not None:
-            await effect.settle(error=False, text=content)
+        await effect.settle(error=False, text=content)
         await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=content)))
         return content
 
-    async def _failed(self, call: ToolCallRequest, message: str, effect: ToolEffect | None) -> str:
+    async def _failed(self, call: ToolCallRequest, message: str, effect: CallEffect) -> str:
         """Record the failure: cut to one run event, committed (once the side effect started), reported."""
         message = clip(message, self.data_limit, f"the error of {call.name}")
-        if effect is not None:
-            await effect.settle(error=True, text=message)
+        await effect.settle(error=True, text=message)
         await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=message)))
         return message
