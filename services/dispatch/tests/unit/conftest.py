@@ -25,7 +25,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.handlers import RunExecutor
-from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.run import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App
@@ -120,7 +120,7 @@ class Harness:
         )
         if runtime is not None:
             self.stack.push_async_callback(runtime.aclose)
-        return RunExecutor(app, self.bus, ModelPipeline(runtime), ExecutorOptions(**options))
+        return RunExecutor(app, self.bus, ModelSide(runtime), ExecutorOptions(**options))
 
     async def serve_governance(self) -> None:
         await self.stack.enter_async_context(self.bus.serve(governance_router(self.policy)))

@@ -42,7 +42,7 @@ from atmosphere.dispatch.conversation import (
 )
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.pipeline import history_of
+from atmosphere.dispatch.model_side import history_of
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk.compaction import SUMMARY_SYSTEM_PROMPT, history_digest
 from atmosphere.sdk.host import AiCapability

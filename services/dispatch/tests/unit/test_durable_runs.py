@@ -29,10 +29,10 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     TextDelta,
     ToolStart,
 )
-from atmosphere.dispatch.effects import INTERRUPTED
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.journal import RunJournal, RunTakenOverError, canonical_json, effect_key
 from atmosphere.dispatch.resume import DeliveredEvents, same_events
+from atmosphere.dispatch.tool_errors import INTERRUPTED
 from atmosphere.sdk import App, agent, tool
 from atmosphere.testing import wait_until
 from atmosphere.testing.fake_provider import Reply, ToolCallScript

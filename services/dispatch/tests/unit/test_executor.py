@@ -16,8 +16,8 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     TextDelta,
 )
 from atmosphere.dispatch.handlers import agent_descriptors
-from atmosphere.dispatch.pipeline import NO_RUNTIME, ModelPipeline
-from atmosphere.dispatch.tools import TOOL_REPLY_GRACE
+from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide
+from atmosphere.dispatch.sandbox_port import TOOL_REPLY_GRACE
 from atmosphere.sdk import (
     AiBudget,
     AiInterceptor,
@@ -365,7 +365,7 @@ async def test_a_redelivered_run_is_resumed_or_acknowledged(harness: Harness) ->
 
 
 def test_descriptors_carry_runtime_truth() -> None:
-    without = {d.name: d for d in agent_descriptors(APP, ModelPipeline(None))}
+    without = {d.name: d for d in agent_descriptors(APP, ModelSide(None))}
     assert without["model"].runtime == ""
     assert without["model"].capabilities == []
     assert list(without["model"].tools) == ["weather", "slow", "delete_file"]

@@ -33,7 +33,7 @@ from atmosphere.dispatch.memory_client import (
     TRUNCATION_MARKER,
     MemoryClient,
 )
-from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App, agent
 from atmosphere.sdk import ChatMessage as SdkMessage
@@ -183,9 +183,7 @@ async def test_a_run_whose_history_cannot_be_loaded_ends_with_a_clear_error(fake
     try:
         conversation = ConversationMemory(MemoryClient(bus, timeout=0.2), HarnessConfig(), runtime)
         harness = AgentHarness(conversation_memory=True)
-        executor = RunExecutor(
-            App(agents=[Chat]), bus, ModelPipeline(runtime, conversation), harnesses={"chat": harness}
-        )
+        executor = RunExecutor(App(agents=[Chat]), bus, ModelSide(runtime, conversation), harnesses={"chat": harness})
         async with bus.serve(governance_router(Policy())):
             await executor.execute(RunSubmission(run_id="r1", session_id="s", conversation_id="c1", agent="chat"))
     finally:

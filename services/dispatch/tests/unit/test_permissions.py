@@ -31,12 +31,12 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.descriptors import permissions_info
 from atmosphere.dispatch.permissions import (
-    INSUFFICIENT_AUTHORIZATION,
     ToolPermission,
     ToolPermissions,
     run_mode,
 )
 from atmosphere.dispatch.settings import DispatchSettings
+from atmosphere.dispatch.tool_errors import INSUFFICIENT_AUTHORIZATION
 from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk import App, PermissionMode, ToolKind, agent, tool
 from atmosphere.sdk.host import APPROVED_ARGUMENT

@@ -4,7 +4,7 @@ import pytest
 
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.harness import AgentHarness
-from atmosphere.dispatch.pipeline import cache_hint
+from atmosphere.dispatch.model_side import cache_hint
 from atmosphere.dispatch.runtime.openai import accepts_cache_key
 from atmosphere.sdk import PromptCache, agent
 from atmosphere.sdk.host import spec_of

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from atmosphere.dispatch.generation import generation_options, runtime_config
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.dispatch.runtime.provider import retry_after_seconds
 from atmosphere.dispatch.runtime.sse import sse_data
+from atmosphere.dispatch.runtime_config import generation_options, runtime_config
 from atmosphere.dispatch.settings import LlmSettings
 from atmosphere.sdk import AiRequest, RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig

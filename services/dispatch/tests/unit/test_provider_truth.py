@@ -18,9 +18,9 @@ from atmosphere.bus.errors import (
     ServiceError,
 )
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.dispatch.runtime.provider import provider_fault
+from atmosphere.dispatch.runtime_config import runtime_config
 from atmosphere.dispatch.settings import LlmSettings
 from atmosphere.sdk import AiRequest, RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig

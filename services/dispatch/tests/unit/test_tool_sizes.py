@@ -17,7 +17,8 @@ from atmosphere.contracts.governance.v1.governance_pb2 import CheckToolCallReque
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.tools import MAX_OFFLOAD_PARTS, ToolGateway, split_for_saving
+from atmosphere.dispatch.tool_offload import MAX_OFFLOAD_PARTS, split_for_saving
+from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
 from .conftest import Policy, screen_answer

@@ -22,14 +22,14 @@ from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.descriptors import live_descriptors, permissions_info
-from atmosphere.dispatch.generation import runtime_config
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
 from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.run import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
+from atmosphere.dispatch.runtime_config import runtime_config
 from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings
 from atmosphere.sdk import App
 from atmosphere.sdk.host import HarnessSwitch
@@ -159,13 +159,13 @@ class Dispatch:
             **permissions_info(self.app, self.settings.tools.policy),
         }
 
-    def executor(self, bus: Bus, pipeline: ModelPipeline) -> RunExecutor:
+    def executor(self, bus: Bus, model_side: ModelSide) -> RunExecutor:
         """The run executor every queue hands its runs to."""
         options = self.settings.dispatch
         return RunExecutor(
             self.app,
             bus,
-            pipeline,
+            model_side,
             ExecutorOptions(
                 governance_timeout=options.governance_timeout,
                 approval_timeout=options.approval_timeout,
@@ -184,11 +184,11 @@ class Dispatch:
     async def serve_runs(self, stack: contextlib.AsyncExitStack, bus: Bus) -> list[Consumer]:
         """List the agents, then pull runs from every nesting level's queue; the queues, to stop them."""
         memory = MemoryClient(bus)
-        pipeline = ModelPipeline(self.runtime, ConversationMemory(memory, self.config, self.runtime))
-        self.descriptors[:] = agent_descriptors(self.app, pipeline, self.harnesses)
+        model_side = ModelSide(self.runtime, ConversationMemory(memory, self.config, self.runtime))
+        self.descriptors[:] = agent_descriptors(self.app, model_side, self.harnesses)
         max_age = self.settings.jetstream.agents_max_age
         await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
-        executor = self.executor(bus, pipeline)
+        executor = self.executor(bus, model_side)
         extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime)
         await stack.enter_async_context(bus.serve(_closed_conversations(extractor, self.extractions), queue=WORKERS))
         options = self.settings.dispatch

@@ -18,7 +18,7 @@ import contextvars
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
 from atmosphere.dispatch.journal import Entry, RunJournal, canonical_json, effect_key
@@ -26,12 +26,6 @@ from atmosphere.sdk.runtime import JournaledRound, RecordedRound
 
 _CURRENT: contextvars.ContextVar[ToolEffect | None] = contextvars.ContextVar("atmosphere_tool_effect", default=None)
 """The tool call a task is executing (one task per concurrent call)."""
-
-INTERRUPTED = (
-    "Error: the tool call {name} was interrupted: the worker running it stopped before it reported a result,"
-    " so it may or may not have taken effect. It was not run again; check before repeating it."
-)
-"""What the model gets for a non-idempotent call that was under way when its worker died."""
 
 
 def tool_call_key(run_id: str, name: str, canonical_arguments: str, occurrence: int) -> str:
@@ -49,9 +43,58 @@ def current_call_key() -> str:
     return effect.key if effect is not None else ""
 
 
-def current_effect() -> ToolEffect | None:
-    """The journal handle of the tool call being executed in this task, if the run journals its calls."""
-    return _CURRENT.get()
+class CallEffect(Protocol):
+    """What the tool choke point does with one call's journal record: a `ToolEffect`, or `UNJOURNALED`."""
+
+    @property
+    def replay(self) -> tuple[bool, str] | None:
+        """The committed outcome `(is_error, text)` to replay, or None."""
+        ...
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether an earlier worker started this call and died before it reported."""
+        ...
+
+    def enter(self) -> contextvars.Token[ToolEffect | None]:
+        """Make this the current call of the task (see `current_call_key`)."""
+        ...
+
+    async def start(self) -> None:
+        """Just before the side effect."""
+        ...
+
+    async def settle(self, *, error: bool, text: str) -> None:
+        """Just before the outcome is reported."""
+        ...
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Report an interrupted call (`interrupted`) as settled with the error `text`."""
+        ...
+
+
+class _Unjournaled:
+    """The record of a call of a run that journals nothing: there is nothing to replay or write."""
+
+    replay = None
+    interrupted = False
+
+    def enter(self) -> contextvars.Token[ToolEffect | None]:
+        """No call key for what the call starts (`current_call_key` is "")."""
+        return _CURRENT.set(None)
+
+    async def start(self) -> None:
+        """Nothing to mark."""
+
+    async def settle(self, *, error: bool, text: str) -> None:
+        """Nothing to commit."""
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Never interrupted."""
+
+
+UNJOURNALED: CallEffect = _Unjournaled()
+"""The journal record of every call of a run without a journal."""
 
 
 @dataclass
@@ -81,7 +124,7 @@ class ToolEffect:
         return self.journal.interrupted(self.key)
 
     def enter(self) -> contextvars.Token[ToolEffect | None]:
-        """Make this the current call of the task (see `current_effect`)."""
+        """Make this the current call of the task (see `current_call_key`)."""
         return _CURRENT.set(self)
 
     @staticmethod
@@ -99,6 +142,11 @@ class ToolEffect:
         """Just before the outcome is reported (a call that never started records nothing)."""
         if self.started and not self.marks_only:
             await self.journal.commit(self.key, json.dumps({"error": error, "text": text}))
+
+    async def settle_interrupted(self, text: str) -> None:
+        """Commit the outcome of a call its earlier worker started and never reported: the error `text`."""
+        self.started = True
+        await self.settle(error=True, text=text)
 
 
 @dataclass

@@ -20,14 +20,16 @@ from atmosphere.bus.runs import (
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
+from atmosphere.dispatch.durability import Durability, Journaled, Live, Replaying
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.interrupted import interrupted_error, started_calls
 from atmosphere.dispatch.journal import AtEnd, RunJournal, discard_journal
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.pipeline import ModelPipeline
+from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
-from atmosphere.dispatch.run import AgentBinding, ExecutorOptions, Run, RunServices
+from atmosphere.dispatch.run import Run, end_unknown_agent
+from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
 from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
@@ -38,10 +40,10 @@ log = logging.getLogger("atmosphere.dispatch")
 
 
 def agent_descriptors(
-    app: App, pipeline: ModelPipeline, harnesses: Mapping[str, AgentHarness] | None = None
+    app: App, model_side: ModelSide, harnesses: Mapping[str, AgentHarness] | None = None
 ) -> list[AgentDescriptor]:
     """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves, with runtime truth."""
-    runtime = pipeline.runtime
+    runtime = model_side.runtime
     capabilities = sorted(c.value for c in runtime.capabilities()) if runtime is not None else []
     harnesses = harnesses or {}
     descriptors = []
@@ -90,16 +92,16 @@ class RunExecutor:
         self,
         app: App,
         bus: Bus,
-        pipeline: ModelPipeline,
+        model_side: ModelSide,
         options: ExecutorOptions | None = None,
         *,
         harnesses: Mapping[str, AgentHarness] | None = None,
     ) -> None:
-        """Serve `app`'s agents over `bus`, answering `session.stream()` with `pipeline`."""
+        """Serve `app`'s agents over `bus`, answering `session.stream()` with `model_side`."""
         self._bus = bus
         self._options = options or ExecutorOptions()
         governance = GovernanceClient(bus, timeout=self._options.governance_timeout)
-        self._services = RunServices(bus, pipeline, MemoryClient(bus), governance, self._options)
+        self._services = RunServices(bus, model_side, MemoryClient(bus), governance, self._options)
         specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
         self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}
@@ -158,10 +160,8 @@ class RunExecutor:
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )
-        run = Run(
-            request, agent, self._services, first_seq=first_seq, delivered=delivered, journal=journal, taken_at=taken_at
-        )
-        await run.execute()
+        durability = Journaled(journal, durable=self._options.durable, taken_at=taken_at)
+        await self._execute(request, agent, durability, first_seq=first_seq, delivered=delivered)
         if journal.lost:
             # Another worker holds the run now: this delivery's ack must not end its work item.
             raise Nak(delay=self._options.ack_wait)
@@ -260,13 +260,28 @@ class RunExecutor:
         """
         journal = await RunJournal.read(self._bus, request.run_id)
         capture = CapturedEvents()
-        run = Run(request, await self._binding(request.agent), self._services, journal=journal, replay=capture)
-        await run.execute()
+        await self._execute(request, await self._binding(request.agent), Replaying(journal, capture))
         return capture.events
 
     async def execute(self, request: RunSubmission) -> None:
         """Run `request` to exactly one terminal event, not journaled (see `Run.execute`)."""
-        await Run(request, await self._binding(request.agent), self._services).execute()
+        await self._execute(request, await self._binding(request.agent), Live())
+
+    async def _execute(
+        self,
+        request: RunSubmission,
+        agent: AgentBinding | None,
+        durability: Durability,
+        *,
+        first_seq: int = WORKER_FIRST_SEQ,
+        delivered: DeliveredEvents | None = None,
+    ) -> None:
+        """Run `request` as `agent` under `durability`; a request for no served agent ends with its error."""
+        if agent is None:
+            await end_unknown_agent(request, self._services, durability, first_seq=first_seq, delivered=delivered)
+            return
+        scope = RunScope.of(request, agent, self._services)
+        await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
         """The agent's binding, its tools joined by what the sandboxes offer now (`code_exec`, `eval`)."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch.tool_errors import denied_by_configuration, denied_by_mode
 from atmosphere.sdk import PermissionMode, ToolKind
 from atmosphere.sdk.runtime import ToolSpec
 
@@ -28,8 +29,6 @@ log = logging.getLogger("atmosphere.dispatch")
 
 MODE_METADATA_KEYS = ("ai.permissionMode", "hints.permissionMode")
 """Where a request names its mode: run metadata (gRPC, sub-runs), or a client's `hints` (WebSocket, SSE)."""
-INSUFFICIENT_AUTHORIZATION = '{"status":"cancelled","message":"Tool execution denied: insufficient authorization"}'
-"""What the model gets when the caller lacks a role the tool requires (Atmosphere's text)."""
 
 
 class ToolPermission(enum.StrEnum):
@@ -70,10 +69,6 @@ class ToolGate:
     needs_approval: bool = False
 
 
-def _cancelled(message: str) -> str:
-    return json.dumps({"status": "cancelled", "message": message}, separators=(",", ":"))
-
-
 def gate(mode: PermissionMode, permission: ToolPermission | None, spec: ToolSpec) -> ToolGate:
     """What `mode` and the configured `permission` make of a call to `spec`.
 
@@ -83,9 +78,9 @@ def gate(mode: PermissionMode, permission: ToolPermission | None, spec: ToolSpec
     configured `confirm`.
     """
     if mode is PermissionMode.DENY_ALL:
-        return ToolGate(refusal=_cancelled(f"Tool {spec.name} denied by PermissionMode.DENY_ALL"))
+        return ToolGate(refusal=denied_by_mode(spec.name))
     if permission is ToolPermission.DENY:
-        return ToolGate(refusal=_cancelled(f"Tool {spec.name} denied by ToolPermissionPolicy"))
+        return ToolGate(refusal=denied_by_configuration(spec.name))
     if mode is PermissionMode.PLAN:
         return ToolGate(needs_approval=True)
     if auto_approves(mode, spec):

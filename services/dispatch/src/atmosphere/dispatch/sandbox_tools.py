@@ -33,7 +33,7 @@ CODE_EXEC_TOOL_LOOP_CAP: Final = 25
 _KINDS: Final = {kind.to_proto(): kind for kind in ToolKind}
 
 
-def spec_of(descriptor: ToolDescriptor) -> ToolSpec:
+def tool_spec_from_descriptor(descriptor: ToolDescriptor) -> ToolSpec:
     """The runtime spec of a published descriptor."""
     return ToolSpec(
         name=descriptor.name,
@@ -66,7 +66,7 @@ class SandboxTools:
             for name in SANDBOX_BUILTIN_TOOLS:
                 descriptor = await self._bus.kv_get(subjects.TOOLS_BUCKET, name, ToolDescriptor)
                 if descriptor is not None and descriptor.provider == "sandbox":
-                    offered[name] = spec_of(descriptor)
+                    offered[name] = tool_spec_from_descriptor(descriptor)
         except (BusError, ValueError) as exc:
             if not self._failing:  # once per outage, not once per run
                 log.warning("the sandbox's tools could not be read (%s); keeping the last known offer", exc)

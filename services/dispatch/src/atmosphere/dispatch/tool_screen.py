@@ -22,14 +22,13 @@ from atmosphere.bus.sizes import head, utf8_len
 from atmosphere.contracts.governance.v1.governance_pb2 import ScreenedText
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.governance_client import GovernanceClient
+from atmosphere.dispatch.tool_errors import SCREEN_NO_VERDICT, SCREEN_UNAVAILABLE
 
 log = logging.getLogger("atmosphere.dispatch")
 
 SCREEN_KIND = "tool_output"
 MAX_SCREENED_BYTES = 256 * 1024
 """The most UTF-8 bytes of one result sent to the screen; a longer result is screened by its head."""
-UNAVAILABLE = "Error: governance is unavailable, so the result of tool {tool} was withheld (fail-closed)"
-NO_VERDICT = "Error: governance gave no verdict on the result of tool {tool}, so it was withheld (fail-closed)"
 DROPPED = "[the result of tool {tool} was withheld by the injection screen]"
 """The result when governance drops it without saying what to show instead."""
 
@@ -51,10 +50,10 @@ async def screen_result(
         response = await governance.screen(run, SCREEN_KIND, [sent], source=tool)
     except (BusError, ValueError) as exc:  # ValueError: text protobuf cannot encode (never sent)
         log.warning("run %s: the result of %s was not screened (%s); withheld", run.run_id, tool, exc)
-        return Screened(error=UNAVAILABLE.format(tool=tool))
+        return Screened(error=SCREEN_UNAVAILABLE.format(tool=tool))
     if len(response.texts) != 1:
         log.warning("run %s: the screen answered %d texts for 1; withheld", run.run_id, len(response.texts))
-        return Screened(error=NO_VERDICT.format(tool=tool))
+        return Screened(error=SCREEN_NO_VERDICT.format(tool=tool))
     verdict = response.texts[0]
     if verdict.verdict and verdict.verdict != "SAFE":
         log.info(

@@ -1,29 +1,34 @@
-"""The tool choke point: every tool call of every runtime and entry path goes through `run`.
+"""The tool choke point: every tool call of every runtime and entry path goes through `run_tool`.
 
-Order, as in Atmosphere (§11.3): argument validation → governance check (fail-closed) → the
-tool's required roles → `tool-start` → the run's permission mode and the configured permission
-(`permissions.gate`) → approval gate → execution with the tool's deadline → governance's
-injection screen of the result (fail-closed, `tool_screen`) → offload of an over-long result to
-the workspace → `tool-result` or `tool-error`. The text returned is what the model sees;
-refusals and failures are JSON (or `Error: ...`) texts, never exceptions. A refusal before
-`tool-start` emits no frame; one after it ends with a `tool-error`.
+Each call passes a pipeline of stages, in Atmosphere's order (§11.3):
+
+1. validate (`tool_arguments`): the tool exists; its arguments parse, fit its schema and one
+   bus message;
+2. govern: governance's check (fail-closed), then the tool's required roles — then `tool-start`;
+3. approve: the run's permission mode and the configured permission (`permissions.gate`), then
+   a human's decision when one is needed (`tool_approval`);
+4. execute: in this process (delegation), or through the `SandboxPort` (user tools on the
+   sandbox, the harness's plan and file tools on memory), within the tool's deadline;
+5. screen (`tool_screen`): governance's injection screen of the result (fail-closed);
+6. offload (`tool_offload`): an over-long result to the run's workspace;
+7. record: the outcome journaled (a durable run's), then `tool-result` or `tool-error`.
+
+A stage that ends the call raises a `tool_stops` error carrying the model's text (`tool_errors`
+holds every such text): `CallRefused` before `tool-start` emits no frame, `CallFailed` ends
+with a `tool-error`, `CallAnswered` (a reviewer's `respond`) with a `tool-result`. The text
+returned is what the model sees; refusals and failures never reach the runtime as exceptions.
+
 A user tool may also ask for approval while it runs (it raises `atmosphere.sdk.ApprovalRequired`;
 the sandbox's reply carries the request): the same gate is held, and an approved call is sent
 again marked approved (`APPROVED_ARGUMENT`), once — or at once, without asking, when the run's
 mode lets the tool run unapproved (BYPASS; ACCEPT_EDITS for an EDIT tool).
 
-Where a call executes: user tools on `atmo.tool.<name>` (the sandbox), the harness's plan and
-file tools on `atmo.mem.tool.<name>` (memory, with the run's workspace), delegation tools in
-this process (they start sub-runs).
-
-Sizes: every call travels in one bus message, bounded by the broker's limit less room for the
-envelope (`atmosphere.bus.sizes.data_budget`). Arguments over it are refused before anything is
-sent (an `Error: the arguments of tool X are N bytes; the limit is M` result, never a failed
-send reported as "governance is unavailable"). A result too large for one message arrives
-whole all the same: the sandbox stores it in the object bucket `ATMO_TOOL_RESULTS` and names it
-in its reply, and it is read back here (then deleted). A result over the offload threshold is
-saved to the workspace in parts that each fit; one that cannot be saved is cut, with a marker
-saying so and how large it was, to what one run event can carry.
+A durable run's journal handles (`effects`) are passed along the call: a committed call replays
+instead of running (no gate asked again), its start is marked just before its side effect, its
+outcome committed just before it is reported. A result too large for one bus message arrives
+whole all the same: the sandbox stores it as an object and names it in its reply
+(`SandboxPort.stored_result`); what reaches the model and the client is cut, with a marker, to
+what one run event can carry.
 """
 
 from __future__ import annotations
@@ -31,46 +36,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from atmosphere.bus import (
-    Bus,
-    BusError,
-    NoRespondersError,
-    PayloadTooLargeError,
-    RemoteError,
-    RequestTimeoutError,
-    subjects,
-)
-from atmosphere.bus.errors import ReplyTooLargeError, plain_reason
-from atmosphere.bus.sizes import clip, data_budget, head, utf8_len
-from atmosphere.contracts.run.v1.run_pb2 import (
-    ApprovalRequired,
-    RunEvent,
-    RunSubmission,
-    ToolError,
-    ToolResult,
-    ToolStart,
-)
+from atmosphere.bus import Bus, BusError, PayloadTooLargeError, RemoteError, subjects
+from atmosphere.bus.errors import plain_reason
+from atmosphere.bus.sizes import clip, data_budget
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission, ToolError, ToolResult, ToolStart
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
+from atmosphere.dispatch import tool_errors
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.effects import INTERRUPTED, RunEffects, ToolEffect, current_effect
+from atmosphere.dispatch.effects import UNJOURNALED, CallEffect, RunEffects, ToolEffect
 from atmosphere.dispatch.governance_client import GovernanceClient
-from atmosphere.dispatch.permissions import (
-    INSUFFICIENT_AUTHORIZATION,
-    ToolPermissions,
-    auto_approves,
-    gate,
-    missing_roles,
-)
-from atmosphere.dispatch.schema import check_arguments
+from atmosphere.dispatch.permissions import ToolPermissions, auto_approves, gate, missing_roles
+from atmosphere.dispatch.sandbox_port import BusSandbox, SandboxPort
+from atmosphere.dispatch.tool_approval import Approvals
+from atmosphere.dispatch.tool_arguments import checked_arguments
+from atmosphere.dispatch.tool_offload import Offload
 from atmosphere.dispatch.tool_screen import screen_result
+from atmosphere.dispatch.tool_stops import CallAnswered, CallFailed, CallRefused
 from atmosphere.sdk import PermissionMode
-from atmosphere.sdk.builtin_tools import OFFLOAD_PREVIEW_CHARS, offload_path, offload_preview
 from atmosphere.sdk.host import APPROVED_ARGUMENT
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
@@ -81,41 +68,6 @@ LocalTool = Callable[[dict[str, Any]], Awaitable[str]]
 """A tool executed inside dispatch (delegation): arguments in, text for the model out."""
 
 
-CANCELLED_BY_USER = '{"status":"cancelled","message":"Action cancelled by user"}'
-"""What the model gets for a denied approval (Atmosphere's text)."""
-OFFLOAD_PART_BYTES = 256 * 1024
-"""The most UTF-8 bytes of a result saved in one workspace file (memory's per-file limit is 512 KiB)."""
-MAX_OFFLOAD_PARTS = 16
-"""A result is saved in at most this many files; beyond them it is cut, and the preview says so."""
-_SAVE_ROOM = 1024
-"""Bytes of a save request besides the part's JSON text (the path, the JSON keys)."""
-
-
-def _text(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _parse_arguments(raw: str) -> dict[str, Any] | None:
-    """The arguments object, or None when they are not one (bad JSON, too deep, a number too long)."""
-    try:
-        arguments = json.loads(raw or "{}")
-    except (ValueError, RecursionError):
-        return None
-    return arguments if isinstance(arguments, dict) else None
-
-
-def _approved_arguments(payload_json: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
-    """The arguments an approval lets run: as asked, or as the reviewer edited them; None when unusable."""
-    if not payload_json:
-        return arguments
-    try:
-        edited = json.loads(payload_json)
-    except (ValueError, RecursionError):
-        return None
-    edited = edited.get("arguments", edited) if isinstance(edited, dict) else None
-    return edited if isinstance(edited, dict) else None
-
-
 def _approval_asked(reply: ToolReply) -> str | None:
     """The message of a tool that raised `ApprovalRequired` (its reply carries the request), or None."""
     for event in reply.events:
@@ -124,81 +76,9 @@ def _approval_asked(reply: ToolReply) -> str | None:
     return None
 
 
-def _size_failure(call: ToolCallRequest, exc: BusError) -> str | None:
-    """What the model learns when a call or its result was too large for the bus; None otherwise."""
-    if isinstance(exc, PayloadTooLargeError):
-        return f"Error: the call to tool {call.name} is {exc.size} bytes; the limit is {exc.limit}"
-    if isinstance(exc, RemoteError) and isinstance(exc.error, ReplyTooLargeError):
-        size, limit = exc.details.get("size", "?"), exc.details.get("limit", "?")
-        return f"Error: the result of tool {call.name} was too large to send ({size} bytes; the limit is {limit})"
-    return None
-
-
-def _json_len(text: str) -> int:
-    return utf8_len(json.dumps(text, ensure_ascii=False))
-
-
-def split_for_saving(
-    content: str,
-    *,
-    max_json_bytes: int,
-    max_part_bytes: int = OFFLOAD_PART_BYTES,
-    max_parts: int | None = None,
-) -> list[str]:
-    """`content` in consecutive parts, each at most `max_part_bytes` of UTF-8 and `max_json_bytes` as JSON.
-
-    With `max_parts`, at most that many parts plus one: whether more followed is all the caller
-    needs to know of the rest, and a large result is not split further for nothing.
-    """
-    parts: list[str] = []
-    position = 0
-    while position < len(content) and (max_parts is None or len(parts) <= max_parts):
-        piece = head(content[position : position + max_part_bytes], max_part_bytes)
-        while (size := _json_len(piece)) > max_json_bytes:
-            # Escapes make the JSON longer than the text: shrink in proportion, with some slack.
-            piece = piece[: max(1, len(piece) * max_json_bytes // size - 16)]
-        parts.append(piece)
-        position += len(piece)
-    return parts
-
-
-def _parts_preview(content: str, paths: list[str], saved_chars: int) -> str:
-    """What the model sees of a result saved in several files."""
-    hidden = len(content) - OFFLOAD_PREVIEW_CHARS
-    listing = ", ".join(paths)
-    note = (
-        f"[... {hidden} chars truncated. Full output saved in {len(paths)} parts, in order: {listing}"
-        " — use read_file to read them.]"
-    )
-    if saved_chars < len(content):
-        note += (
-            f"\n[Only the first {saved_chars} of {len(content)} chars were saved: at most {MAX_OFFLOAD_PARTS}"
-            " parts are kept.]"
-        )
-    return f"{content[:OFFLOAD_PREVIEW_CHARS]}\n\n{note}"
-
-
-async def _effect_starts() -> None:
-    """Journal the current call as pending, just before its side effect (durable runs)."""
-    effect = current_effect()
-    if effect is not None:
-        await effect.start()
-
-
-async def _effect_settles(*, error: bool, text: str) -> None:
-    """Commit the current call's outcome, just before it is reported (durable runs)."""
-    effect = current_effect()
-    if effect is not None:
-        await effect.settle(error=error, text=text)
-
-
-TOOL_REPLY_GRACE = 2.0
-"""Seconds past a tool's deadline dispatch still waits for the sandbox's own answer (its timeout error)."""
-
-
 @dataclass
 class ToolGateway:
-    """Runs the tool calls of one run."""
+    """Runs the tool calls of one run, each through the choke point's stages."""
 
     bus: Bus
     run: RunSubmission
@@ -224,90 +104,61 @@ class ToolGateway:
     """The operator's `deny`/`confirm` per tool name or glob."""
     tool_roles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The roles the caller must all hold, by tool (tools not here: anyone may call them)."""
-
-    sessions: dict[str, str] = field(default_factory=dict)
-    """The sandbox instance holding this run's session of a tool, by tool (`ToolReply.session_instance`)."""
+    sandbox: SandboxPort | None = None
+    """Where calls that do not run in this process go (by default the sandbox and memory on `bus`)."""
 
     def __post_init__(self) -> None:
-        """Ask governance over the run's bus unless the run brought its client."""
-        if self.governance is None:
-            self.governance = GovernanceClient(self.bus)
+        """The stages' collaborators: governance over the run's bus and the sandbox on it, unless given."""
+        self.data_limit = data_budget(self.bus.max_payload)
+        """The most bytes of arguments or of a result one call carries."""
+        self._governance = self.governance or GovernanceClient(self.bus)
+        self._sandbox = self.sandbox or BusSandbox(self.bus, self.run.run_id)
+        self._approvals = Approvals(
+            self.run.run_id, self.control, self.emit, self.approval_timeout, self.effects, self.data_limit
+        )
+        self._offload = Offload(
+            self.bus, self.run, self.workspace, self.offload_threshold, self.offload, self.data_limit
+        )
 
     async def release_sessions(self) -> None:
-        """Tell each sandbox holding a session of this run that the run ended (at most once; never fails).
-
-        A release that does not arrive is not lost work: the sandbox reaps idle sessions after
-        `ATMOSPHERE_AI_CODE_SANDBOXTTLSECONDS`.
-        """
-        sessions, self.sessions = self.sessions, {}
-        for tool, instance in sessions.items():
-            release = ToolCall(name=tool, run_id=self.run.run_id, call_id=uuid.uuid4().hex)
-            try:
-                await self.bus.publish(subjects.sandbox_release(instance), release)
-            except (BusError, ValueError) as exc:
-                log.debug("run %s: the release of its %s session was not sent (%s)", self.run.run_id, tool, exc)
-
-    @property
-    def data_limit(self) -> int:
-        """The most bytes of arguments or of a result one call carries."""
-        return data_budget(self.bus.max_payload)
+        """The run ended: each sandbox holding a session of it may let it go (`SandboxPort`)."""
+        await self._sandbox.release_sessions()
 
     async def run_tool(self, call: ToolCallRequest) -> str:
-        """Run one call; the returned text goes back to the model."""
+        """Run one call through the stages; the returned text goes back to the model."""
         spec = self.tools.get(call.name)
         if spec is None:
-            return _text(
-                {"error": "unknown_tool", "tool": call.name, "message": f"No tool named '{call.name}' is available"}
-            )
-        checked = await self._checked_arguments(call, spec)
-        if isinstance(checked, str):
-            return checked
-        arguments, encoded = checked
-        start = RunEvent(tool_start=ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded))
-        effect = self.effects.tool_call(call.name, arguments) if self.effects is not None else None
-        if effect is not None:
+            return tool_errors.unknown_tool(call.name)
+        try:
+            lenient = call.name in self.memory_tools
+            arguments, encoded = checked_arguments(self.run.run_id, call, spec, limit=self.data_limit, lenient=lenient)
+            start = RunEvent(tool_start=ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded))
+            effect = self.effects.tool_call(call.name, arguments) if self.effects is not None else UNJOURNALED
             replayed = await self._replayed(call, spec, effect, start)
             if replayed is not None:
                 return replayed
-        refusal = await self._admitted(call)
-        if refusal is not None:
-            return refusal
+            await self._govern(call)
+        except CallRefused as refused:
+            return refused.text
+        except CallFailed as failed:
+            return await self._failed(call, failed.text, UNJOURNALED)  # nothing started: nothing to commit
         await self.emit(start)
-        token = effect.enter() if effect is not None else None
+        return await self._started(call, spec, arguments, effect)
+
+    async def _started(
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
+    ) -> str:
+        """After `tool-start`: approve, execute, screen, offload, record."""
         try:
-            return await self._gated(call, spec, arguments)
-        finally:
-            if token is not None:
-                ToolEffect.leave(token)
+            arguments = await self._approve(call, spec, arguments)
+            content = await self._screen(call, await self._execute(call, spec, arguments, effect))
+        except CallAnswered as answered:
+            content = answered.text
+        except CallFailed as failed:
+            return await self._failed(call, failed.text, effect)
+        return await self._succeeded(call, await self._offload(call.name, content), effect)
 
-    async def _admitted(self, call: ToolCallRequest) -> str | None:
-        """The refusal of governance or of the tool's roles, before `tool-start` (no frames); None: go on."""
-        refusal = await self._govern(call)
-        if refusal is None and not self._authorized(call):
-            refusal = INSUFFICIENT_AUTHORIZATION
-        return refusal
-
-    async def _gated(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
-        """After `tool-start`: the permission mode and configured permission, the approval gate, execution."""
-        verdict = gate(self.permission_mode, self.permissions.of(call.name), spec)
-        if verdict.refusal is not None:
-            log.info("run %s: %s refused: %s", self.run.run_id, call.name, verdict.refusal)
-            return await self._fail(call, verdict.refusal)
-        if verdict.needs_approval:
-            outcome = await self._approved(call, arguments)
-            if isinstance(outcome, str):
-                return outcome
-            arguments = self._marked_approved(call, outcome)
-        return await self._execute(call, spec, arguments)
-
-    def _authorized(self, call: ToolCallRequest) -> bool:
-        """Whether the run's principal holds every role the tool requires (server-set roles, never metadata)."""
-        missing = missing_roles(self.tool_roles.get(call.name, ()), self.run.principal.roles)
-        if missing:
-            log.info("run %s: %s refused: the caller lacks the role(s) %s", self.run.run_id, call.name, missing)
-        return not missing
-
-    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: ToolEffect, start: RunEvent) -> str | None:
+    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: CallEffect, start: RunEvent) -> str | None:
         """A journaled call's outcome without running it (or any gate again), or None: run it.
 
         Committed: its frames again (a client that has them gets nothing new) and its text. Started
@@ -320,9 +171,8 @@ class ToolGateway:
             return None
         await self.emit(start)
         if outcome is None:
-            text = INTERRUPTED.format(name=call.name)
-            effect.started = True
-            await effect.settle(error=True, text=text)
+            text = tool_errors.INTERRUPTED.format(name=call.name)
+            await effect.settle_interrupted(text)
             log.warning("run %s: %s was interrupted with its worker; reported, not re-run", self.run.run_id, call.name)
             outcome = (True, text)
         is_error, text = outcome
@@ -332,129 +182,42 @@ class ToolGateway:
             await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=text)))
         return text
 
-    async def _checked_arguments(self, call: ToolCallRequest, spec: ToolSpec) -> tuple[dict[str, Any], str] | str:
-        """The arguments and their JSON text, or the refusal the model gets instead."""
-        # Measured before parsing: a 10 MB argument is refused without being parsed or sent.
-        oversized = self._oversized(call, utf8_len(call.arguments_json))
-        if oversized is not None:
-            return await self._fail(call, oversized)
-        arguments = _parse_arguments(call.arguments_json)
-        if arguments is None:
-            return _text(
-                {"error": "invalid_arguments", "tool": call.name, "details": ["the arguments are not a JSON object"]}
-            )
-        # The harness's plan and file tools check their own arguments, leniently (a model's
-        # double-encoded `todos` is accepted) and with Atmosphere's exact error texts.
-        problems = [] if call.name in self.memory_tools else check_arguments(spec.parameters, arguments)
-        if problems:
-            return _text({"error": "invalid_arguments", "tool": call.name, "details": problems})
-        encoded = json.dumps(arguments)
-        oversized = self._oversized(call, utf8_len(encoded))  # escapes can make the re-encoding longer
-        if oversized is not None:
-            return await self._fail(call, oversized)
-        return arguments, encoded
-
-    async def _approved(
-        self, call: ToolCallRequest, arguments: dict[str, Any], *, message: str = ""
-    ) -> dict[str, Any] | str:
-        """The arguments as approved (possibly edited), or the text the model gets instead.
-
-        Whatever ends the call here ends it with a frame after its `tool-start`, as an executed
-        call would: `tool-result` for a reviewer's `respond`, `tool-error` for a denial, a
-        timeout or unusable edited arguments.
-        """
-        outcome = await self._approve(call, arguments, message=message)
-        if isinstance(outcome, str):
-            return outcome
-        oversized = self._oversized(call, utf8_len(json.dumps(outcome)), approved=True)
-        if oversized is not None:
-            return await self._fail(call, oversized)
-        return outcome
-
-    def _oversized(self, call: ToolCallRequest, size: int, *, approved: bool = False) -> str | None:
-        """The refusal of arguments too large for one bus message, or None when they fit."""
-        if size <= self.data_limit:
-            return None
-        which = "approved arguments" if approved else "arguments"
-        log.warning("run %s: the %s of %s are %d bytes; refused", self.run.run_id, which, call.name, size)
-        return f"Error: the {which} of tool {call.name} are {size} bytes; the limit is {self.data_limit}"
-
-    async def _govern(self, call: ToolCallRequest) -> str | None:
-        assert self.governance is not None
+    async def _govern(self, call: ToolCallRequest) -> None:
+        """Governance's check (fail-closed), then the tool's required roles (server-set, never metadata)."""
         try:
-            decision = await self.governance.check_tool(self.run, call.name, call.arguments_json)
+            decision = await self._governance.check_tool(self.run, call.name, call.arguments_json)
         except PayloadTooLargeError as exc:
-            message = (
-                f"Error: the tool call {call.name} is too large for the governance check ({exc.size} bytes; the"
-                f" limit is {exc.limit}), so it was refused (fail-closed)"
-            )
-            return await self._fail(call, message)
+            raise CallFailed(tool_errors.governance_check_too_large(call.name, exc)) from None
         except RemoteError as exc:
             log.warning("run %s: governance refused to check %s (%s)", self.run.run_id, call.name, exc)
-            message = f"Error: governance could not check the tool call {call.name} ({exc.message}), so it was refused"
-            return await self._fail(call, message)
+            raise CallFailed(tool_errors.governance_could_not_check(call.name, exc)) from None
         except BusError as exc:
             log.warning("run %s: governance did not answer for %s (%s); refusing", self.run.run_id, call.name, exc)
-            message = f"Error: governance is unavailable, so the tool call {call.name} was refused (fail-closed)"
-            return await self._fail(call, message)
+            raise CallFailed(tool_errors.governance_unavailable(call.name)) from None
         if not decision.allowed:
-            policy = decision.policy or "default"
-            return _text(
-                {"status": "cancelled", "message": f"Tool {call.name} denied by policy '{policy}': {decision.reason}"}
-            )
-        return None
+            raise CallRefused(tool_errors.denied_by_policy(call.name, decision.policy, decision.reason))
+        missing = missing_roles(self.tool_roles.get(call.name, ()), self.run.principal.roles)
+        if missing:
+            log.info("run %s: %s refused: the caller lacks the role(s) %s", self.run.run_id, call.name, missing)
+            raise CallRefused(tool_errors.INSUFFICIENT_AUTHORIZATION)
 
-    async def _approve(
-        self, call: ToolCallRequest, arguments: dict[str, Any], *, message: str = ""
-    ) -> dict[str, Any] | str:
-        approval = self.effects.approval(call.name, arguments) if self.effects is not None else None
-        if approval is not None:
-            decided = approval.decided
-            if decided is not None:  # decided before the worker died: not asked again
-                return await self._decided(call, arguments, str(decided["action"]), str(decided["payload"]))
-            await approval.ask()
-        # A durable run asks again under the same id, so an answer to the first asking still counts.
-        approval_id = "apr_" + (approval.key[:12] if approval is not None else secrets.token_hex(6))
-        decision_future = self.control.expect_approval(approval_id)
-        await self.emit(
-            RunEvent(
-                approval_required=ApprovalRequired(
-                    approval_id=approval_id,
-                    call_id=call.call_id,
-                    tool_name=call.name,
-                    arguments_json=json.dumps(arguments),
-                    message=message or f"Allow {call.name} to run with these arguments?",
-                    expires_in_seconds=int(self.approval_timeout),
-                )
-            )
-        )
-        try:
-            decision = await asyncio.wait_for(decision_future, self.approval_timeout)
-        except TimeoutError:
-            if approval is not None:
-                await approval.expire()
-            return await self._fail(call, _text({"status": "timeout", "message": "Approval timed out"}))
-        if approval is not None:
-            await approval.decide(decision.action, decision.payload_json)
-        return await self._decided(call, arguments, decision.action, decision.payload_json)
+    async def _approve(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The permission mode and configured permission, then the approval gate: the arguments to run."""
+        verdict = gate(self.permission_mode, self.permissions.of(call.name), spec)
+        if verdict.refusal is not None:
+            log.info("run %s: %s refused: %s", self.run.run_id, call.name, verdict.refusal)
+            raise CallFailed(verdict.refusal)
+        if not verdict.needs_approval:
+            return arguments
+        return self._marked_approved(call, await self._approvals.approved(call, arguments))
 
-    async def _decided(
-        self, call: ToolCallRequest, arguments: dict[str, Any], action: str, payload_json: str
-    ) -> dict[str, Any] | str:
-        """What a reviewer's decision makes of the call: arguments to run it with, or its outcome text."""
-        if action in {"approve", "yes"}:
-            edited = _approved_arguments(payload_json, arguments)
-            return edited if edited is not None else await self._fail(call, CANCELLED_BY_USER)
-        if action == "respond" and payload_json:
-            # The reviewer's answer stands in for the tool's: the model and the client get it as the
-            # result. It is the run owner's own text, not a tool's output: not screened.
-            return await self._succeed(call, payload_json, screen=False)
-        return await self._fail(call, CANCELLED_BY_USER)
-
-    async def _execute(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> str:
+    async def _execute(
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
+    ) -> str:
+        """The tool's result text: run here (delegation) or through the sandbox port."""
         local = (self.local_tools or {}).get(call.name)
         if local is not None:
-            return await self._run_local(call, spec, local, arguments)
+            return await self._run_local(call, spec, local, arguments, effect)
         request = ToolCall(
             call_id=call.call_id or uuid.uuid4().hex,
             name=call.name,
@@ -469,64 +232,27 @@ class ToolGateway:
             subject = subjects.memory_tool(call.name)
             if self.workspace is not None:
                 request.workspace.CopyFrom(self.workspace)
-        await _effect_starts()
+        await effect.start()  # just before the side effect
         try:
-            reply = await self._delivered(call, spec, subject, request)
+            reply = await self._sandbox.call(subject, request, spec)
         except BusError as exc:
-            return await self._fail(call, self._failure_text(call, spec, exc))
-        if reply.session_instance:
-            self.sessions[call.name] = reply.session_instance
+            memory_tool = call.name in self.memory_tools
+            failure = tool_errors.delivery_failure(call.name, spec.timeout, exc, memory_tool=memory_tool)
+            raise CallFailed(failure) from None
         asked = _approval_asked(reply)
         if asked is not None:
-            return await self._rerun_approved(call, spec, arguments, asked)
+            return await self._rerun_approved(call, spec, arguments, asked, effect)
         for side_event in reply.events:  # e.g. the plan-update of write_todos, before the result
             await self.emit(side_event)
         if reply.is_error:
-            return await self._fail(call, reply.content)
-        if reply.result_object:
-            return await self._succeed_stored(call, reply.result_object)
-        return await self._succeed(call, reply.content)
-
-    async def _delivered(self, call: ToolCallRequest, spec: ToolSpec, subject: str, request: ToolCall) -> ToolReply:
-        """The tool's reply, from the sandbox holding the run's session of it if one does.
-
-        The wait is the tool's deadline plus `TOOL_REPLY_GRACE`: the sandbox enforces the deadline
-        itself and answers with its own error, so no reply by then means the sandbox that took the
-        call is gone (killed, partitioned). An idempotent tool is then called once more, on whichever
-        replica takes it; any other tool's call is an error for the model, never a hung run.
-        """
-        timeout = spec.timeout + TOOL_REPLY_GRACE
-        instance = self.sessions.get(call.name)
-        if instance is not None:
-            try:
-                return await self.bus.request(
-                    subjects.sandbox_session_tool(instance, call.name), request, ToolReply, timeout=timeout
-                )
-            except NoRespondersError:
-                log.warning(
-                    "run %s: the sandbox holding its %s session is gone; starting anew", self.run.run_id, call.name
-                )
-                del self.sessions[call.name]
+            raise CallFailed(reply.content)
+        if not reply.result_object:
+            return reply.content
         try:
-            return await self.bus.request(subject, request, ToolReply, timeout=timeout)
-        except RequestTimeoutError:
-            if not spec.idempotent:
-                raise
-            log.warning("run %s: no reply to idempotent %s; calling it once more", self.run.run_id, call.name)
-            return await self.bus.request(subject, request, ToolReply, timeout=timeout)
-
-    async def _succeed_stored(self, call: ToolCallRequest, name: str) -> str:
-        """End the call with a result the sandbox stored as an object (`_stored_result`)."""
-        try:
-            content = await self._stored_result(name)
+            return await self._sandbox.stored_result(reply.result_object)
         except BusError as exc:
             log.warning("run %s: the stored result of %s could not be read (%s)", self.run.run_id, call.name, exc)
-            message = (
-                f"Error: the result of tool {call.name} was too large for one message and could not be read"
-                f" back ({exc})"
-            )
-            return await self._fail(call, message)
-        return await self._succeed(call, content)
+            raise CallFailed(tool_errors.stored_result_unreadable(call.name, exc)) from None
 
     def _marked_approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any]:
         """`arguments` telling a sandbox tool that the user approved the call (`tool_call_approved()`)."""
@@ -535,138 +261,57 @@ class ToolGateway:
         return {**arguments, APPROVED_ARGUMENT: True}
 
     async def _rerun_approved(
-        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], message: str
+        self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], message: str, effect: CallEffect
     ) -> str:
         """The tool raised `ApprovalRequired`: ask the user, then call it again marked approved (once)."""
         if arguments.get(APPROVED_ARGUMENT) is True:
-            return await self._fail(call, f"Error: {call.name} asked for approval again after it was approved")
-        if auto_approves(self.permission_mode, spec):
-            return await self._execute(call, spec, self._marked_approved(call, arguments))
-        outcome = await self._approved(call, arguments, message=message)
-        if isinstance(outcome, str):
-            return outcome
-        return await self._execute(call, spec, self._marked_approved(call, outcome))
-
-    async def _stored_result(self, name: str) -> str:
-        """A result the sandbox stored as an object because one message could not carry it.
-
-        Read once, then deleted: nobody else needs it (the bucket's max age clears what a crash
-        between the two leaves behind).
-        """
-        try:
-            data = await self.bus.object_get(subjects.TOOL_RESULTS_BUCKET, name)
-        finally:
-            try:
-                await self.bus.object_delete(subjects.TOOL_RESULTS_BUCKET, name)
-            except BusError as exc:
-                log.debug("run %s: the stored result %s was not deleted (%s)", self.run.run_id, name, exc)
-        if data is None:
-            msg = "it is no longer stored"
-            raise BusError(msg)
-        return data.decode("utf-8", errors="replace")
-
-    def _failure_text(self, call: ToolCallRequest, spec: ToolSpec, exc: BusError) -> str:
-        """What the model learns when the bus could not deliver a tool call."""
-        if isinstance(exc, RequestTimeoutError):
-            seconds = int(spec.timeout) if spec.timeout == int(spec.timeout) else spec.timeout
-            return _text(
-                {
-                    "error": "tool_timeout",
-                    "tool": call.name,
-                    "timeoutSeconds": seconds,
-                    "message": f"Tool execution exceeded the {seconds}s deadline and was cancelled",
-                }
-            )
-        too_large = _size_failure(call, exc)
-        if too_large is not None:
-            return too_large
-        if isinstance(exc, NoRespondersError):
-            if call.name in self.memory_tools:
-                return f"Error: the memory service is not serving {call.name} right now"
-            return f"Error: no sandbox serves the tool {call.name} right now"
-        if isinstance(exc, RemoteError):
-            return f"Error: {exc.message}"
-        return f"Error: the tool call failed ({exc})"
+            raise CallFailed(tool_errors.approval_asked_again(call.name))
+        if not auto_approves(self.permission_mode, spec):
+            arguments = await self._approvals.approved(call, arguments, message=message)
+        return await self._execute(call, spec, self._marked_approved(call, arguments), effect)
 
     async def _run_local(
-        self, call: ToolCallRequest, spec: ToolSpec, local: LocalTool, arguments: dict[str, Any]
+        self,
+        call: ToolCallRequest,
+        spec: ToolSpec,
+        local: LocalTool,
+        arguments: dict[str, Any],
+        effect: CallEffect,
     ) -> str:
-        await _effect_starts()
+        """A tool run in this process; it may read its call's journal key (`effects.current_call_key`)."""
+        await effect.start()
+        token = effect.enter()
         try:
-            content = await asyncio.wait_for(local(arguments), spec.timeout)
+            return await asyncio.wait_for(local(arguments), spec.timeout)
         except TimeoutError:
-            return await self._fail(call, f"Error: {call.name} did not finish within {spec.timeout:g}s")
+            raise CallFailed(tool_errors.local_timed_out(call.name, spec.timeout)) from None
         except Exception as exc:
             log.exception("run %s: %s failed", self.run.run_id, call.name)
             why = plain_reason(exc) if isinstance(exc, BusError) else type(exc).__name__
-            return await self._fail(call, f"Error: {call.name} failed ({why})")
-        return await self._succeed(call, content)
+            raise CallFailed(tool_errors.local_failed(call.name, why)) from None
+        finally:
+            ToolEffect.leave(token)
 
-    async def _succeed(self, call: ToolCallRequest, content: str, *, screen: bool = True) -> str:
-        """End the call with `content`: screened (`screen`), offloaded if long, committed, reported."""
-        if screen and content:
-            assert self.governance is not None
-            screened = await screen_result(self.governance, self.run, call.name, content, max_bytes=self.data_limit)
-            if screened.error is not None:
-                return await self._fail(call, screened.error)
-            content = screened.text
-        content = await self._maybe_offload(call, content)
+    async def _screen(self, call: ToolCallRequest, content: str) -> str:
+        """The result as governance's injection screen lets the model see it (an empty one is not sent)."""
+        if not content:
+            return content
+        screened = await screen_result(self._governance, self.run, call.name, content, max_bytes=self.data_limit)
+        if screened.error is not None:
+            raise CallFailed(screened.error)
+        return screened.text
+
+    async def _succeeded(self, call: ToolCallRequest, content: str, effect: CallEffect) -> str:
+        """Record the result: cut to one run event, committed (a durable run's), reported."""
         # The model and the client get the same text, and it must fit in one run event.
         content = clip(content, self.data_limit, f"the result of {call.name}")
-        await _effect_settles(error=False, text=content)
+        await effect.settle(error=False, text=content)
         await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=content)))
         return content
 
-    async def _maybe_offload(self, call: ToolCallRequest, content: str) -> str:
-        """An over-long result goes to the workspace; the model gets a preview and the path(s).
-
-        A result too large for one save request or one file is saved in parts, in order. With
-        no workspace, a disabled threshold, or any failure to save, the result stays inline
-        (and is then cut to what one run event carries, with a marker).
-        """
-        if not self.offload or self.workspace is None or self.offload_threshold <= 0:
-            return content
-        if len(content) <= self.offload_threshold:
-            return content
-        parts = split_for_saving(content, max_json_bytes=self.data_limit - _SAVE_ROOM, max_parts=MAX_OFFLOAD_PARTS)
-        path = offload_path(call.name)
-        if len(parts) == 1:
-            return offload_preview(content, path) if await self._save(call, path, content) else content
-        kept = parts[:MAX_OFFLOAD_PARTS]
-        paths = [f"{path.removesuffix('.txt')}.part{index}.txt" for index in range(1, len(kept) + 1)]
-        for part_path, part in zip(paths, kept, strict=True):
-            if not await self._save(call, part_path, part):
-                return content
-        return _parts_preview(content, paths, sum(len(part) for part in kept))
-
-    async def _save(self, call: ToolCallRequest, path: str, content: str) -> bool:
-        """Write one offload file through memory's `write_file`; whether it was stored."""
-        try:
-            save = ToolCall(
-                call_id=uuid.uuid4().hex,
-                name="write_file",
-                # Not ASCII-escaped: a non-Latin result would be up to six times longer on the wire.
-                arguments_json=json.dumps({"path": path, "content": content}, ensure_ascii=False),
-                run_id=self.run.run_id,
-                conversation_id=self.run.conversation_id,
-                agent=self.run.agent,
-                principal=self.run.principal,
-                workspace=self.workspace,
-            )
-        except ValueError:  # a lone surrogate cannot travel unescaped; the result stays inline
-            return False
-        try:
-            reply = await self.bus.request(subjects.memory_tool("write_file"), save, ToolReply, timeout=10.0)
-        except BusError as exc:
-            log.debug("run %s: offload of %s failed (%s); inline", self.run.run_id, call.name, exc)
-            return False
-        if reply.is_error:
-            log.debug("run %s: offload of %s refused (%s); inline", self.run.run_id, call.name, reply.content)
-            return False
-        return True
-
-    async def _fail(self, call: ToolCallRequest, message: str) -> str:
+    async def _failed(self, call: ToolCallRequest, message: str, effect: CallEffect) -> str:
+        """Record the failure: cut to one run event, committed (once the side effect started), reported."""
         message = clip(message, self.data_limit, f"the error of {call.name}")
-        await _effect_settles(error=True, text=message)
+        await effect.settle(error=True, text=message)
         await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=message)))
         return message

@@ -34,6 +34,7 @@ from atmosphere.dispatch.runtime.provider import (
     ToolCallBuffer,
     stream_round,
 )
+from atmosphere.dispatch.tool_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED
 from atmosphere.sdk import OnMaxIterations, StreamingSession
 from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import (
@@ -279,7 +280,7 @@ class BuiltInAgentRuntime(AgentRuntime):
 
     async def _run_tools(self, ctx: AgentExecutionContext, calls: list[ToolCallBuffer]) -> list[dict[str, Any]]:
         if ctx.run_tool is None:
-            return _refusals(calls, "Error: no tool runner is attached to this run")
+            return _refusals(calls, NO_TOOL_RUNNER)
         runner = ctx.run_tool
         results = await asyncio.gather(
             *(
@@ -402,7 +403,7 @@ def _assistant(result: RoundResult) -> dict[str, Any]:
 
 
 def _refusals(calls: list[ToolCallBuffer], reason: str = "") -> list[dict[str, Any]]:
-    text = reason or "Error: the tool-call limit for this request was reached; answer with what you have"
+    text = reason or TOOL_LIMIT_REACHED
     return [{"role": "tool", "tool_call_id": c.call_id or f"call_{i}", "content": text} for i, c in enumerate(calls)]
 
 

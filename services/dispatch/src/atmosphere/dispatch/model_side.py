@@ -1,0 +1,74 @@
+"""The model side of runs: the runtime and conversation memory, and what a model request is made of."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from atmosphere.bus.runs import HISTORY_METADATA_KEY
+from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch.conversation import ConversationMemory
+from atmosphere.dispatch.harness import AgentHarness
+from atmosphere.sdk import CacheHint, ChatMessage, PromptCache
+from atmosphere.sdk.host import AgentSpec
+from atmosphere.sdk.runtime import AgentRuntime
+
+log = logging.getLogger("atmosphere.dispatch")
+
+MAX_HISTORY_TURNS = 200
+
+NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
+
+
+def history_of(run: RunSubmission) -> tuple[ChatMessage, ...]:
+    """Prior turns the client sent with the request (the OpenAI API), bounded and sanitized.
+
+    A client's system messages ride along as history; they never replace the agent's own
+    system prompt.
+    """
+    raw = run.metadata.get(HISTORY_METADATA_KEY)
+    if not raw:
+        return ()
+    try:
+        turns = json.loads(raw)
+    except json.JSONDecodeError:
+        log.warning("run %s: ignoring malformed %s", run.run_id, HISTORY_METADATA_KEY)
+        return ()
+    if not isinstance(turns, list):
+        return ()
+    history = [
+        ChatMessage(turn["role"], turn["content"])
+        for turn in turns[-MAX_HISTORY_TURNS:]
+        if isinstance(turn, dict)
+        and turn.get("role") in {"system", "user", "assistant"}
+        and isinstance(turn.get("content"), str)
+    ]
+    return tuple(history)
+
+
+def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunSubmission) -> CacheHint | None:
+    """The prompt-cache hint of a run: one key per agent, or per agent and conversation."""
+    if harness.prompt_cache is PromptCache.NONE:
+        return None
+    key = f"atmo:{spec.name}"
+    if harness.prompt_cache is PromptCache.AGGRESSIVE:
+        key = f"{key}:{run.conversation_id}"
+    return CacheHint(harness.prompt_cache, key)
+
+
+@dataclass(frozen=True)
+class ModelSide:
+    """The model side every run of this dispatch instance shares (`Run.stream` uses it).
+
+    `runtime` is None when no runtime is usable (runs then end with `runtime.unavailable`);
+    `conversation` is the harness's memory (history, facts), None without it.
+    """
+
+    runtime: AgentRuntime | None
+    conversation: ConversationMemory | None = None
+
+    @property
+    def model(self) -> str:
+        """The runtime's configured model ("" without a runtime)."""
+        return self.runtime.config.model if self.runtime is not None else ""
