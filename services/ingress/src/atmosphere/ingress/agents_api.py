@@ -29,6 +29,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from atmosphere.bus import BusError, PayloadTooLargeError, subjects
+from atmosphere.bus.frames import Frame, to_frame
 from atmosphere.bus.runs import (
     StreamGapError,
     UnknownRunError,
@@ -53,7 +54,6 @@ from atmosphere.ingress.errors import (
     ServerRestartingError,
     UnavailableError,
 )
-from atmosphere.ingress.frames import Frame, to_frame
 from atmosphere.ingress.http import (
     agent_principal,
     bounded_body,
