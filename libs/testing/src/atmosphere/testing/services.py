@@ -102,16 +102,33 @@ async def running_services(
     launched: list[_Launched] = []
     try:
         launched.extend(_Launched.start(name, serve, settings) for name, (serve, settings) in services.items())
-        await asyncio.gather(
-            *(
+        waits = [
+            asyncio.create_task(
                 wait_until(functools.partial(s.ready, bus), timeout=timeout, what=f"{s.name} to be ready")
-                for s in launched
             )
-        )
+            for s in launched
+        ]
+        try:
+            await asyncio.gather(*waits)  # the first failure as itself (a service's own error)
+        finally:
+            for wait in waits:
+                wait.cancel()  # the others' waits, once one failed
         yield {s.name: s.task for s in launched}
     finally:
-        for service in reversed(launched):
-            await service.stopped(timeout)
+        # Every service is stopped even when one fails to: the first failure is raised after.
+        ended = [await _outcome(service.stopped(timeout)) for service in reversed(launched)]
+        failed = [error for error in ended if error is not None]
+        if failed:
+            raise failed[0]
+
+
+async def _outcome(stopping: Awaitable[None]) -> BaseException | None:
+    """None once `stopping` is done, else what it raised."""
+    try:
+        await stopping
+    except Exception as exc:  # the service's own error, or its stop timing out
+        return exc
+    return None
 
 
 @contextlib.asynccontextmanager
