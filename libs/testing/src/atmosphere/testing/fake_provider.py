@@ -3,6 +3,8 @@
 Each `POST /v1/chat/completions` takes the next scripted `Reply`; the script being empty is
 a 500 (`script exhausted`), so a test that makes one call too many fails loudly. Every request
 body is kept in `requests`; clients that hang up mid-stream are counted in `disconnects`.
+An agent's test (`atmosphere.testing.ScriptedModel`) gets the same answers without the server:
+its turns become `Reply`s, streamed by the one encoder here (`stream_payloads`).
 
     provider = FakeProvider()
     provider.script(Reply.error(429, retry_after=1), Reply.text("Hello world", usage=(12, 2)))
