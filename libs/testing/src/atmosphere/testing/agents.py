@@ -178,9 +178,15 @@ class AgentTestEnv:
         async for event in follow_run(bus, run.run_id, submit=run):
             events.append(event)
             if event.WhichOneof("kind") == "approval_required":
-                decision = ApprovalDecision(approval_id=event.approval_required.approval_id, action=self._approvals)
-                await send_control(bus, Control(run_id=run.run_id, principal=run.principal, approval=decision))
+                await self._answer(bus, event, run.principal)
         return result_of(run.run_id, events)
+
+    async def _answer(self, bus: FakeBus, event: RunEvent, principal: Principal) -> None:
+        """Answer an approval request with the environment's decision, as a client does through ingress."""
+        decision = ApprovalDecision(approval_id=event.approval_required.approval_id, action=self._approvals)
+        # A sub-agent's approval is answered to the sub-run that waits for it.
+        owner = event.origin_run_id or event.run_id
+        await send_control(bus, Control(run_id=owner, principal=principal, approval=decision))
 
 
 def _reference(app: App, tool_workers: int) -> AppReference | None:
