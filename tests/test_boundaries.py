@@ -31,16 +31,15 @@ def test_services_never_import_each_other() -> None:
             assert not bad, f"{path.relative_to(ROOT)} imports another service: {bad}"
 
 
-# The one composition root among the libraries: it wires the real services together in one
-# process (on FakeBus) so that a user can test an agent without a stack. It is an extra of the
-# SDK (`atmosphere-ai-sdk[testing]`); nothing else in a library may import a service.
-IN_PROCESS_STACK = ROOT / "libs" / "sdk" / "src" / "atmosphere" / "sdk" / "testing.py"
+# The agent test kit (`libs/testing`) starts services through their `serve()`: what it may import
+# of them is held by `tests/test_seams.py` (`app.serve` and the settings class, nothing else).
+AGENT_TEST_KIT = ROOT / "libs" / "testing" / "src"
 
 
 def test_libraries_never_import_services() -> None:
     services = {f"atmosphere.{s}" for s in SERVICES}
     for path in python_files(ROOT / "libs"):
-        if path == IN_PROCESS_STACK:
+        if AGENT_TEST_KIT in path.parents:
             continue
         bad = {m for m in imports(path) if any(m == s or m.startswith(s + ".") for s in services)}
         assert not bad, f"{path.relative_to(ROOT)} imports a service: {bad}"
@@ -90,10 +89,9 @@ def test_settings_are_read_only_in_main() -> None:
                 raise AssertionError(f"{path.relative_to(ROOT)} instantiates {node.func.id}")
 
 
-def test_only_the_in_process_stack_of_the_sdk_imports_services_lazily() -> None:
-    # `import atmosphere.sdk` must work without the services installed: the stack is imported
-    # only by `atmosphere.sdk.testing`, which nothing else in the SDK imports.
-    sdk = ROOT / "libs" / "sdk" / "src"
-    for path in python_files(sdk):
-        if path != IN_PROCESS_STACK:
-            assert "atmosphere.sdk.testing" not in imports(path), f"{path.relative_to(ROOT)} imports the test stack"
+def test_the_sdk_never_imports_the_test_kit() -> None:
+    # `import atmosphere.sdk` works without the services installed, and the SDK, the services and
+    # the kit form no package loop: the kit (a distribution of its own) imports the SDK, never back.
+    for path in python_files(ROOT / "libs" / "sdk" / "src"):
+        bad = {m for m in imports(path) if m == "atmosphere.testing" or m.startswith("atmosphere.testing.")}
+        assert not bad, f"{path.relative_to(ROOT)} imports the test kit: {bad}"

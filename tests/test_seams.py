@@ -1,5 +1,13 @@
-"""The seams stay where issue 10 put them: short functions, error codes only in `errors.py`, one
-definition per concept. Each failure lists every offender."""
+"""The seams stay where issue 10 put them: short functions (and, since issue 24, classes), error codes only in `errors.py`, one
+definition per concept. Each failure lists every offender.
+
+And where issue 24 put them: a library reaches a service at one seam only. The agent test kit
+(`libs/testing`) starts each service through its `app.serve` and configures it with its settings
+class (`atmosphere.<service>.settings`: public configuration, what the environment sets); it
+imports nothing else of a service (no handlers, stores, runtimes), and no other library imports a
+service at all (`libs/sdk` included: the kit is a distribution of its own, so the SDK, the services
+and the kit form no package loop). A run is made only by `atmosphere.bus.runs.new_run`: no other
+module builds a `RunSubmission(...)`."""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 300
 
 # Our wire codes: `<area>.<reason>`, e.g. `ingress.bad_request`, `provider.timeout`.
 SERVICE_CODE = re.compile(
@@ -59,6 +68,15 @@ DEFINED_ONCE = {
 }
 # Literal wire names that may be spelled in exactly one src module (their constant's home).
 SPELLED_ONCE = ("ai.subagent.depth", "atmosphere.run.nesting", "ai.request.history")
+
+
+SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "src").is_dir())
+TEST_KIT = ROOT / "libs" / "testing" / "src"
+RUN_MAKER = ROOT / "libs" / "bus" / "src" / "atmosphere" / "bus" / "runs.py"
+# Empty `RunSubmission()`s that are not runs made, each with the reason.
+NOT_RUNS_MADE = {
+    "services/ingress/src/atmosphere/ingress/openai_api.py": "a copy's target (`CopyFrom` a run new_run made)",
+}
 
 
 def _is_generated(path: Path) -> bool:
@@ -123,6 +141,18 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
+def test_no_class_is_longer_than_three_hundred_lines() -> None:
+    # A class past this holds several concerns: the ones found split by concern (issue 24).
+    long = [
+        f"{_relative(path)}:{node.lineno} {node.name} ({lines} lines)"
+        for path in src_modules()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ClassDef)
+        and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES
+    ]
+    assert not long, f"classes over {MAX_CLASS_LINES} lines:\n" + "\n".join(long)
+
+
 def test_error_codes_are_spelled_only_in_errors_modules() -> None:
     found = [hit for path in src_modules() if path.name != "errors.py" for hit in _code_literals(path)]
     assert not found, "error-code literals outside an errors.py:\n" + "\n".join(found)
@@ -173,3 +203,69 @@ def test_every_catalogued_error_reads_back_as_its_class() -> None:
         assert type(error) is cls, code
         assert (error.wire_code, error.message, error.details, error.retryable) == (code, "m", {"k": "v"}, True)
         assert error.to_proto() == Error(code=code, message="m", retryable=True, details={"k": "v"})
+
+
+def _service_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "atmosphere" and parts[1] in SERVICES else None
+
+
+def _seam_allows(path: Path, module: str, names: list[str]) -> bool:
+    """Whether a library module may import `names` from service module `module` (see the docstring)."""
+    service = _service_of(module)
+    if TEST_KIT not in path.parents or service is None or not names:
+        return False
+    if module == f"atmosphere.{service}.app":
+        return set(names) == {"serve"}
+    return module == f"atmosphere.{service}.settings" and all(name.endswith("Settings") for name in names)
+
+
+def _service_imports(path: Path) -> Iterator[str]:
+    """Each import of a service by `path` that its seam does not allow, as `<path>:<line>: <import>`."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        found: list[tuple[str, list[str]]]
+        if isinstance(node, ast.Import):
+            found = [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found = [(node.module, [alias.name for alias in node.names])]
+        else:
+            continue
+        for module, names in found:
+            if _service_of(module) is not None and not _seam_allows(path, module, names):
+                yield f"{_relative(path)}:{node.lineno}: {module} {names or ''}".rstrip()
+
+
+def test_libraries_reach_a_service_only_through_its_serve_and_settings() -> None:
+    modules = [p for p in src_modules() if (ROOT / "libs") in p.parents]
+    found = [hit for path in modules for hit in _service_imports(path)]
+    assert not found, "libraries importing a service past its seam:\n" + "\n".join(found)
+
+
+def _runs_made(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        empty = not node.args and not node.keywords
+        if name == "RunSubmission" and not (empty and _relative(path) in NOT_RUNS_MADE):
+            yield f"{_relative(path)}:{node.lineno}"
+
+
+def test_only_new_run_makes_a_run_submission() -> None:
+    modules = [*src_modules(), *sorted((ROOT / "examples").rglob("*.py"))]
+    found = [hit for path in modules if path != RUN_MAKER for hit in _runs_made(path)]
+    assert not found, "RunSubmission(...) made outside atmosphere.bus.runs.new_run:\n" + "\n".join(found)
+
+
+def test_the_seam_checks_recognise_what_they_look_for() -> None:
+    # Guards the guards: a broken pattern would make the checks above pass vacuously.
+    kit = TEST_KIT / "atmosphere" / "testing" / "x.py"
+    assert _seam_allows(kit, "atmosphere.dispatch.app", ["serve"])
+    assert _seam_allows(kit, "atmosphere.sandbox.settings", ["SandboxSettings"])
+    assert not _seam_allows(kit, "atmosphere.dispatch.app", ["serve", "Dispatch"])
+    assert not _seam_allows(kit, "atmosphere.dispatch.handlers", ["RunExecutor"])
+    assert not _seam_allows(kit, "atmosphere.dispatch.settings", ["DispatchOptions"])
+    assert not _seam_allows(ROOT / "libs" / "sdk" / "src" / "x.py", "atmosphere.dispatch.app", ["serve"])
+    assert _service_of("atmosphere.bus.runs") is None
+    assert list(_runs_made(RUN_MAKER)), "new_run's own RunSubmission(...) is not seen"

@@ -1,4 +1,4 @@
-"""`atmosphere.sdk.testing`: an agent run in-process against a scripted model."""
+"""`atmosphere.testing`'s agent kit: an agent run on the real services against a scripted model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from atmosphere.sdk import App, RetryPolicy, StreamingSession, agent, prompt, tool
 from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.runtime import RuntimeConfig
-from atmosphere.sdk.testing import AgentTestEnv, ModelRequest, ScriptedModel, ToolCallScript, Turn, run_agent
+from atmosphere.testing import AgentTestEnv, ModelRequest, ScriptedModel, ToolCallScript, Turn, run_agent
 from atmosphere.testing.fake_provider import FakeProvider, Reply
 
 

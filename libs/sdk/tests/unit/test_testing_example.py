@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from atmosphere.sdk.testing import ScriptedModel, Turn, run_agent
+from atmosphere.testing import ScriptedModel, Turn, run_agent
 from examples.assistant import app
 
 

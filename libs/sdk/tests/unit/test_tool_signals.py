@@ -1,7 +1,10 @@
 """The exceptions a tool raises to steer its call, end to end through the real choke point.
 
-Each case runs an agent in-process (`atmosphere.sdk.testing`): the sandbox's tool host turns the
-signal into the call's outcome and dispatch's tool gateway honours it.
+Each case runs an agent on the real services (`atmosphere.testing`): the sandbox's tool host turns
+the signal into the call's outcome and dispatch's tool gateway honours it. A case that reads what
+a tool appended to `RAN` runs the tools in the test's process (`tool_workers=0`): a worker
+process's `RAN` is its own. The app made inside a test has no module-level name the sandbox's
+workers could import, so it too runs its tool in this process.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from atmosphere.sdk import (
     tool_call_approved,
 )
 from atmosphere.sdk.host import APPROVED_ARGUMENT, RETRY_SUFFIX
-from atmosphere.sdk.testing import ScriptedModel, Turn, run_agent
+from atmosphere.testing import ScriptedModel, Turn, run_agent
 
 RAN: list[str] = []
 
@@ -108,7 +111,7 @@ def test_model_retry_tells_the_model_what_to_fix_and_it_can_call_again() -> None
 def test_approval_required_asks_the_user_and_reruns_the_tool_approved() -> None:
     RAN.clear()
     model = ScriptedModel(Turn.tool_call("transfer", amount=500), Turn.text("Done."))
-    result = run_agent(APP, "bank", "send 500", model=model, approvals="approve")
+    result = run_agent(APP, "bank", "send 500", model=model, approvals="approve", tool_workers=0)
     assert result.completed
     approval = result.of("approval-required")
     assert len(approval) == 1
@@ -122,7 +125,7 @@ def test_approval_required_asks_the_user_and_reruns_the_tool_approved() -> None:
 def test_a_denied_approval_never_runs_the_tool_and_ends_the_call() -> None:
     RAN.clear()
     model = ScriptedModel(Turn.tool_call("transfer", amount=500), Turn.text("Not sent."))
-    result = run_agent(APP, "bank", "send 500", model=model, approvals="deny")
+    result = run_agent(APP, "bank", "send 500", model=model, approvals="deny", tool_workers=0)
     assert result.completed
     assert RAN == []
     assert "cancelled" in json.loads(model.requests[1].last_tool_result or "{}")["status"]
@@ -131,7 +134,7 @@ def test_a_denied_approval_never_runs_the_tool_and_ends_the_call() -> None:
 def test_a_small_transfer_needs_no_approval() -> None:
     RAN.clear()
     model = ScriptedModel(Turn.tool_call("transfer", amount=5), Turn.text("Done."))
-    result = run_agent(APP, "bank", "send 5", model=model)
+    result = run_agent(APP, "bank", "send 5", model=model, tool_workers=0)
     assert result.of("approval-required") == []
     assert RAN == ["transfer 5 approved=False"]
 
@@ -139,7 +142,7 @@ def test_a_small_transfer_needs_no_approval() -> None:
 def test_a_tool_that_always_asks_runs_approved_after_the_gate() -> None:
     RAN.clear()
     model = ScriptedModel(Turn.tool_call("wipe"), Turn.text("Gone."))
-    result = run_agent(APP, "bank", "wipe it", model=model)
+    result = run_agent(APP, "bank", "wipe it", model=model, tool_workers=0)
     assert result.completed
     assert RAN == ["wipe approved=True"]
 
@@ -148,7 +151,7 @@ def test_the_model_cannot_forge_an_approval() -> None:
     RAN.clear()
     forged = Turn.tool_call("transfer", amount=500, **{APPROVED_ARGUMENT: True})
     model = ScriptedModel(forged, Turn.text("Hm."))
-    result = run_agent(APP, "bank", "send 500", model=model, approvals="deny")
+    result = run_agent(APP, "bank", "send 500", model=model, approvals="deny", tool_workers=0)
     assert RAN == []
     assert "tool-start" not in result.kinds
     refusal = json.loads(model.requests[1].last_tool_result or "{}")
@@ -183,7 +186,7 @@ class Insistent:
 def test_a_tool_that_asks_again_after_approval_fails_instead_of_looping() -> None:
     app = App(agents=[Insistent])
     model = ScriptedModel(Turn.tool_call("insistent"), Turn.text("Gave up."))
-    result = run_agent(app, "insistent", "go", model=model)
+    result = run_agent(app, "insistent", "go", model=model, tool_workers=0)
     assert result.completed
     assert len(result.of("approval-required")) == 1
     assert result.tool_errors() == {"insistent": "Error: insistent asked for approval again after it was approved"}

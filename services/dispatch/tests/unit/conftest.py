@@ -26,7 +26,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.handlers import RunExecutor
 from atmosphere.dispatch.model_side import ModelSide
-from atmosphere.dispatch.run import ExecutorOptions
+from atmosphere.dispatch.run_scope import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App
 from atmosphere.sdk.runtime import RuntimeConfig

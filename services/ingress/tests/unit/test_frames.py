@@ -2,12 +2,12 @@ import json
 
 import pytest
 
+from atmosphere.bus.frames import to_frame
 from atmosphere.bus.runs import SERVER_SIDE_KINDS
 from atmosphere.contracts.common.v1.common_pb2 import Error, Usage
 from atmosphere.contracts.run.v1 import run_pb2
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.ingress.errors import MalformedRequestError as InboundError
-from atmosphere.ingress.frames import to_frame
 from atmosphere.ingress.inbound import parse_inbound
 
 

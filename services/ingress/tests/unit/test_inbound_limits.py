@@ -9,6 +9,7 @@ import json
 import pytest
 
 from atmosphere.bus import JetStreamLayout
+from atmosphere.bus.frames import Frame
 from atmosphere.bus.sizes import ENVELOPE_ROOM
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -17,7 +18,6 @@ from atmosphere.ingress import connection as connection_module
 from atmosphere.ingress.connection import Closed, Connection
 from atmosphere.ingress.errors import MalformedRequestError as InboundError
 from atmosphere.ingress.errors import RequestTooLargeError as TooLargeError
-from atmosphere.ingress.frames import Frame
 from atmosphere.ingress.inbound import (
     ApprovalReply,
     Prompt,

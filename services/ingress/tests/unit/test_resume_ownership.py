@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from atmosphere.bus import BusError, JetStreamLayout
+from atmosphere.bus.frames import Frame
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.connection import Closed, Connection
-from atmosphere.ingress.frames import Frame
 
 
 async def resume_frames(bus: FakeBus, run_id: str, *, allowed: bool | BusError | None) -> tuple[list[Frame], list[str]]:

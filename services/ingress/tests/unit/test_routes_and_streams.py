@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from atmosphere.bus import JetStreamLayout, subjects
+from atmosphere.bus.frames import Frame
 from atmosphere.bus.testing import FakeBus
 from atmosphere.config import NatsSettings
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -24,7 +25,6 @@ from atmosphere.ingress.agent_sse import _sse_response
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.connection import SERVICE_RESTART_CODE, Closed, Connection
 from atmosphere.ingress.errors import OpenAiError, OpenAiUnavailableError
-from atmosphere.ingress.frames import Frame
 from atmosphere.ingress.openai_api import ClientGoneError, DrainingError, _answer, _failure
 from atmosphere.ingress.openai_wire import parse_chat_request
 from atmosphere.ingress.pacing import KEEP_ALIVE_COMMENT, Drain, PacedResponse, Pause, paced

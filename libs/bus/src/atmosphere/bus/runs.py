@@ -478,8 +478,8 @@ class SinkHost:
             await self._sink(event)
 
     async def stream(self, message: str) -> None:
-        """Refused: only a host with a model (dispatch, `atmosphere.sdk.testing`) can stream."""
-        msg = "this session has no model: only runs hosted by dispatch or atmosphere.sdk.testing can stream"
+        """Refused: only a host with a model (dispatch) can stream."""
+        msg = "this session has no model: only runs hosted by dispatch can stream"
         raise RuntimeError(msg)
 
 

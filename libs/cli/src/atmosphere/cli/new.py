@@ -36,7 +36,7 @@ app = App(agents=[Counter])
 
 TEST = """\
 # tests/test_agents.py
-from atmosphere.sdk.testing import ScriptedModel, Turn, run_agent
+from atmosphere.testing import ScriptedModel, Turn, run_agent
 from {package}.agents import app
 
 
@@ -58,7 +58,8 @@ requires-python = ">=3.11"
 dependencies = ["atmosphere-ai-cli"]
 
 [project.optional-dependencies]
-test = ["pytest>=8"]
+# The agent test kit (`atmosphere.testing`), which brings pytest.
+test = ["atmosphere-ai-testing"]
 
 [build-system]
 requires = ["setuptools>=68"]
@@ -84,7 +85,7 @@ Install it into a virtualenv that has the Atmosphere distributions (`atmosphere-
     python3.11 -m venv .venv
     .venv/bin/pip install --find-links /path/to/atmosphere/dist -e '.[test]'
 
-Test it in-process (no NATS, no services, a scripted model):
+Test it on the platform's own services, inside the test's process (no NATS, a scripted model):
 
     .venv/bin/python -m pytest -q tests
 
@@ -131,7 +132,8 @@ def next_steps(directory: Path, package: str) -> str:
     """What to run next, with the interpreter and `atmosphere` of the environment that wrote it.
 
     That environment already holds the platform (it ran `atmosphere new`), so its own commands
-    work as printed; `pytest` may still be missing from it, and the hint says how to add it.
+    work as printed; the test kit (`atmosphere-ai-testing`, with pytest) may still be missing from
+    it, and the hint says how to add it.
     """
     python = sys.executable
     atmosphere = Path(sys.prefix) / "bin" / "atmosphere"
@@ -140,7 +142,8 @@ def next_steps(directory: Path, package: str) -> str:
             "",
             "Next steps:",
             f"  cd {directory}",
-            f"  {python} -m pytest -q            # its test, in-process (no pytest? {python} -m pip install pytest)",
+            f"  {python} -m pytest -q            # its test (it needs the test kit and pytest: "
+            f"{python} -m pip install atmosphere-ai-testing)",
             "  # serve it (tool calls need a model that supports them, behind any OpenAI-compatible API):",
             f"  LLM_BASE_URL=https://api.openai.com/v1 LLM_MODEL=gpt-4o-mini LLM_API_KEY=sk-... "
             f"{atmosphere} dev --app {package}.agents:app",

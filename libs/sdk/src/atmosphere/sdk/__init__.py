@@ -6,7 +6,8 @@ Declarations (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `tool`), the `App
 them, the `StreamingSession` a prompt answers through, the harness, policy and permission knobs, the
 interceptor API, and the exceptions a tool raises to steer its call. This surface is pinned
 (`tests/unit/test_exported_members.py`); what the platform's services share lives in
-`atmosphere.sdk.host`, and `atmosphere.sdk.testing` runs an agent in-process.
+`atmosphere.sdk.host`; an agent's tests run it on the services with `atmosphere.testing`
+(the `atmosphere-ai-testing` distribution).
 """
 
 from atmosphere.sdk._agent import agent, ai_endpoint, coordinator, prompt

@@ -3,6 +3,8 @@
 Each `POST /v1/chat/completions` takes the next scripted `Reply`; the script being empty is
 a 500 (`script exhausted`), so a test that makes one call too many fails loudly. Every request
 body is kept in `requests`; clients that hang up mid-stream are counted in `disconnects`.
+An agent's test (`atmosphere.testing.ScriptedModel`) gets the same answers without the server:
+its turns become `Reply`s, streamed by the one encoder here (`stream_payloads`).
 
     provider = FakeProvider()
     provider.script(Reply.error(429, retry_after=1), Reply.text("Hello world", usage=(12, 2)))
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +32,18 @@ Send = Callable[[Message], Awaitable[None]]
 
 @dataclass(frozen=True)
 class ToolCallScript:
-    """One tool call the fake model asks for."""
+    """One tool call the fake model asks for (here and in `atmosphere.testing.ScriptedModel`'s turns)."""
 
     name: str
-    arguments: dict[str, Any] | str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    """The arguments object, or raw JSON text (to test what a model's malformed JSON does)."""
     call_id: str = ""
+    """Empty: `call_<n>` is assigned."""
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as the model sends them."""
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(dict(self.arguments))
 
 
 @dataclass(frozen=True)
@@ -241,7 +250,7 @@ class FakeProvider:
             return
         if reply.kind == "error":
             headers = [(b"retry-after", reply.retry_after.encode())] if reply.retry_after else []
-            await _json(send, reply.status, _error_body(reply), headers)
+            await _json(send, reply.status, error_body(reply), headers)
             return
         if not request.get("stream"):
             await _json(send, 200, _completion(reply, request))
@@ -268,7 +277,7 @@ class FakeProvider:
             if reply.kind == "comments":
                 await self._comments(reply, send, watcher)
                 return
-            for event in _events(reply, request):
+            for event in stream_payloads(reply, request):
                 if watcher.done():
                     self._gone()
                     return
@@ -299,7 +308,8 @@ async def _hung_up_within(receive: Receive, seconds: float) -> bool:
         return False
 
 
-def _error_body(reply: Reply) -> dict[str, Any]:
+def error_body(reply: Reply) -> dict[str, Any]:
+    """`reply`'s error in OpenAI's JSON shape."""
     return {
         "error": {
             "message": reply.error_message,
@@ -374,11 +384,16 @@ def _usage(reply: Reply, request: dict[str, Any]) -> str | None:
     )
 
 
-def _events(reply: Reply, request: dict[str, Any]) -> list[str]:
+def stream_payloads(reply: Reply, request: dict[str, Any]) -> list[str]:
+    """The `data:` payloads of `reply`'s stream for `request`, `[DONE]` last (`STALL` marks a pause).
+
+    The one encoding of a scripted answer: this server sends it, and so does `ScriptedModel`
+    through an in-memory transport.
+    """
     if reply.kind == "empty":
         return ["[DONE]"]
     if reply.kind == "stream_error":
-        return [json.dumps(_error_body(reply))]
+        return [json.dumps(error_body(reply))]
     if reply.kind == "raw":
         return [*reply.chunks, "[DONE]"]
     events = [_chunk(request, {"role": "assistant", "content": ""})]
@@ -388,7 +403,7 @@ def _events(reply: Reply, request: dict[str, Any]) -> list[str]:
     if reply.stall:
         events.append("STALL")
     for index, call in enumerate(reply.tool_calls):
-        arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+        arguments = call.arguments_json
         call_id = call.call_id or f"call_{index}"
         first = {"index": index, "id": call_id, "type": "function", "function": {"name": call.name, "arguments": ""}}
         events.append(_chunk(request, {"tool_calls": [first]}))
@@ -414,7 +429,7 @@ def _completion(reply: Reply, request: dict[str, Any]) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": call.name,
-                    "arguments": call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments),
+                    "arguments": call.arguments_json,
                 },
             }
             for i, call in enumerate(reply.tool_calls)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -30,10 +32,51 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+Serve = Callable[..., Coroutine[Any, Any, None]]
+"""A service's `serve(settings, *, stop)` (its other arguments bound)."""
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A service's `serve()` running as a task, and the event that stops it."""
+
+    name: str
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+    @classmethod
+    def start(cls, name: str, serve: Serve, settings: Any) -> _Launched:
+        stop = asyncio.Event()
+        return cls(name, asyncio.create_task(serve(settings, stop=stop), name=f"service-{name}"), stop)
+
+    async def ready(self, bus: Bus) -> bool:
+        """Whether the service says it is ready over the bus; its own error if it ended."""
+        if self.task.done():
+            self.task.result()  # raises the service's own error
+            msg = f"{self.name} exited before becoming ready"
+            raise RuntimeError(msg)
+        try:
+            health = await bus.request(
+                subjects.service_health(self.name), HealthCheckRequest(), HealthCheckResponse, timeout=0.5
+            )
+        except BusError:
+            return False
+        return health.ready
+
+    async def stopped(self, timeout: float) -> None:
+        """Set `stop` and wait for the service to end, at most `timeout` seconds (then it is cancelled)."""
+        self.stop.set()
+        try:
+            await asyncio.wait_for(self.task, timeout)
+        except TimeoutError:
+            self.task.cancel()
+            raise
+
+
 @contextlib.asynccontextmanager
 async def running_service(
     name: str,
-    serve: Callable[..., Coroutine[Any, Any, None]],
+    serve: Serve,
     settings: Any,
     *,
     bus: Bus,
@@ -43,32 +86,49 @@ async def running_service(
 
     On exit the service is stopped through its `stop` event and must end within `timeout`.
     """
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, stop=stop), name=f"service-{name}")
+    async with running_services({name: (serve, settings)}, bus=bus, timeout=timeout) as tasks:
+        yield tasks[name]
 
-    async def ready() -> bool:
-        if task.done():
-            task.result()  # raises the service's own error
-            msg = f"{name} exited before becoming ready"
-            raise RuntimeError(msg)
-        try:
-            health = await bus.request(
-                subjects.service_health(name), HealthCheckRequest(), HealthCheckResponse, timeout=0.5
-            )
-        except BusError:
-            return False
-        return health.ready
 
+@contextlib.asynccontextmanager
+async def running_services(
+    services: Mapping[str, tuple[Serve, Any]], *, bus: Bus, timeout: float = 15.0
+) -> AsyncIterator[dict[str, asyncio.Task[None]]]:
+    """Start `services` (name → (serve, settings)) all at once; yield once each reports ready.
+
+    They start side by side (a slow one, such as sandbox starting its tool workers, costs its own
+    time only); on exit they are stopped in reverse order, each within `timeout`.
+    """
+    launched: list[_Launched] = []
     try:
-        await wait_until(ready, timeout=timeout, what=f"{name} to be ready")
-        yield task
-    finally:
-        stop.set()
+        launched.extend(_Launched.start(name, serve, settings) for name, (serve, settings) in services.items())
+        waits = [
+            asyncio.create_task(
+                wait_until(functools.partial(s.ready, bus), timeout=timeout, what=f"{s.name} to be ready")
+            )
+            for s in launched
+        ]
         try:
-            await asyncio.wait_for(task, timeout)
-        except TimeoutError:
-            task.cancel()
-            raise
+            await asyncio.gather(*waits)  # the first failure as itself (a service's own error)
+        finally:
+            for wait in waits:
+                wait.cancel()  # the others' waits, once one failed
+        yield {s.name: s.task for s in launched}
+    finally:
+        # Every service is stopped even when one fails to: the first failure is raised after.
+        ended = [await _outcome(service.stopped(timeout)) for service in reversed(launched)]
+        failed = [error for error in ended if error is not None]
+        if failed:
+            raise failed[0]
+
+
+async def _outcome(stopping: Awaitable[None]) -> BaseException | None:
+    """None once `stopping` is done, else what it raised."""
+    try:
+        await stopping
+    except Exception as exc:  # the service's own error, or its stop timing out
+        return exc
+    return None
 
 
 @contextlib.asynccontextmanager

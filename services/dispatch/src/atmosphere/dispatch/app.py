@@ -27,7 +27,7 @@ from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import ModelSide
-from atmosphere.dispatch.run import ExecutorOptions
+from atmosphere.dispatch.run_scope import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
 from atmosphere.dispatch.runtime_config import runtime_config
 from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings

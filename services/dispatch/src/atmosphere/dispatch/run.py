@@ -57,7 +57,7 @@ from atmosphere.dispatch.model_side import NO_RUNTIME, history_of
 from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_input import input_event
-from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
+from atmosphere.dispatch.run_scope import RunScope, RunServices
 from atmosphere.dispatch.run_tools import tool_gateway
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
 from atmosphere.dispatch.turns import Turns
@@ -67,7 +67,7 @@ from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolCall
 
 log = logging.getLogger("atmosphere.dispatch")
 
-__all__ = ["AgentBinding", "ExecutorOptions", "Run", "RunServices", "end_unknown_agent"]
+__all__ = ["Run", "end_unknown_agent"]
 
 
 def _resumed(first_seq: int) -> RunEvent:

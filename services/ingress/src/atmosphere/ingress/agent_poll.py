@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
 from atmosphere.bus import BusError
+from atmosphere.bus.frames import Frame, to_frame
 from atmosphere.bus.runs import (
     StreamGapError,
     UnknownRunError,
@@ -27,7 +28,6 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.ingress.agent_prompts import PROMPT_BODY, accept_prompt, find_agent, known_agent, not_submitted
 from atmosphere.ingress.errors import RunNotFoundError
-from atmosphere.ingress.frames import Frame, to_frame
 from atmosphere.ingress.http import error_responses, identified_caller, require_token, state_of
 from atmosphere.ingress.pacing import Pause, paced
 from atmosphere.ingress.run_access import RunId, check_access

@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from fastapi import APIRouter, WebSocket
 
 from atmosphere.bus import BusError, subjects
+from atmosphere.bus.frames import Frame
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.agent_prompts import CONVERSATION_HEADER, conversation_of, find_agent
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.errors import MalformedRequestError
-from atmosphere.ingress.frames import Frame
 from atmosphere.ingress.http import message_limit_of, state_of
 from atmosphere.ingress.inbound import close_reason
 from atmosphere.ingress.run_access import stored_run

@@ -18,12 +18,12 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from atmosphere.bus import BusError
+from atmosphere.bus.frames import Frame, to_frame
 from atmosphere.bus.runs import StreamGapError, follow_run
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.ingress.agent_prompts import PROMPT_BODY, accept_prompt, find_agent, known_agent, not_submitted
 from atmosphere.ingress.errors import EventsUnavailableError, ServerRestartingError, UnavailableError
-from atmosphere.ingress.frames import Frame, to_frame
 from atmosphere.ingress.http import error_responses, identified_caller, require_token, state_of
 from atmosphere.ingress.run_access import RunId, check_access
 from atmosphere.ingress.state import IngressState

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError
+from atmosphere.bus.frames import Frame, to_frame
 from atmosphere.bus.runs import (
     StreamGapError,
     SubmitError,
@@ -44,7 +45,7 @@ from atmosphere.ingress.errors import (
     UnavailableError,
     UnknownApprovalError,
 )
-from atmosphere.ingress.frames import Frame, error_frame, to_frame
+from atmosphere.ingress.frames import error_frame
 from atmosphere.ingress.inbound import (
     ApprovalReply,
     Prompt,

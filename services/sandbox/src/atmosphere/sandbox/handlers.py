@@ -15,7 +15,7 @@ the model, and delete. Only a result over `max_result_bytes`
 marker that says so and how large it was (`ToolReply.truncated`).
 
 Where a tool runs is the host's `ToolExecutor`: by default in this process (`InProcessTools`,
-what `atmosphere.sdk.testing` uses), and in `serve()` in worker processes
+what the agent test kit uses with `tool_workers=0`), and in `serve()` in worker processes
 (`atmosphere.sandbox.workers.ToolWorkers`), so that a tool that crashes the interpreter, hangs in
 sync code or allocates without bound costs its worker, not the service. Both run a call through
 `atmosphere.sandbox.outcome.run_tool`, so a call's reply is the same either way; a worker cuts a
