@@ -37,18 +37,16 @@ install: $(UV) ## Install the workspace (every library and service) into .venv, 
 run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
 	$(VENV)/bin/atmosphere dev $(RUN_ARGS)
 
-# The two test lanes run side by side (most of the suite waits on real processes and the broker,
-# so the second lane costs it little): the suite prints as it goes, the floors' lane into
-# $(LOWEST_LOG), printed when both are done; either failing fails `make test`.
-LOWEST_LOG := .atmosphere/test-lowest.log
-test: install lint typecheck proto-check docs ## Every gate: lint, types, contracts, the docs, the whole test suite, the dependency floors
-	@set +e; \
-	$(MAKE) --no-print-directory test-lowest >$(LOWEST_LOG) 2>&1 & floors=$$!; \
-	$(MAKE) --no-print-directory pytest; suite=$$?; \
-	wait $$floors; lowest=$$?; \
-	echo "== make test-lowest, run beside the suite (exit $$lowest; kept in $(LOWEST_LOG)) =="; \
-	cat $(LOWEST_LOG); \
-	test $$suite -eq 0 && test $$lowest -eq 0
+# Three lanes at once (scripts/test_lanes.py), each one's wall time printed at the end: the
+# suite on PYTEST_WORKERS workers (it prints as it goes), the static gates, and the dependency
+# floors (their output kept in .atmosphere/lanes/ and printed when all are done). Most of the
+# suite waits on real processes and the broker rather than the CPU, so they share two cores
+# well. Any lane failing fails `make test`.
+test: install ## Every gate: lint, types, contracts, the docs, the whole test suite, the dependency floors
+	$(RUN) python scripts/test_lanes.py --live suite \
+		suite '$(MAKE) --no-print-directory pytest' \
+		gates '$(MAKE) --no-print-directory lint typecheck proto-check docs' \
+		floors '$(MAKE) --no-print-directory test-lowest'
 
 lint: install ## ruff, buf lint/format, lock freshness, the namespace rule
 	$(RUN) ruff check .
@@ -78,8 +76,10 @@ proto-check: install ## Fail when libs/contracts is stale or proto/ breaks the w
 docs: install ## The documentation: docs/ built into site/ by MkDocs, strictly (a broken link fails it)
 	$(RUN) mkdocs build --strict
 
-pytest: install ## The test suite (unit, contract, integration, end-to-end)
-	$(RUN) pytest $(PYTEST_ARGS)
+# Whole files to each worker (a file's shared stacks start once), the longest first (conftest.py).
+PYTEST_WORKERS ?= 4
+pytest: install ## The test suite (unit, contract, integration, end-to-end) on PYTEST_WORKERS workers
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The declared dependency floors, tested: every library and service installed at the lowest
 # versions its pyproject allows (scripts/lowest_env.py; kept in .atmosphere/lowest and reused

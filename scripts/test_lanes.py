@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ class Lane:
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     seconds: float = 0.0
+    code: int | None = None
 
     def start(self) -> None:
         """Start the command (in a shell: a lane is a command line, as in the Makefile)."""
@@ -44,11 +46,18 @@ class Lane:
             output.close()  # the child holds its own copy
 
     def wait(self) -> int:
-        """Its exit code, once it ended (and how long it took, in `seconds`)."""
+        """Its exit code, once it ended (and how long it took, in `seconds`, taken the first time)."""
         assert self.process is not None
-        code = self.process.wait()
-        self.seconds = time.monotonic() - self.started
-        return code
+        if self.code is None:
+            self.code = self.process.wait()
+            self.seconds = time.monotonic() - self.started
+        return self.code
+
+    def wait_beside(self) -> threading.Thread:
+        """Wait in a thread of its own: each lane's time is taken when it ends, not when asked."""
+        waiter = threading.Thread(target=self.wait, name=f"lane-{self.name}", daemon=True)
+        waiter.start()
+        return waiter
 
 
 def _parse(argv: list[str]) -> tuple[Path, list[Lane]]:
@@ -76,7 +85,9 @@ def main(argv: list[str]) -> int:
     began = time.monotonic()
     for lane in lanes:
         lane.start()
-    codes = {lane.name: lane.wait() for lane in lanes}
+    for waiter in [lane.wait_beside() for lane in lanes]:
+        waiter.join()
+    codes = {lane.name: lane.wait() for lane in lanes}  # each has ended: its code at once
     for lane in lanes:
         if lane.log is not None:
             print(f"\n== lane {lane.name}: {lane.command} (kept in {lane.log}) ==", flush=True)

@@ -47,3 +47,18 @@ def test_malformed_lanes_are_refused(tmp_path: Path) -> None:
     assert "pairs" in _lanes(tmp_path, "only-a-name").stderr
     assert "must differ" in _lanes(tmp_path, "a", "true", "a", "true").stderr
     assert "is not a lane" in _lanes(tmp_path, "--live", "x", "a", "true").stderr
+
+
+def test_each_lane_is_timed_when_it_ends_not_when_the_last_one_does(tmp_path: Path) -> None:
+    # Listed first and slower: a lane waited on in turn would get the slow one's time too.
+    done = _lanes(tmp_path, "slow", "sleep 0.5", "quick", "true")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout[done.stdout.index("== lanes ==") :]
+    quick = next(line for line in summary.splitlines() if line.strip().startswith("quick"))
+    slow = next(line for line in summary.splitlines() if line.strip().startswith("slow"))
+    assert _seconds(quick) < _seconds(slow)
+
+
+def _seconds(line: str) -> float:
+    minutes, seconds = line.split()[1].rstrip("s").split("m")
+    return int(minutes) * 60 + float(seconds)

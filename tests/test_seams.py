@@ -1,5 +1,5 @@
-"""The seams stay where issue 10 put them: short functions (and, since issue 24, classes), error codes only in `errors.py`, one
-definition per concept. Each failure lists every offender.
+"""The seams stay where issue 10 put them: short functions (and, since issue 24, classes), error
+codes only in `errors.py`, one definition per concept. Each failure lists every offender.
 
 And where issue 24 put them: a library reaches a service at one seam only. The agent test kit
 (`libs/testing`) starts each service through its `app.serve` and configures it with its settings

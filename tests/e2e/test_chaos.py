@@ -80,6 +80,8 @@ class Worker:
     ready: bool = False
     starts: int = 0
     grpc_target: str = ""
+    restarting: asyncio.Task[None] | None = None
+    """The restart under way after a kill: `stop()` ends it too, so no dispatch outlives the test."""
 
     async def start(self) -> None:
         self.starts += 1
@@ -109,6 +111,10 @@ class Worker:
         return self.process.pid
 
     async def stop(self) -> None:
+        if self.restarting is not None and not self.restarting.done():
+            self.restarting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, AssertionError):
+                await self.restarting
         if self.process is not None and self.process.returncode is None:
             self.process.send_signal(signal.SIGKILL)
             await self.process.wait()
@@ -295,7 +301,7 @@ async def chaos(workers: list[Worker], clients: list[Client], bus: NatsBus, rng:
         kills.append(Kill(at, affected))
         assert victim.process is not None
         await victim.process.wait()
-        asyncio.get_running_loop().create_task(victim.start())
+        victim.restarting = asyncio.create_task(victim.start())
     return kills
 
 

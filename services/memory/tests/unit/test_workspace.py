@@ -435,7 +435,10 @@ def test_grep_deadline_reference_message(fs: WorkspaceFileSystem) -> None:
         "grep timed out on pattern '(a|aa)+$' — simplify the pattern "
         "(catastrophic backtracking is cut off after 2000 ms)"
     )
-    assert 1.9 <= elapsed < 6  # the regex engine checks its clock periodically, not continuously
+    # Cut off, not finished: uncut, this pattern on 41 characters backtracks for hours. The bound
+    # is loose because the engine checks its clock periodically and a loaded machine (parallel
+    # test workers) can starve its thread for seconds.
+    assert 1.9 <= elapsed < 30
 
 
 def test_grep_deadline_covers_the_whole_search(root: Path) -> None:
