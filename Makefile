@@ -77,7 +77,7 @@ docs: install ## The documentation: docs/ built into site/ by MkDocs, strictly (
 	$(RUN) mkdocs build --strict
 
 # Whole files to each worker (a file's shared stacks start once), the longest first (conftest.py).
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 pytest: install ## The test suite (unit, contract, integration, end-to-end) on PYTEST_WORKERS workers
 	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
