@@ -86,8 +86,7 @@ pytest: install ## The test suite (unit, contract, integration, end-to-end) on P
 # until a pyproject or uv.lock changes), then their unit, integration and contract tests run there
 # (about 4 minutes). Left out: the 3-node cluster tests (server behaviour, nearly a minute; the
 # single-server contract tests cover the client's API), `buf breaking` (a check of proto/), and
-# the sandbox's bubblewrap tests (the kernel's, with the standard library only; and as the lane
-# runs beside the suite, two lanes' sandboxes would share uid 65534's process limit).
+# the sandbox's bubblewrap tests (the kernel's, with the standard library only).
 LOWEST := .atmosphere/lowest
 LOWEST_TESTS := libs/*/tests/unit libs/bus/tests/integration libs/testing/tests services/*/tests/unit \
     services/*/tests/integration tests/contract \

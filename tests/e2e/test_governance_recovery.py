@@ -185,7 +185,8 @@ async def test_both_governance_replicas_killed_for_20_s_then_back_the_next_runs_
             await wait_until(lambda: all_ready(replicas, http), timeout=60, interval=0.1, what="governance")
             async with run_stack(services, bus=nats_bus) as stack:
                 clients = Clients(await stack.ingress_url())
-                assert (await clients.start()).ok  # governed end to end before the outage
+                before = await clients.start()
+                assert before.ok  # governed end to end before the outage
                 stop = asyncio.Event()
                 load = asyncio.create_task(clients.keep_starting(stop))
                 await asyncio.sleep(3)
@@ -219,6 +220,8 @@ async def test_both_governance_replicas_killed_for_20_s_then_back_the_next_runs_
     # While governance was down (after what was in flight at the kill), every run was refused.
     assert during
     assert {o.terminal.get("code") for o in during} == {"governance.unavailable"}, [o.terminal for o in during[:3]]
-    # Back: the run started 5 s after governance was ready succeeded, in about its own time.
+    # Back: the run started 5 s after governance was ready succeeded, in about its own time: what
+    # the same run took before the outage (on this machine, under this load), give or take 5 s.
     assert probe.ok, probe.terminal
-    assert probe.ended - probe.started < RECOVERY, probe.ended - probe.started
+    own_time = before.ended - before.started
+    assert probe.ended - probe.started < own_time + RECOVERY, (probe.ended - probe.started, own_time)

@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from atmosphere.bus import Bus, BusError, Headers, PayloadTooLargeError, Subscription, WorkItem
 from atmosphere.bus.errors import ReplicaBehindError
+from atmosphere.service.tasks import stop_tasks
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -171,7 +172,7 @@ class StreamReplica(Generic[M]):
                 stack.callback(ringing.cancel)
             reading = asyncio.create_task(self._read_loop(), name=f"{self.stream}-replica")
             # Stopped and waited for: an apply in progress ends before the store closes.
-            stack.push_async_callback(_stopped, reading)
+            stack.push_async_callback(stop_tasks, reading)  # cancelled until it ends (see tasks.py)
             yield
 
     async def _ring(self, bell: Subscription[Empty]) -> None:
@@ -391,13 +392,3 @@ class ReplicaLog(Generic[M, R]):
     async def caught_up(self) -> None:
         """Wait until this replica applied every message the stream held when this was called."""
         await self._reader.caught_up()
-
-
-async def _stopped(task: asyncio.Task[None]) -> None:
-    # Cancelled until it ends: on Python 3.11 a cancel that lands as an inner `wait_for` (nats-py
-    # requests use one) completes is swallowed, and the loop would read on while this waits forever.
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

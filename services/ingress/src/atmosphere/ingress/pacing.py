@@ -30,6 +30,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
+from atmosphere.service.tasks import stop_tasks
+
 T = TypeVar("T")
 
 log = logging.getLogger("atmosphere.ingress")
@@ -193,9 +195,9 @@ async def paced(source: AsyncIterator[T], *, draining: asyncio.Event) -> AsyncGe
                 raise item.error
             yield cast("T", item)  # the sentinels are handled above
     finally:
-        for task in (watcher, reader):
-            task.cancel()
-        await asyncio.gather(watcher, reader, return_exceptions=True)
+        # Cancelled until they end: a reader whose cancel a 3.11 `wait_for` in `source` swallowed
+        # would block on the full queue, and this stream (a long poll's answer) would never close.
+        await stop_tasks(watcher, reader)
         if isinstance(source, AsyncGenerator):
             with contextlib.suppress(Exception):
                 await source.aclose()
