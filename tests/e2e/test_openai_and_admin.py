@@ -240,6 +240,8 @@ async def test_an_absent_or_silent_owner_is_404_or_503(stack: Stack, nats_bus: N
 
         router.add(subjects.tape("steps"), GetStepsRequest, silent)
         async with nats_bus.serve(router):
+            # The subscription reaches the server before ingress asks (else: no responder, 404).
+            await nats_bus.client.flush()
             silent_answer = await http.get("/api/admin/tape/runs/abc/steps", headers=auth)
         assert silent_answer.status_code == 503
         assert "did not answer" in silent_answer.json()["error"]
