@@ -61,6 +61,25 @@ async def test_an_outage_older_than_the_timeout_refuses_runs_at_once_fail_closed
         assert waited < 0.2, waited
 
 
+async def test_a_broker_away_longer_than_the_timeout_is_no_governance_outage() -> None:
+    bus = FakeBus()
+    client = GovernanceClient(bus, timeout=TIMEOUT)
+    bus.connected = False  # the broker is away: questions fail on this side of the wire
+    _, refused = await timed_admission(client, 1)
+    assert isinstance(refused, GovernanceUnavailableError)
+    assert client.availability.silent_for() == 0.0  # nothing learnt of governance
+    bus.connected = True
+    # Back, before governance has resubscribed: the next run rides that out instead of being
+    # refused at once as if governance had been silent for the whole broker outage.
+    admitted = asyncio.create_task(timed_admission(client, 2))
+    await asyncio.sleep(0.3)
+    async with governance(bus) as policy:
+        waited, refused = await admitted
+    assert refused is None
+    assert waited >= 0.25
+    assert [a.run_id for a in policy.admissions] == ["run-2"]
+
+
 async def test_the_first_run_after_an_outage_is_admitted_and_the_outage_is_over() -> None:
     bus = FakeBus()
     client = GovernanceClient(bus, timeout=TIMEOUT)

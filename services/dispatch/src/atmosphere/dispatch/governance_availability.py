@@ -53,11 +53,19 @@ class Availability:
         self._silent_since = None
         self._answering.set()
 
-    def silent(self) -> None:
-        """A question got no answer: an outage starts, unless one is already going on."""
+    def silent(self, since: float) -> None:
+        """A question asked at `since` (on `clock`) got no answer: an outage starts then.
+
+        Unless one is already going on. From the question's start: the silence covers its whole
+        wait, not only its end (else a run asked one deadline later could retry for another).
+        """
         if self._silent_since is None:
-            self._silent_since = self._clock()
+            self._silent_since = since
             self._answering.clear()
+
+    def now(self) -> float:
+        """The time on this availability's clock."""
+        return self._clock()
 
     def silent_for(self) -> float:
         """Seconds since governance last left a question unanswered with none answered since (0: answering)."""
@@ -93,6 +101,7 @@ async def ask(
     wait = FIRST_RETRY
     while True:
         remaining = give_up - time.monotonic()
+        asked, session = availability.now(), bus.epoch
         try:
             reply = await bus.request(subject, message, reply_type, timeout=max(0.1, remaining))
         except RemoteError as exc:
@@ -103,7 +112,11 @@ async def ask(
         except FINAL:
             raise
         except BusError:
-            availability.silent()
+            if bus.is_connected and bus.epoch == session:
+                # Only silence on a connection that lived through the question says anything of
+                # governance: a broker restart is no governance outage, and must not make the
+                # first runs after it refused at once while governance reconnects.
+                availability.silent(since=asked)
             if not retry or give_up - time.monotonic() <= FIRST_RETRY:
                 raise
             await availability.until_answering(min(wait, max(0.0, give_up - time.monotonic())))
