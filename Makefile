@@ -41,12 +41,14 @@ run: install ## Run nats-server and all services with the example app (Ctrl-C st
 # suite on PYTEST_WORKERS workers (it prints as it goes), the static gates, and the dependency
 # floors (their output kept in .atmosphere/lanes/ and printed when all are done). Most of the
 # suite waits on real processes and the broker rather than the CPU, so they share two cores
-# well. Any lane failing fails `make test`.
+# well. The gates and the floors run niced: they only need to finish, while some of the suite's
+# end-to-end tests bound how long a client waits (a resume storm, a chaos kill), so the suite
+# comes first for the CPU. Any lane failing fails `make test`.
 test: install ## Every gate: lint, types, contracts, the docs, the whole test suite, the dependency floors
 	$(RUN) python scripts/test_lanes.py --live suite \
 		suite '$(MAKE) --no-print-directory pytest' \
-		gates '$(MAKE) --no-print-directory lint typecheck proto-check docs' \
-		floors '$(MAKE) --no-print-directory test-lowest'
+		gates 'nice -n 10 $(MAKE) --no-print-directory lint typecheck proto-check docs' \
+		floors 'nice -n 10 $(MAKE) --no-print-directory test-lowest'
 
 lint: install ## ruff, buf lint/format, lock freshness, the namespace rule
 	$(RUN) ruff check .

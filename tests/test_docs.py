@@ -260,7 +260,7 @@ def test_make_test_builds_the_docs_strictly_and_ci_runs_make_test() -> None:
     # `make test` runs its lanes at once (scripts/test_lanes.py): the gates' lane builds the docs.
     test_rule = re.search(r"^test:[^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M)
     assert test_rule is not None
-    lanes = dict(re.findall(r"(\w+) '\$\(MAKE\) --no-print-directory ([^']+)'", test_rule[1]))
+    lanes = dict(re.findall(r"(\w+) '(?:nice -n \d+ )?\$\(MAKE\) --no-print-directory ([^']+)'", test_rule[1]))
     assert "docs" in lanes["gates"].split()
     assert {"pytest", "test-lowest"} <= {target for lane in lanes.values() for target in lane.split()}
     assert re.search(r"^docs:.*\n\t.*mkdocs build --strict", makefile, re.M)
