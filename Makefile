@@ -86,7 +86,7 @@ pytest: install ## The test suite (unit, contract, integration, end-to-end) on P
 # The declared dependency floors, tested: every library and service installed at the lowest
 # versions its pyproject allows (scripts/lowest_env.py; kept in .atmosphere/lowest and reused
 # until a pyproject or uv.lock changes), then their unit, integration and contract tests run there
-# (about 4 minutes). Left out: the 3-node cluster tests (server behaviour, nearly a minute; the
+# (about 7 minutes beside the suite). Left out: the 3-node cluster tests (server behaviour, nearly a minute; the
 # single-server contract tests cover the client's API), `buf breaking` (a check of proto/), and
 # the sandbox's bubblewrap tests (the kernel's, with the standard library only).
 LOWEST := .atmosphere/lowest
