@@ -60,7 +60,7 @@ class Lane:
         return waiter
 
 
-def _parse(argv: list[str]) -> tuple[Path, list[Lane]]:
+def _parse(argv: list[str]) -> list[Lane]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--logs", type=Path, default=Path(".atmosphere/lanes"), help="where lane logs go")
     parser.add_argument("--live", default="", help="the lane whose output is printed as it comes")
@@ -76,12 +76,12 @@ def _parse(argv: list[str]) -> tuple[Path, list[Lane]]:
         parser.error(f"--live {args.live!r} is not a lane: {names}")
     args.logs.mkdir(parents=True, exist_ok=True)
     lanes = [Lane(name, command, None if name == args.live else args.logs / f"{name}.log") for name, command in pairs]
-    return args.logs, lanes
+    return lanes
 
 
 def main(argv: list[str]) -> int:
     """Run the lanes in `argv` at once; 0 when every one passed."""
-    _, lanes = _parse(argv)
+    lanes = _parse(argv)
     began = time.monotonic()
     for lane in lanes:
         lane.start()
