@@ -93,10 +93,10 @@ pytest: install ## The test suite (unit, contract, integration, end-to-end) on P
 # single-server contract tests cover the client's API), `buf breaking` (a check of proto/), and
 # the sandbox's bubblewrap tests (the kernel's, with the standard library only).
 LOWEST := .atmosphere/lowest
-LOWEST_TESTS := libs/*/tests/unit libs/bus/tests/integration libs/testing/tests services/*/tests/unit \
+LOWEST_TESTS := libs/*/tests/unit libs/*/tests/integration libs/testing/tests services/*/tests/unit \
     services/*/tests/integration tests/contract \
     --ignore=tests/contract/test_bus_replication.py --ignore=tests/contract/test_proto_breaking.py \
-    --ignore=services/sandbox/tests/unit/code
+    --ignore=services/sandbox/tests/integration/code
 
 .PHONY: test-lowest
 test-lowest: install ## The floors: unit, integration and contract tests with each dependency at its lowest declared version

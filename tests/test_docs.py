@@ -13,7 +13,7 @@ The README's own tests moved here when the reference moved out of the README int
 - the site builds with `mkdocs build --strict`, and `make test` builds it.
 
 The `<!-- own-project:* -->` blocks of docs/your-own-project.md are run end to end by
-tests/e2e/test_own_project.py and are the starter of `atmosphere new` (libs/cli/tests/unit/test_new.py).
+tests/e2e/test_own_project.py and are the starter of `atmosphere new` (libs/cli/tests/integration/test_new.py).
 """
 
 from __future__ import annotations

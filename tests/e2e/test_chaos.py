@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,9 @@ from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
 from .apps.chaos_app import LEDGER_ENV
 from .conftest import ROOT, service_map
 from .wsclient import ws_url
+
+RUN_ID_HEADER = "x-atmosphere-run-id"
+"""The header of a gRPC `Run` call naming its run (docs/grpc.md)."""
 
 RUNS = 100
 CLIENTS = 10
@@ -202,7 +204,7 @@ async def drive_grpc(workers: list[Worker], client: Client, rng: random.Random) 
         target = rng.choice([w for w in workers if w.ready]).grpc_target
         async with grpc.aio.insecure_channel(target) as channel:
             stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
-            call: AsyncIterable[dispatch_pb2.RunResponse]
+            call: grpc.aio.UnaryStreamCall[Any, dispatch_pb2.RunResponse]
             if client.run_id:
                 client.resumes += 1
                 call = stub.Follow(dispatch_pb2.FollowRequest(run_id=client.run_id, after_seq=last_seq))
@@ -217,10 +219,19 @@ async def drive_grpc(workers: list[Worker], client: Client, rng: random.Random) 
                     if frame.get("type") in {"complete", "error"}:
                         client.done = True
             except grpc.aio.AioRpcError as exc:
-                # A stream cut by its dispatch's death; anything else, or no run yet, is a failure.
+                # A stream cut by its dispatch's death; anything else is a failure.
                 broken = exc.code() in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-                if not broken or not client.run_id:
+                if not broken:
                     raise AssertionError(f"{client.tag}: {exc.code()} {exc.details()}") from exc
+                # Cut before the first event: the headers name the run if it was submitted; with
+                # none, nothing was, and the next round calls `Run` again (a second run would
+                # show in the ledger as the tool's effect twice).
+                client.run_id = client.run_id or run_id_header(await call.initial_metadata())
+
+
+def run_id_header(metadata: Any) -> str:
+    """The run id a `Run` call's headers name, or "" (no headers came)."""
+    return next((str(value) for key, value in metadata or () if key == RUN_ID_HEADER), "")
 
 
 async def _true(value: bool) -> bool:

@@ -208,6 +208,16 @@ async def test_run_sends_neither_the_models_input_nor_less_than_the_seq_up_front
     assert [r.event.WhichOneof("kind") for r in rest] == ["text_delta", "complete"]
 
 
+async def test_runs_headers_name_its_run_so_a_stream_cut_before_any_event_can_follow_it(bus: FakeBus) -> None:
+    async with dispatch_on(bus) as dispatch:
+        call = dispatch.stub.Run(RunRequest(agent="echo", message="hi"))
+        async with asyncio.timeout(DEADLINE):
+            headers = dict(await call.initial_metadata())
+            first = await read_one(call)
+        call.cancel()
+    assert headers["x-atmosphere-run-id"] == first.run_id != ""
+
+
 async def test_dropping_a_follow_call_leaves_the_run_running(bus: FakeBus) -> None:
     run = Run(bus)
     await run.start()

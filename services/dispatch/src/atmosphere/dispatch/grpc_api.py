@@ -34,6 +34,7 @@ from grpc_reflection.v1alpha import reflection
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
 from atmosphere.bus.runs import (
+    RUN_ID_METADATA_KEY,
     SERVER_SIDE_KINDS,
     StreamGapError,
     SubmitError,
@@ -81,6 +82,8 @@ RESERVED_METADATA_PREFIXES = ("atmosphere.", "ai.subagent.", "ai.run.")
 """Run metadata dispatch sets itself (queue level, sub-agent depth and workspace): not a client's to choose."""
 MAX_REASON_CHARS = 1024
 HEALTH_POLL = 0.5
+RUN_ID_HEADER = RUN_ID_METADATA_KEY.lower()
+"""The `Run` call's header naming its run (gRPC metadata keys are lower case)."""
 """Seconds between looks at dispatch's readiness for gRPC health `Watch` streams."""
 MALFORMED_RUN_ID = "Malformed run id (1-128 letters, digits, _-:@)"
 
@@ -198,6 +201,11 @@ class DispatchServicer:
         # Claimed before the run is submitted: a refused client starts nothing.
         slot = await self._claim_stream(caller, context)
         try:
+            # The run's id goes out in the headers before the run is submitted: a client whose
+            # stream breaks before the first event still knows which run to `Follow`, and one
+            # that got no headers knows nothing was submitted, so calling `Run` again starts no
+            # second run.
+            await context.send_initial_metadata(((RUN_ID_HEADER, run.run_id),))
             async for response in self._stream(run, context):
                 yield response
         finally:

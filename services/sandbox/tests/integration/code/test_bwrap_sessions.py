@@ -14,9 +14,9 @@ import pytest
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall
 from atmosphere.sandbox.code import CodeSessions, make_backend, probe, run_code_exec
 from atmosphere.sandbox.code.bwrap import BwrapBackend
+from services.sandbox.tests.unit.code.fakes import PNG
 
 from .conftest import bwrap_backend, sandbox_processes, small_settings
-from .fakes import PNG
 
 
 def workspaces(root: Path, run_id: str) -> list[Path]:
