@@ -78,11 +78,11 @@ proto-check: install ## Fail when libs/contracts is stale or proto/ breaks the w
 docs: install ## The documentation: docs/ built into site/ by MkDocs, strictly (a broken link fails it)
 	$(RUN) mkdocs build --strict
 
-# PYTEST_WORKERS=3 runs the suite on three workers, whole files each (a file's shared stacks start
-# once), the longest first (conftest.py): about 9 minutes instead of 18 on two cores. Not yet the
-# default: at that load a few end-to-end tests still bound waits in wall time and failed about
-# one fresh-clone run in two (issue 24 goes on: timings passed through serve()). 0: one process.
-PYTEST_WORKERS ?= 0
+# The suite on three pytest-xdist workers, whole files each (a file's shared stacks start once),
+# the longest first (conftest.py): about 9 minutes on two cores instead of 18. A test that bounds
+# a latency in wall time is marked `alone` and runs with no other test beside it (conftest.py).
+# PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 3
 pytest: install ## The test suite (unit, contract, integration, end-to-end) on PYTEST_WORKERS workers
 	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

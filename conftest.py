@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import _posixsubprocess
 import contextlib
+import fcntl
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
 import pytest
@@ -82,3 +84,36 @@ def _no_process_started(item: pytest.Item) -> Iterator[None]:
         for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
             patch.setattr(os, name, refused)
         yield
+
+
+TURNSTILE = Path(tempfile.gettempdir()) / f"atmosphere-suite-turnstile-{os.getuid()}.lock"
+ROOM = Path(tempfile.gettempdir()) / f"atmosphere-suite-room-{os.getuid()}.lock"
+"""The suite's workers share the room; a test marked `alone` has it to itself (below)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """A test marked `alone` runs with no other test of the parallel suite beside it.
+
+    Such a test bounds a latency in wall time (a client's first frame during a resume storm, a
+    chaos run's median): on two cores shared with other workers' stacks it would measure their
+    load, not the platform. Every test of a parallel worker holds the room shared; an `alone`
+    test waits for the tests under way to end and holds it exclusively. The turnstile stops new
+    tests from entering while it waits, so it is not starved. One process (no xdist) needs none.
+    """
+    del nextitem
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return (yield)
+    alone = item.get_closest_marker("alone") is not None
+    with TURNSTILE.open("a") as turnstile, ROOM.open("a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

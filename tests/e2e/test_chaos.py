@@ -350,6 +350,7 @@ def worker_env(
     }
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(600)
 async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
     nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path

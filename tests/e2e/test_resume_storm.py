@@ -85,7 +85,7 @@ async def end_storm(client: asyncio.subprocess.Process) -> None:
     await asyncio.wait_for(client.wait(), 60)
 
 
-@pytest.mark.slow
+@pytest.mark.alone
 async def test_a_thousand_two_hundred_resumes_of_one_run_silence_nobody(
     nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
