@@ -57,7 +57,7 @@ class Replica:
         self.applied.append(event.text_delta.text)
         return f"{self.name} applied #{seq}"
 
-    def log(self, bus: Bus) -> ReplicaLog[RunEvent, str]:
+    def log(self, bus: Bus, barrier_timeout: float = 3.0) -> ReplicaLog[RunEvent, str]:
         return ReplicaLog(
             bus,
             stream=STREAM.name,
@@ -66,7 +66,7 @@ class Replica:
             message_type=RunEvent,
             apply=self.apply,
             outcomes=(ServiceError,),
-            barrier_timeout=3.0,
+            barrier_timeout=barrier_timeout,
         )
 
 
@@ -82,10 +82,11 @@ def volume(tmp_path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def replicas(
-    bus: Bus, volume: Path, *names: str
+    bus: Bus, volume: Path, *names: str, barrier_timeout: float = 3.0
 ) -> AsyncIterator[list[tuple[Replica, ReplicaLog[RunEvent, str]]]]:
+    """Replicas `names` applying the stream; a read waits `barrier_timeout` for them to catch up."""
     await bus.provision(LAYOUT)
-    pairs = [(replica, replica.log(bus)) for replica in (Replica(name, volume) for name in names)]
+    pairs = [(replica, replica.log(bus, barrier_timeout)) for replica in (Replica(name, volume) for name in names)]
     async with contextlib.AsyncExitStack() as stack:
         for _, log in pairs:
             await stack.enter_async_context(log.applying())
@@ -113,7 +114,8 @@ async def test_a_refused_write_is_refused_on_every_replica_and_the_writer_sees_t
 
 
 async def test_a_read_waits_until_its_replica_applied_every_acknowledged_write(bus: Bus, volume: Path) -> None:
-    async with replicas(bus, volume, "a", "b") as [(_, a_log), (b, b_log)]:
+    # The barrier is short here: the refusal is the test, not a wait to sit out.
+    async with replicas(bus, volume, "a", "b", barrier_timeout=0.5) as [(_, a_log), (b, b_log)]:
         b.gate.clear()  # b is slow: a's writes are stored and applied by a only
         await a_log.write(SUBJECT, write("first"))
         await a_log.write(SUBJECT, write("second"))
@@ -133,7 +135,8 @@ async def test_a_barrier_is_not_held_by_messages_its_filter_leaves_out(bus: Bus,
 
 
 async def test_a_stuck_replica_refuses_a_read_rather_than_answer_without_the_writes(bus: Bus, volume: Path) -> None:
-    async with replicas(bus, volume, "a", "b") as [(_, a_log), (b, b_log)]:
+    # The barrier is short here: the refusal is the test, not a wait to sit out.
+    async with replicas(bus, volume, "a", "b", barrier_timeout=0.5) as [(_, a_log), (b, b_log)]:
         b.gate.clear()
         await a_log.write(SUBJECT, write("acknowledged"))
         with pytest.raises(ReplicaBehindError) as refused:

@@ -179,7 +179,8 @@ async def test_admission_fails_closed(harness: Harness) -> None:
     bus = FakeBus()  # no governance at all
     await bus.provision(JetStreamLayout())
     harness.bus = bus
-    await harness.executor(APP).execute(request("echo", run_id="r9"))
+    # Refused once its (short) deadline passes with no answer: the default 5 s, shortened.
+    await harness.executor(APP, governance_timeout=0.3).execute(request("echo", run_id="r9"))
     [refused] = harness.events("r9")
     assert refused.error.code == "governance.unavailable"
     assert refused.error.message == "Request denied: governance is unavailable (fail-closed)"
