@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,13 @@ async def reaching(model: ScriptedModel, way: str, *, read: float = 5.0) -> Asyn
 
 def ask(text: str = "hi", **extra: Any) -> dict[str, Any]:
     return {**STREAM, "messages": [{"role": "user", "content": text}], **extra}
+
+
+async def read_all(client: httpx.AsyncClient) -> None:
+    """Stream one answer to its end."""
+    async with client.stream("POST", "chat/completions", json=ask()) as response:
+        async for _ in response.aiter_lines():
+            pass
 
 
 def payloads(body: str) -> list[str]:
@@ -209,7 +217,7 @@ async def test_chunk_delay_spaces_the_stream_out(way: str) -> None:
             if '"content": "' in line and '"role"' not in line:
                 arrivals.append(time.monotonic())
     assert len(arrivals) == 3
-    assert min(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)) >= 0.08
+    assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.08
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -218,9 +226,7 @@ async def test_a_stall_longer_than_the_read_timeout_is_a_read_timeout_and_a_disc
     started = time.monotonic()
     async with reaching(model, way, read=0.3) as client:
         with pytest.raises(httpx.ReadTimeout):
-            async with client.stream("POST", "chat/completions", json=ask()) as response:
-                async for _ in response.aiter_lines():
-                    pass
+            await read_all(client)
         await asyncio.wait_for(model.disconnected.wait(), 2.0)
     assert time.monotonic() - started < 5
     assert model.disconnects == 1
@@ -259,13 +265,8 @@ async def test_a_client_that_stops_reading_is_a_disconnect_and_one_that_read_all
 async def test_a_cancelled_reader_is_a_disconnect(way: str) -> None:
     model = ScriptedModel(Turn.comments_only(0.05))
 
-    async def read() -> None:
-        async with client.stream("POST", "chat/completions", json=ask()) as response:
-            async for _ in response.aiter_lines():
-                pass
-
     async with reaching(model, way) as client:
-        task = asyncio.create_task(read())
+        task = asyncio.create_task(read_all(client))
         await asyncio.sleep(0.3)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -276,3 +277,15 @@ async def test_a_cancelled_reader_is_a_disconnect(way: str) -> None:
 def test_the_benchmarks_command_line_needs_a_port() -> None:
     with pytest.raises(SystemExit):
         main(["--tokens", "3"])
+
+
+@pytest.mark.parametrize("way", WAYS)
+async def test_a_body_that_is_not_a_json_object_is_a_400_and_no_request(way: str) -> None:
+    model = ScriptedModel("unused")
+    async with reaching(model, way) as client:
+        broken = await client.post("chat/completions", content=b"{nope")
+        listed = await client.post("chat/completions", json=[1, 2])
+    assert (broken.status_code, listed.status_code) == (400, 400)
+    assert listed.json()["error"]["message"] == "the request body is not a JSON object"
+    assert model.requests == []
+    assert len(model.turns) == 1

@@ -100,9 +100,9 @@ class HostileStack:
         """Credentials of the user who may use every agent."""
         return {"Authorization": f"Bearer {self.token}"}
 
-    def script(self, *replies: Turn) -> None:
+    def script(self, *turns: Turn) -> None:
         """Replace the fake provider's script (what an earlier test left unused is dropped)."""
-        self.provider.turns[:] = replies
+        self.provider.turns[:] = turns
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run `coro` in the stack's loop (its bus, its services) and wait for its result."""

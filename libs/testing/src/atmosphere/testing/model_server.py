@@ -1,8 +1,8 @@
 """The scripted model on loopback HTTP: an ASGI app around a `ScriptedModel`, served by uvicorn.
 
 For what cannot take an in-memory transport: services in processes of their own (the
-`fake_provider` fixture), clients of their own (the official `openai` package), benchmarks
-(`python -m atmosphere.testing.model_server --port N`). A client that hangs up mid-answer is
+`fake_provider` fixture, the end-to-end stacks) and the benchmarks, which start it as a process
+of its own (`python -m atmosphere.testing.model_server --port N`). A client that hangs up mid-answer is
 counted in the model's `disconnects`, as a provider would notice it.
 """
 

@@ -1,9 +1,9 @@
 """The contract every `AgentRuntime` passes, pinning each capability it declares.
 
 Subclass `AgentRuntimeContract` in the runtime's tests and implement `make_runtime`; the suite
-drives the runtime against the scripted `ScriptedModel`. A capability may be declared only if
-this suite has a test for it (`CAPABILITY_TESTS`), and every declared capability's tests run:
-runtime truth, checked.
+drives the runtime against a `ScriptedModel` served on loopback (the `fake_provider` fixture). A
+capability may be declared only if this suite has a test for it (`CAPABILITY_TESTS`), and every
+declared capability's tests run: runtime truth, checked.
 """
 
 from __future__ import annotations

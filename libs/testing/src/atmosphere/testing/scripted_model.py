@@ -107,6 +107,8 @@ class ScriptedModel:
             body = json.loads(content or b"{}")
         except ValueError as exc:
             return openai_wire.failure(400, f"the request body is not JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_wire.failure(400, "the request body is not a JSON object", "invalid_request_error")
         request = openai_wire.request_of(body, headers)
         self.headers.append(dict(headers))
         return openai_wire.answer(self._next(request), body)
