@@ -98,7 +98,11 @@ class ScriptedModel:
         return serving(self)
 
     def respond(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
-        """The answer to one HTTP request, whichever transport brought it."""
+        """The answer to one HTTP request, whichever transport brought it.
+
+        The routes are a wire's (OpenAI's chat completions and models); a wire added later
+        claims its own routes here, and answers from the same script.
+        """
         if openai_wire.is_models(method, path):
             return openai_wire.models(self.models)
         if not openai_wire.is_completions(method, path):
