@@ -190,7 +190,7 @@ def fake_upstream() -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "atmosphere.testing.fake_provider",
+            "atmosphere.testing.model_server",
             "--port",
             str(port),
             "--tokens",

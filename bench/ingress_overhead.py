@@ -1,6 +1,6 @@
 """What ingress adds between a client and the model, beside the LiteLLM proxy in front of the same upstream.
 
-Four arms stream from one fake OpenAI-compatible upstream (`atmosphere.testing.fake_provider`)
+Four arms stream from one fake OpenAI-compatible upstream (`atmosphere.testing.model_server`)
 whose tokens carry their send time in ns, so each token's latency is measured end to end on
 one clock:
 
@@ -159,7 +159,7 @@ def fake_upstream() -> Iterator[tuple[str, int]]:
         [
             sys.executable,
             "-m",
-            "atmosphere.testing.fake_provider",
+            "atmosphere.testing.model_server",
             "--port",
             str(port),
             "--tokens",

@@ -21,8 +21,7 @@ from atmosphere.bus.permissions import Credential, Role, authorization_config, n
 from atmosphere.bus.runs import follow_run, is_terminal
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
-from atmosphere.testing import NatsServer, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import NatsServer, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .conftest import provision_first, service_map
 from .wsclient import ask
@@ -64,18 +63,18 @@ def logged_in(settings: Any, credential: Credential) -> Any:
     return settings.model_copy(update={"nats": nats})
 
 
-def tool_run() -> list[Reply]:
+def tool_run() -> list[Turn]:
     return [
-        Reply.tools(
+        Turn.tool_calls(
             ToolCallScript("local_time", {"city": "Tokyo"}, call_id="call_time"),
             ToolCallScript("celsius_to_fahrenheit", {"celsius": 21}, call_id="call_temp"),
         ),
-        Reply.text("In Tokyo it is evening, and 21C is 69.8F."),
+        Turn.text("In Tokyo it is evening, and 21C is 69.8F."),
     ]
 
 
 async def test_a_run_with_tools_completes_with_every_service_on_its_own_credentials(
-    secured_nats: SecuredNats, fake_provider: FakeProvider, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    secured_nats: SecuredNats, fake_provider: ScriptedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="atmosphere.bus")
     services = {

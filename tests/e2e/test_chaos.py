@@ -38,8 +38,7 @@ from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.journal.v1.journal_pb2 import JournalRecord
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse, ReplayRequest, ReplayResponse
-from atmosphere.testing import run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .apps.chaos_app import LEDGER_ENV
 from .conftest import ROOT, service_map
@@ -62,14 +61,14 @@ def answer_of(tag: str) -> str:
     return " ".join(f"{tag}/w{i}" for i in range(WORDS))
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """The model: round 0 says a sentence and calls the tool; after the tool, the slow answer."""
     messages = request["messages"]
     tag = _TAG.findall(next(m["content"] for m in messages if m["role"] == "user"))[0]
     if messages[-1]["role"] == "tool":
-        return Reply.text(answer_of(tag), chunk_delay=WORD_DELAY)
+        return Turn.text(answer_of(tag), chunk_delay=WORD_DELAY)
     call = ToolCallScript("record_effect", {"tag": tag}, call_id=f"call-{tag}")
-    return dataclasses.replace(Reply.tools(call, text=f"Recording {tag} now. "), chunk_delay=WORD_DELAY)
+    return dataclasses.replace(Turn.tool_calls(call, text=f"Recording {tag} now. "), chunk_delay=WORD_DELAY)
 
 
 @dataclass
@@ -358,7 +357,7 @@ async def test_killing_dispatch_workers_loses_repeats_and_doubles_nothing(
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     os.environ[LEDGER_ENV] = str(ledger)  # the sandbox runs in this process
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     rng = random.Random(11)
     async with provider.serving():
         services = service_map(

@@ -32,8 +32,7 @@ from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY, STORE_DEADLINE, is_
 from atmosphere.config import JetStreamSettings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.dispatch.settings import DispatchOptions
-from atmosphere.testing import run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ModelRequest, ScriptedModel, Turn, run_stack, wait_until
 from atmosphere.testing.nats_server import NatsCluster
 
 from .conftest import service_map
@@ -55,10 +54,10 @@ def answer_of(tag: str) -> str:
     return " ".join(f"{tag}/w{i}" for i in range(WORDS))
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """A model whose answer depends only on the tag asked about (a re-asked round says the same)."""
     user = [m["content"] for m in request["messages"] if m["role"] == "user"]
-    return Reply.text(answer_of(_TAG.findall(str(user[-1]))[0]), chunk_delay=WORD_DELAY)
+    return Turn.text(answer_of(_TAG.findall(str(user[-1]))[0]), chunk_delay=WORD_DELAY)
 
 
 @dataclass
@@ -171,7 +170,7 @@ async def leader_of(bus: NatsBus, stream: str) -> str:
 
 @contextlib.asynccontextmanager
 async def cluster_stack(
-    cluster: NatsCluster, namespace: str, data: Path, provider: FakeProvider
+    cluster: NatsCluster, namespace: str, data: Path, provider: ScriptedModel
 ) -> AsyncIterator[tuple[NatsBus, str]]:
     services = service_map(
         cluster.url,
@@ -195,7 +194,7 @@ async def cluster_stack(
 async def test_losing_a_streams_leader_corrupts_no_accepted_run(
     how: str, stream: str, nats_cluster: NatsCluster, bus_namespace: str, tmp_path: Path
 ) -> None:
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with (
         provider.serving(),
         cluster_stack(nats_cluster, bus_namespace, tmp_path / "data", provider) as (bus, url),

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.sandbox.code.settings import CodeSettings
-from atmosphere.testing import run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack
 
 from .conftest import service_map
 from .wsclient import ask
@@ -42,21 +40,21 @@ FIRST = (
 SECOND = "print(open('notes.txt').read())"
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """Round one writes, round two reads back, then the answer quotes what the code printed."""
     tools = [m for m in request["messages"] if m["role"] == "tool"]
     if not tools:
-        return Reply.tools(ToolCallScript("code_exec", {"language": "python", "code": FIRST}, call_id="c1"))
+        return Turn.tool_calls(ToolCallScript("code_exec", {"language": "python", "code": FIRST}, call_id="c1"))
     if len(tools) == 1:
-        return Reply.tools(ToolCallScript("code_exec", {"language": "py", "code": SECOND}, call_id="c2"))
-    return Reply.text("read: " + json.loads(tools[-1]["content"])["stdout"].strip())
+        return Turn.tool_calls(ToolCallScript("code_exec", {"language": "py", "code": SECOND}, call_id="c2"))
+    return Turn.text("read: " + json.loads(tools[-1]["content"])["stdout"].strip())
 
 
 @pytest.mark.timeout(180)
 async def test_a_model_runs_code_over_two_rounds_in_one_sandbox_session(
     nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path
 ) -> None:
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with provider.serving():
         services = service_map(nats_url, bus_namespace, tmp_path / "data", app=APP, llm_base_url=provider.base_url)
         sandbox_settings = services["sandbox"][1].model_copy(update={"code": CodeSettings(enabled=True)})

@@ -32,8 +32,7 @@ from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Contro
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.service import scoped_conversation
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
 from .conftest import service_map
@@ -64,7 +63,7 @@ def grpc_auth(token: str) -> tuple[tuple[str, str], ...]:
 class World:
     stack: Stack
     bus: NatsBus
-    provider: FakeProvider
+    provider: ScriptedModel
     url: str
     grpc: str
 
@@ -78,7 +77,7 @@ class World:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    provider = FakeProvider()
+    provider = ScriptedModel()
     async with provider.serving(), connect(nats_url, name="cross-user", namespace=namespace) as bus:
         services = service_map(
             nats_url,
@@ -99,10 +98,10 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
 @pytest.fixture(autouse=True)
 def fresh_script(world: World) -> Iterator[None]:
-    world.provider.replies.clear()
+    world.provider.turns.clear()
     world.provider.requests.clear()
     yield
-    assert not world.provider.replies, "the test left scripted replies unused"
+    assert not world.provider.turns, "the test left scripted replies unused"
 
 
 async def next_frame(ws: Any) -> dict[str, Any]:
@@ -198,7 +197,7 @@ async def test_sse_and_long_poll_resume_only_for_their_user(world: World) -> Non
 
 
 async def test_only_the_owner_cancels_a_run(world: World) -> None:
-    world.provider.script(Reply.stalled("Thinking", seconds=30))
+    world.provider.script(Turn.stalled("Thinking", seconds=30))
     async with world.http(ADA) as ada, world.http(BOB) as bob:
         run_id = (await ada.post("/atmosphere/agent/notes/poll", content="think hard")).json()["runId"]
 
@@ -231,7 +230,7 @@ async def test_only_the_owner_cancels_a_run(world: World) -> None:
 
 
 async def test_only_the_owner_answers_an_approval(world: World) -> None:
-    world.provider.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+    world.provider.script(Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"})), Turn.text("Done."))
     async with world.socket("notes", ADA) as ws:
         await ws.send("delete my groceries note")
         frames = [await next_frame(ws)]
@@ -280,16 +279,16 @@ async def sse_run(world: World, token: str, agent: str, message: str, conversati
 
 async def test_history_stays_with_its_user_on_sse_and_grpc(world: World) -> None:
     adas_scoped_id = scoped_conversation("diary", Principal(user_id="ada"))
-    world.provider.script(Reply.text("Noted."))
+    world.provider.script(Turn.text("Noted."))
     await sse_run(world, ADA, "keeper", "my locker code is 4711", "diary")
-    world.provider.script(Reply.text("No idea."), Reply.text("No idea either."))
+    world.provider.script(Turn.text("No idea."), Turn.text("No idea either."))
     await sse_run(world, BOB, "keeper", "what is the locker code?", "diary")
     assert "4711" not in messages_sent(world)
     # Naming Ada's scoped id over gRPC yields a conversation of Bob's own.
     events = await grpc_run(world, BOB, "keeper", "and now?", adas_scoped_id)
     assert events[-1].WhichOneof("kind") == "complete"
     assert "4711" not in messages_sent(world)
-    world.provider.script(Reply.text("It is 4711."))
+    world.provider.script(Turn.text("It is 4711."))
     await grpc_run(world, ADA, "keeper", "what was my code?", "diary")  # the same scoping as ingress
     assert "my locker code is 4711" in messages_sent(world)
 
@@ -299,7 +298,7 @@ def tool_result_seen(world: World) -> str:
 
 
 async def read_secret(world: World, token: str, conversation_id: str, *, over: str) -> str:
-    world.provider.script(Reply.tools(ToolCallScript("read_file", {"path": "secret.txt"})), Reply.text("Read."))
+    world.provider.script(Turn.tool_calls(ToolCallScript("read_file", {"path": "secret.txt"})), Turn.text("Read."))
     if over == "grpc":
         await grpc_run(world, token, "filer", "read it", conversation_id)
     else:
@@ -309,8 +308,8 @@ async def read_secret(world: World, token: str, conversation_id: str, *, over: s
 
 async def test_files_stay_with_their_user_on_sse_and_grpc(world: World) -> None:
     world.provider.script(
-        Reply.tools(ToolCallScript("write_file", {"path": "secret.txt", "content": "ada's plans"})),
-        Reply.text("Saved."),
+        Turn.tool_calls(ToolCallScript("write_file", {"path": "secret.txt", "content": "ada's plans"})),
+        Turn.text("Saved."),
     )
     await sse_run(world, ADA, "filer", "save my plans", "desk")
     adas_scoped_id = scoped_conversation("desk", Principal(user_id="ada"))
@@ -322,7 +321,7 @@ async def test_files_stay_with_their_user_on_sse_and_grpc(world: World) -> None:
 
 async def test_one_users_flood_of_conversations_never_evicts_anothers_files(world: World) -> None:
     world.provider.script(
-        Reply.tools(ToolCallScript("write_file", {"path": "secret.txt", "content": "kept"})), Reply.text("Saved.")
+        Turn.tool_calls(ToolCallScript("write_file", {"path": "secret.txt", "content": "kept"})), Turn.text("Saved.")
     )
     await sse_run(world, ADA, "filer", "save it", "vault")
     permits = asyncio.Semaphore(8)

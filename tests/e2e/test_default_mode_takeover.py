@@ -18,15 +18,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.bus.errors import RunInterruptedError
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.testing import run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .apps.takeover_app import LEDGER_ENV, release_file
 from .conftest import service_map
@@ -38,19 +36,21 @@ MAX_TAKEOVER = 5.0
 _TAG = re.compile(r"run-\d+")
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """The model: round 0 calls the tool; after it, a short answer (never reached when killed)."""
     messages = request["messages"]
     tag = _TAG.findall(next(m["content"] for m in messages if m["role"] == "user"))[0]
     if messages[-1]["role"] == "tool":
-        return Reply.text(f"Recorded {tag}.")
-    return Reply.tools(ToolCallScript("record_effect", {"tag": tag}, call_id=f"call-{tag}"), text=f"Recording {tag}. ")
+        return Turn.text(f"Recorded {tag}.")
+    return Turn.tool_calls(
+        ToolCallScript("record_effect", {"tag": tag}, call_id=f"call-{tag}"), text=f"Recording {tag}. "
+    )
 
 
 class Takeover:
     """The stack (in-process services, two dispatch processes) and the test's view of it."""
 
-    def __init__(self, url: str, bus: NatsBus, workers: list[Worker], ledger: Path, provider: FakeProvider) -> None:
+    def __init__(self, url: str, bus: NatsBus, workers: list[Worker], ledger: Path, provider: ScriptedModel) -> None:
         self.url, self.bus, self.workers, self.ledger, self.provider = url, bus, workers, ledger, provider
 
     def effects(self) -> Counter[str]:
@@ -76,7 +76,7 @@ async def takeover(nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_pat
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     os.environ[LEDGER_ENV] = str(ledger)  # the sandbox runs in this process
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with provider.serving():
         services = service_map(
             nats_url, bus_namespace, tmp_path / "data", ("governance", "memory", "tape", "sandbox", "ingress"), app=APP

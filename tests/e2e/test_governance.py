@@ -32,8 +32,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 )
 from atmosphere.dispatch.settings import DispatchOptions
 from atmosphere.ingress.settings import IngressOptions
-from atmosphere.testing import Stack, run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack
 from atmosphere.testing.services import running_service
 
 from .apps.governed_app import CALLS_FILE_ENV
@@ -82,7 +81,7 @@ async def world(
     bus_namespace: str,
     nats_bus: NatsBus,
     tmp_path: Path,
-    fake_provider: FakeProvider,
+    fake_provider: ScriptedModel,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[World]:
     calls = tmp_path / "deleted.txt"
@@ -127,10 +126,10 @@ async def decisions(world: World) -> list[Any]:
     return list(reply.decisions)
 
 
-async def test_a_delete_tool_is_stopped_before_it_starts(world: World, fake_provider: FakeProvider) -> None:
+async def test_a_delete_tool_is_stopped_before_it_starts(world: World, fake_provider: ScriptedModel) -> None:
     fake_provider.script(
-        Reply.tools(ToolCallScript("delete_record", {"record_id": "7"})),
-        Reply.text("I was not allowed to delete it."),
+        Turn.tool_calls(ToolCallScript("delete_record", {"record_id": "7"})),
+        Turn.text("I was not allowed to delete it."),
     )
     frames = await ws_run(world, ALICE, "Please delete record 7")
     assert frames[-1]["type"] == "complete"
@@ -163,15 +162,17 @@ async def test_a_delete_tool_is_stopped_before_it_starts(world: World, fake_prov
     assert snapshot["tool_name"] == "delete_record"
 
 
-async def test_a_read_tool_still_runs(world: World, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.tools(ToolCallScript("read_record", {"record_id": "7"})), Reply.text("It is active."))
+async def test_a_read_tool_still_runs(world: World, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.tool_calls(ToolCallScript("read_record", {"record_id": "7"})), Turn.text("It is active."))
     frames = await ws_run(world, ALICE, "How is record 7?")
     assert [f["data"]["toolName"] for f in frames if f.get("event") == "tool-result"] == ["read_record"]
     assert frames[-1]["type"] == "complete"
 
 
-async def test_pii_in_a_request_is_redacted_before_the_model_sees_it(world: World, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("Noted."))
+async def test_pii_in_a_request_is_redacted_before_the_model_sees_it(
+    world: World, fake_provider: ScriptedModel
+) -> None:
+    fake_provider.script(Turn.text("Noted."))
     frames = await ws_run(world, ALICE, "My email is bob@corp.example and my phone is +1 415 555 0100")
     assert frames[-1]["type"] == "complete"
     asked = fake_provider.requests[-1]["messages"][-1]["content"]
@@ -185,9 +186,9 @@ def _no_email(raw: str) -> None:
 
 
 async def test_an_email_in_a_streamed_answer_never_reaches_a_websocket_client(
-    world: World, fake_provider: FakeProvider
+    world: World, fake_provider: ScriptedModel
 ) -> None:
-    fake_provider.script(Reply.text(LEAKY, words=False))  # character by character
+    fake_provider.script(Turn.text(LEAKY, words=False))  # character by character
     async with websockets.connect(ws_url(world.url, "records"), additional_headers=bearer(ALICE)) as ws:
         await ws.send("Summarise my account")
         raw_frames: list[str] = []
@@ -208,9 +209,9 @@ async def test_an_email_in_a_streamed_answer_never_reaches_a_websocket_client(
 
 
 async def test_an_email_in_a_streamed_answer_never_reaches_an_sse_client(
-    world: World, fake_provider: FakeProvider
+    world: World, fake_provider: ScriptedModel
 ) -> None:
-    fake_provider.script(Reply.text(LEAKY, words=False))
+    fake_provider.script(Turn.text(LEAKY, words=False))
     async with httpx.AsyncClient(base_url=world.url, timeout=10, headers=bearer(ALICE)) as http:
         response = await http.post("/atmosphere/agent/records", content="Summarise my account")
     assert response.status_code == 200
@@ -218,9 +219,9 @@ async def test_an_email_in_a_streamed_answer_never_reaches_an_sse_client(
     assert "Response blocked: response contains PII of kinds: [email]" in response.text
 
 
-async def test_an_email_in_an_answer_never_reaches_an_openai_client(world: World, fake_provider: FakeProvider) -> None:
+async def test_an_email_in_an_answer_never_reaches_an_openai_client(world: World, fake_provider: ScriptedModel) -> None:
     client = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=ALICE, max_retries=0)
-    fake_provider.script(Reply.text(LEAKY, words=False))
+    fake_provider.script(Turn.text(LEAKY, words=False))
     stream = await client.chat.completions.create(
         model="records", messages=[{"role": "user", "content": "Summarise my account"}], stream=True
     )
@@ -236,7 +237,7 @@ async def test_an_email_in_an_answer_never_reaches_an_openai_client(world: World
     _no_email(streamed)
     assert streamed.startswith("Here is the account summary")
 
-    fake_provider.script(Reply.text(LEAKY))
+    fake_provider.script(Turn.text(LEAKY))
     with pytest.raises(openai.PermissionDeniedError) as blocked:
         await client.chat.completions.create(model="records", messages=[{"role": "user", "content": "Again"}])
     _no_email(str(blocked.value.body))
@@ -245,9 +246,9 @@ async def test_an_email_in_an_answer_never_reaches_an_openai_client(world: World
 
 
 async def test_an_email_in_an_answer_never_reaches_a_long_poll_or_grpc_client(
-    world: World, fake_provider: FakeProvider
+    world: World, fake_provider: ScriptedModel
 ) -> None:
-    fake_provider.script(Reply.text(LEAKY, words=False))
+    fake_provider.script(Turn.text(LEAKY, words=False))
     async with httpx.AsyncClient(base_url=world.url, timeout=40, headers=bearer(ALICE)) as http:
         started = await http.post("/atmosphere/agent/records/poll", content="Summarise my account")
         assert started.status_code == 202
@@ -263,7 +264,7 @@ async def test_an_email_in_an_answer_never_reaches_a_long_poll_or_grpc_client(
     assert "Response blocked: response contains PII of kinds: [email]" in raw_pages[-1]
 
     info = await world.bus.request(subjects.service_info("dispatch"), ServiceInfoRequest(), ServiceInfoResponse)
-    fake_provider.script(Reply.text(LEAKY, words=False))
+    fake_provider.script(Turn.text(LEAKY, words=False))
     async with grpc.aio.insecure_channel(json.loads(info.info_json)["grpc"]) as channel:
         stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
         run = dispatch_pb2.RunRequest(agent="records", message="Summarise my account")
@@ -272,8 +273,10 @@ async def test_an_email_in_an_answer_never_reaches_a_long_poll_or_grpc_client(
     assert events[-1].error.code == "governance.response_blocked"
 
 
-async def test_a_cost_ceiling_stops_the_next_run_of_that_tenant_only(world: World, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("A priced answer.", usage=(11, 4)))
+async def test_a_cost_ceiling_stops_the_next_run_of_that_tenant_only(
+    world: World, fake_provider: ScriptedModel
+) -> None:
+    fake_provider.script(Turn.text("A priced answer.", usage=(11, 4)))
     first = await ws_run(world, ACME, "Hello")
     assert first[-1]["type"] == "complete"
     refused = await ws_run(world, ACME, "Hello again")
@@ -282,7 +285,7 @@ async def test_a_cost_ceiling_stops_the_next_run_of_that_tenant_only(world: Worl
     assert refused[-1]["data"] == (
         "Request denied by policy spend-cap: cost ceiling reached for tenant acme (spent 0.0150 of budget 0.01)"
     )
-    fake_provider.script(Reply.text("Another tenant's answer.", usage=(1, 1)))
+    fake_provider.script(Turn.text("Another tenant's answer.", usage=(1, 1)))
     other = await ws_run(world, GLOBEX, "Hello")
     assert other[-1]["type"] == "complete"
     summary = await world.bus.request(subjects.governance("admin.summary"), AdminRequest(), AdminResponse)
@@ -340,7 +343,7 @@ async def test_the_seed_ms_example_through_check(world: World) -> None:
 
 
 async def test_governance_going_down_stops_every_edge_closed_and_keeps_what_was_sent(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> None:
     policy_path = tmp_path / "policies.yaml"
     policy_path.write_text(POLICY_FILE)
@@ -357,7 +360,7 @@ async def test_governance_going_down_stops_every_edge_closed_and_keeps_what_was_
     async with run_stack(services, bus=nats_bus) as stack:
         url = await stack.ingress_url()
         async with running_service("governance", serve_governance, governance_settings, bus=nats_bus):
-            fake_provider.script(Reply.text("word " * 400, chunk_delay=0.01))
+            fake_provider.script(Turn.text("word " * 400, chunk_delay=0.01))
             ws = await websockets.connect(ws_url(url, "records"))
             await ws.send("Talk to me")
             frames = [json.loads(await asyncio.wait_for(ws.recv(), 10))]

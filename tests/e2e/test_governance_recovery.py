@@ -32,8 +32,7 @@ import pytest
 import websockets
 
 from atmosphere.bus import NatsBus
-from atmosphere.testing import run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .conftest import ROOT, service_map
 from .wsclient import ws_url
@@ -53,11 +52,11 @@ policies:
 APP = "tests.e2e.apps.governed_app:app"
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """Round one asks for a tool; after it, a two-second answer."""
     if request["messages"][-1]["role"] == "tool":
-        return Reply.text(" ".join(f"w{i}" for i in range(ANSWER_WORDS)), chunk_delay=WORD_DELAY)
-    return Reply.tools(ToolCallScript("read_record", {"record_id": "7"}))
+        return Turn.text(" ".join(f"w{i}" for i in range(ANSWER_WORDS)), chunk_delay=WORD_DELAY)
+    return Turn.tool_calls(ToolCallScript("read_record", {"record_id": "7"}))
 
 
 @dataclass
@@ -169,7 +168,7 @@ async def test_both_governance_replicas_killed_for_20_s_then_back_the_next_runs_
         Governance(governance_env(nats_url, bus_namespace, tmp_path / name, policies), tmp_path / f"{name}.log")
         for name in ("governance-a", "governance-b")
     ]
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with provider.serving(), httpx.AsyncClient() as http:
         services = service_map(
             nats_url,

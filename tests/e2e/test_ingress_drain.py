@@ -25,19 +25,18 @@ import pytest
 import websockets
 
 from atmosphere.bus import BusError, NatsBus
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 
 from .conftest import ROOT, service_map
 
 GRACE = 8
 KEEP_ALIVE = 0.2
-WAITING = Reply.tools(ToolCallScript("delete_note", {"title": "groceries"}), text="Checking first.")
+WAITING = Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"}), text="Checking first.")
 
 
 @pytest.fixture
 async def backend(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> AsyncIterator[Stack]:
     """Every service but ingress, in this process: ingress runs as a process of its own."""
     names = ("governance", "memory", "tape", "sandbox", "dispatch")
@@ -115,11 +114,11 @@ def keep_alive_after_approval(lines: list[str]) -> bool:
 
 
 async def test_sigterm_drains_every_stream_and_exits_within_the_grace(
-    backend: Stack, fake_provider: FakeProvider, nats_url: str, bus_namespace: str, tmp_path: Path
+    backend: Stack, fake_provider: ScriptedModel, nats_url: str, bus_namespace: str, tmp_path: Path
 ) -> None:
     # The OpenAI stream waits on its model (an approval would end it at once: Chat Completions
     # cannot carry one); the other doors wait on an approval.
-    fake_provider.script(WAITING, Reply.stalled("Thinking it over.", seconds=120), WAITING, WAITING)
+    fake_provider.script(WAITING, Turn.stalled("Thinking it over.", seconds=120), WAITING, WAITING)
     async with ingress_process(nats_url, bus_namespace, tmp_path) as process:
 
         async def ingress_up() -> bool:

@@ -15,8 +15,7 @@ import websockets
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
 from atmosphere.ingress.settings import IngressOptions, TokenGrant
-from atmosphere.testing import Stack, run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack
 
 from .conftest import service_map
 from .wsclient import assert_each_seq_once, read_run, ws_url
@@ -30,7 +29,7 @@ async def stack(
     bus_namespace: str,
     nats_bus: NatsBus,
     tmp_path: Path,
-    fake_provider: FakeProvider,
+    fake_provider: ScriptedModel,
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Stack]:
     ingress = getattr(request, "param", {})
@@ -100,9 +99,9 @@ async def test_long_poll_delivers_every_frame_once(stack: Stack) -> None:
 
 
 async def test_a_websocket_cut_after_its_fifth_frame_resumes_with_every_seq_once(
-    stack: Stack, fake_provider: FakeProvider
+    stack: Stack, fake_provider: ScriptedModel
 ) -> None:
-    fake_provider.script(Reply.text(LONG, chunk_delay=0.03))
+    fake_provider.script(Turn.text(LONG, chunk_delay=0.03))
     url = await stack.ingress_url()
     first: list[dict[str, Any]] = []
     ws = await websockets.connect(ws_url(url, "assistant"))
@@ -129,9 +128,9 @@ async def test_a_websocket_cut_after_its_fifth_frame_resumes_with_every_seq_once
 
 
 @pytest.mark.parametrize("stack", [{"ingress": IngressOptions(port=0, send_queue_frames=16)}], indirect=True)
-async def test_a_client_too_slow_is_closed_and_resumes(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_a_client_too_slow_is_closed_and_resumes(stack: Stack, fake_provider: ScriptedModel) -> None:
     long_words = " ".join("w" * 200 + str(i) for i in range(3000))
-    fake_provider.script(Reply.text(long_words))
+    fake_provider.script(Turn.text(long_words))
     url = await stack.ingress_url()
     ws = await websockets.connect(ws_url(url, "assistant"), max_queue=1)
     await ws.send("flood me")
@@ -154,8 +153,8 @@ async def test_a_client_too_slow_is_closed_and_resumes(stack: Stack, fake_provid
     assert replay[-1]["type"] == "complete"
 
 
-async def test_approvals_over_websocket(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+async def test_approvals_over_websocket(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"})), Turn.text("Done."))
     async with websockets.connect(ws_url(await stack.ingress_url(), "notes")) as ws:
         await ws.send("delete my groceries note")
         frames: list[dict[str, Any]] = []
@@ -176,8 +175,8 @@ async def test_approvals_over_websocket(stack: Stack, fake_provider: FakeProvide
     assert results == [{"toolName": "delete_note", "result": "deleted note 'groceries'"}]
 
 
-async def test_an_approval_outlives_the_socket_that_was_asked(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+async def test_an_approval_outlives_the_socket_that_was_asked(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"})), Turn.text("Done."))
     url = await stack.ingress_url()
     first: list[dict[str, Any]] = []
     ws = await websockets.connect(ws_url(url, "notes"))

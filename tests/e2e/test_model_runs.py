@@ -21,8 +21,7 @@ from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, Servi
 from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.governance.v1.governance_pb2 import ListDecisionsRequest, ListDecisionsResponse
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 
 from .conftest import service_map
 from .wsclient import ask, ws_url
@@ -30,20 +29,20 @@ from .wsclient import ask, ws_url
 QUESTION = "What time is it in Tokyo, and what is 21 degrees Celsius in Fahrenheit?"
 
 
-def both_tools() -> list[Reply]:
+def both_tools() -> list[Turn]:
     return [
-        Reply.tools(
+        Turn.tool_calls(
             ToolCallScript("local_time", {"city": "Tokyo"}, call_id="call_time"),
             ToolCallScript("celsius_to_fahrenheit", {"celsius": 21}, call_id="call_temp"),
             usage=(120, 30),
         ),
-        Reply.text("In Tokyo it is evening, and 21C is 69.8F.", usage=(180, 14)),
+        Turn.text("In Tokyo it is evening, and 21C is 69.8F.", usage=(180, 14)),
     ]
 
 
 @pytest.fixture
 async def stack(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> AsyncIterator[Stack]:
     services = service_map(
         nats_url, bus_namespace, tmp_path / "data", app="examples.assistant:app", llm_base_url=fake_provider.base_url
@@ -64,7 +63,7 @@ async def decisions(bus: NatsBus, run_id: str) -> list[tuple[str, str]]:
     return sorted((d.operation, d.subject) for d in reply.decisions)
 
 
-async def test_two_tools_over_websocket(stack: Stack, fake_provider: FakeProvider, nats_bus: NatsBus) -> None:
+async def test_two_tools_over_websocket(stack: Stack, fake_provider: ScriptedModel, nats_bus: NatsBus) -> None:
     fake_provider.script(*both_tools())
     frames = await ask(await stack.ingress_url(), "assistant", QUESTION)
     events = [f.get("event") or f.get("type") for f in frames]
@@ -102,7 +101,7 @@ async def _has(rows: Any, n: int) -> bool:
 
 
 async def test_two_tools_over_grpc_with_health_and_reflection(
-    stack: Stack, fake_provider: FakeProvider, nats_bus: NatsBus
+    stack: Stack, fake_provider: ScriptedModel, nats_bus: NatsBus
 ) -> None:
     fake_provider.script(*both_tools())
     target = (await dispatch_info(nats_bus))["grpc"]
@@ -158,9 +157,9 @@ async def test_two_tools_over_grpc_with_health_and_reflection(
             break
 
 
-async def test_provider_failures_reach_the_client_honestly(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_provider_failures_reach_the_client_honestly(stack: Stack, fake_provider: ScriptedModel) -> None:
     url = await stack.ingress_url()
-    fake_provider.script(Reply.error(429, retry_after=1), Reply.text("One clean answer."))
+    fake_provider.script(Turn.error("scripted failure", status=429, retry_after=1), Turn.text("One clean answer."))
     started = time.monotonic()
     frames = await ask(url, "assistant", "hello")
     assert time.monotonic() - started >= 1.0
@@ -168,22 +167,22 @@ async def test_provider_failures_reach_the_client_honestly(stack: Stack, fake_pr
     assert "error" not in [f.get("type") for f in frames]
     assert "".join(f["data"] for f in frames if f.get("type") == "streaming-text") == "One clean answer."
 
-    fake_provider.script(Reply.truncated("Half an ans"))
+    fake_provider.script(Turn.truncated("Half an ans"))
     frames = await ask(url, "assistant", "hello")
     assert frames[-1]["type"] == "error"
     assert "complete" not in [f.get("type") for f in frames]
 
     before = len(fake_provider.requests)
-    fake_provider.script(Reply.error(400, message="invalid model"), Reply.text("never sent"))
+    fake_provider.script(Turn.error("invalid model", status=400), Turn.text("never sent"))
     frames = await ask(url, "assistant", "hello")
     assert frames[-1]["type"] == "error"
     assert frames[-1]["data"] == "API returned 400: invalid model"
     assert len(fake_provider.requests) == before + 1
-    fake_provider.replies.clear()
+    fake_provider.turns.clear()
 
 
-async def test_a_client_that_disconnects_stops_the_model_call(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.stalled("Thinking", seconds=30))
+async def test_a_client_that_disconnects_stops_the_model_call(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.stalled("Thinking", seconds=30))
     async with websockets.connect(ws_url(await stack.ingress_url(), "assistant")) as ws:
         await ws.send("think hard")
         while True:

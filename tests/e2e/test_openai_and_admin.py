@@ -13,8 +13,7 @@ import pytest
 
 from atmosphere.bus import MessageContext, NatsBus, Router, subjects
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Stack, Turn, run_stack, wait_until
 
 from .conftest import service_map
 
@@ -28,7 +27,7 @@ async def stack(
     bus_namespace: str,
     nats_bus: NatsBus,
     tmp_path: Path,
-    fake_provider: FakeProvider,
+    fake_provider: ScriptedModel,
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Stack]:
     names = getattr(request, "param", ("governance", "memory", "tape", "sandbox", "dispatch", "ingress"))
@@ -45,11 +44,11 @@ async def stack(
         yield running
 
 
-async def test_the_official_openai_client_streams_and_completes(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_the_official_openai_client_streams_and_completes(stack: Stack, fake_provider: ScriptedModel) -> None:
     base_url = f"{await stack.ingress_url()}/atmosphere/v1"
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
-    fake_provider.script(Reply.text("Streaming works fine.", usage=(11, 4)))
+    fake_provider.script(Turn.text("Streaming works fine.", usage=(11, 4)))
     stream = await client.chat.completions.create(
         model="assistant",
         messages=[{"role": "user", "content": "Stream please"}],
@@ -66,14 +65,14 @@ async def test_the_official_openai_client_streams_and_completes(stack: Stack, fa
 
     # Not asked for, no usage chunk (its `choices: []` would break the common loop below),
     # though the model counted tokens.
-    fake_provider.script(Reply.text("No usage asked.", usage=(11, 4)))
+    fake_provider.script(Turn.text("No usage asked.", usage=(11, 4)))
     plain = await client.chat.completions.create(
         model="assistant", messages=[{"role": "user", "content": "Stream please"}], stream=True
     )
     pieces = [chunk.choices[0].delta.content or "" async for chunk in plain]
     assert "".join(pieces) == "No usage asked."
 
-    fake_provider.script(Reply.text("Whole answer.", usage=(9, 2)))
+    fake_provider.script(Turn.text("Whole answer.", usage=(9, 2)))
     completion = await client.chat.completions.create(
         model="assistant",
         messages=[
@@ -101,7 +100,7 @@ async def test_the_official_openai_client_streams_and_completes(stack: Stack, fa
     await client.close()
 
 
-async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: ScriptedModel) -> None:
     base_url = f"{await stack.ingress_url()}/atmosphere/v1"
 
     def use_sync_client() -> tuple[str, Any, Any]:
@@ -131,7 +130,7 @@ async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: Fa
                 last_not_user.value,
             )
 
-    fake_provider.script(Reply.text("From the default agent."))
+    fake_provider.script(Turn.text("From the default agent."))
     text, unsupported, last_not_user = await asyncio.to_thread(use_sync_client)
     assert text == "sync hi|sync stream|From the default agent."
     assert unsupported.body["code"] == "unsupported_parameter"  # type: ignore[index]
@@ -139,10 +138,10 @@ async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: Fa
     assert last_not_user.body["message"] == "The last message must be a user message with content."  # type: ignore[index]
 
 
-async def test_an_api_key_and_a_failing_agent(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_an_api_key_and_a_failing_agent(stack: Stack, fake_provider: ScriptedModel) -> None:
     async with httpx.AsyncClient(base_url=f"{await stack.ingress_url()}/atmosphere/v1") as http:
         # The provider's 400 is the client's 400, with the provider's reason: a retry cannot help.
-        fake_provider.script(Reply.error(400, message="bad upstream"))
+        fake_provider.script(Turn.error("bad upstream", status=400))
         failed = await http.post("/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert failed.status_code == 400
         assert failed.json()["error"]["type"] == "invalid_request_error"
@@ -185,7 +184,7 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
     assert "cors" not in info
 
 
-async def test_admin_reads_are_gated_and_proxied(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_admin_reads_are_gated_and_proxied(stack: Stack, fake_provider: ScriptedModel) -> None:
     auth = {"Authorization": f"Bearer {ADMIN}"}
     async with httpx.AsyncClient(base_url=await stack.ingress_url()) as http:
         assert (await http.get("/api/admin/agents")).status_code == 401
@@ -195,7 +194,7 @@ async def test_admin_reads_are_gated_and_proxied(stack: Stack, fake_provider: Fa
         tools = (await http.get("/api/admin/tools", headers=auth)).json()
         assert {t["name"] for t in tools} == {"local_time", "celsius_to_fahrenheit"}
 
-        fake_provider.script(Reply.text("Recorded."))
+        fake_provider.script(Turn.text("Recorded."))
         answer = await http.post(
             "/atmosphere/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
         )

@@ -25,8 +25,7 @@ from atmosphere.bus.runs import stored_events
 from atmosphere.config import TokenGrant
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.ingress.settings import IngressOptions
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 
 from .conftest import service_map
 
@@ -35,12 +34,12 @@ BOB = "token-bob-everything"
 GRACE = 30.0
 """The retry grace of these tests: longer than any test waits, so only a retry or its end decides."""
 
-DELETE = Reply.tools(ToolCallScript("delete_note", {"title": "groceries"}), text="Checking first.")
+DELETE = Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"}), text="Checking first.")
 
 
 @pytest.fixture
 async def stack(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> AsyncIterator[Stack]:
     services = service_map(
         nats_url,
@@ -78,14 +77,14 @@ async def terminal_of(bus: NatsBus, run_id: str) -> RunEvent | None:
     return next((e for e in events.values() if e.WhichOneof("kind") in {"complete", "error"}), None)
 
 
-def hung_up(provider: FakeProvider) -> Callable[[], Awaitable[bool]]:
+def hung_up(provider: ScriptedModel) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return provider.disconnects >= 1
 
     return check
 
 
-def asked(provider: FakeProvider) -> Callable[[], Awaitable[bool]]:
+def asked(provider: ScriptedModel) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return len(provider.requests) >= 1
 
@@ -97,7 +96,7 @@ def ask(content: str, **extra: Any) -> dict[str, Any]:
 
 
 async def test_an_approval_gated_tool_is_a_clear_error_at_once_and_its_run_ends(
-    stack: Stack, fake_provider: FakeProvider, nats_bus: NatsBus
+    stack: Stack, fake_provider: ScriptedModel, nats_bus: NatsBus
 ) -> None:
     url = await stack.ingress_url()
     runs: list[str] = []
@@ -139,9 +138,9 @@ async def test_an_approval_gated_tool_is_a_clear_error_at_once_and_its_run_ends(
         assert terminal.error.code == "run.cancelled"
 
 
-async def test_a_client_that_leaves_mid_stream_cancels_the_run(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_a_client_that_leaves_mid_stream_cancels_the_run(stack: Stack, fake_provider: ScriptedModel) -> None:
     url = await stack.ingress_url()
-    fake_provider.script(Reply.stalled("Let me think about that", seconds=60))
+    fake_provider.script(Turn.stalled("Let me think about that", seconds=60))
     async with client(url, max_retries=0) as sdk:
         stream = await sdk.chat.completions.create(**ask("think", stream=True))
         async for chunk in stream:
@@ -153,10 +152,10 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_run(stack: Stack, fak
 
 
 async def test_a_client_that_leaves_before_the_first_byte_cancels_the_run(
-    stack: Stack, fake_provider: FakeProvider
+    stack: Stack, fake_provider: ScriptedModel
 ) -> None:
     url = await stack.ingress_url()
-    fake_provider.script(Reply.silent(60))
+    fake_provider.script(Turn.silent(60))
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {ADA}"}) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.post("/atmosphere/v1/chat/completions", json=ask("hello"), timeout=httpx.Timeout(10, read=1))
@@ -164,10 +163,10 @@ async def test_a_client_that_leaves_before_the_first_byte_cancels_the_run(
     await wait_until(hung_up(fake_provider), timeout=10, what="the provider to see the request closed")
 
 
-async def test_the_sdks_retry_attaches_to_the_first_attempts_run(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_the_sdks_retry_attaches_to_the_first_attempts_run(stack: Stack, fake_provider: ScriptedModel) -> None:
     url = await stack.ingress_url()
     # The model answers after 4 s; the client gives up on each attempt after 1 s and retries.
-    fake_provider.script(Reply.silent(4))
+    fake_provider.script(Turn.silent(4))
     before = len(fake_provider.requests)
     async with client(url, timeout=1.0, max_retries=6) as sdk:
         answer = await sdk.chat.completions.create(**ask("slow question"))
@@ -176,9 +175,9 @@ async def test_the_sdks_retry_attaches_to_the_first_attempts_run(stack: Stack, f
     assert fake_provider.disconnects == 0  # and it was never cancelled
 
 
-async def test_an_sdk_retry_header_alone_attaches_only_a_retry(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_an_sdk_retry_header_alone_attaches_only_a_retry(stack: Stack, fake_provider: ScriptedModel) -> None:
     url = await stack.ingress_url()
-    fake_provider.script(Reply.silent(3), Reply.text("second"))
+    fake_provider.script(Turn.silent(3), Turn.text("second"))
     headers = {"Authorization": f"Bearer {ADA}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
         first = asyncio.create_task(
@@ -200,9 +199,9 @@ async def test_an_sdk_retry_header_alone_attaches_only_a_retry(stack: Stack, fak
         assert len(fake_provider.requests) == 2
 
 
-async def test_an_idempotency_key_is_one_completion_per_user(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_an_idempotency_key_is_one_completion_per_user(stack: Stack, fake_provider: ScriptedModel) -> None:
     url = await stack.ingress_url()
-    fake_provider.script(Reply.text("Only once."), Reply.text("Bob's own."))
+    fake_provider.script(Turn.text("Only once."), Turn.text("Bob's own."))
     key = {"Idempotency-Key": "order-42"}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         ada = {"Authorization": f"Bearer {ADA}", **key}
@@ -228,12 +227,12 @@ async def test_an_idempotency_key_is_one_completion_per_user(stack: Stack, fake_
         assert "Idempotency-Key" in json.dumps(bad.json())
 
 
-async def test_a_retry_after_a_retryable_error_is_a_new_run(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_a_retry_after_a_retryable_error_is_a_new_run(stack: Stack, fake_provider: ScriptedModel) -> None:
     # The first attempt was answered (a 503 saying "try again"): its retry, by key or by the SDK's
     # marker, runs again instead of replaying that refusal.
     url = await stack.ingress_url()
     # Past dispatch's own retry window (20 s by default): dispatch gives up at once and says so.
-    fake_provider.script(Reply.error(503, message="overloaded", retry_after=60), Reply.text("Back again."))
+    fake_provider.script(Turn.error("overloaded", status=503, retry_after=60), Turn.text("Back again."))
     key = {"Authorization": f"Bearer {ADA}", "Idempotency-Key": "after-an-outage"}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         first = await http.post("/atmosphere/v1/chat/completions", json=ask("outage"), headers=key)

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere.cli.dev_layout import SERVICES
-from atmosphere.testing import free_port, free_port_block, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, free_port, free_port_block, wait_until
 
 from .conftest import ROOT
 from .wsclient import ask
@@ -138,9 +137,9 @@ async def test_a_fresh_virtualenv_installs_tests_and_serves_the_guide_agent(tmp_
     command = [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]
     assert "LLM_BASE_URL" in assignments, serve
     assert command[:4] == [".venv/bin/atmosphere", "dev", "--app", "mypkg.agents:app"], serve
-    provider = FakeProvider().script(
-        Reply.tools(ToolCallScript("word_count", {"text": "one two three"}, call_id="call_count")),
-        Reply.text("Three words."),
+    provider = ScriptedModel().script(
+        Turn.tool_calls(ToolCallScript("word_count", {"text": "one two three"}, call_id="call_count")),
+        Turn.text("Three words."),
     )
     async with provider.serving():
         serve_env = {**env, **assignments, "LLM_BASE_URL": provider.base_url}

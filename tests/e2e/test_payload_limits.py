@@ -44,8 +44,7 @@ from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsRespo
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply, WorkspaceScope
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.tape.handlers import step_record
-from atmosphere.testing import Stack, run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 from atmosphere.testing.nats_server import NatsServer
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
@@ -64,7 +63,7 @@ SCOPE = WorkspaceScope(category="agents", owner="chat", agent_id="chat", convers
 class World:
     stack: Stack
     bus: NatsBus
-    provider: FakeProvider
+    provider: ScriptedModel
     server: NatsServer
     url: str
 
@@ -103,7 +102,7 @@ def limited_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServe
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(limited_nats: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     namespace = f"p{uuid.uuid4().hex[:12]}"
-    provider = FakeProvider()
+    provider = ScriptedModel()
     async with provider.serving(), connect(limited_nats.url, name="payload-limits", namespace=namespace) as bus:
         services = service_map(
             limited_nats.url,
@@ -122,10 +121,10 @@ async def world(limited_nats: NatsServer, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(autouse=True)
 def fresh_script(world: World) -> Iterator[None]:
-    world.provider.replies.clear()
+    world.provider.turns.clear()
     world.provider.requests.clear()
     yield
-    assert not world.provider.replies, "the test left scripted replies unused"
+    assert not world.provider.turns, "the test left scripted replies unused"
 
 
 async def assert_still_serving(world: World, service: str) -> None:
@@ -193,8 +192,10 @@ async def test_dispatch_a_tool_call_one_byte_over_is_a_tool_error_for_the_model(
     call, _ = sized_text(tool_call, LIMIT + 1)
     assert isinstance(call, ToolCall)
     arguments = json.loads(call.arguments_json)
-    big = dataclasses.replace(Reply.tools(ToolCallScript("produce", arguments, call_id="call-1")), split_arguments=8192)
-    world.provider.script(big, Reply.text("understood"))
+    big = dataclasses.replace(
+        Turn.tool_calls(ToolCallScript("produce", arguments, call_id="call-1")), split_arguments=8192
+    )
+    world.provider.script(big, Turn.text("understood"))
     request = RunSubmission(run_id=run_id, session_id="s", conversation_id=conversation, agent="toolbox", message="go")
     events = [event async for event in follow_run(world.bus, run_id, submit=request)]
 
@@ -254,7 +255,7 @@ async def stored_chunks(world: World) -> dict[str, int]:
 async def test_sandbox_a_result_several_times_the_limit_reaches_the_workspace_whole(world: World) -> None:
     size = 4 * LIMIT + 123  # characters of two bytes each: about eight times the broker limit
     conversation = uuid.uuid4().hex
-    world.provider.script(Reply.tools(ToolCallScript("produce", {"size": size, "char": "é"})), Reply.text("saved"))
+    world.provider.script(Turn.tool_calls(ToolCallScript("produce", {"size": size, "char": "é"})), Turn.text("saved"))
     events = await world.run("filer", "go", conversation_id=conversation)
     assert events[-1].WhichOneof("kind") == "complete"
     [preview] = [e.tool_result.result for e in events if e.WhichOneof("kind") == "tool_result"]
@@ -300,7 +301,7 @@ async def test_memory_a_history_one_byte_over_comes_in_pages_and_reaches_the_mod
     loaded = await MemoryClient(world.bus).load_history("chat", conversation)
     assert [(m.role, m.content) for m in loaded] == stored
 
-    world.provider.script(Reply.text("I remember"))
+    world.provider.script(Turn.text("I remember"))
     events = await world.run("chat", "what did we say?", conversation_id=conversation)
     assert events[-1].WhichOneof("kind") == "complete"
     sent = world.provider.requests[-1]["messages"]

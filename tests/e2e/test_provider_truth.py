@@ -18,8 +18,7 @@ import pytest
 import websockets
 
 from atmosphere.bus import NatsBus
-from atmosphere.testing import Stack, run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Stack, Turn, run_stack
 
 from .conftest import service_map
 from .test_ingress_transports import parse_sse
@@ -33,7 +32,7 @@ LLM = {"first_byte_timeout": 0.5, "retry_window": 2.0}
 
 @pytest.fixture
 async def stack(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> AsyncIterator[Stack]:
     services = service_map(
         nats_url,
@@ -55,11 +54,11 @@ async def client_for(stack: Stack, *, max_retries: int = 2) -> openai.AsyncOpenA
     )
 
 
-async def test_a_provider_400_is_a_400_with_its_code_and_runs_once(stack: Stack, fake_provider: FakeProvider) -> None:
+async def test_a_provider_400_is_a_400_with_its_code_and_runs_once(stack: Stack, fake_provider: ScriptedModel) -> None:
     fake_provider.script(
-        Reply.error(
-            400,
-            message="This model's maximum context length is 8192 tokens.",
+        Turn.error(
+            "This model's maximum context length is 8192 tokens.",
+            status=400,
             code="context_length_exceeded",
             error_type="invalid_request_error",
             param="messages",
@@ -76,11 +75,11 @@ async def test_a_provider_400_is_a_400_with_its_code_and_runs_once(stack: Stack,
 
 
 async def test_a_provider_outage_is_a_503_with_retry_after_that_the_client_honours(
-    stack: Stack, fake_provider: FakeProvider
+    stack: Stack, fake_provider: ScriptedModel
 ) -> None:
     # The provider says to come back in 3 s, past dispatch's 2 s retry window: dispatch gives up
     # at once and the client hears the same advice; its one retry then succeeds.
-    fake_provider.script(Reply.error(503, message="overloaded", retry_after=3))
+    fake_provider.script(Turn.error("overloaded", status=503, retry_after=3))
     client = await client_for(stack, max_retries=0)
     with pytest.raises(openai.APIStatusError) as raised:
         await client.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
@@ -89,7 +88,7 @@ async def test_a_provider_outage_is_a_503_with_retry_after_that_the_client_honou
     assert "overloaded" in raised.value.message
     assert len(fake_provider.requests) == 1
 
-    fake_provider.script(Reply.error(503, message="overloaded", retry_after=3), Reply.text("Back again."))
+    fake_provider.script(Turn.error("overloaded", status=503, retry_after=3), Turn.text("Back again."))
     retrying = await client_for(stack, max_retries=1)
     answer = await retrying.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
     assert answer.choices[0].message.content == "Back again."
@@ -97,8 +96,8 @@ async def test_a_provider_outage_is_a_503_with_retry_after_that_the_client_honou
     await asyncio.gather(client.close(), retrying.close())
 
 
-async def test_a_silent_provider_fails_fast_with_a_progress_frame(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.silent(60), Reply.silent(60))
+async def test_a_silent_provider_fails_fast_with_a_progress_frame(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.silent(60), Turn.silent(60))
     async with websockets.connect(ws_url(await stack.ingress_url(), "assistant")) as ws:
         await ws.send("hello?")
         frames = await read_run(ws, timeout=30)
@@ -112,8 +111,8 @@ async def test_a_silent_provider_fails_fast_with_a_progress_frame(stack: Stack, 
     assert len(fake_provider.requests) == 2  # the retry window closed: no third attempt
 
 
-async def test_a_silent_provider_is_a_503_over_openai(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.silent(60), Reply.silent(60))
+async def test_a_silent_provider_is_a_503_over_openai(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.silent(60), Turn.silent(60))
     client = await client_for(stack, max_retries=0)
     with pytest.raises(openai.APIStatusError) as raised:
         await client.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
@@ -123,8 +122,8 @@ async def test_a_silent_provider_is_a_503_over_openai(stack: Stack, fake_provide
     assert raised.value.response.headers["retry-after"] == "5"
 
 
-async def test_an_empty_answer_is_a_502_the_client_does_not_retry(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.empty(), Reply.text("should not be asked"))
+async def test_an_empty_answer_is_a_502_the_client_does_not_retry(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.empty(), Turn.text("should not be asked"))
     client = await client_for(stack)
     with pytest.raises(openai.APIStatusError) as raised:
         await client.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
@@ -137,11 +136,11 @@ async def test_an_empty_answer_is_a_502_the_client_does_not_retry(stack: Stack, 
 
 @pytest.mark.parametrize("reason", ["length", "content_filter"])
 async def test_a_cut_off_answer_says_so_on_every_transport(
-    stack: Stack, fake_provider: FakeProvider, reason: str
+    stack: Stack, fake_provider: ScriptedModel, reason: str
 ) -> None:
     url = await stack.ingress_url()
     text = "Once upon a time"
-    fake_provider.script(*[Reply.text(text, finish_reason=reason) for _ in range(4)])
+    fake_provider.script(*[Turn.text(text, finish_reason=reason) for _ in range(4)])
     client = await client_for(stack, max_retries=0)
     whole = await client.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
     assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
@@ -161,8 +160,8 @@ async def test_a_cut_off_answer_says_so_on_every_transport(
     assert (sse[-1][1]["type"], sse[-1][1]["finishReason"]) == ("complete", reason)
 
 
-async def test_a_finished_answer_says_stop(stack: Stack, fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("Done."))
+async def test_a_finished_answer_says_stop(stack: Stack, fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("Done."))
     async with websockets.connect(ws_url(await stack.ingress_url(), "assistant")) as ws:
         await ws.send("hi")
         frames = await read_run(ws)

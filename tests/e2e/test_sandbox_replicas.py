@@ -24,8 +24,7 @@ import pytest
 import websockets
 
 from atmosphere.bus import NatsBus
-from atmosphere.testing import run_stack, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .apps.replicas_app import LEDGER_ENV
 from .conftest import ROOT, service_map
@@ -36,14 +35,14 @@ RUNS = 20
 _TAG = re.compile(r"run-\d+")
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """The model: call the run's tool (even runs the idempotent one), then repeat what it said."""
     messages = request["messages"]
     tag = _TAG.findall(next(m["content"] for m in messages if m["role"] == "user"))[0]
     if messages[-1]["role"] == "tool":
-        return Reply.text(f"{tag}: {messages[-1]['content']}")
+        return Turn.text(f"{tag}: {messages[-1]['content']}")
     name = "slow_lookup" if int(tag.split("-")[1]) % 2 == 0 else "slow_note"
-    return Reply.tools(ToolCallScript(name, {"tag": tag}, call_id=f"call-{tag}"))
+    return Turn.tool_calls(ToolCallScript(name, {"tag": tag}, call_id=f"call-{tag}"))
 
 
 class Replica:
@@ -119,7 +118,7 @@ async def test_killing_one_of_two_sandbox_replicas_mid_call_hangs_no_run(
         "PYTHONPATH": str(ROOT),
         LEDGER_ENV: str(ledger),
     }
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with provider.serving():
         services = service_map(
             nats_url,

@@ -17,8 +17,7 @@ import pytest
 import websockets
 
 from atmosphere.bus import NatsBus
-from atmosphere.testing import Stack, run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Stack, Turn, run_stack
 
 from .conftest import service_map
 from .wsclient import read_run, ws_url
@@ -26,15 +25,15 @@ from .wsclient import read_run, ws_url
 USER = [{"role": "user", "content": "Tell me everything"}]
 
 
-def unexplained(text: str) -> Reply:
+def unexplained(text: str) -> Turn:
     """`text` in one chunk, then `[DONE]`: no chunk says why the answer ended."""
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    return Reply.raw(json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": text}}]}))
+    return Turn.raw(json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": text}}]}))
 
 
 @pytest.fixture
 async def stack(
-    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: FakeProvider
+    nats_url: str, bus_namespace: str, nats_bus: NatsBus, tmp_path: Path, fake_provider: ScriptedModel
 ) -> AsyncIterator[Stack]:
     services = service_map(
         nats_url,
@@ -49,7 +48,7 @@ async def stack(
 
 
 async def test_an_unexplained_end_is_unknown_on_the_websocket_and_null_for_openai_clients(
-    stack: Stack, fake_provider: FakeProvider
+    stack: Stack, fake_provider: ScriptedModel
 ) -> None:
     url = await stack.ingress_url()
     fake_provider.script(unexplained("Perhaps all of it."), unexplained("Whole?"), unexplained("Streamed?"))

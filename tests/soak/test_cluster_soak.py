@@ -34,8 +34,7 @@ from atmosphere.cli.dev import DevOptions, wait_for_ready
 from atmosphere.cli.dev_layout import SERVICE_REPLICAS_IN_CLUSTER, SERVICES, DevLayout, dev_layout
 from atmosphere.contracts.memory.v1.memory_pb2 import LoadHistoryRequest, LoadHistoryResponse
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.testing import free_port_block, wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ModelRequest, ScriptedModel, Turn, free_port_block, wait_until
 from tests.e2e.test_dev_cluster import NODES, SERVICE_PROCESSES, login
 from tests.e2e.test_dev_command import alive, descendants, is_tool_worker, start, wait_for_banner
 
@@ -60,10 +59,10 @@ def answer_of(tag: str) -> str:
     return " ".join(f"{tag}/w{i}" for i in range(WORDS))
 
 
-def respond(request: dict[str, Any]) -> Reply:
+def respond(request: ModelRequest) -> Turn:
     """The model: the answer depends only on the tag in the last user message (a re-asked round gets the same)."""
     user = [m["content"] for m in request["messages"] if m["role"] == "user"]
-    return Reply.text(answer_of(_TAG.findall(str(user[-1]))[0]), chunk_delay=WORD_DELAY)
+    return Turn.text(answer_of(_TAG.findall(str(user[-1]))[0]), chunk_delay=WORD_DELAY)
 
 
 @dataclass
@@ -298,7 +297,7 @@ async def test_the_cluster_loses_nothing_when_a_node_and_a_replica_of_each_servi
     began = time.monotonic()
     figures = Figures()
     problems: list[str] = []
-    provider = FakeProvider(responder=respond)
+    provider = ScriptedModel(function=respond)
     async with provider.serving():
         monkeypatch.setenv("LLM_BASE_URL", provider.base_url)
         monkeypatch.setenv("LLM_MODEL", "fake-model")

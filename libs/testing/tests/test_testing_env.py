@@ -9,7 +9,6 @@ from atmosphere.sdk import App, RetryPolicy, StreamingSession, agent, prompt, to
 from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.runtime import RuntimeConfig
 from atmosphere.testing import AgentTestEnv, ModelRequest, ScriptedModel, ToolCallScript, Turn, run_agent
-from atmosphere.testing.fake_provider import FakeProvider, Reply
 
 
 @tool
@@ -214,8 +213,8 @@ async def test_run_agent_inside_an_event_loop_points_to_the_async_api() -> None:
         run_agent(APP, "greeter", "Ada")
 
 
-async def test_model_requests_reach_a_real_provider_only_when_allowed(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("From the wire."))
+async def test_model_requests_reach_a_real_provider_only_when_allowed(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("From the wire."))
     config = RuntimeConfig(base_url=fake_provider.base_url, model="real")
     async with AgentTestEnv(APP, runtime_config=config) as env:  # configured, but not allowed
         refused = await env.run("assistant", "hi")

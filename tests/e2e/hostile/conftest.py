@@ -40,8 +40,7 @@ import websockets
 from atmosphere.bus import NatsBus, connect
 from atmosphere.config import AuthOptions
 from atmosphere.ingress.settings import IngressOptions, TokenGrant
-from atmosphere.testing import Stack, run_stack
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Stack, Turn, run_stack
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 from tests.e2e.conftest import SERVICES, service_map
 
@@ -76,7 +75,7 @@ class HostileStack:
     url: str
     nats_url: str
     namespace: str
-    provider: FakeProvider
+    provider: ScriptedModel
     stack: Stack
     loop: asyncio.AbstractEventLoop
     token: str = USER_TOKEN
@@ -101,9 +100,9 @@ class HostileStack:
         """Credentials of the user who may use every agent."""
         return {"Authorization": f"Bearer {self.token}"}
 
-    def script(self, *replies: Reply) -> None:
+    def script(self, *turns: Turn) -> None:
         """Replace the fake provider's script (what an earlier test left unused is dropped)."""
-        self.provider.replies[:] = replies
+        self.provider.turns[:] = turns
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run `coro` in the stack's loop (its bus, its services) and wait for its result."""
@@ -155,7 +154,7 @@ def hostile_stack(
     async def main() -> None:
         nonlocal stopping
         stopping = asyncio.Event()
-        provider = FakeProvider()
+        provider = ScriptedModel()
         try:
             # The provider serves first: dispatch's settings need its URL.
             async with provider.serving(), connect(nats_url, name="hostile", namespace=namespace) as bus:
@@ -168,7 +167,7 @@ def hostile_stack(
                 started.set_exception(exc)
             raise
 
-    async def _serve(bus: NatsBus, provider: FakeProvider) -> None:
+    async def _serve(bus: NatsBus, provider: ScriptedModel) -> None:
         assert stopping is not None
         services = service_map(
             nats_url,

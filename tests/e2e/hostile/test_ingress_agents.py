@@ -23,7 +23,7 @@ import pytest
 import websockets
 
 from atmosphere.ingress.settings import IngressOptions
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn
 from tests.e2e.hostile.app import SLOW_WORDS
 from tests.e2e.hostile.conftest import HOSTILE_INGRESS, HostileStack, hostile_stack, read_until_terminal
 
@@ -661,7 +661,7 @@ async def test_bad_run_requests_are_json_errors(
 
 async def _pending_approval(hostile: HostileStack) -> tuple[websockets.ClientConnection, str, str]:
     """A `notes` run waiting for its approval: (its socket, run id, approval id)."""
-    hostile.script(Reply.tools(ToolCallScript("delete_note", {"title": "groceries"})), Reply.text("Done."))
+    hostile.script(Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"})), Turn.text("Done."))
     ws = await websockets.connect(f"{hostile.ws}/atmosphere/agent/notes", additional_headers=hostile.headers)
     await ws.send("delete my groceries note")
     run_id = json.loads(await asyncio.wait_for(ws.recv(), 10))["value"]  # the run's first frame names it

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from atmosphere.testing.fake_provider import Reply
+from atmosphere.testing import Turn
 from tests.e2e.hostile.conftest import HostileStack, hostile_stack
 
 COMPLETIONS = "/atmosphere/v1/chat/completions"
@@ -199,7 +199,7 @@ async def openai_client(hostile: HostileStack) -> openai.AsyncOpenAI:
 
 
 async def test_a_provider_400_reaches_the_official_client_once(hostile: HostileStack) -> None:
-    hostile.script(Reply.error(400, message="Unknown parameter", code="unknown_parameter", param="foo"))
+    hostile.script(Turn.error("Unknown parameter", status=400, code="unknown_parameter", param="foo"))
     before = len(hostile.provider.requests)
     client = await openai_client(hostile)
     with pytest.raises(openai.BadRequestError) as raised:
@@ -211,7 +211,7 @@ async def test_a_provider_400_reaches_the_official_client_once(hostile: HostileS
 
 
 async def test_an_empty_provider_answer_is_an_error_not_a_success(hostile: HostileStack) -> None:
-    hostile.script(Reply.empty())
+    hostile.script(Turn.empty())
     before = len(hostile.provider.requests)
     client = await openai_client(hostile)
     with pytest.raises(openai.APIStatusError) as raised:
@@ -223,7 +223,7 @@ async def test_an_empty_provider_answer_is_an_error_not_a_success(hostile: Hosti
 
 
 async def test_a_filtered_answer_is_reported_as_filtered(hostile: HostileStack) -> None:
-    hostile.script(Reply.text("I was about to", finish_reason="content_filter"))
+    hostile.script(Turn.text("I was about to", finish_reason="content_filter"))
     client = await openai_client(hostile)
     answer = await client.chat.completions.create(model="assistant", messages=USER)  # type: ignore[arg-type]
     await client.close()

@@ -30,7 +30,7 @@ from atmosphere.dispatch.run_scope import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App
 from atmosphere.sdk.runtime import RuntimeConfig
-from atmosphere.testing.fake_provider import FakeProvider
+from atmosphere.testing import ScriptedModel
 
 
 @dataclass
@@ -107,7 +107,7 @@ def tool_router(results: dict[str, str], calls: list[ToolCall], delay: float = 0
 @dataclass
 class Harness:
     bus: FakeBus
-    provider: FakeProvider
+    provider: ScriptedModel
     policy: Policy
     tool_calls: list[ToolCall]
     stack: contextlib.AsyncExitStack
@@ -146,7 +146,7 @@ def request(agent: str, message: str = "a b c", run_id: str = "r1") -> RunSubmis
 
 
 @pytest.fixture
-async def harness(fake_provider: FakeProvider) -> AsyncIterator[Harness]:
+async def harness(fake_provider: ScriptedModel) -> AsyncIterator[Harness]:
     bus = FakeBus()
     await bus.provision(JetStreamLayout())
     async with contextlib.AsyncExitStack() as stack:

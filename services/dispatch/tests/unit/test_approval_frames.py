@@ -10,8 +10,7 @@ import pytest
 from atmosphere.bus import subjects
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent
 from atmosphere.sdk import App, agent, tool
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, kinds, request
 
@@ -46,7 +45,7 @@ async def decide(harness: Harness, action: str, payload: str = "") -> None:
 async def run_with(harness: Harness, action: str | None, payload: str = "", **options: float) -> list[RunEvent]:
     """One run of `banker` whose approval is answered with `action` (None: never answered)."""
     await harness.serve_tools({"wire_money": "sent"})
-    harness.provider.script(Reply.tools(ToolCallScript("wire_money", {"amount": 5})), Reply.text("done"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("wire_money", {"amount": 5})), Turn.text("done"))
     run = harness.executor(APP, **options).execute(request("banker"))
     if action is None:
         await run

@@ -19,8 +19,7 @@ from atmosphere.bus.runs import follow_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunSubmission
 from atmosphere.sdk import App, agent, tool
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, kinds, request
 
@@ -74,12 +73,12 @@ async def test_each_parallel_call_gets_its_own_approval_and_each_answer_releases
 ) -> None:
     await harness.serve_tools({"wire_money": "sent"})
     harness.provider.script(
-        Reply.tools(
+        Turn.tool_calls(
             ToolCallScript("wire_money", {"amount": 5}, call_id="a"),
             ToolCallScript("wire_money", {"amount": 7}, call_id="b"),
             ToolCallScript("wire_money", {"amount": 5}, call_id="c"),  # the same arguments as "a"
         ),
-        Reply.text("done"),
+        Turn.text("done"),
     )
     run = request("banker")
     executor = harness.executor(APP, durable=durable, owner="w1")
@@ -137,7 +136,7 @@ class Looker:
 async def test_a_durable_run_takes_several_tool_calls_in_one_round(harness: Harness) -> None:
     await harness.serve_tools({"look": "seen"})
     calls = [ToolCallScript("look", {"n": n}, call_id=f"c{n}") for n in range(3)]
-    harness.provider.script(Reply.tools(*calls), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(*calls), Turn.text("ok"))
     run = request("looker")
     item = WorkItem(Envelope(subjects.run_submit(run.agent), run, Headers()), stream_seq=1, delivered=1)
     await harness.executor(App(agents=[Looker]), durable=True, owner="w1").on_work(item)
@@ -147,7 +146,7 @@ async def test_a_durable_run_takes_several_tool_calls_in_one_round(harness: Harn
 
 async def test_an_approval_is_answered_after_the_client_went_away_and_came_back(harness: Harness) -> None:
     await harness.serve_tools({"wire_money": "sent"})
-    harness.provider.script(Reply.tools(ToolCallScript("wire_money", {"amount": 5})), Reply.text("Sent it."))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("wire_money", {"amount": 5})), Turn.text("Sent it."))
     run: RunSubmission = request("banker")
     run.principal.user_id = "alice"
     task = asyncio.create_task(harness.executor(APP).execute(run))
@@ -184,7 +183,7 @@ async def test_an_approval_is_answered_after_the_client_went_away_and_came_back(
 
 async def test_an_approval_is_not_answered_by_another_user(harness: Harness) -> None:
     await harness.serve_tools({"wire_money": "sent"})
-    harness.provider.script(Reply.tools(ToolCallScript("wire_money", {"amount": 5})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("wire_money", {"amount": 5})), Turn.text("ok"))
     run = request("banker")
     run.principal.user_id = "alice"
     task = asyncio.create_task(harness.executor(APP, approval_timeout=5).execute(run))

@@ -28,8 +28,7 @@ from atmosphere.dispatch.journal import RunJournal, RunTakenOverError, canonical
 from atmosphere.dispatch.settings import DispatchOptions
 from atmosphere.sdk import App, agent, tool
 from atmosphere.sdk.runtime import ToolSpec
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, kinds, request
 
@@ -105,11 +104,11 @@ async def test_a_tool_under_way_when_its_worker_died_is_not_run_again_and_the_ru
     harness: Harness,
 ) -> None:
     await harness.serve_tools({"book": "booked #1"}, delay=2)
-    harness.provider.script(Reply.tools(PARIS, text="Booking. "))
+    harness.provider.script(Turn.tool_calls(PARIS, text="Booking. "))
     run = request("travel", "Book Paris")
     await die_when(worker(harness, "w1"), run, lambda: _true(len(harness.tool_calls) == 1))
 
-    harness.provider.script(Reply.tools(PARIS, text="Booking. "), Reply.text("Booked twice!"))  # if asked again
+    harness.provider.script(Turn.tool_calls(PARIS, text="Booking. "), Turn.text("Booked twice!"))  # if asked again
     await worker(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 1  # the booking was never made a second time
@@ -124,7 +123,9 @@ async def test_a_tool_under_way_when_its_worker_died_is_not_run_again_and_the_ru
 
 async def test_a_finished_tool_is_not_run_again_when_its_worker_died_during_the_answer(harness: Harness) -> None:
     await harness.serve_tools({"book": "booked #1"})
-    harness.provider.script(Reply.tools(PARIS), Reply.text("Your room in Paris is booked and paid.", chunk_delay=0.2))
+    harness.provider.script(
+        Turn.tool_calls(PARIS), Turn.text("Your room in Paris is booked and paid.", chunk_delay=0.2)
+    )
     run = request("travel", "Book Paris")
     await die_when(worker(harness, "w1"), run, lambda: _true(len(text_of(harness.events())) > 5))
 
@@ -140,13 +141,13 @@ async def test_a_finished_tool_is_not_run_again_when_its_worker_died_during_the_
 async def test_a_run_whose_worker_died_before_any_tool_started_is_re_driven_to_its_end(harness: Harness) -> None:
     # Not new (the run was always re-driven then); the guard only ends runs that started a call.
     await harness.serve_tools({"book": "booked #1"})
-    slow = dataclasses.replace(Reply.tools(PARIS, text="Booking it for you now. "), chunk_delay=0.3)
+    slow = dataclasses.replace(Turn.tool_calls(PARIS, text="Booking it for you now. "), chunk_delay=0.3)
     harness.provider.script(slow)
     run = request("travel", "Book Paris")
     await die_when(worker(harness, "w1"), run, lambda: _true(len(text_of(harness.events())) > 3))
     assert harness.tool_calls == []
 
-    harness.provider.script(Reply.tools(PARIS, text="Booking it for you now. "), Reply.text("Booked."))
+    harness.provider.script(Turn.tool_calls(PARIS, text="Booking it for you now. "), Turn.text("Booked."))
     await worker(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 1
@@ -159,11 +160,11 @@ async def test_an_idempotent_tool_under_way_is_run_again_and_the_run_goes_on(har
     # Not new either: a tool declared safe to repeat may be, so the run continues.
     await harness.serve_tools({"forecast": "sunny"}, delay=0.5)
     weather = ToolCallScript("forecast", {"city": "Paris"}, call_id="c1")
-    harness.provider.script(Reply.tools(weather))
+    harness.provider.script(Turn.tool_calls(weather))
     run = request("travel", "Weather?")
     await die_when(worker(harness, "w1"), run, lambda: _true(len(harness.tool_calls) == 1))
 
-    harness.provider.script(Reply.tools(weather), Reply.text("Sunny."))
+    harness.provider.script(Turn.tool_calls(weather), Turn.text("Sunny."))
     await worker(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 2
@@ -181,7 +182,7 @@ async def take_over(harness: Harness, run: RunSubmission) -> None:
 async def test_a_stalled_worker_whose_run_was_taken_over_stops_writing_and_starts_no_tool(harness: Harness) -> None:
     await harness.serve_tools({"book": "booked #1"})
     words = " ".join(f"w{i}" for i in range(40))
-    harness.provider.script(dataclasses.replace(Reply.tools(PARIS, text=words), chunk_delay=0.05))
+    harness.provider.script(dataclasses.replace(Turn.tool_calls(PARIS, text=words), chunk_delay=0.05))
     run = request("travel", "Book Paris")
     task = asyncio.create_task(worker(harness, "w1").on_work(work_item(run, 1)))
     await wait_until(lambda: _true(len(text_of(harness.events())) > 5), what="the answer to stream")
@@ -199,7 +200,7 @@ async def test_a_stalled_worker_taken_over_just_before_a_tool_call_does_not_make
     # No check was due yet (the run is younger than a second): the call's start marker is refused.
     await harness.serve_tools({"book": "booked #1"})
     harness.policy.check_delay = 0.3
-    harness.provider.script(Reply.tools(PARIS))
+    harness.provider.script(Turn.tool_calls(PARIS))
     run = request("travel", "Book Paris")
     task = asyncio.create_task(worker(harness, "w1").on_work(work_item(run, 1)))
     await wait_until(lambda: _true(len(harness.policy.checks) == 1), what="the tool call's governance check")
@@ -214,11 +215,11 @@ async def test_a_stalled_worker_that_never_wrote_its_journal_learns_its_successo
     harness: Harness,
 ) -> None:
     # Its successor's journal stays (a terminal record): an empty subject would look untouched.
-    harness.provider.script(Reply.text("Hello there my friend", chunk_delay=2.0))
+    harness.provider.script(Turn.text("Hello there my friend", chunk_delay=2.0))
     run = request("travel", "Hi")
     stalled = asyncio.create_task(worker(harness, "w1").on_work(work_item(run, 1)))
     await wait_until(lambda: _true(len(text_of(harness.events())) > 0), what="the first word")
-    harness.provider.script(Reply.text("Hello there my friend"))
+    harness.provider.script(Turn.text("Hello there my friend"))
     await worker(harness, "w2").on_work(work_item(run, 2))  # the whole run, while w1 waits on its model
     with pytest.raises(Nak):
         await stalled
@@ -273,7 +274,7 @@ def journal_use(harness: Harness) -> list[str]:
 
 
 async def test_a_run_that_calls_no_tool_never_touches_the_journal(harness: Harness, journal_use: list[str]) -> None:
-    harness.provider.script(Reply.text("Hello there, traveller."))
+    harness.provider.script(Turn.text("Hello there, traveller."))
     await worker(harness, "w1").on_work(work_item(request("travel", "Hi"), 1))
     assert one_terminal(harness.events()).WhichOneof("kind") == "complete"
     assert journal_use == []
@@ -283,7 +284,7 @@ async def test_a_short_durable_run_asks_its_journal_nothing_beyond_its_lease(
     harness: Harness, journal_use: list[str]
 ) -> None:
     # The first takeover check comes a second after the run was taken: nobody else can hold it sooner.
-    harness.provider.script(Reply.text("Hello there, traveller."))
+    harness.provider.script(Turn.text("Hello there, traveller."))
     executor = harness.executor(APP, durable=True, owner="w1")
     await executor.on_work(work_item(request("travel", "Hi"), 1))
     assert "last_message" not in journal_use
@@ -293,7 +294,7 @@ async def test_a_tool_calls_start_marker_is_journaled_before_it_runs_and_removed
     harness: Harness, journal_use: list[str]
 ) -> None:
     await harness.serve_tools({"book": "booked #1"}, delay=0.5)
-    harness.provider.script(Reply.tools(PARIS), Reply.text("Booked."))
+    harness.provider.script(Turn.tool_calls(PARIS), Turn.text("Booked."))
     task = asyncio.create_task(worker(harness, "w1").on_work(work_item(request("travel", "Book Paris"), 1)))
     await wait_until(lambda: _true(len(harness.tool_calls) == 1), what="the tool call")
     [marker] = journal_records(harness)

@@ -34,8 +34,7 @@ from atmosphere.dispatch.journal import RunJournal, RunTakenOverError, canonical
 from atmosphere.dispatch.resume import DeliveredEvents, same_events
 from atmosphere.dispatch.tool_errors import INTERRUPTED
 from atmosphere.sdk import App, agent, tool
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, kinds, request
 
@@ -95,11 +94,11 @@ def assert_one_clean_stream(events: list[RunEvent]) -> None:
 
 async def test_a_tool_under_way_when_its_worker_died_is_reported_interrupted_not_run_again(harness: Harness) -> None:
     await harness.serve_tools({"book": "booked #1"}, delay=2)
-    harness.provider.script(Reply.tools(ToolCallScript("book", {"city": "Paris"}, call_id="c1"), text="Booking. "))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("book", {"city": "Paris"}, call_id="c1"), text="Booking. "))
     run = request("travel", "Book Paris")
     await die_when(durable(harness, "w1"), run, lambda: _true(len(harness.tool_calls) == 1))
 
-    harness.provider.script(Reply.text("I could not confirm the booking."))
+    harness.provider.script(Turn.text("I could not confirm the booking."))
     await durable(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 1  # the booking was never made a second time
@@ -114,11 +113,11 @@ async def test_a_tool_under_way_when_its_worker_died_is_reported_interrupted_not
 
 async def test_an_idempotent_tool_under_way_when_its_worker_died_is_run_again(harness: Harness) -> None:
     await harness.serve_tools({"forecast": "sunny"}, delay=0.5)
-    harness.provider.script(Reply.tools(ToolCallScript("forecast", {"city": "Paris"}, call_id="c1")))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("forecast", {"city": "Paris"}, call_id="c1")))
     run = request("travel", "Weather?")
     await die_when(durable(harness, "w1"), run, lambda: _true(len(harness.tool_calls) == 1))
 
-    harness.provider.script(Reply.text("Sunny."))
+    harness.provider.script(Turn.text("Sunny."))
     await durable(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 2
@@ -130,8 +129,8 @@ async def test_a_committed_tool_and_a_half_sent_answer_continue_without_repeats(
     await harness.serve_tools({"book": "booked #1"})
     answer = "Your room in Paris is booked and paid for."
     harness.provider.script(
-        Reply.tools(ToolCallScript("book", {"city": "Paris"}, call_id="c1")),
-        Reply.text(answer, chunk_delay=0.2),
+        Turn.tool_calls(ToolCallScript("book", {"city": "Paris"}, call_id="c1")),
+        Turn.text(answer, chunk_delay=0.2),
     )
     run = request("travel", "Book Paris")
 
@@ -142,7 +141,7 @@ async def test_a_committed_tool_and_a_half_sent_answer_continue_without_repeats(
     sent_before = text_of(harness.events())
     assert 10 < len(sent_before) < len(answer)
 
-    harness.provider.script(Reply.text(answer))  # the round under way runs again (it was not committed)
+    harness.provider.script(Turn.text(answer))  # the round under way runs again (it was not committed)
     await durable(harness, "w2").on_work(work_item(run, 2))
 
     assert len(harness.tool_calls) == 1
@@ -155,7 +154,9 @@ async def test_a_committed_tool_and_a_half_sent_answer_continue_without_repeats(
 
 async def test_a_run_redelivered_after_it_committed_everything_calls_nothing(harness: Harness) -> None:
     await harness.serve_tools({"book": "booked #1"})
-    harness.provider.script(Reply.tools(ToolCallScript("book", {"city": "Paris"}, call_id="c1")), Reply.text("Done."))
+    harness.provider.script(
+        Turn.tool_calls(ToolCallScript("book", {"city": "Paris"}, call_id="c1")), Turn.text("Done.")
+    )
     run = request("travel", "Book Paris")
     executor = harness.executor(APP, durable=True, owner="w1", retain_on_success=True)
     await executor.on_work(work_item(run, 1))
@@ -172,7 +173,7 @@ async def test_a_run_redelivered_after_it_committed_everything_calls_nothing(har
 
 
 async def test_a_succeeded_runs_journal_is_removed_a_failed_ones_kept(harness: Harness) -> None:
-    harness.provider.script(Reply.text("Fine."), Reply.error(400, message="bad request"))
+    harness.provider.script(Turn.text("Fine."), Turn.error("bad request", status=400))
     executor = durable(harness, "w1")
     await executor.on_work(work_item(request("travel", "ok", run_id="good"), 1))
     await executor.on_work(work_item(request("travel", "bad", run_id="bad"), 1))
@@ -205,7 +206,7 @@ async def test_the_effect_bound_fails_the_run_rather_than_dropping(harness: Harn
 
 async def test_a_durable_run_over_its_effect_bound_ends_with_an_error(harness: Harness) -> None:
     await harness.serve_tools({"forecast": "sunny"})
-    harness.provider.script(Reply.tools(ToolCallScript("forecast", {"city": "Paris"})), Reply.text("x"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("forecast", {"city": "Paris"})), Turn.text("x"))
     executor = harness.executor(APP, durable=True, owner="w1", max_effects=2)
     await executor.on_work(work_item(request("travel", "go"), 1))
     last = harness.events()[-1]
@@ -252,7 +253,7 @@ async def decide(harness: Harness, approval_id: str, action: str) -> None:
 
 async def test_an_approval_decided_before_the_worker_died_is_not_asked_again(harness: Harness) -> None:
     await harness.serve_tools({"pay": "paid 10"}, delay=2)
-    harness.provider.script(Reply.tools(ToolCallScript("pay", {"amount": 10}, call_id="c1")))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("pay", {"amount": 10}, call_id="c1")))
     run = request("travel", "Pay")
     first = asyncio.create_task(durable(harness, "w1").on_work(work_item(run, 1)))
     await wait_until(lambda: _true(bool(approvals(harness.events()))), what="the approval request")
@@ -262,7 +263,7 @@ async def test_an_approval_decided_before_the_worker_died_is_not_asked_again(har
     with contextlib.suppress(asyncio.CancelledError):
         await first
 
-    harness.provider.script(Reply.text("Paid? Unsure."))
+    harness.provider.script(Turn.text("Paid? Unsure."))
     await durable(harness, "w2").on_work(work_item(run, 2))  # nobody answers: it must not ask
     events = harness.events()
     assert len(approvals(events)) == 1
@@ -272,12 +273,12 @@ async def test_an_approval_decided_before_the_worker_died_is_not_asked_again(har
 
 async def test_an_approval_never_decided_is_asked_again_under_the_same_id(harness: Harness) -> None:
     await harness.serve_tools({"pay": "paid 10"})
-    harness.provider.script(Reply.tools(ToolCallScript("pay", {"amount": 10}, call_id="c1")))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("pay", {"amount": 10}, call_id="c1")))
     run = request("travel", "Pay")
     await die_when(durable(harness, "w1"), run, lambda: _true(bool(approvals(harness.events()))))
     [asked] = approvals(harness.events())
 
-    harness.provider.script(Reply.text("Paid."))
+    harness.provider.script(Turn.text("Paid."))
     second = asyncio.create_task(durable(harness, "w2").on_work(work_item(run, 2)))
     await wait_until(lambda: _true(len(approvals(harness.events())) == 2), what="the approval asked again")
     assert approvals(harness.events()) == [asked, asked]  # an answer to the first asking still counts
@@ -330,8 +331,8 @@ async def test_a_run_replayed_from_its_journal_with_the_provider_stopped_produce
 ) -> None:
     await harness.serve_tools({"book": "booked #1"})
     harness.provider.script(
-        Reply.tools(ToolCallScript("book", {"city": "Paris"}, call_id="c1"), text="Booking it. "),
-        Reply.text("Your room in Paris is booked."),
+        Turn.tool_calls(ToolCallScript("book", {"city": "Paris"}, call_id="c1"), text="Booking it. "),
+        Turn.text("Your room in Paris is booked."),
     )
     run = request("travel", "Book Paris")
     executor = harness.executor(APP, durable=True, owner="w1", retain_on_success=True)
@@ -351,7 +352,7 @@ async def test_a_run_replayed_from_its_journal_with_the_provider_stopped_produce
 
 
 async def test_a_replay_that_needs_the_model_ends_with_a_clear_error(harness: Harness) -> None:
-    harness.provider.script(Reply.error(400, message="refused"))
+    harness.provider.script(Turn.error("refused", status=400))
     run = request("travel", "x")
     await durable(harness, "w1").on_work(work_item(run, 1))  # failed: its journal is kept, round 0 pending
     replayed = await harness.executor(APP, durable=True, owner="replayer").replay(run)
@@ -367,7 +368,7 @@ async def test_a_holder_learns_it_was_taken_over_without_writing(harness: Harnes
 
 
 async def test_a_stalled_worker_whose_run_was_taken_over_stops_writing_its_events(harness: Harness) -> None:
-    harness.provider.script(Reply.text(" ".join(f"w{i}" for i in range(60)), chunk_delay=0.05))
+    harness.provider.script(Turn.text(" ".join(f"w{i}" for i in range(60)), chunk_delay=0.05))
     run = request("travel", "Talk")
     executor = durable(harness, "w1")
     task = asyncio.create_task(executor.on_work(work_item(run, 1)))

@@ -30,8 +30,7 @@ from atmosphere.sdk import (
     tool,
 )
 from atmosphere.sdk.host import APPROVED_ARGUMENT
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, kinds, request
 
@@ -195,8 +194,8 @@ async def test_without_a_runtime_streaming_says_what_to_configure(harness: Harne
 async def test_a_model_run_with_tools(harness: Harness) -> None:
     await harness.serve_tools({"weather": "sunny, 22C"})
     harness.provider.script(
-        Reply.tools(ToolCallScript("weather", {"city": "Paris"}, call_id="c1"), usage=(20, 5)),
-        Reply.text("Sunny in Paris.", usage=(30, 4)),
+        Turn.tool_calls(ToolCallScript("weather", {"city": "Paris"}, call_id="c1"), usage=(20, 5)),
+        Turn.text("Sunny in Paris.", usage=(30, 4)),
     )
     await harness.executor(APP).execute(request("model", "Weather in Paris?"))
     events = harness.events()
@@ -222,7 +221,7 @@ async def test_a_model_run_with_tools(harness: Harness) -> None:
 async def test_refused_and_failing_tool_calls_tell_the_model(harness: Harness) -> None:
     harness.policy.tools = False
     await harness.serve_tools({"weather": "sunny"})
-    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "Paris"})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("weather", {"city": "Paris"})), Turn.text("ok"))
     await harness.executor(APP).execute(request("model", run_id="deny"))
     assert "tool_start" not in kinds(harness.events("deny"))
     told = harness.provider.requests[-1]["messages"][-1]["content"]
@@ -231,7 +230,7 @@ async def test_refused_and_failing_tool_calls_tell_the_model(harness: Harness) -
         "message": "Tool weather denied by policy 'test-policy': not allowed here",
     }
 
-    harness.provider.script(Reply.tools(ToolCallScript("weather", {"town": "Paris"})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("weather", {"town": "Paris"})), Turn.text("ok"))
     await harness.executor(APP).execute(request("model", run_id="invalid"))
     assert "tool_start" not in kinds(harness.events("invalid"))
     assert json.loads(harness.provider.requests[-1]["messages"][-1]["content"]) == {
@@ -244,13 +243,13 @@ async def test_refused_and_failing_tool_calls_tell_the_model(harness: Harness) -
 async def test_tool_timeouts_and_missing_sandboxes_are_tool_errors(harness: Harness) -> None:
     # A sandbox that never answers (it enforces deadlines itself, so dispatch waits the grace more).
     await harness.serve_tools({"slow": "late"}, delay=TOOL_REPLY_GRACE + 1.0)
-    harness.provider.script(Reply.tools(ToolCallScript("slow", {"city": "X"})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("slow", {"city": "X"})), Turn.text("ok"))
     await harness.executor(APP).execute(request("model", run_id="t1"))
     [error] = [e.tool_error for e in harness.events("t1") if e.WhichOneof("kind") == "tool_error"]
     assert json.loads(error.error)["error"] == "tool_timeout"
     assert "deadline" in json.loads(error.error)["message"]
 
-    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "X"})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("weather", {"city": "X"})), Turn.text("ok"))
     await harness.executor(APP).execute(request("model", run_id="t2"))
     [error] = [e.tool_error for e in harness.events("t2") if e.WhichOneof("kind") == "tool_error"]
     assert error.error == "Error: no sandbox serves the tool weather right now"
@@ -260,7 +259,7 @@ async def test_tool_timeouts_and_missing_sandboxes_are_tool_errors(harness: Harn
 async def test_tool_governance_that_does_not_answer_refuses_the_call(harness: Harness) -> None:
     await harness.serve_tools({"weather": "sunny"})
     harness.policy.check_delay = 1.0
-    harness.provider.script(Reply.tools(ToolCallScript("weather", {"city": "X"})), Reply.text("ok"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("weather", {"city": "X"})), Turn.text("ok"))
     await harness.executor(APP, governance_timeout=0.2).execute(request("model"))
     [error] = [e.tool_error for e in harness.events() if e.WhichOneof("kind") == "tool_error"]
     assert "refused (fail-closed)" in error.error
@@ -293,7 +292,7 @@ async def test_approval_gates(harness: Harness) -> None:
         assert ack.accepted
 
     for run_id, action, payload in (("yes", "approve", '{"arguments": {"path": "/tmp/b"}}'), ("no", "deny", "")):
-        harness.provider.script(Reply.tools(ToolCallScript("delete_file", {"path": "/tmp/a"})), Reply.text("done"))
+        harness.provider.script(Turn.tool_calls(ToolCallScript("delete_file", {"path": "/tmp/a"})), Turn.text("done"))
         await asyncio.gather(executor.execute(request("model", run_id=run_id)), decide(run_id, action, payload))
     # The edited arguments ran, marked approved (the tool's `tool_call_approved()` is true).
     assert [json.loads(c.arguments_json) for c in harness.tool_calls] == [{"path": "/tmp/b", APPROVED_ARGUMENT: True}]
@@ -302,7 +301,7 @@ async def test_approval_gates(harness: Harness) -> None:
 
 
 async def test_a_client_cancel_ends_the_run_and_closes_the_model_call(harness: Harness) -> None:
-    harness.provider.script(Reply.stalled("Thinking", seconds=30))
+    harness.provider.script(Turn.stalled("Thinking", seconds=30))
     run = asyncio.create_task(harness.executor(APP).execute(request("model")))
 
     async def streaming() -> bool:
@@ -320,14 +319,14 @@ async def test_a_client_cancel_ends_the_run_and_closes_the_model_call(harness: H
 
 
 async def test_budgets_end_the_run_with_one_error(harness: Harness) -> None:
-    harness.provider.script(Reply.text("A long answer", usage=(8, 6)))
+    harness.provider.script(Turn.text("A long answer", usage=(8, 6)))
     await harness.executor(APP).execute(request("frugal", run_id="tokens"))
     events = harness.events("tokens")
     assert kinds(events)[-1] == "error"
     assert events[-1].error.message == "AI budget exceeded: TOTAL_TOKENS observed=14tokens > limit=10tokens"
     assert "complete" not in kinds(events)
 
-    harness.provider.script(Reply.stalled("Slow", seconds=30))
+    harness.provider.script(Turn.stalled("Slow", seconds=30))
     await harness.executor(APP).execute(request("hasty", run_id="clock"))
     events = harness.events("clock")
     assert [k for k in kinds(events) if k in {"error", "complete"}] == ["error"]
@@ -337,14 +336,14 @@ async def test_budgets_end_the_run_with_one_error(harness: Harness) -> None:
 
 async def test_a_strict_tool_loop_is_an_error_frame(harness: Harness) -> None:
     await harness.serve_tools({"weather": "sunny"})
-    harness.provider.script(*[Reply.tools(ToolCallScript("weather", {"city": "X"})) for _ in range(2)])
+    harness.provider.script(*[Turn.tool_calls(ToolCallScript("weather", {"city": "X"})) for _ in range(2)])
     await harness.executor(APP).execute(request("strict"))
     assert harness.events()[-1].error.message == "Tool loop exhausted after 1 iterations"
 
 
 async def test_interceptors_run_fifo_before_and_lifo_after(harness: Harness) -> None:
     ORDER.clear()
-    harness.provider.script(Reply.text("fine"))
+    harness.provider.script(Turn.text("fine"))
     await harness.executor(APP).execute(request("intercepted", "hello"))
     assert harness.provider.requests[0]["messages"][-1]["content"] == "hello [first] [second]"
     assert ORDER == ["pre:first", "pre:second", "post:second", "post:first:fine"]
@@ -417,13 +416,13 @@ async def test_a_malformed_run_request_is_dropped_for_good(harness: Harness, run
 
 async def test_a_message_a_policy_rewrote_is_what_the_model_gets(harness: Harness) -> None:
     harness.policy.rewrite = "Call me at [redacted-phone]"
-    harness.provider.script(Reply.text("Sure."))
+    harness.provider.script(Turn.text("Sure."))
     await harness.executor(APP).execute(request("model", "Call me at +1 555 123 4567"))
     assert harness.provider.requests[0]["messages"][-1] == {"role": "user", "content": "Call me at [redacted-phone]"}
 
 
 async def test_a_run_redelivered_to_the_worker_still_running_it_runs_once(harness: Harness) -> None:
-    harness.provider.script(Reply.text("only once", chunk_delay=0.05))
+    harness.provider.script(Turn.text("only once", chunk_delay=0.05))
     executor = harness.executor(APP)
     run = request("model", "hi")
     first = asyncio.create_task(executor.on_work(work_item(run, 1)))

@@ -38,7 +38,7 @@ from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App, agent
 from atmosphere.sdk import ChatMessage as SdkMessage
 from atmosphere.sdk.runtime import RuntimeConfig
-from atmosphere.testing.fake_provider import FakeProvider
+from atmosphere.testing import ScriptedModel
 
 from .conftest import Policy, governance_router
 
@@ -176,7 +176,7 @@ class Chat:
     """Answers with the model."""
 
 
-async def test_a_run_whose_history_cannot_be_loaded_ends_with_a_clear_error(fake_provider: FakeProvider) -> None:
+async def test_a_run_whose_history_cannot_be_loaded_ends_with_a_clear_error(fake_provider: ScriptedModel) -> None:
     bus = FakeBus()  # no memory service answers
     await bus.provision(JetStreamLayout())
     runtime = BuiltInAgentRuntime(RuntimeConfig(base_url=fake_provider.base_url, model="fake-model"))

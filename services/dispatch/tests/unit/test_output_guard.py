@@ -22,8 +22,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 from atmosphere.dispatch.governance_client import CHECK_WINDOW
 from atmosphere.dispatch.output_guard import CHECK_EVERY, HOLD_BACK, Blocked, OutputGuard
 from atmosphere.sdk import App, StreamingSession, agent, prompt
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Turn, wait_until
 
 from .conftest import Harness, Policy, kinds, request
 
@@ -157,7 +156,7 @@ APP = App([Leaky, Clean])
 
 
 @pytest.fixture
-async def bare(fake_provider: FakeProvider) -> AsyncIterator[Harness]:
+async def bare(fake_provider: ScriptedModel) -> AsyncIterator[Harness]:
     """A harness whose governance each test brings (the shared one never asks for answer checks)."""
     bus = FakeBus()
     await bus.provision(JetStreamLayout())
@@ -223,7 +222,7 @@ async def test_a_model_answer_is_stopped_and_its_usage_reported(bare: Harness) -
     class Model:
         pass
 
-    harness.provider.script(Reply.text("Sure. " * 40 + f"Mail {ADDRESS} now. " + "ok " * 40, usage=(12, 34)))
+    harness.provider.script(Turn.text("Sure. " * 40 + f"Mail {ADDRESS} now. " + "ok " * 40, usage=(12, 34)))
     await harness.executor(App([Model])).execute(request("model"))
     events = harness.events()
     text = "".join(e.text_delta.text for e in events if e.WhichOneof("kind") == "text_delta")

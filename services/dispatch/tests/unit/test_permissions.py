@@ -41,8 +41,7 @@ from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk import App, PermissionMode, ToolKind, agent, tool
 from atmosphere.sdk.host import APPROVED_ARGUMENT
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, Policy, governance_router, kinds, request
 
@@ -347,7 +346,7 @@ APP = App(agents=[Editor])
 
 async def test_an_agents_declared_mode_applies_to_its_runs(harness: Harness) -> None:
     await harness.serve_tools({"rename_note": "renamed"})
-    harness.provider.script(Reply.tools(ToolCallScript("rename_note", {"note": "a"})), Reply.text("done"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("rename_note", {"note": "a"})), Turn.text("done"))
     await harness.executor(APP).execute(request("editor"))
     assert kinds(harness.events()).count("approval_required") == 0  # ACCEPT_EDITS: an EDIT tool runs unasked
     assert [e.tool_result.result for e in harness.events() if e.WhichOneof("kind") == "tool_result"] == ["renamed"]
@@ -355,7 +354,7 @@ async def test_an_agents_declared_mode_applies_to_its_runs(harness: Harness) -> 
 
 async def test_a_request_asking_deny_all_stops_every_tool_of_its_run(harness: Harness) -> None:
     await harness.serve_tools({"rename_note": "renamed"})
-    harness.provider.script(Reply.tools(ToolCallScript("rename_note", {"note": "a"})), Reply.text("done"))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("rename_note", {"note": "a"})), Turn.text("done"))
     run = request("editor")
     run.metadata["ai.permissionMode"] = "deny_all"
     await harness.executor(APP).execute(run)
@@ -366,7 +365,7 @@ async def test_a_request_asking_deny_all_stops_every_tool_of_its_run(harness: Ha
 
 async def test_a_runs_principal_roles_decide_a_tool_with_roles(harness: Harness) -> None:
     await harness.serve_tools({"purge_notes": "purged"})
-    script = [Reply.tools(ToolCallScript("purge_notes", {"note": "a"})), Reply.text("done")]
+    script = [Turn.tool_calls(ToolCallScript("purge_notes", {"note": "a"})), Turn.text("done")]
     harness.provider.script(*script, *script)
     executor = harness.executor(APP)
     await executor.execute(request("editor", run_id="r1"))

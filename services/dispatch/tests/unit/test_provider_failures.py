@@ -14,12 +14,16 @@ from atmosphere.dispatch.runtime_config import generation_options, runtime_confi
 from atmosphere.dispatch.settings import LlmSettings
 from atmosphere.sdk import AiRequest, RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig
-from atmosphere.testing.fake_provider import FakeProvider, Reply
+from atmosphere.testing import ScriptedModel, Turn
 from atmosphere.testing.runtime_contract import Recorder, context
 
 
 async def run(
-    provider: FakeProvider, *, stall: float = 5.0, retry: RetryPolicy | None = None, config: RuntimeConfig | None = None
+    provider: ScriptedModel,
+    *,
+    stall: float = 5.0,
+    retry: RetryPolicy | None = None,
+    config: RuntimeConfig | None = None,
 ) -> Recorder:
     recorder = Recorder()
     runtime = BuiltInAgentRuntime(config or RuntimeConfig(base_url=provider.base_url, model="m", stall_timeout=stall))
@@ -31,38 +35,38 @@ async def run(
     return recorder
 
 
-async def test_a_stream_cut_mid_answer_is_an_error_not_a_complete(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.truncated("Half an ans"))
+async def test_a_stream_cut_mid_answer_is_an_error_not_a_complete(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.truncated("Half an ans"))
     recorder = await run(fake_provider)
     assert recorder.text() == "Half an ans"
     assert recorder.terminal().error.message == "the provider stream ended before the answer was complete"
     assert "complete" not in recorder.kinds()
 
 
-async def test_a_malformed_chunk_is_an_error(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.malformed("Hello"))
+async def test_a_malformed_chunk_is_an_error(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.malformed("Hello"))
     recorder = await run(fake_provider)
     assert recorder.terminal().error.code == "provider.malformed"
     assert "malformed chunk" in recorder.terminal().error.message
 
 
-async def test_a_stall_after_text_is_an_error(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.stalled("Thinking", seconds=10))
+async def test_a_stall_after_text_is_an_error(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.stalled("Thinking", seconds=10))
     started = time.monotonic()
     recorder = await run(fake_provider, stall=0.5)
     assert time.monotonic() - started < 3
     assert recorder.terminal().error.message == "provider stalled: no data for 0.5 s"
 
 
-async def test_a_stall_before_any_text_is_retried(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.stalled("", seconds=10), Reply.text("Recovered."))
+async def test_a_stall_before_any_text_is_retried(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.stalled("", seconds=10), Turn.text("Recovered."))
     recorder = await run(fake_provider, stall=0.5, retry=RetryPolicy(max_retries=1, initial_delay=0.01))
     assert recorder.text() == "Recovered."
     assert recorder.terminal().WhichOneof("kind") == "complete"
 
 
-async def test_retries_are_bounded_and_say_so(fake_provider: FakeProvider) -> None:
-    fake_provider.script(*[Reply.error(503, message="overloaded") for _ in range(3)])
+async def test_retries_are_bounded_and_say_so(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(*[Turn.error("overloaded", status=503) for _ in range(3)])
     recorder = await run(fake_provider, retry=RetryPolicy(max_retries=2, initial_delay=0.01))
     assert recorder.terminal().error.message == "Failed after 3 attempts: API returned 503: overloaded"
     assert len(fake_provider.requests) == 3
@@ -81,8 +85,8 @@ async def test_an_unreachable_provider_is_retried_then_reported() -> None:
     assert recorder.terminal().error.message.startswith("Failed after 2 attempts: provider connection failed")
 
 
-async def test_generation_knobs_reach_the_request(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("ok"))
+async def test_generation_knobs_reach_the_request(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("ok"))
     llm = LlmSettings(
         base_url=fake_provider.base_url,
         api_key="sk-test",
@@ -139,8 +143,8 @@ def test_knobs_read_from_the_environment_are_sanitized_too(monkeypatch: pytest.M
     )
 
 
-async def test_unset_knobs_are_not_sent(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("ok"))
+async def test_unset_knobs_are_not_sent(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("ok"))
     await run(fake_provider)
     assert not {"temperature", "max_tokens", "top_p", "stop"} & set(fake_provider.requests[0])
 

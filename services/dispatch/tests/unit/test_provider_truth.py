@@ -24,13 +24,13 @@ from atmosphere.dispatch.runtime_config import runtime_config
 from atmosphere.dispatch.settings import LlmSettings
 from atmosphere.sdk import AiRequest, RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing import ScriptedModel, ToolCallScript, Turn
 from atmosphere.testing.runtime_contract import WEATHER, Recorder, context
 
 QUICK = RetryPolicy(max_retries=2, initial_delay=0.05, max_delay=0.05)
 
 
-async def run(provider: FakeProvider, *, retry: RetryPolicy = QUICK, **limits: Any) -> Recorder:
+async def run(provider: ScriptedModel, *, retry: RetryPolicy = QUICK, **limits: Any) -> Recorder:
     recorder = Recorder()
     config = RuntimeConfig(base_url=provider.base_url, model="m", **{"stall_timeout": 5.0, **limits})
     runtime = BuiltInAgentRuntime(config)
@@ -54,28 +54,28 @@ def error_of(recorder: Recorder) -> RunEvent:
 
 
 @pytest.mark.parametrize("reason", ["length", "content_filter"])
-async def test_a_cut_off_answer_completes_with_its_finish_reason(fake_provider: FakeProvider, reason: str) -> None:
-    fake_provider.script(Reply.text("The answer was cut", finish_reason=reason))
+async def test_a_cut_off_answer_completes_with_its_finish_reason(fake_provider: ScriptedModel, reason: str) -> None:
+    fake_provider.script(Turn.text("The answer was cut", finish_reason=reason))
     recorder = await run(fake_provider)
     assert recorder.text() == "The answer was cut"
     assert recorder.terminal().complete.finish_reason == reason
 
 
-async def test_a_finished_answer_says_stop(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("All done."))
+async def test_a_finished_answer_says_stop(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("All done."))
     recorder = await run(fake_provider)
     assert recorder.terminal().complete.finish_reason == "stop"
 
 
-async def test_a_cut_off_tool_call_is_never_run(fake_provider: FakeProvider) -> None:
+async def test_a_cut_off_tool_call_is_never_run(fake_provider: ScriptedModel) -> None:
     # The token limit hit mid-arguments: running the tool with half its JSON would be a lie too.
     fake_provider.script(
-        Reply(
-            "tools",
-            tool_calls=(ToolCallScript("get_weather", '{"city": "Par'),),
+        Turn(
+            calls=(ToolCallScript("get_weather", '{"city": "Par'),),
             content="Let me look",
             chunks=("Let me look",),
             finish_reason="length",
+            usage=None,
         )
     )
     recorder = await run(fake_provider)
@@ -84,36 +84,36 @@ async def test_a_cut_off_tool_call_is_never_run(fake_provider: FakeProvider) -> 
     assert len(fake_provider.requests) == 1
 
 
-async def test_an_unknown_finish_reason_of_a_whole_answer_is_stop(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.text("Fine.", finish_reason="end_turn"))
+async def test_an_unknown_finish_reason_of_a_whole_answer_is_stop(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.text("Fine.", finish_reason="end_turn"))
     recorder = await run(fake_provider)
     assert recorder.terminal().complete.finish_reason == "stop"
 
 
 async def test_an_answer_whose_provider_never_said_why_it_ended_completes_as_unknown(
-    fake_provider: FakeProvider,
+    fake_provider: ScriptedModel,
 ) -> None:
     # The stream closes properly (`[DONE]`) but no chunk carries a `finish_reason`: the answer
     # may be whole or cut short, and the terminal must not vouch for either.
-    fake_provider.script(Reply.raw(_chunk({"content": "Maybe all "}), _chunk({"content": "of it."})))
+    fake_provider.script(Turn.raw(_chunk({"content": "Maybe all "}), _chunk({"content": "of it."})))
     recorder = await run(fake_provider)
     assert recorder.text() == "Maybe all of it."
     assert recorder.terminal().complete.finish_reason == "unknown"
 
 
-async def test_a_stream_cut_before_its_end_is_still_an_error(fake_provider: FakeProvider) -> None:
+async def test_a_stream_cut_before_its_end_is_still_an_error(fake_provider: ScriptedModel) -> None:
     # Neither `finish_reason` nor `[DONE]`: the stream broke off, which is no answer at all.
-    fake_provider.script(Reply.truncated("Half an ans"))
+    fake_provider.script(Turn.truncated("Half an ans"))
     recorder = await run(fake_provider, retry=RetryPolicy(max_retries=0))
     assert error_of(recorder).error.message == "the provider stream ended before the answer was complete"
 
 
 @pytest.mark.parametrize(
     "reply",
-    [Reply.empty(), Reply.text(""), Reply.text("", finish_reason="stop")],
+    [Turn.empty(), Turn.text(""), Turn.text("", finish_reason="stop")],
     ids=["only-done", "no-text", "stop-without-text"],
 )
-async def test_an_answer_without_content_is_an_error(fake_provider: FakeProvider, reply: Reply) -> None:
+async def test_an_answer_without_content_is_an_error(fake_provider: ScriptedModel, reply: Turn) -> None:
     fake_provider.script(reply)
     recorder = await run(fake_provider)
     error = error_of(recorder).error
@@ -122,11 +122,11 @@ async def test_an_answer_without_content_is_an_error(fake_provider: FakeProvider
     assert "complete" not in recorder.kinds()
 
 
-async def test_a_provider_400_keeps_its_status_and_code(fake_provider: FakeProvider) -> None:
+async def test_a_provider_400_keeps_its_status_and_code(fake_provider: ScriptedModel) -> None:
     fake_provider.script(
-        Reply.error(
-            400,
-            message="This model's maximum context length is 4096 tokens.",
+        Turn.error(
+            "This model's maximum context length is 4096 tokens.",
+            status=400,
             code="context_length_exceeded",
             error_type="invalid_request_error",
             param="messages",
@@ -144,9 +144,9 @@ async def test_a_provider_400_keeps_its_status_and_code(fake_provider: FakeProvi
     assert len(fake_provider.requests) == 1
 
 
-async def test_a_context_overflow_reported_mid_stream_is_a_rejection(fake_provider: FakeProvider) -> None:
+async def test_a_context_overflow_reported_mid_stream_is_a_rejection(fake_provider: ScriptedModel) -> None:
     fake_provider.script(
-        Reply.stream_error(message="Requested tokens exceed context window", code="context_length_exceeded")
+        Turn.stream_error(message="Requested tokens exceed context window", code="context_length_exceeded")
     )
     error = error_of(await run(fake_provider)).error
     assert error.code == "provider.rejected"
@@ -155,8 +155,8 @@ async def test_a_context_overflow_reported_mid_stream_is_a_rejection(fake_provid
     assert "connection" not in error.message
 
 
-async def test_a_provider_500_is_retried_then_retryable(fake_provider: FakeProvider) -> None:
-    fake_provider.script(*[Reply.error(500, message="boom") for _ in range(3)])
+async def test_a_provider_500_is_retried_then_retryable(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(*[Turn.error("boom", status=500) for _ in range(3)])
     recorder = await run(fake_provider)
     error = error_of(recorder).error
     assert (error.code, error.retryable, error.details["status"]) == ("provider.unavailable", True, "500")
@@ -167,8 +167,8 @@ async def test_a_provider_500_is_retried_then_retryable(fake_provider: FakeProvi
     ]
 
 
-async def test_a_rate_limit_far_beyond_the_retry_window_gives_up_at_once(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.error(429, message="slow down", retry_after=3600))
+async def test_a_rate_limit_far_beyond_the_retry_window_gives_up_at_once(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.error("slow down", status=429, retry_after=3600))
     recorder = await run(fake_provider, retry=RetryPolicy(max_retries=3, max_delay=3600))
     error = error_of(recorder).error
     assert error.code == "provider.rate_limited"
@@ -177,15 +177,15 @@ async def test_a_rate_limit_far_beyond_the_retry_window_gives_up_at_once(fake_pr
     assert len(fake_provider.requests) == 1
 
 
-async def test_out_of_quota_is_not_a_rate_limit(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.error(429, message="You exceeded your current quota", code="insufficient_quota"))
+async def test_out_of_quota_is_not_a_rate_limit(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.error("You exceeded your current quota", status=429, code="insufficient_quota"))
     error = error_of(await run(fake_provider)).error
     assert (error.code, error.retryable, error.details["status"]) == ("provider.rejected", False, "429")
     assert len(fake_provider.requests) == 1
 
 
-async def test_a_silent_provider_is_retried_with_progress_then_fails(fake_provider: FakeProvider) -> None:
-    fake_provider.script(*[Reply.silent(30) for _ in range(3)])
+async def test_a_silent_provider_is_retried_with_progress_then_fails(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(*[Turn.silent(30) for _ in range(3)])
     recorder = await run(fake_provider, first_byte_timeout=0.3)
     error = error_of(recorder).error
     assert (error.code, error.retryable) == ("provider.timeout", True)
@@ -198,25 +198,25 @@ async def test_a_silent_provider_is_retried_with_progress_then_fails(fake_provid
     await fake_provider.disconnected.wait()  # every attempt hung up on the provider
 
 
-async def test_headers_without_an_answer_do_not_count_as_answering(fake_provider: FakeProvider) -> None:
+async def test_headers_without_an_answer_do_not_count_as_answering(fake_provider: ScriptedModel) -> None:
     # Comments are bytes: they satisfy the first-byte deadline, and the whole-call deadline cuts them.
-    fake_provider.script(Reply.comments_only(every=0.1))
+    fake_provider.script(Turn.comments_only(every=0.1))
     recorder = await run(fake_provider, call_timeout=1.0)
     error = error_of(recorder).error
     assert (error.code, error.message) == ("provider.timeout", "the model call exceeded its 1 s deadline")
     assert len(fake_provider.requests) == 1
 
 
-async def test_no_retry_starts_after_the_retry_window(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.silent(30), Reply.text("never"))
+async def test_no_retry_starts_after_the_retry_window(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.silent(30), Turn.text("never"))
     recorder = await run(fake_provider, first_byte_timeout=0.2, retry_window=0.1)
     assert error_of(recorder).error.message == "the model provider did not answer within 0.2 s"
     assert progress(recorder) == []
     assert len(fake_provider.requests) == 1
 
 
-async def test_a_provider_that_answers_after_a_retry_completes(fake_provider: FakeProvider) -> None:
-    fake_provider.script(Reply.silent(30), Reply.text("Here now."))
+async def test_a_provider_that_answers_after_a_retry_completes(fake_provider: ScriptedModel) -> None:
+    fake_provider.script(Turn.silent(30), Turn.text("Here now."))
     recorder = await run(fake_provider, first_byte_timeout=0.3)
     assert recorder.text() == "Here now."
     assert recorder.terminal().complete.finish_reason == "stop"
@@ -243,14 +243,14 @@ HOSTILE_CHUNKS: dict[str, tuple[str, str]] = {
 
 
 @pytest.mark.parametrize("name", list(HOSTILE_CHUNKS))
-async def test_a_hostile_chunk_is_an_error_never_a_crash(fake_provider: FakeProvider, name: str) -> None:
+async def test_a_hostile_chunk_is_an_error_never_a_crash(fake_provider: ScriptedModel, name: str) -> None:
     raw, code = HOSTILE_CHUNKS[name]
-    fake_provider.script(Reply.raw(raw))
+    fake_provider.script(Turn.raw(raw))
     recorder = await run(fake_provider)
     assert error_of(recorder).error.code == code
 
 
-async def test_odd_but_harmless_chunks_are_tolerated(fake_provider: FakeProvider) -> None:
+async def test_odd_but_harmless_chunks_are_tolerated(fake_provider: ScriptedModel) -> None:
     lone_surrogate = '"Hi \\ud800 there"'
     raws = (
         json.dumps({"choices": "not a list"}),
@@ -260,7 +260,7 @@ async def test_odd_but_harmless_chunks_are_tolerated(fake_provider: FakeProvider
         json.dumps({"usage": {"prompt_tokens": -5, "completion_tokens": 1e300, "total_tokens": True}}),
         json.dumps({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
     )
-    fake_provider.script(Reply.raw(*raws))
+    fake_provider.script(Turn.raw(*raws))
     recorder = await run(fake_provider)
     assert recorder.text() == "Hi ? there"  # the lone surrogate cannot travel in protobuf
     [usage] = [e.usage for e in recorder.events if e.WhichOneof("kind") == "usage"]

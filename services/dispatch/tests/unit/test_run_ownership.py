@@ -12,8 +12,7 @@ from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Cancel, Contro
 from atmosphere.dispatch.control import NOT_THE_OWNER, RunControl
 from atmosphere.dispatch.settings import DispatchSettings
 from atmosphere.sdk import App, agent
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply
+from atmosphere.testing import Turn, wait_until
 
 from .conftest import Harness
 
@@ -63,7 +62,7 @@ class Talker:
 
 
 async def test_the_executor_makes_the_requesting_user_the_owner(harness: Harness) -> None:
-    harness.provider.script(Reply.stalled("Thinking", seconds=30))
+    harness.provider.script(Turn.stalled("Thinking", seconds=30))
     request = RunSubmission(
         run_id="r1", session_id="s1", conversation_id="c1", agent="talker", message="hi", principal=ADA
     )

@@ -13,7 +13,7 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, Tool
 from atmosphere.dispatch.sandbox_tools import CODE_EXEC_TOOL_LOOP_CAP, tool_loop_for
 from atmosphere.sdk import App, ToolLoopPolicy, agent, tool
 from atmosphere.sdk.runtime import ToolSpec
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn
 
 from .conftest import Harness, kinds, request
 
@@ -49,17 +49,17 @@ def offered_names(harness: Harness) -> list[str]:
 
 
 async def test_code_exec_is_offered_only_while_a_sandbox_publishes_it(harness: Harness) -> None:
-    harness.provider.script(Reply.text("no code"))
+    harness.provider.script(Turn.text("no code"))
     await harness.executor(APP).execute(request("coder", run_id="before"))
     assert offered_names(harness) == ["weather"]
 
     await harness.bus.kv_put(subjects.TOOLS_BUCKET, "code_exec", code_exec_descriptor(provider="memory"))
-    harness.provider.script(Reply.text("still none"))
+    harness.provider.script(Turn.text("still none"))
     await harness.executor(APP).execute(request("coder", run_id="not-sandbox"))
     assert offered_names(harness) == ["weather"]  # only a sandbox may offer it
 
     await harness.bus.kv_put(subjects.TOOLS_BUCKET, "code_exec", code_exec_descriptor())
-    harness.provider.script(Reply.text("now code"))
+    harness.provider.script(Turn.text("now code"))
     await harness.executor(APP).execute(request("coder", run_id="after"))
     assert sorted(offered_names(harness)) == ["code_exec", "weather"]
     [offered] = [t for t in harness.provider.requests[-1]["tools"] if t["function"]["name"] == "code_exec"]
@@ -92,8 +92,8 @@ def session_router(calls: list[tuple[str, ToolCall]], *, instance: str) -> Route
     return router
 
 
-def code_round(n: int) -> Reply:
-    return Reply.tools(ToolCallScript("code_exec", {"language": "python", "code": f"print({n})"}, call_id=f"c{n}"))
+def code_round(n: int) -> Turn:
+    return Turn.tool_calls(ToolCallScript("code_exec", {"language": "python", "code": f"print({n})"}, call_id=f"c{n}"))
 
 
 async def test_a_runs_later_code_calls_go_to_the_instance_holding_its_session_and_its_end_releases_it(
@@ -106,7 +106,7 @@ async def test_a_runs_later_code_calls_go_to_the_instance_holding_its_session_an
         harness.bus.subscribe(subjects.sandbox_release("box1"), ToolCall)
     )
     # Six rounds: more than the default cap of 5, which code_exec raises to 25.
-    harness.provider.script(*(code_round(n) for n in range(6)), Reply.text("done"))
+    harness.provider.script(*(code_round(n) for n in range(6)), Turn.text("done"))
     await harness.executor(APP).execute(request("coder", run_id="session"))
 
     events = harness.events("session")
@@ -130,7 +130,7 @@ async def test_a_session_whose_instance_is_gone_starts_again_on_any_replica(harn
 
     router.add(subjects.tool("code_exec"), ToolCall, first)
     await harness.stack.enter_async_context(harness.bus.serve(router))
-    harness.provider.script(code_round(1), code_round(2), Reply.text("done"))
+    harness.provider.script(code_round(1), code_round(2), Turn.text("done"))
     await harness.executor(APP).execute(request("coder", run_id="lost"))
 
     assert kinds(harness.events("lost"))[-1] == "complete"

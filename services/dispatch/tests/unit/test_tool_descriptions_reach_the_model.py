@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import Field
 
 from atmosphere.sdk import App, agent, tool
-from atmosphere.testing.fake_provider import Reply
+from atmosphere.testing import Turn
 
 from .conftest import Harness, kinds, request
 
@@ -58,7 +58,7 @@ APP = App(agents=[Helper])
 
 
 async def test_every_parameter_description_is_in_the_models_request(harness: Harness) -> None:
-    harness.provider.script(Reply.text("nothing to call"))
+    harness.provider.script(Turn.text("nothing to call"))
     await harness.executor(APP).execute(request("helper"))
     assert kinds(harness.events())[-1] == "complete"
 

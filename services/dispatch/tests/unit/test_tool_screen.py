@@ -29,8 +29,7 @@ from atmosphere.dispatch.tool_screen import MAX_SCREENED_BYTES, screen_result
 from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk import App, agent, tool
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
-from atmosphere.testing import wait_until
-from atmosphere.testing.fake_provider import Reply, ToolCallScript
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
 from .conftest import Harness, Policy, governance_router, request, screen_answer
 
@@ -283,7 +282,7 @@ class Reader:
 async def test_the_journal_commits_the_screened_text_and_a_replay_does_not_screen_again(harness: Harness) -> None:
     harness.policy.screen = annotate
     await harness.serve_tools({"fetch_page": ATTACK})
-    harness.provider.script(Reply.tools(ToolCallScript("fetch_page", {"q": "x"})), Reply.text("Read it."))
+    harness.provider.script(Turn.tool_calls(ToolCallScript("fetch_page", {"q": "x"})), Turn.text("Read it."))
     run = request("reader")
     app = App(agents=[Reader])
     item = WorkItem(Envelope(subjects.run_submit(run.agent), run, Headers()), stream_seq=1, delivered=1)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from atmosphere.bus import NatsBus, connect
-from atmosphere.testing.fake_provider import FakeProvider
 from atmosphere.testing.nats_server import NatsCluster, NatsServer
+from atmosphere.testing.scripted_model import ScriptedModel
 
 NATS_URL_ENV = "ATMOSPHERE_TEST_NATS_URL"
 
@@ -86,11 +86,10 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClust
 
 
 @pytest.fixture
-async def fake_provider() -> AsyncIterator[FakeProvider]:
-    """A scripted OpenAI-compatible provider on loopback (see `atmosphere.testing.fake_provider`)."""
-    provider = FakeProvider()
-    async with provider.serving():
-        yield provider
+async def fake_provider() -> AsyncIterator[ScriptedModel]:
+    """A `ScriptedModel` with an empty script, served on loopback (`base_url`); script it with `script(...)`."""
+    async with ScriptedModel().serving() as model:
+        yield model
 
 
 @pytest.fixture

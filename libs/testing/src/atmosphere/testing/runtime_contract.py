@@ -1,9 +1,9 @@
 """The contract every `AgentRuntime` passes, pinning each capability it declares.
 
 Subclass `AgentRuntimeContract` in the runtime's tests and implement `make_runtime`; the suite
-drives the runtime against the scripted `FakeProvider`. A capability may be declared only if
-this suite has a test for it (`CAPABILITY_TESTS`), and every declared capability's tests run:
-runtime truth, checked.
+drives the runtime against a `ScriptedModel` served on loopback (the `fake_provider` fixture). A
+capability may be declared only if this suite has a test for it (`CAPABILITY_TESTS`), and every
+declared capability's tests run: runtime truth, checked.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.sdk import AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
 from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest, ToolSpec
-from atmosphere.testing.fake_provider import FakeProvider, Reply, ToolCallScript
+from atmosphere.testing.model_turns import ToolCallScript, Turn
+from atmosphere.testing.scripted_model import ScriptedModel
 
 FAST_RETRY = RetryPolicy(max_retries=2, initial_delay=0.01, max_delay=1.0)
 
@@ -122,7 +123,7 @@ class AgentRuntimeContract(abc.ABC):
     def make_runtime(self, config: RuntimeConfig) -> AgentRuntime:
         """A runtime talking to the fake provider at `config.base_url`."""
 
-    def runtime_for(self, provider: FakeProvider) -> AgentRuntime:
+    def runtime_for(self, provider: ScriptedModel) -> AgentRuntime:
         return self.make_runtime(RuntimeConfig(base_url=provider.base_url, model="fake-model", stall_timeout=5.0))
 
     def require(self, capability: AiCapability) -> None:
@@ -130,7 +131,7 @@ class AgentRuntimeContract(abc.ABC):
             pytest.skip(f"{capability.value} is not declared by this runtime")
 
     async def run(
-        self, provider: FakeProvider, request: AiRequest, recorder: Recorder | None = None, **overrides: Any
+        self, provider: ScriptedModel, request: AiRequest, recorder: Recorder | None = None, **overrides: Any
     ) -> Recorder:
         recorder = recorder or Recorder()
         runtime = self.runtime_for(provider)
@@ -142,7 +143,7 @@ class AgentRuntimeContract(abc.ABC):
 
     # -- declarations ------------------------------------------------------------------------
 
-    async def test_declares_exactly_the_expected_capabilities(self, fake_provider: FakeProvider) -> None:
+    async def test_declares_exactly_the_expected_capabilities(self, fake_provider: ScriptedModel) -> None:
         runtime = self.runtime_for(fake_provider)
         assert runtime.is_available()
         assert runtime.capabilities() == self.expected_capabilities
@@ -156,26 +157,26 @@ class AgentRuntimeContract(abc.ABC):
 
     # -- streaming ---------------------------------------------------------------------------
 
-    async def test_text_streams_in_pieces_then_completes(self, fake_provider: FakeProvider) -> None:
+    async def test_text_streams_in_pieces_then_completes(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TEXT_STREAMING)
-        fake_provider.script(Reply.text("Hello brave new world"))
+        fake_provider.script(Turn.text("Hello brave new world"))
         recorder = await self.run(fake_provider, AiRequest(message="hi"))
         assert recorder.text() == "Hello brave new world"
         assert recorder.kinds().count("text_delta") >= 2
         assert recorder.terminal().WhichOneof("kind") == "complete"
         assert fake_provider.requests[0]["stream"] is True
 
-    async def test_the_system_prompt_goes_first(self, fake_provider: FakeProvider) -> None:
+    async def test_the_system_prompt_goes_first(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.SYSTEM_PROMPT)
-        fake_provider.script(Reply.text("ok"))
+        fake_provider.script(Turn.text("ok"))
         await self.run(fake_provider, AiRequest(message="hi", system_prompt="Be brief."))
         messages = fake_provider.requests[0]["messages"]
         assert messages[0] == {"role": "system", "content": "Be brief."}
         assert messages[-1] == {"role": "user", "content": "hi"}
 
-    async def test_history_is_sent_in_order(self, fake_provider: FakeProvider) -> None:
+    async def test_history_is_sent_in_order(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.CONVERSATION_MEMORY)
-        fake_provider.script(Reply.text("Paris"))
+        fake_provider.script(Turn.text("Paris"))
         history = (ChatMessage("user", "I live in France."), ChatMessage("assistant", "Noted."))
         await self.run(fake_provider, AiRequest(message="Capital?", history=history))
         assert fake_provider.requests[0]["messages"] == [
@@ -184,9 +185,9 @@ class AgentRuntimeContract(abc.ABC):
             {"role": "user", "content": "Capital?"},
         ]
 
-    async def test_usage_is_reported(self, fake_provider: FakeProvider) -> None:
+    async def test_usage_is_reported(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOKEN_USAGE)
-        fake_provider.script(Reply.text("ok", usage=(12, 3)))
+        fake_provider.script(Turn.text("ok", usage=(12, 3)))
         recorder = await self.run(fake_provider, AiRequest(message="hi"))
         [usage] = [e.usage for e in recorder.events if e.WhichOneof("kind") == "usage"]
         assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (12, 3, 15)
@@ -194,11 +195,11 @@ class AgentRuntimeContract(abc.ABC):
 
     # -- tools -------------------------------------------------------------------------------
 
-    async def test_tool_calls_round_trip(self, fake_provider: FakeProvider) -> None:
+    async def test_tool_calls_round_trip(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)
         fake_provider.script(
-            Reply.tools(ToolCallScript("get_weather", {"city": "Paris"}, call_id="call_w")),
-            Reply.text("It is sunny in Paris."),
+            Turn.tool_calls(ToolCallScript("get_weather", {"city": "Paris"}, call_id="call_w")),
+            Turn.text("It is sunny in Paris."),
         )
         recorder = Recorder({"get_weather": "sunny, 22C"})
         await self.run(fake_provider, AiRequest(message="Weather in Paris?"), recorder, tools=(WEATHER,))
@@ -215,11 +216,13 @@ class AgentRuntimeContract(abc.ABC):
         assert recorder.text() == "It is sunny in Paris."
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
-    async def test_parallel_tool_calls_run_concurrently(self, fake_provider: FakeProvider) -> None:
+    async def test_parallel_tool_calls_run_concurrently(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)
         fake_provider.script(
-            Reply.tools(ToolCallScript("get_weather", {"city": "Oslo"}), ToolCallScript("get_time", {"city": "Oslo"})),
-            Reply.text("Cold, and late."),
+            Turn.tool_calls(
+                ToolCallScript("get_weather", {"city": "Oslo"}), ToolCallScript("get_time", {"city": "Oslo"})
+            ),
+            Turn.text("Cold, and late."),
         )
         recorder = Recorder(tool_delay=0.4)
         started = time.monotonic()
@@ -228,9 +231,9 @@ class AgentRuntimeContract(abc.ABC):
         assert time.monotonic() - started < 0.75, "two 0.4 s tools ran one after the other"
         assert len(fake_provider.requests[1]["messages"]) == 4  # user, assistant(tool calls), 2 tool results
 
-    async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: FakeProvider) -> None:
+    async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)
-        fake_provider.script(*[Reply.tools(ToolCallScript("get_weather", {"city": "X"})) for _ in range(3)])
+        fake_provider.script(*[Turn.tool_calls(ToolCallScript("get_weather", {"city": "X"})) for _ in range(3)])
         recorder = await self.run(
             fake_provider, AiRequest(message="loop"), tools=(WEATHER,), tool_loop=ToolLoopPolicy.strict(2)
         )
@@ -238,12 +241,12 @@ class AgentRuntimeContract(abc.ABC):
         assert terminal.error.message == "Tool loop exhausted after 2 iterations"
         assert len(recorder.tool_calls) == 2
 
-    async def test_a_lenient_tool_loop_answers_without_tools(self, fake_provider: FakeProvider) -> None:
+    async def test_a_lenient_tool_loop_answers_without_tools(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)
         fake_provider.script(
-            Reply.tools(ToolCallScript("get_weather", {"city": "X"})),
-            Reply.tools(ToolCallScript("get_weather", {"city": "Y"})),
-            Reply.text("Best I can say."),
+            Turn.tool_calls(ToolCallScript("get_weather", {"city": "X"})),
+            Turn.tool_calls(ToolCallScript("get_weather", {"city": "Y"})),
+            Turn.text("Best I can say."),
         )
         recorder = await self.run(
             fake_provider, AiRequest(message="loop"), tools=(WEATHER,), tool_loop=ToolLoopPolicy.max_iterations(1)
@@ -252,10 +255,10 @@ class AgentRuntimeContract(abc.ABC):
         assert recorder.text() == "Best I can say."
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
-    async def test_tool_call_arguments_stream_as_deltas(self, fake_provider: FakeProvider) -> None:
+    async def test_tool_call_arguments_stream_as_deltas(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALL_DELTA)
         arguments = {"city": "San Francisco, California"}
-        fake_provider.script(Reply.tools(ToolCallScript("get_weather", arguments, call_id="c9")), Reply.text("ok"))
+        fake_provider.script(Turn.tool_calls(ToolCallScript("get_weather", arguments, call_id="c9")), Turn.text("ok"))
         recorder = await self.run(fake_provider, AiRequest(message="?"), tools=(WEATHER,))
         deltas = [e.tool_call_delta for e in recorder.events if e.WhichOneof("kind") == "tool_call_delta"]
         assert len(deltas) > 1
@@ -264,9 +267,13 @@ class AgentRuntimeContract(abc.ABC):
 
     # -- failures ----------------------------------------------------------------------------
 
-    async def test_rate_limits_are_retried_honoring_retry_after(self, fake_provider: FakeProvider) -> None:
+    async def test_rate_limits_are_retried_honoring_retry_after(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.PER_REQUEST_RETRY)
-        fake_provider.script(Reply.error(429, retry_after=0.3), Reply.error(503), Reply.text("Finally."))
+        fake_provider.script(
+            Turn.error("scripted failure", status=429, retry_after=0.3),
+            Turn.error("scripted failure", status=503),
+            Turn.text("Finally."),
+        )
         started = time.monotonic()
         recorder = await self.run(fake_provider, AiRequest(message="hi"))
         assert time.monotonic() - started >= 0.3
@@ -275,16 +282,16 @@ class AgentRuntimeContract(abc.ABC):
         assert "error" not in recorder.kinds()
         assert len(fake_provider.requests) == 3
 
-    async def test_a_bad_request_is_not_retried(self, fake_provider: FakeProvider) -> None:
+    async def test_a_bad_request_is_not_retried(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.PER_REQUEST_RETRY)
-        fake_provider.script(Reply.error(400, message="bad temperature"), Reply.text("never"))
+        fake_provider.script(Turn.error("bad temperature", status=400), Turn.text("never"))
         recorder = await self.run(fake_provider, AiRequest(message="hi"))
         assert recorder.terminal().error.message == "API returned 400: bad temperature"
         assert len(fake_provider.requests) == 1
 
-    async def test_cancelling_closes_the_upstream_request(self, fake_provider: FakeProvider) -> None:
+    async def test_cancelling_closes_the_upstream_request(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.CANCELLATION)
-        fake_provider.script(Reply.stalled("Thinking", seconds=30))
+        fake_provider.script(Turn.stalled("Thinking", seconds=30))
         recorder = Recorder()
         runtime = self.runtime_for(fake_provider)
         task = asyncio.create_task(runtime.execute(context(recorder, AiRequest(message="hi")), recorder.session))
@@ -304,9 +311,9 @@ class AgentRuntimeContract(abc.ABC):
 
     # -- structure ---------------------------------------------------------------------------
 
-    async def test_structured_output_heals_and_fails_closed(self, fake_provider: FakeProvider) -> None:
+    async def test_structured_output_heals_and_fails_closed(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.STRUCTURED_OUTPUT)
-        fake_provider.script(Reply.text('{"city": "Paris"}'), Reply.text('{"city": "Paris", "temperature": 21.5}'))
+        fake_provider.script(Turn.text('{"city": "Paris"}'), Turn.text('{"city": "Paris", "temperature": 21.5}'))
         recorder = await self.run(
             fake_provider, AiRequest(message="Weather?", response_format=City), structured_output_retries=1
         )
@@ -315,20 +322,20 @@ class AgentRuntimeContract(abc.ABC):
         assert recorder.terminal().WhichOneof("kind") == "complete"
         assert "temperature" in fake_provider.requests[1]["messages"][-1]["content"]  # the reprompt names the error
 
-        fake_provider.script(Reply.text("not json at all"))
+        fake_provider.script(Turn.text("not json at all"))
         recorder = await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
         assert recorder.terminal().error.message.startswith("structured output did not match schema after 1 attempt(s)")
         assert "entity_complete" not in recorder.kinds()
 
-    async def test_native_structured_output_with_fallback(self, fake_provider: FakeProvider) -> None:
+    async def test_native_structured_output_with_fallback(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.NATIVE_STRUCTURED_OUTPUT)
-        fake_provider.script(Reply.text('{"city": "Rome", "temperature": 30}'))
+        fake_provider.script(Turn.text('{"city": "Rome", "temperature": 30}'))
         await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
         assert fake_provider.requests[0]["response_format"]["type"] == "json_schema"
 
         fake_provider.script(
-            Reply.error(400, message="response_format is not supported"),
-            Reply.text('{"city": "Rome", "temperature": 30}'),
+            Turn.error("response_format is not supported", status=400),
+            Turn.text('{"city": "Rome", "temperature": 30}'),
         )
         recorder = await self.run(
             fake_provider, AiRequest(message="Weather?", system_prompt="Be exact.", response_format=City)
@@ -339,7 +346,7 @@ class AgentRuntimeContract(abc.ABC):
         assert "JSON schema" in fallback["messages"][0]["content"]
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
-    async def test_models_are_listed(self, fake_provider: FakeProvider) -> None:
+    async def test_models_are_listed(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.MODEL_ENUMERATION)
         runtime = self.runtime_for(fake_provider)
         try:

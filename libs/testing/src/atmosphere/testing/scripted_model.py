@@ -1,162 +1,221 @@
-"""The model of an agent's test: each request is answered with the next scripted `Turn`.
+"""The scripted model: the one fake model provider of the project's tests, in memory or on loopback.
 
-`ScriptedModel` is the fake provider (`atmosphere.testing.fake_provider`) without the HTTP
-server: dispatch's built-in runtime reaches it through an in-memory `httpx` transport, and
-each turn is streamed with the fake provider's own encoding (`stream_payloads`), so the two
-fakes answer alike. No socket is opened: nothing a test scripts can leak to a real provider.
+A `ScriptedModel` answers each request with the next `Turn` of its script (or with what
+`function(request)` returns), keeps every request (`requests`) and counts the clients that hung
+up (`disconnects`). It is reached two ways, and answers alike both ways (one wire encoding,
+`atmosphere.testing.openai_wire`; one pacing, `atmosphere.testing.model_stream`):
+
+- in memory: `handle` is an `httpx.MockTransport` handler. The agent test kit
+  (`atmosphere.testing.agents`) gives dispatch's runtime that transport, so no socket is opened
+  and nothing a test scripts can leak to a real provider;
+- on loopback HTTP: `async with model.serving():` serves it on 127.0.0.1 at `base_url`, for
+  services in processes of their own (the `fake_provider` fixture), and for benchmarks
+  (`python -m atmosphere.testing.model_server`).
+
+    model = ScriptedModel(Turn.error("busy", status=429, retry_after=1), Turn.text("Hello world"))
+    async with model.serving():
+        ...  # point LLM_BASE_URL at model.base_url
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import BaseModel
 
 from atmosphere.sdk.errors import UserError
-from atmosphere.testing.fake_provider import Reply, ToolCallScript, error_body, stream_payloads
+from atmosphere.testing import openai_wire
+from atmosphere.testing.model_stream import Answer, Paced
+from atmosphere.testing.model_turns import ModelRequest, Turn
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
 
 REFUSED = (
     "Model requests are refused in atmosphere.testing: script the model with ScriptedModel(...) "
     "or pass allow_model_requests=True with a RuntimeConfig"
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """What the model answers to one request; build one with the class methods."""
-
-    content: str = ""
-    """The answer text (streamed word by word)."""
-    calls: tuple[ToolCallScript, ...] = ()
-    """The tool calls asked for."""
-    status: int = 200
-    """Not 200: the provider fails the request with this HTTP status and `error_message`."""
-    error_message: str = ""
-    usage: tuple[int, int] = (10, 5)
-    """(input, output) tokens reported for the round."""
-    finish_reason: str = ""
-    """Default: `tool_calls` when there are calls, else `stop`; `length` cuts the answer short."""
-
-    @classmethod
-    def text(cls, text: str, *, usage: tuple[int, int] = (10, 5), finish_reason: str = "") -> Turn:
-        """Answer with `text`."""
-        return cls(content=text, usage=usage, finish_reason=finish_reason)
-
-    @classmethod
-    def tool_call(cls, name: str, /, **arguments: Any) -> Turn:
-        """Ask for one call of tool `name` with `arguments`."""
-        return cls(calls=(ToolCallScript(name, arguments),))
-
-    @classmethod
-    def tool_calls(cls, *calls: ToolCallScript, text: str = "") -> Turn:
-        """Ask for several tool calls at once (they run concurrently), optionally after some text."""
-        return cls(content=text, calls=tuple(calls))
-
-    @classmethod
-    def structured(cls, value: BaseModel | Mapping[str, Any]) -> Turn:
-        """Answer with `value` as JSON: the structured output of an agent with `response_format`."""
-        text = value.model_dump_json() if isinstance(value, BaseModel) else json.dumps(dict(value))
-        return cls(content=text)
-
-    @classmethod
-    def error(cls, message: str, *, status: int = 400) -> Turn:
-        """The provider refuses the request with `status` (429 and 5xx are retried per the agent's RetryPolicy)."""
-        if status < 400:
-            msg = f"an error turn needs an HTTP error status (>= 400), got {status}"
-            raise UserError(msg)
-        return cls(status=status, error_message=message)
-
-    def reply(self) -> Reply:
-        """The fake provider's reply that streams this turn."""
-        if self.status != 200:
-            return Reply.error(self.status, message=self.error_message)
-        words = Reply.text(self.content).chunks if self.content else ()
-        kind = "tools" if self.calls else "text"
-        return Reply(
-            kind,
-            content=self.content,
-            tool_calls=self.calls,
-            usage=self.usage,
-            chunks=words,
-            finish_reason=self.finish_reason,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRequest:
-    """One request the runtime sent to the model, as a script function sees it."""
-
-    messages: tuple[Mapping[str, Any], ...]
-    """The OpenAI-style messages: system, history, user, assistant tool calls, tool results."""
-    tools: tuple[str, ...]
-    """The names of the tools offered (user tools and the harness's built-in ones)."""
-    body: Mapping[str, Any]
-    """The whole request body (model, response_format, stream options, ...)."""
-
-    @property
-    def last_tool_result(self) -> str | None:
-        """The content of the newest `tool` message, or None."""
-        for message in reversed(self.messages):
-            if message.get("role") == "tool":
-                return str(message.get("content"))
-        return None
-
-
 Script = Callable[[ModelRequest], Turn]
 
 
 class ScriptedModel:
-    """A model that answers from a script: a list of turns, or a function of the request.
+    """A model that answers from a script: turns in order, or a function of the request.
 
-    Every request is kept in `requests`. A request past the end of the script fails the run
-    with an error naming the request number (a test that makes one call too many fails loudly).
+    A request past the end of the script (with no `default`) is answered with a 400 naming the
+    request number: not retried, so a test that makes one call too many fails at once.
     """
 
-    def __init__(self, *turns: Turn | str, function: Script | None = None) -> None:
-        """Answer with `turns` in order (a plain string is a text turn), or with `function(request)`."""
+    def __init__(
+        self,
+        *turns: Turn | str,
+        function: Script | None = None,
+        default: Turn | None = None,
+        models: tuple[str, ...] = ("fake-model",),
+    ) -> None:
+        """Answer with `turns` in order (a plain string is a text turn), or with `function(request)`.
+
+        `default` answers every request once the turns are used up (a benchmark's endless
+        model); `models` is what `GET /models` lists.
+        """
         if turns and function is not None:
             msg = "give ScriptedModel either turns or a function, not both"
             raise UserError(msg)
-        self._turns = [Turn.text(t) if isinstance(t, str) else t for t in turns]
-        self._function = function
+        self.turns: list[Turn] = []
+        """The turns not answered yet, next first (a test may clear or replace them)."""
+        self.function = function
+        self.default = default
+        self.models = models
         self.requests: list[ModelRequest] = []
+        """Every chat request, in order: also a mapping over its body (`requests[0]["messages"]`)."""
+        self.headers: list[dict[str, str]] = []
+        """Each chat request's headers, names in lower case (as `requests[i].headers`)."""
+        self.disconnects = 0
+        """Clients that hung up before the answer ended."""
+        self.disconnected = asyncio.Event()
+        """Set at the first disconnect."""
+        self.base_url = ""
+        """`http://127.0.0.1:<port>/v1` while `serving()`."""
+        self._answered = 0
+        self.script(*turns)
+
+    def script(self, *turns: Turn | str) -> ScriptedModel:
+        """Append `turns` to the script (a plain string is a text turn)."""
+        if turns and self.function is not None:
+            msg = "this ScriptedModel answers with its function: it takes no turns"
+            raise UserError(msg)
+        self.turns.extend(Turn.text(t) if isinstance(t, str) else t for t in turns)
+        return self
+
+    def serving(self) -> AbstractAsyncContextManager[ScriptedModel]:
+        """Serve on 127.0.0.1 on a free port (`base_url`) until the context exits."""
+        from atmosphere.testing.model_server import serving  # noqa: PLC0415 - the server needs this module
+
+        return serving(self)
+
+    def respond(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
+        """The answer to one HTTP request, whichever transport brought it.
+
+        The routes are a wire's (OpenAI's chat completions and models); a wire added later
+        claims its own routes here, and answers from the same script.
+        """
+        if openai_wire.is_models(method, path):
+            return openai_wire.models(self.models)
+        if not openai_wire.is_completions(method, path):
+            return openai_wire.failure(404, f"the scripted model has no route {method} {path}", "not_found")
+        try:
+            body = json.loads(content or b"{}")
+        except ValueError as exc:
+            return openai_wire.failure(400, f"the request body is not JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_wire.failure(400, "the request body is not a JSON object", "invalid_request_error")
+        request = openai_wire.request_of(body, headers)
+        self.headers.append(dict(headers))
+        return openai_wire.answer(self._next(request), body)
 
     def _next(self, request: ModelRequest) -> Turn:
         self.requests.append(request)
-        if self._function is not None:
-            return self._function(request)
-        index = len(self.requests) - 1
-        if index >= len(self._turns):
-            return Turn.error(
-                f"the scripted model has no turn left for request {index + 1} (it has {len(self._turns)})"
-            )
-        return self._turns[index]
+        if self.function is not None:
+            try:
+                return self.function(request)
+            except Exception as exc:  # a bug in the test's script: shown in the run's error, never retried
+                return Turn.error(f"the script function raised {type(exc).__name__}: {exc}")
+        if self.turns:
+            self._answered += 1
+            return self.turns.pop(0)
+        if self.default is not None:
+            return self.default
+        number = len(self.requests)
+        return Turn.error(
+            f"the scripted model has no turn left for request {number} (it answered {self._answered} scripted turns)"
+        )
+
+    def hung_up(self) -> None:
+        """Count a client that went away before the answer ended."""
+        self.disconnects += 1
+        self.disconnected.set()
 
     async def handle(self, http: httpx.Request) -> httpx.Response:
-        """Answer one chat-completions request of the runtime (the `httpx.MockTransport` handler)."""
-        if not http.url.path.endswith("/chat/completions"):
-            return _error_response(404, f"the scripted model serves chat completions only, not {http.url.path}")
-        body = json.loads(http.content)
-        tools = tuple(t["function"]["name"] for t in body.get("tools", ()))
+        """Answer one request in memory (the `httpx.MockTransport` handler).
+
+        Paced as over HTTP: `silence` holds the headers back, `chunk_delay` and `stall` space the
+        stream out. The client's read timeout (httpx's, which a mock transport does not apply)
+        is applied here, as the network would: silence or a stall longer than it is the client's
+        `httpx.ReadTimeout`. A client that stops reading, or is cancelled, before the end counts
+        as a disconnect.
+        """
+        answer = self.respond(http.method, http.url.path, dict(http.headers.items()), http.content)
+        read_timeout = _read_timeout(http)
+        if answer.silence:
+            await self._silent(answer.silence, read_timeout, http)
+        headers = list(answer.headers)
+        if answer.stream is None:
+            return httpx.Response(answer.status, headers=headers, json=answer.json)
+        stream = _Received(answer.stream, read_timeout, http, self.hung_up)
+        return httpx.Response(answer.status, headers=headers, stream=stream)
+
+    async def _silent(self, seconds: float, read_timeout: float | None, http: httpx.Request) -> None:
         try:
-            turn = self._next(ModelRequest(messages=tuple(body["messages"]), tools=tools, body=body))
-        except Exception as exc:  # a bug in the test's script: shown in the run's error, never retried
-            return _error_response(400, f"the script function raised {type(exc).__name__}: {exc}")
-        reply = turn.reply()
-        if reply.kind == "error":
-            return httpx.Response(reply.status, json=error_body(reply))
-        stream = "".join(f"data: {payload}\n\n" for payload in stream_payloads(reply, body))
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
+            async with asyncio.timeout(read_timeout):
+                await asyncio.sleep(seconds)
+        except TimeoutError:
+            self.hung_up()
+            msg = f"the scripted model said nothing for {read_timeout:g} s"
+            raise httpx.ReadTimeout(msg, request=http) from None
+        except asyncio.CancelledError:
+            self.hung_up()
+            raise
+
+
+class _Received(httpx.AsyncByteStream):
+    """A paced stream as the client reads it in memory: its read timeout applied, a hang-up counted."""
+
+    def __init__(
+        self, paced: Paced, read_timeout: float | None, request: httpx.Request, hung_up: Callable[[], None]
+    ) -> None:
+        self._paced = paced
+        self._read_timeout = read_timeout
+        self._request = request
+        self._hung_up = hung_up
+        self._frames: AsyncGenerator[bytes, None] | None = None
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        frames = self._frames = self._paced.frames()
+        while True:
+            try:
+                async with asyncio.timeout(self._read_timeout):
+                    frame = await anext(frames)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                msg = f"the scripted model's stream stalled for {self._read_timeout:g} s"
+                raise httpx.ReadTimeout(msg, request=self._request) from None
+            yield frame
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._paced.delivered:
+            self._hung_up()
+        if self._frames is not None:
+            with contextlib.suppress(RuntimeError):  # already closing in the reader's own task
+                await self._frames.aclose()
+
+
+def _read_timeout(http: httpx.Request) -> float | None:
+    """The client's read timeout for `http` (httpx puts its timeouts in the request's extensions)."""
+    timeouts: Any = http.extensions.get("timeout") or {}
+    value = timeouts.get("read")
+    return float(value) if value is not None else None
 
 
 def refuse(_request: httpx.Request) -> httpx.Response:
     """The transport's answer when no model is scripted: every request refused, nothing sent out."""
-    return _error_response(403, REFUSED)
-
-
-def _error_response(status: int, message: str) -> httpx.Response:
-    return httpx.Response(status, json=error_body(Reply.error(status, message=message)))
+    answer = openai_wire.failure(403, REFUSED)
+    return httpx.Response(answer.status, json=answer.json)
