@@ -46,14 +46,25 @@ class City(BaseModel):
     temperature: float
 
 
+RENDEZVOUS_WAIT = 5.0
+"""Seconds a tool call waits for the others of a rendezvous (their start, not a measure of speed)."""
+
+
 class Recorder:
     """A session that keeps every event, and a tool runner that records its calls."""
 
-    def __init__(self, tool_results: dict[str, str] | None = None, tool_delay: float = 0.0) -> None:
+    def __init__(
+        self, tool_results: dict[str, str] | None = None, tool_delay: float = 0.0, rendezvous: int = 0
+    ) -> None:
+        """`rendezvous`: each tool call waits (up to `RENDEZVOUS_WAIT`) until that many are under way."""
         self.events: list[RunEvent] = []
         self.tool_calls: list[ToolCallRequest] = []
         self._results = tool_results or {}
         self._delay = tool_delay
+        self._rendezvous = rendezvous
+        self._all_under_way = asyncio.Event()
+        self.waited_alone = 0
+        """Calls that gave up waiting for the others: they were not run at the same time."""
 
         async def sink(event: RunEvent) -> None:
             self.events.append(event)
@@ -62,6 +73,13 @@ class Recorder:
 
     async def run_tool(self, call: ToolCallRequest) -> str:
         self.tool_calls.append(call)
+        if self._rendezvous:
+            if len(self.tool_calls) >= self._rendezvous:
+                self._all_under_way.set()
+            try:
+                await asyncio.wait_for(self._all_under_way.wait(), RENDEZVOUS_WAIT)
+            except TimeoutError:
+                self.waited_alone += 1
         if self._delay:
             await asyncio.sleep(self._delay)
         return self._results.get(call.name, f"result of {call.name}")
@@ -224,11 +242,11 @@ class AgentRuntimeContract(abc.ABC):
             ),
             Turn.text("Cold, and late."),
         )
-        recorder = Recorder(tool_delay=0.4)
-        started = time.monotonic()
+        # Each call waits for the other to be under way: one after the other, the first waits alone.
+        recorder = Recorder(rendezvous=2)
         await self.run(fake_provider, AiRequest(message="Oslo?"), recorder, tools=(WEATHER, TIME))
         assert sorted(c.name for c in recorder.tool_calls) == ["get_time", "get_weather"]
-        assert time.monotonic() - started < 0.75, "two 0.4 s tools ran one after the other"
+        assert recorder.waited_alone == 0, "the two tools ran one after the other"
         assert len(fake_provider.requests[1]["messages"]) == 4  # user, assistant(tool calls), 2 tool results
 
     async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: ScriptedModel) -> None:
