@@ -30,7 +30,6 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.memory.v1.memory_pb2 import ChatMessage as WireMessage
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
-from atmosphere.dispatch import conversation
 from atmosphere.dispatch.conversation import (
     EXTRACTION_SYSTEM_PROMPT,
     ConversationMemory,
@@ -375,6 +374,15 @@ async def test_summarizing_falls_back_to_the_local_summary(memory: Memory, runti
     assert len(memory.store.of("history.replace")) == 1
 
 
+async def test_a_summary_slower_than_the_model_call_timeout_falls_back_to_the_local_one(memory: Memory) -> None:
+    memory.store.histories[("chat", "c1")] = list(SIX)
+    slow = ScriptedRuntime("too late", delay=1.0)
+    conv = ConversationMemory(memory.client, SUMMARIZING, slow, model_call_timeout=0.05)
+    history = await conv.history(run(), MEMORY_ON, ())
+    assert history[0].content.startswith("[Conversation summary of 4 earlier messages]\nuser: u1")
+    assert "too late" not in history[0].content
+
+
 async def test_a_history_within_bounds_is_not_summarized(memory: Memory) -> None:
     memory.store.histories[("chat", "c1")] = SIX[:4]
     runtime = ScriptedRuntime("never")
@@ -384,11 +392,11 @@ async def test_a_history_within_bounds_is_not_summarized(memory: Memory) -> None
     assert memory.store.of("history.replace") == []
 
 
-async def test_a_slow_model_call_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conversation, "MODEL_CALL_TIMEOUT", 0.05)
+async def test_a_slow_model_call_gives_up() -> None:
     slow = ScriptedRuntime("late", delay=1.0)
-    assert await model_text(slow, agent="chat", system_prompt="s", prompt="p") is None
-    assert await model_text(ScriptedRuntime("on time"), agent="chat", system_prompt="s", prompt="p") == "on time"
+    assert await model_text(slow, agent="chat", system_prompt="s", prompt="p", timeout=0.05) is None
+    on_time = ScriptedRuntime("on time")
+    assert await model_text(on_time, agent="chat", system_prompt="s", prompt="p", timeout=0.5) == "on time"
     assert await model_text(None, agent="chat", system_prompt="s", prompt="p") is None
 
 

@@ -32,7 +32,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 )
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.governance_admin import BODY_BYTES, admin_subject
-from atmosphere.ingress.settings import IngressSettings
+from atmosphere.ingress.settings import IngressOptions, IngressSettings
 
 ADMIN_TOKEN = "admin-token-1"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -278,9 +278,8 @@ async def test_every_route_is_gated_and_says_when_governance_is_absent(
     assert "governance" in absent.json()["error"]
 
 
-async def test_a_silent_governance_is_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("atmosphere.ingress.governance_admin.ADMIN_TIMEOUT", 0.05)
-    async with admin(governance=False) as a:
+async def test_a_silent_governance_is_a_503() -> None:
+    async with admin(governance=False, ingress=IngressOptions(admin_timeout=0.05)) as a:
         router = Router()
         never = asyncio.Event()
 

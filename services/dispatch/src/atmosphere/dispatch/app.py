@@ -184,12 +184,14 @@ class Dispatch:
     async def serve_runs(self, stack: contextlib.AsyncExitStack, bus: Bus) -> list[Consumer]:
         """List the agents, then pull runs from every nesting level's queue; the queues, to stop them."""
         memory = MemoryClient(bus)
-        model_side = ModelSide(self.runtime, ConversationMemory(memory, self.config, self.runtime))
+        model_call_timeout = self.settings.dispatch.memory_model_timeout
+        conversations = ConversationMemory(memory, self.config, self.runtime, model_call_timeout=model_call_timeout)
+        model_side = ModelSide(self.runtime, conversations)
         self.descriptors[:] = agent_descriptors(self.app, model_side, self.harnesses)
         max_age = self.settings.jetstream.agents_max_age
         await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
         executor = self.executor(bus, model_side)
-        extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime)
+        extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime, model_call_timeout=model_call_timeout)
         await stack.enter_async_context(bus.serve(_closed_conversations(extractor, self.extractions), queue=WORKERS))
         options = self.settings.dispatch
         return [

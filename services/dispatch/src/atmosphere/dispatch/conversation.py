@@ -34,7 +34,8 @@ from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime
 log = logging.getLogger("atmosphere.dispatch")
 
 MODEL_CALL_TIMEOUT = 30.0
-"""Seconds a summarizing or fact-extraction model call may take (then: the fallback, or nothing)."""
+"""Seconds a summarizing or fact-extraction model call may take by default (then: the fallback,
+or nothing): `ATMOSPHERE_DISPATCH__MEMORY_MODEL_TIMEOUT`."""
 MAX_RECALLED_FACTS = 20
 ANONYMOUS = frozenset({"", "anonymous"})
 
@@ -79,8 +80,10 @@ def parse_facts(text: str) -> list[str]:
     return facts
 
 
-async def model_text(runtime: AgentRuntime | None, *, agent: str, system_prompt: str, prompt: str) -> str | None:
-    """One tool-less model answer as text (for summaries and fact extraction); None on failure."""
+async def model_text(
+    runtime: AgentRuntime | None, *, agent: str, system_prompt: str, prompt: str, timeout: float = MODEL_CALL_TIMEOUT
+) -> str | None:
+    """One tool-less model answer as text (for summaries and fact extraction); None on failure or after `timeout` s."""
     if runtime is None:
         return None
     text: list[str] = []
@@ -99,10 +102,10 @@ async def model_text(runtime: AgentRuntime | None, *, agent: str, system_prompt:
         run_id="", agent=agent, conversation_id="", request=AiRequest(message=prompt, system_prompt=system_prompt)
     )
     try:
-        async with asyncio.timeout(MODEL_CALL_TIMEOUT):
+        async with asyncio.timeout(timeout):
             await runtime.execute(ctx, session)
     except TimeoutError:
-        log.warning("agent %s: a memory model call took longer than %.0fs", agent, MODEL_CALL_TIMEOUT)
+        log.warning("agent %s: a memory model call took longer than %gs", agent, timeout)
         return None
     except Exception:
         log.exception("agent %s: a memory model call failed", agent)
@@ -113,11 +116,19 @@ async def model_text(runtime: AgentRuntime | None, *, agent: str, system_prompt:
 class ConversationMemory:
     """History and facts for the runs of this dispatch instance."""
 
-    def __init__(self, memory: MemoryClient, config: HarnessConfig, runtime: AgentRuntime | None) -> None:
-        """Use `memory` for storage and `runtime` for summaries."""
+    def __init__(
+        self,
+        memory: MemoryClient,
+        config: HarnessConfig,
+        runtime: AgentRuntime | None,
+        *,
+        model_call_timeout: float = MODEL_CALL_TIMEOUT,
+    ) -> None:
+        """Use `memory` for storage and `runtime` for summaries (each given `model_call_timeout` s)."""
         self._memory = memory
         self._config = config
         self._runtime = runtime
+        self._model_call_timeout = model_call_timeout
 
     def compaction(self, harness: AgentHarness, model: str | None) -> Compaction:
         """How this agent's history is bounded."""
@@ -166,6 +177,7 @@ class ConversationMemory:
             agent=run.agent,
             system_prompt=compacting.SUMMARY_SYSTEM_PROMPT,
             prompt=compacting.summary_prompt(plan.old),
+            timeout=self._model_call_timeout,
         )
         if not summary or not summary.strip():
             summary = compacting.local_summary(plan.old)
@@ -214,13 +226,20 @@ class FactExtractor:
     """Extracts long-term facts when ingress announces that a conversation closed."""
 
     def __init__(
-        self, app: App, harnesses: dict[str, AgentHarness], memory: MemoryClient, runtime: AgentRuntime | None
+        self,
+        app: App,
+        harnesses: dict[str, AgentHarness],
+        memory: MemoryClient,
+        runtime: AgentRuntime | None,
+        *,
+        model_call_timeout: float = MODEL_CALL_TIMEOUT,
     ) -> None:
-        """Extract for `app`'s agents that have long-term memory."""
+        """Extract for `app`'s agents that have long-term memory (each model call given `model_call_timeout` s)."""
         self._app = app
         self._harnesses = harnesses
         self._memory = memory
         self._runtime = runtime
+        self._model_call_timeout = model_call_timeout
 
     async def on_closed(self, closed: ConversationClosed) -> int:
         """Extract and store the facts of one closed conversation; how many were stored."""
@@ -241,6 +260,7 @@ class FactExtractor:
             agent=closed.agent,
             system_prompt=EXTRACTION_SYSTEM_PROMPT,
             prompt=EXTRACTION_PROMPT + transcript,
+            timeout=self._model_call_timeout,
         )
         facts = parse_facts(answer or "")
         if not facts:

@@ -58,6 +58,9 @@ class DispatchOptions(BaseModel):
     """Seconds to wait for governance; no answer means the request is refused (fail-closed)."""
     approval_timeout: float = Field(default=300.0, gt=0)
     """Seconds a tool that needs approval waits for the decision."""
+    memory_model_timeout: float = Field(default=30.0, gt=0, le=600)
+    """Seconds a summarizing (compaction) or fact-extraction model call may take; then the local
+    summary is used, or no fact is extracted."""
     max_run_deliveries: int = Field(default=5, ge=1, le=100)
     """Deliveries of one run (its worker died, or failed, each time) after which it is ended
     with an error instead of being tried again: a run that crashes its worker cannot do so forever."""

@@ -36,7 +36,7 @@ from atmosphere.ingress.errors import (
     AdminNotFoundError,
     AdminUnknownRunError,
 )
-from atmosphere.ingress.http import ADMIN_ERRORS, ADMIN_TIMEOUT, OPTIONAL_ID, admin_call, state_of, valid_id
+from atmosphere.ingress.http import ADMIN_ERRORS, OPTIONAL_ID, admin_call, admin_timeout, state_of, valid_id
 
 MAX_SEQ = 2**53
 ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
@@ -144,7 +144,7 @@ async def admin_tape_runs(
             subjects.tape("runs"),
             ListRunsRequest(tape_id=tapeId, status=status, limit=limit),
             ListRunsResponse,
-            timeout=ADMIN_TIMEOUT,
+            timeout=admin_timeout(request),
         )
         return [_run(r) for r in reply.runs]
 
@@ -178,7 +178,7 @@ async def admin_tape_steps(
             subjects.tape("steps"),
             GetStepsRequest(run_id=run_id, from_seq=fromSeq, max=max),
             GetStepsResponse,
-            timeout=ADMIN_TIMEOUT,
+            timeout=admin_timeout(request),
         )
         if not reply.HasField("run"):
             raise AdminUnknownRunError(f"The tape has no run {run_id}")
@@ -236,7 +236,7 @@ async def admin_tape_replay(
 
     async def ask(bus: Bus) -> Any:
         reply = await bus.request(
-            subjects.tape("replay"), ReplayRequest(run_id=run_id), ReplayResponse, timeout=ADMIN_TIMEOUT
+            subjects.tape("replay"), ReplayRequest(run_id=run_id), ReplayResponse, timeout=admin_timeout(request)
         )
         if not reply.present:
             return {"runId": run_id, "present": False}

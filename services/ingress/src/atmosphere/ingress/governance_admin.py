@@ -41,9 +41,9 @@ from atmosphere.ingress.bodies import parse_json
 from atmosphere.ingress.errors import AdminBadRequestError, AdminUnavailableError, BodyError
 from atmosphere.ingress.http import (
     ADMIN_ERRORS,
-    ADMIN_TIMEOUT,
     OPTIONAL_ID,
     admin_call,
+    admin_timeout,
     bounded_text,
     error_responses,
     require_admin,
@@ -278,7 +278,7 @@ async def ask_governance(request: Request, subject: str, message: M, reply_type:
 
     async def ask(bus: Bus) -> Any:
         require_fits(message, bus.max_payload, what="The body")  # 413, after the gate
-        return await bus.request(subject, message, reply_type, timeout=ADMIN_TIMEOUT)
+        return await bus.request(subject, message, reply_type, timeout=admin_timeout(request))
 
     return await admin_call(request, "governance", ask)
 

@@ -39,8 +39,6 @@ from atmosphere.ingress.state import IngressState
 
 R = TypeVar("R")
 
-ADMIN_TIMEOUT = 5.0
-"""Seconds an admin read waits for the owning service."""
 OPTIONAL_ID = r"^([A-Za-z0-9_\-:@]{1,128})?$"
 """An optional id filter of an admin read: empty, or what a run, tape or conversation id may look like."""
 
@@ -75,6 +73,11 @@ def state_of(request: Request | WebSocket) -> IngressState:
     """The app's shared state."""
     state: IngressState = request.app.state.ingress
     return state
+
+
+def admin_timeout(request: Request | WebSocket) -> float:
+    """Seconds an admin call waits for the owning service (`ATMOSPHERE_INGRESS__ADMIN_TIMEOUT`)."""
+    return state_of(request).settings.ingress.admin_timeout
 
 
 def message_limit_of(state: IngressState) -> int:

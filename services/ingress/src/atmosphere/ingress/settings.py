@@ -51,6 +51,9 @@ class IngressOptions(BaseModel):
     """Seconds from a request's headers until its body must be complete (slow clients get 408)."""
     keep_alive_timeout: float = Field(default=5.0, gt=0)
     """Seconds an idle keep-alive HTTP connection stays open."""
+    admin_timeout: float = Field(default=5.0, gt=0, le=300)
+    """Seconds an admin or workspace read (or a governance change) waits for the owning service
+    (memory, tape, governance) before answering 503 `admin.unavailable`."""
     max_connections: int = Field(default=4096, ge=1)
     """Open connections (HTTP and WebSocket) per ingress process; beyond it requests get 503."""
     sse_keep_alive: float = Field(default=15.0, gt=0, le=3600)

@@ -30,7 +30,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.ingress.errors import AdminBadRequestError, AdminSurfaceAbsentError
-from atmosphere.ingress.http import ADMIN_ERRORS, ADMIN_TIMEOUT, admin_call
+from atmosphere.ingress.http import ADMIN_ERRORS, admin_call, admin_timeout
 
 router = APIRouter()
 
@@ -114,7 +114,7 @@ async def agent_plan(request: Request, name: Name, sessionId: SessionId) -> Any:
             subjects.memory("plan.get"),
             GetPlanRequest(workspace=_scope(descriptor, sessionId)),
             GetPlanResponse,
-            timeout=ADMIN_TIMEOUT,
+            timeout=admin_timeout(request),
         )
         if not reply.found:
             raise AdminSurfaceAbsentError(f"Agent '{name}' has no plan in conversation {sessionId}")
@@ -144,7 +144,7 @@ async def agent_files(request: Request, name: Name, sessionId: SessionId, path: 
             subjects.memory("files.list"),
             ListFilesRequest(workspace=_scope(descriptor, sessionId), path=path),
             ListFilesResponse,
-            timeout=ADMIN_TIMEOUT,
+            timeout=admin_timeout(request),
         )
         entries = [{"path": e.path, "size": e.size, "directory": e.directory} for e in reply.entries]
         return {"agent": name, "sessionId": sessionId, "path": path or ".", "entries": entries}
@@ -166,7 +166,7 @@ async def agent_file_content(request: Request, name: Name, sessionId: SessionId,
             subjects.memory("files.read"),
             ReadFileRequest(workspace=_scope(descriptor, sessionId), path=path),
             ReadFileResponse,
-            timeout=ADMIN_TIMEOUT,
+            timeout=admin_timeout(request),
         )
         return {"agent": name, "sessionId": sessionId, "path": path, "content": reply.content}
 
