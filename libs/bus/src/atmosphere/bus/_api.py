@@ -215,7 +215,11 @@ class Bus(abc.ABC):
     def subscribe(
         self, subject: str, message_type: type[M], *, queue: str | None = None
     ) -> AbstractAsyncContextManager[Subscription[M]]:
-        """Receive the messages on `subject` (wildcards allowed) while the context is open."""
+        """Receive the messages on `subject` (wildcards allowed) while the context is open.
+
+        Once entered, the broker knows the subscription: whatever is published after, by any
+        client, is delivered.
+        """
 
     @abc.abstractmethod
     def serve(

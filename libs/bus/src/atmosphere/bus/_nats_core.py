@@ -33,6 +33,8 @@ SUBSCRIPTION_PENDING_LIMIT = 65536
 """Subscriptions buffer at most this many messages before NATS reports a slow consumer."""
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a publish whose expected last subject sequence did not match."""
+SUBSCRIBE_FLUSH_TIMEOUT = 5
+"""Seconds `subscribe` waits for the broker to confirm a new subscription (then goes on regardless)."""
 
 
 class NatsCore(ConnectionLiveness):
@@ -130,10 +132,29 @@ class NatsCore(ConnectionLiveness):
             pending_msgs_limit=SUBSCRIPTION_PENDING_LIMIT,
         )
         try:
+            await self._interest_sent()
             yield subscription
         finally:
             subscription.close()
             await unsubscribe(sub)
+
+    async def _interest_sent(self) -> None:
+        """Return once the broker has this client's new subscriptions.
+
+        Without it a message another client published the moment after `subscribe` (or
+        `serve`) was entered could be missed. One `flush()` is not enough: nats-py writes its
+        PING straight to the socket while the SUB waits in its write buffer for the flusher
+        task, so the PONG can come back before the server has the SUB (a test publishing from a
+        second client lost about one message in twenty that way). By the first PONG the flusher
+        has written the SUB; the second PING follows it on the wire, so its PONG proves it.
+        While reconnecting there is nothing to wait for: the client sends every subscription
+        again as it reconnects.
+        """
+        if not self._nc.is_connected:
+            return
+        with contextlib.suppress(nats.errors.TimeoutError, nats.errors.ConnectionClosedError):
+            for _ in range(2):
+                await self._nc.flush(timeout=SUBSCRIBE_FLUSH_TIMEOUT)
 
     @contextlib.asynccontextmanager
     async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
@@ -155,7 +176,7 @@ class NatsCore(ConnectionLiveness):
                             pending_msgs_limit=SUBSCRIPTION_PENDING_LIMIT,
                         )
                     )
-                await self._nc.flush()
+                await self._interest_sent()
                 yield
             finally:
                 for sub in subs:
