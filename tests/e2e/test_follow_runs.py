@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections import defaultdict
@@ -170,6 +171,18 @@ async def run_command(*argv: str, env: dict[str, str] | None = None) -> tuple[in
     return process.returncode, out.decode(), err.decode()
 
 
+async def stopped(process: asyncio.subprocess.Process, *, within: float) -> None:
+    """Wait for `process` to end; one still running after `within` s fails with its threads' stacks."""
+    try:
+        await asyncio.wait_for(process.wait(), within)
+    except TimeoutError:
+        process.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack, then it dies
+        await process.wait()
+        assert process.stderr is not None
+        where = (await process.stderr.read()).decode(errors="replace")
+        raise AssertionError(f"still running {within:g} s after SIGINT:\n{where}") from None
+
+
 def tape_follow(*args: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "atmosphere.cli", "tape", "follow", *args)
 
@@ -198,8 +211,12 @@ async def test_the_tape_follow_command_replays_a_run_and_tails_every_run(
         assert "".join(line["data"]["text"] for line in lines if line["kind"] == "text_delta") == PROMPT
 
         # Every run, live, until Ctrl-C (its normal end: exit 0).
+        # faulthandler: a follower that does not stop is made to show where it is (below).
         every = await asyncio.create_subprocess_exec(
-            *tape_follow("--all", *where), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *tape_follow("--all", *where),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
         assert every.stdout is not None
         assert every.stderr is not None
@@ -209,7 +226,7 @@ async def test_the_tape_follow_command_replays_a_run_and_tails_every_run(
         next_run = str(frames[0]["value"])
         seen = [(await asyncio.wait_for(every.stdout.readline(), 30)).decode() for _ in range(3)]
         every.send_signal(signal.SIGINT)
-        await asyncio.wait_for(every.wait(), 30)
+        await stopped(every, within=30)
         assert every.returncode == 0
         assert seen == [
             f'{next_run} #1 metadata X-Atmosphere-Run-Id = "{next_run}"\n',
