@@ -171,6 +171,11 @@ async def run_command(*argv: str, env: dict[str, str] | None = None) -> tuple[in
     return process.returncode, out.decode(), err.decode()
 
 
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT does what it does at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def stopped(process: asyncio.subprocess.Process, *, within: float) -> None:
     """Wait for `process` to end; one still running after `within` s fails with its threads' stacks."""
     try:
@@ -211,12 +216,16 @@ async def test_the_tape_follow_command_replays_a_run_and_tails_every_run(
         assert "".join(line["data"]["text"] for line in lines if line["kind"] == "text_delta") == PROMPT
 
         # Every run, live, until Ctrl-C (its normal end: exit 0).
-        # faulthandler: a follower that does not stop is made to show where it is (below).
+        # Ctrl-C as a terminal sends it: SIGINT's default action restored in the child, since a
+        # suite started in the background (`make test &`) passes SIGINT on ignored, and an
+        # ignored SIGINT stays ignored in Python. faulthandler: a follower that does not stop is
+        # made to show where it is (below).
         every = await asyncio.create_subprocess_exec(
             *tape_follow("--all", *where),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            preexec_fn=_interruptible,
         )
         assert every.stdout is not None
         assert every.stderr is not None
