@@ -82,9 +82,9 @@ RESERVED_METADATA_PREFIXES = ("atmosphere.", "ai.subagent.", "ai.run.")
 """Run metadata dispatch sets itself (queue level, sub-agent depth and workspace): not a client's to choose."""
 MAX_REASON_CHARS = 1024
 HEALTH_POLL = 0.5
+"""Seconds between looks at dispatch's readiness for gRPC health `Watch` streams."""
 RUN_ID_HEADER = RUN_ID_METADATA_KEY.lower()
 """The `Run` call's header naming its run (gRPC metadata keys are lower case)."""
-"""Seconds between looks at dispatch's readiness for gRPC health `Watch` streams."""
 MALFORMED_RUN_ID = "Malformed run id (1-128 letters, digits, _-:@)"
 
 M = TypeVar("M", bound=Message)
