@@ -227,8 +227,8 @@ async def test_a_stall_longer_than_the_read_timeout_is_a_read_timeout_and_a_disc
     async with reaching(model, way, read=0.3) as client:
         with pytest.raises(httpx.ReadTimeout):
             await read_all(client)
-        await asyncio.wait_for(model.disconnected.wait(), 2.0)
-    assert time.monotonic() - started < 5
+        await asyncio.wait_for(model.disconnected.wait(), 10.0)
+    assert time.monotonic() - started < 20  # the stall lasts 30 s; loose for a loaded machine
     assert model.disconnects == 1
 
 

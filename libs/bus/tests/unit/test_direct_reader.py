@@ -106,7 +106,7 @@ async def test_a_broker_that_never_answers_fails_within_the_patience() -> None:
     started = time.monotonic()
     with pytest.raises(BusError, match="no answer"):
         await read(server, through=3, leader_holds=3, patience=0.3)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5  # loose for a loaded machine, below the default patience (10 s)
 
 
 async def test_a_replica_that_stays_behind_fails_within_the_patience() -> None:

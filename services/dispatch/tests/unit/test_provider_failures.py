@@ -54,7 +54,7 @@ async def test_a_stall_after_text_is_an_error(fake_provider: ScriptedModel) -> N
     fake_provider.script(Turn.stalled("Thinking", seconds=10))
     started = time.monotonic()
     recorder = await run(fake_provider, stall=0.5)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # the stall lasts 10 s: cut at 0.5 s, loose for a loaded machine
     assert recorder.terminal().error.message == "provider stalled: no data for 0.5 s"
 
 

