@@ -2,8 +2,8 @@
 
 `make test` spreads the suite over parallel workers by file (pytest-xdist's `--dist loadfile`:
 a file's module- and class-scoped stacks start once, on one worker), in the order collected. So
-the end-to-end tests, then the contract tests, are collected first: the last file to finish is
-a short one rather than a chaos test started late. (A test that needs a host-wide resource to
+the longest files, then the other end-to-end and contract tests, are collected first: the last
+file to finish is a short one rather than a chaos test started late. (A test that needs a host-wide resource to
 itself takes a lock across processes instead, such as `atmosphere.testing`'s `sandbox_user`.)
 """
 
@@ -21,8 +21,36 @@ from typing import NoReturn
 
 import pytest
 
-FIRST = ("tests/e2e/", "tests/contract/", "tests/")
-"""Where the long tests are, longest first."""
+FIRST = (
+    # The `alone` tests first: while they hold the room, the static gates and the dependency
+    # floors (the other lanes of `make test`, busiest in their first minute) use the idle cores.
+    "tests/e2e/test_chaos.py",
+    "tests/e2e/test_resume_storm.py",
+    # Then the longest files (seconds on two cores, `pytest -n 3 --durations=0`, December 2026),
+    # so the suite does not end on one long file while two workers idle. Only the order depends
+    # on these: a stale entry costs a few seconds, never a result.
+    "tests/e2e/test_cluster_leader_loss.py",  # 90
+    "tests/e2e/test_broker_restart.py",  # 58
+    "tests/e2e/test_default_mode_takeover.py",  # 53
+    "tests/e2e/test_own_project.py",  # 40
+    "tests/e2e/test_governance_recovery.py",  # 39
+    "tests/e2e/test_provider_truth.py",  # 28
+    "tests/e2e/hostile/test_ingress_agents.py",  # 27
+    "tests/e2e/test_openai_approvals_and_retries.py",  # 27
+    "tests/e2e/test_governance.py",  # 26
+    "tests/contract/test_bus_contract.py",  # 26
+    "tests/e2e/test_harness.py",  # 25
+    "tests/contract/test_bus_replication.py",  # 24
+    "tests/e2e/test_dev_cluster.py",  # 23
+    "services/sandbox/tests/integration/test_tool_workers.py",  # 23
+    "services/sandbox/tests/integration/code/test_escape.py",  # 18
+    "libs/testing/tests/test_testing_env.py",  # 17
+    # Then by place: end-to-end, contract, the other root tests, and the rest.
+    "tests/e2e/",
+    "tests/contract/",
+    "tests/",
+)
+"""Where the long tests are, longest first (a path or a folder's prefix)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
