@@ -79,12 +79,13 @@ docs: install ## The documentation: docs/ built into site/ by MkDocs, strictly (
 	$(RUN) mkdocs build --strict
 
 # The suite on three pytest-xdist workers, whole files each (a file's shared stacks start once),
-# the longest first (conftest.py): about 9 minutes on two cores instead of 18. A test that bounds
-# a latency in wall time is marked `alone` and runs with no other test beside it (conftest.py).
-# PYTEST_WORKERS=0: one process.
+# the longest first (conftest.py; `--no-loadscope-reorder` keeps that order, where xdist would
+# start the files with the most tests first and end on the long single-test ones): about 8
+# minutes on two cores instead of 18. A test that bounds a latency in wall time is marked
+# `alone` and runs with no other test beside it (conftest.py). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 3
 pytest: install ## The test suite (unit, contract, integration, end-to-end) on PYTEST_WORKERS workers
-	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The declared dependency floors, tested: every library and service installed at the lowest
 # versions its pyproject allows (scripts/lowest_env.py; kept in .atmosphere/lowest and reused

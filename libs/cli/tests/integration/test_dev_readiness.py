@@ -204,6 +204,18 @@ def test_every_service_stops_the_stack_on_invalid_settings(tmp_path: Path) -> No
         assert (EXIT_APP_UNLOADABLE in specs[name].fatal_exit_codes) == (name in dev.APP_LOADERS)
 
 
+def test_the_app_loaders_are_the_services_whose_code_imports_the_app() -> None:
+    # An app loader left out is restarted on exit 4: under load it could be the first to fail,
+    # and the stack said "restarting in" before the first loader listed stopped it.
+    root = Path(__file__).resolve().parents[4]
+    importing = {
+        name
+        for name in dev.SERVICES
+        if any("load_service_app(" in source.read_text() for source in (root / "services" / name / "src").rglob("*.py"))
+    }
+    assert importing == dev.APP_LOADERS
+
+
 @pytest.mark.timeout(30)
 async def test_a_failed_provisioning_stops_the_stack_before_any_service_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

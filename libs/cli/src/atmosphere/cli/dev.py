@@ -44,8 +44,10 @@ __all__ = [
 ]
 
 LOCAL_MODEL_ALIAS = "smollm2"
-APP_LOADERS = frozenset({"dispatch", "sandbox"})
-"""The services that import the app: when they cannot, the whole stack stops."""
+APP_LOADERS = frozenset({"dispatch", "governance", "sandbox"})
+"""The services that import the app (governance for its Python policies): when one cannot, the
+whole stack stops. Restarting it would only fail again, and while the first of them to fail is
+not yet known to the stack, another's exit must not count as a crash to retry."""
 EXIT_APP_UNLOADABLE = 4
 """`atmosphere.service.EXIT_APP_UNLOADABLE`, repeated: the CLI must run before that import is known to work."""
 EXIT_INVALID_SETTINGS = 78
