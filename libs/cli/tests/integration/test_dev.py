@@ -193,7 +193,8 @@ def test_the_app_dir_reaches_every_service_and_only_app_loaders_are_fatal_on_exi
     options = DevOptions(app="mypkg.agents:app", home=tmp_path / "home", app_dir=tmp_path, no_model=True)
     specs = {s.name: s for s in child_specs(options)}
     assert {s.env["ATMOSPHERE_APP_DIR"] for s in list(specs.values())[1:]} == {str(tmp_path.resolve())}
-    assert {n for n, s in specs.items() if EXIT_APP_UNLOADABLE in s.fatal_exit_codes} == {"dispatch", "governance", "sandbox"}
+    fatal_on_4 = {n for n, s in specs.items() if EXIT_APP_UNLOADABLE in s.fatal_exit_codes}
+    assert fatal_on_4 == {"dispatch", "governance", "sandbox"}
     assert specs["dispatch"].fatal_exit_codes == frozenset({EXIT_APP_UNLOADABLE, dev.EXIT_INVALID_SETTINGS})
 
 

@@ -60,15 +60,22 @@ class CappedStream:
         self.cut = False
 
     async def drain(self, reader: asyncio.StreamReader, on_overflow: Callable[[], None]) -> None:
-        """Read `reader` to its end, or until it goes past the cap: then call `on_overflow` and stop."""
+        """Read `reader` to its end, keeping the first `cap` bytes; past them call `on_overflow` once.
+
+        What comes after the cap is read and dropped until the end (the process is being stopped):
+        a pipe left unread stays paused and open, and with it the process's transport and its
+        file descriptors, after the process is gone.
+        """
         while chunk := await reader.read(CHUNK_BYTES):
+            if self.cut:
+                continue
             room = self.cap - len(self.data)
             if len(chunk) > room:
                 self.data += chunk[:room]
                 self.cut = True
                 on_overflow()
-                return
-            self.data += chunk
+            else:
+                self.data += chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,19 +125,25 @@ async def capture(
     ]
     feeder = asyncio.create_task(_feed(process, stdin))
     timed_out = False
+    ended = asyncio.create_task(process.wait())
     try:
-        try:
-            await asyncio.wait_for(asyncio.gather(*tasks, process.wait()), timeout)
-        except TimeoutError:
-            timed_out = True
+        # `asyncio.wait` leaves the readers running at the timeout: each reads its stream to the
+        # end, which comes as the stopped processes die (a stream left unread stays paused and
+        # open, and with it the process's transport and file descriptors).
+        _, running = await asyncio.wait([*tasks, ended], timeout=timeout)
+        if running:
+            # A process already stopped for its output that is still dying at the timeout (a
+            # loaded machine, a cap reached late) ended for its output, not its time.
+            timed_out = not (out.cut or err.cut)
             stop()
-        # Stopped (cut or timed out): the streams close as the processes die; reap the process.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), REAP_SECONDS)
+            await asyncio.wait(running, timeout=REAP_SECONDS)
+        for reader in tasks:
+            if reader.done():
+                reader.result()  # a reader's own failure is not swallowed
     finally:
-        for task in (*tasks, feeder):
+        for task in (*tasks, ended, feeder):
             task.cancel()
-        await asyncio.gather(*tasks, feeder, return_exceptions=True)
+        await asyncio.gather(*tasks, ended, feeder, return_exceptions=True)
     return Captured(
         exit_code=exit_code(process.returncode),
         stdout=bytes(out.data),
