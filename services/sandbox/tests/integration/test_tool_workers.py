@@ -32,7 +32,8 @@ from atmosphere.sandbox.handlers import ToolHost
 from atmosphere.sandbox.outcome import ResultLimits, ToolOutcome
 from atmosphere.sandbox.settings import SandboxOptions, SandboxSettings
 from atmosphere.sandbox.worker_memory import MemoryCgroup
-from atmosphere.sandbox.worker_process import WorkerSpec
+from atmosphere.sandbox.worker_process import WorkerProcess, WorkerSpec
+from atmosphere.sandbox.worker_stops import Closing
 from atmosphere.sandbox.workers import ToolWorkers, ToolWorkersError, _Slot, spec_from, tool_workers, worker_env
 from atmosphere.sdk import Tool
 from atmosphere.sdk.host import load_app
@@ -273,6 +274,20 @@ async def test_a_call_runs_in_a_worker_process(app_dir: Path, tools: Tools) -> N
         pid = int(await run(workers, tools, "pid_after", seconds=0))
         assert pid != os.getpid()
         assert workers.pids() == [pid]
+
+
+async def test_a_start_cancelled_at_any_step_leaves_no_process(app_dir: Path) -> None:
+    # The pool closing while a replacement starts cancels its start wherever it is: between the
+    # spawn and the worker (its pipes being wrapped), one was left running (a floors run).
+    for steps in range(40):  # past the spawn, the pipes and into the handshake
+        starting = asyncio.create_task(WorkerProcess.start(spec(app_dir), f"cancelled after {steps} steps"))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await (await starting).stop(Closing())  # it started in time: stopped as the pool would
+        assert children() == [], f"cancelled after {steps} steps"
+    assert_nothing_left()
 
 
 async def test_a_segfault_costs_the_worker_not_the_service(app_dir: Path, tools: Tools) -> None:

@@ -136,7 +136,19 @@ class WorkerProcess:
         finally:  # the child's ends of the pipes
             os.close(requests_read)
             os.close(replies_write)
-        pipes = (await pipe_writer(requests_write), *(await pipe_reader(replies_read)))
+        # Cancelled (the pool is closing) between the spawn and the worker, nothing is left running.
+        # Each pipe end is the stream's once it is being wrapped (asyncio closes it on failure).
+        writer: asyncio.StreamWriter | None = None
+        try:
+            writer = await pipe_writer(requests_write)
+            pipes = (writer, *(await pipe_reader(replies_read)))
+        except BaseException:
+            if writer is None:
+                os.close(replies_read)
+            else:
+                writer.close()
+            await asyncio.shield(_discard(process, cgroup))
+            raise
         worker = cls(label, spec, process, pipes, cgroup if isinstance(cgroup, MemoryCgroup) else None)
         try:
             await worker._handshake(cgroup if isinstance(cgroup, str) else "")
@@ -347,6 +359,15 @@ class WorkerProcess:
         task: asyncio.Task[Any] = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _discard(process: asyncio.subprocess.Process, cgroup: MemoryCgroup | str) -> None:
+    """Kill a worker process that never became a `WorkerProcess`, read its output to the end, reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.communicate()  # its stdout and stderr to their end: their transports close
+    if isinstance(cgroup, MemoryCgroup):
+        await cgroup.dispose()
 
 
 def _piped(stream: asyncio.StreamReader | None) -> asyncio.StreamReader:
