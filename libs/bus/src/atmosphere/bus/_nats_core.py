@@ -34,7 +34,7 @@ SUBSCRIPTION_PENDING_LIMIT = 65536
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a publish whose expected last subject sequence did not match."""
 SUBSCRIBE_FLUSH_TIMEOUT = 5
-"""Seconds `subscribe` waits for the broker to confirm a new subscription (then goes on regardless)."""
+"""Seconds `subscribe` and `serve` wait for the broker to confirm new subscriptions (then go on regardless)."""
 
 
 class NatsCore(ConnectionLiveness):

@@ -74,8 +74,14 @@ async def test_a_process_past_its_timeout_is_stopped() -> None:
 async def test_a_flood_still_dying_at_the_timeout_was_stopped_for_its_output_not_its_time() -> None:
     process = await _python("import sys\nwhile True: sys.stdout.write('y' * 65536)")
 
-    def slow_stop() -> None:  # the kill lands after the timeout, as on a loaded machine
-        asyncio.get_running_loop().call_later(1.0, Stopper(process))
+    kill = Stopper(process)
+    calls = 0
 
-    captured = await capture(process, cap=100_000, timeout=0.3, stop=slow_stop)
+    def slow_stop() -> None:  # the cut's stop does not land: the process is still there at the timeout
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            kill()
+
+    captured = await capture(process, cap=100_000, timeout=2, stop=slow_stop)
     assert (captured.stdout_cut, captured.timed_out, captured.exit_code) == (True, False, 137)
