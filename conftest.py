@@ -21,6 +21,11 @@ from typing import NoReturn
 
 import pytest
 
+# Every framework adapter of the workspace is installed beside the built-in runtime and outranks
+# it (priority 100): the suite's default dispatch pool runs the built-in runtime, which its
+# scripted providers answer; the adapters' own tests name their pools. Children inherit it.
+os.environ.setdefault("ATMOSPHERE_DISPATCH__RUNTIME", "built-in")
+
 FIRST = (
     # The `alone` tests first: while they hold the room, the static gates and the dependency
     # floors (the other lanes of `make test`, busiest in their first minute) use the idle cores.

@@ -168,6 +168,8 @@ def processes(nats_url: str, provider_url: str, data: Path, grpc_port: int) -> I
         "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
         "ATMOSPHERE_DISPATCH__GRPC_PORT": str(grpc_port),
         "ATMOSPHERE_DISPATCH__MAX_CONCURRENT_RUNS": "32",
+        # The built-in runtime's figures, whichever framework adapters are installed beside it.
+        "ATMOSPHERE_DISPATCH__RUNTIME": "built-in",
     }
     names = os.environ.get("BENCH_SERVICES", "governance,tape,memory,dispatch").split(",")
     children = [subprocess.Popen([sys.executable, "-m", f"atmosphere.{name}"], env=env) for name in names]

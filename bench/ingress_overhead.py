@@ -189,6 +189,8 @@ def our_services(nats_url: str, upstream: str, data: Path, http_port: int) -> It
         "LLM_BASE_URL": upstream,
         "LLM_MODEL": "fake-model",
         "ATMOSPHERE_DISPATCH__MAX_CONCURRENT_RUNS": "128",
+        # The built-in runtime's figures, whichever framework adapters are installed beside it.
+        "ATMOSPHERE_DISPATCH__RUNTIME": "built-in",
         "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
         "ATMOSPHERE_DISPATCH__GRPC_PORT": str(free_port()),
         "ATMOSPHERE_INGRESS__HOST": "127.0.0.1",

@@ -54,7 +54,7 @@ def service_map(
         "dispatch": {
             "app": app,
             "app_dir": ROOT,
-            "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0),
+            "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in"),
             "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10, **(llm or {})),
             **(dispatch or {}),
         },

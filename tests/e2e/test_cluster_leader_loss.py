@@ -178,7 +178,11 @@ async def cluster_stack(
         data,
         app="examples.assistant:app",
         llm_base_url=provider.base_url,
-        dispatch={"dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, max_concurrent_runs=RUNS)},
+        dispatch={
+            "dispatch": DispatchOptions(
+                grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", max_concurrent_runs=RUNS
+            )
+        },
     )
     replicated = JetStreamSettings(replicas=3)
     services = {name: (serve, s.model_copy(update={"jetstream": replicated})) for name, (serve, s) in services.items()}

@@ -353,7 +353,9 @@ async def test_governance_going_down_stops_every_edge_closed_and_keeps_what_was_
         tmp_path / "data",
         app="tests.e2e.apps.governed_app:app",
         llm_base_url=fake_provider.base_url,
-        dispatch={"dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, governance_timeout=1.0)},
+        dispatch={
+            "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", governance_timeout=1.0)
+        },
         governance={"governance": {"policy_files": [policy_path]}},
     )
     serve_governance, governance_settings = services.pop("governance")

@@ -276,7 +276,9 @@ class TestSubRunsWithOneWorkerSlot:
 
     stack = harness_stack(
         app="examples.personal_assistant:app",
-        dispatch={"dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, max_concurrent_runs=1)},
+        dispatch={
+            "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", max_concurrent_runs=1)
+        },
     )
 
     async def test_delegate_task_and_task_run_while_the_coordinator_waits(

@@ -22,6 +22,7 @@ from atmosphere.bus.permissions import (
     user_name,
     write_credentials,
 )
+from atmosphere.bus.runs import MAX_NESTING
 
 NS = "team.dev"
 STREAM_PREFIX = "TEAM_DEV_"
@@ -150,7 +151,19 @@ def test_nobody_but_the_provisioner_creates_a_consumer_and_it_only_the_run_queue
         assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{runs}.{consumer.durable}") == {Role.DISPATCH}
         assert api_users(f"$JS.ACK.{runs}.{consumer.durable}.1.2.3.4.5") == {Role.DISPATCH}
         assert api_users(f"$JS.API.CONSUMER.INFO.{runs}.{consumer.durable}") == {Role.DISPATCH, Role.PROVISIONER}
-    assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{runs}.other") == set()
+    # A runtime pool's consumers are named after its runtime, unknown here: dispatch may bind any
+    # consumer of the run queue (all of them are its own), of no other stream.
+    for level in range(MAX_NESTING + 1):
+        durable = run_queue.durable_name(level, "langchain")
+        pool_filter = wire(subjects.run_submit_level(level, "langchain"))
+        assert api_users(f"$JS.API.CONSUMER.CREATE.{runs}.{durable}.{pool_filter}") == {Role.PROVISIONER}
+        assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{runs}.{durable}") == {Role.DISPATCH}
+        assert api_users(f"$JS.ACK.{runs}.{durable}.1.2.3.4.5") == {Role.DISPATCH}
+    # Only with a pool queue's filter: not the default pool's queue, nor run events.
+    assert api_users(f"$JS.API.CONSUMER.CREATE.{runs}.other.{wire(subjects.run_submit_level(0))}") == set()
+    assert api_users(f"$JS.API.CONSUMER.CREATE.{runs}.other.{wire(subjects.run_events_all())}") == set()
+    events = STREAM_PREFIX + subjects.EVENTS_STREAM
+    assert api_users(f"$JS.API.CONSUMER.MSG.NEXT.{events}.other") == set()
 
 
 def test_replicas_read_their_log_and_hear_of_its_writes() -> None:

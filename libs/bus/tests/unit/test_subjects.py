@@ -1,6 +1,6 @@
 import pytest
 
-from atmosphere.bus import subjects
+from atmosphere.bus import run_queue, subjects
 
 
 def test_builders_produce_the_documented_layout() -> None:
@@ -86,3 +86,57 @@ def test_namespace_validation() -> None:
     for bad in ("a..b", "a.*", "a b", ".a"):
         with pytest.raises(ValueError, match="namespace"):
             subjects.validate_namespace(bad)
+
+
+POOLS = ("", "langchain", "nested", "pool", "openai-agents")
+"""The default pool, ordinary runtime pools, and pools named like the subjects' own words."""
+
+
+def test_no_two_pools_or_levels_share_a_queue() -> None:
+    # Every pool's worker consumers share `ATMO_RUNS`, a work queue: JetStream refuses overlapping filters.
+    filters = [subjects.run_submit_level(level, pool) for pool in POOLS for level in range(4)]
+    for i, a in enumerate(filters):
+        for b in filters[i + 1 :]:
+            assert not subjects.overlaps(a, b), (a, b)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("level", range(4))
+def test_a_submission_lands_in_its_pools_queue_only(pool: str, level: int) -> None:
+    subject = subjects.run_submit("writer", level=level, pool=pool)
+    queues = {(p, n) for p in POOLS for n in range(4) if subjects.matches(subjects.run_submit_level(n, p), subject)}
+    assert queues == {(pool, level)}
+    assert subjects.matches(subjects.run_submit_all(), subject)  # and `ATMO_RUNS` captures it
+
+
+def test_the_default_pool_keeps_its_subjects() -> None:
+    # Agents pinned to no runtime are queued where they always were: a deployment without pools is unchanged.
+    assert subjects.run_submit("echo") == "atmo.submit.echo"
+    assert subjects.run_submit("echo", level=2) == "atmo.submit.nested.2.echo"
+    assert subjects.run_submit("echo", pool="langchain") == "atmo.submit.pool.langchain.echo"
+    assert subjects.run_submit("echo", level=1, pool="langchain") == "atmo.submit.nested.1.pool.langchain.echo"
+
+
+@pytest.mark.parametrize("pool", ["a.b", "*", ">", "has space", ""])
+def test_a_pool_must_be_one_safe_token(pool: str) -> None:
+    if not pool:
+        assert run_queue.durable_name(0, pool) == "dispatch"
+        return
+    with pytest.raises(ValueError, match="dispatch pool"):
+        subjects.run_submit("echo", pool=pool)
+    with pytest.raises(ValueError, match="dispatch pool"):
+        run_queue.durable_name(0, pool)
+
+
+def test_each_pool_gets_a_worker_consumer_per_level() -> None:
+    specs = run_queue.consumers(pools=["langchain", "", "langchain"])
+    assert [(s.durable, s.filter_subject) for s in specs] == [
+        ("dispatch", "atmo.submit.*"),
+        ("dispatch-nested-1", "atmo.submit.nested.1.*"),
+        ("dispatch-nested-2", "atmo.submit.nested.2.*"),
+        ("dispatch-nested-3", "atmo.submit.nested.3.*"),
+        ("dispatch-pool-langchain", "atmo.submit.pool.langchain.*"),
+        ("dispatch-pool-langchain-nested-1", "atmo.submit.nested.1.pool.langchain.*"),
+        ("dispatch-pool-langchain-nested-2", "atmo.submit.nested.2.pool.langchain.*"),
+        ("dispatch-pool-langchain-nested-3", "atmo.submit.nested.3.pool.langchain.*"),
+    ]

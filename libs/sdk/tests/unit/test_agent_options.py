@@ -73,6 +73,7 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         max_history_messages=8,
         prompt_cache="aggressive",
         permission_mode="plan",
+        runtime="langchain",
     )
     class Full: ...
 
@@ -98,6 +99,8 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         "conversation_memory": False,
         "prompt_cache": PromptCache.AGGRESSIVE,
         "permission_mode": PermissionMode.PLAN,
+        "runtime": "langchain",
+        "native": None,
     }
 
 
@@ -120,6 +123,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         max_history_messages=4,
         prompt_cache=PromptCache.CONSERVATIVE,
         permission_mode=PermissionMode.DENY_ALL,
+        runtime="pydantic-ai",
     )
     class Boss:
         """Runs the fleet."""
@@ -146,6 +150,8 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         "conversation_memory": False,
         "prompt_cache": PromptCache.CONSERVATIVE,
         "permission_mode": PermissionMode.DENY_ALL,
+        "runtime": "pydantic-ai",
+        "native": None,
     }
 
 
@@ -167,6 +173,7 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         max_history_messages=6,
         prompt_cache="none",
         permission_mode="accept_edits",
+        runtime="openai-agents",
     )
     class Ask: ...
 
@@ -192,6 +199,8 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         "conversation_memory": True,
         "prompt_cache": PromptCache.NONE,
         "permission_mode": PermissionMode.ACCEPT_EDITS,
+        "runtime": "openai-agents",
+        "native": None,
     }
 
 

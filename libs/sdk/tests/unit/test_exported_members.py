@@ -36,6 +36,7 @@ USER_SURFACE = [
     "agent",
     "ai_endpoint",
     "coordinator",
+    "hosted_agent",
     "prompt",
     "tool",
     "tool_call_approved",

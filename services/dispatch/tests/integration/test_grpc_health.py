@@ -35,7 +35,7 @@ async def grpc_address(fresh_nats: NatsServer, tmp_path: Path) -> AsyncIterator[
         data_dir=tmp_path / "data",
         app="examples.echo:app",
         app_dir=ROOT,
-        dispatch=DispatchOptions(grpc_host="127.0.0.1", grpc_port=0),
+        dispatch=DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in"),
     )
     async with (
         connect([fresh_nats.url], name="test", namespace="health") as bus,

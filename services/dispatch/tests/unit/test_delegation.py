@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ from atmosphere.dispatch.effects import ToolEffect
 from atmosphere.dispatch.journal import RunJournal
 from atmosphere.dispatch.memory_client import MemoryClient
 
-FLEET = ("writer", "critic")
+FLEET = {"writer": "", "critic": ""}
 HANG_CAP = 5.0
 """A hanging sub-run gives up on its own after this long (only if the cancel never came)."""
 
@@ -54,13 +54,15 @@ class World:
     controls: list[Control] = field(default_factory=list)
     drops: list[DropWorkspaceRequest] = field(default_factory=list)
     forwarded: list[RunEvent] = field(default_factory=list)
+    queued_on: list[str] = field(default_factory=list)
+    """The subject each sub-run was queued on."""
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def emit(self, event: RunEvent) -> None:
         self.forwarded.append(event)
 
     def delegation(
-        self, parent: RunSubmission | None = None, *, fleet: tuple[str, ...] = FLEET, **kw: Any
+        self, parent: RunSubmission | None = None, *, fleet: Mapping[str, str] = FLEET, **kw: Any
     ) -> Delegation:
         return Delegation(
             self.bus, parent or parent_run(), self.emit, fleet=fleet, memory=MemoryClient(self.bus, timeout=1), **kw
@@ -149,6 +151,7 @@ async def world() -> AsyncIterator[World]:
     async def work(item: WorkItem[RunSubmission]) -> None:
         request = item.envelope.message
         w.submitted.append(request)
+        w.queued_on.append(item.envelope.subject)
         await _answer(w, request)
 
     memory = Router()
@@ -357,8 +360,24 @@ async def test_child_events_are_forwarded_tagged_with_their_origin(world: World,
 # -- delegate_task ---------------------------------------------------------------------------------
 
 
+async def test_a_member_pinned_to_a_runtime_is_queued_in_its_pool(world: World) -> None:
+    fleet = {"writer": "langchain", "critic": ""}
+    result = await world.delegation(fleet=fleet).delegate_task({"agent": "writer", "message": "hi"})
+    assert result.strip() == "echo: hi"
+    assert only_child(world).pool == "langchain"
+    assert world.queued_on == [subjects.run_submit("writer", level=1, pool="langchain")]
+
+
+async def test_a_task_sub_agent_runs_in_its_parents_pool(world: World) -> None:
+    parent = parent_run()
+    parent.pool = "pydantic-ai"
+    assert await world.delegation(parent).task({"description": "hi"}) == "echo: hi"
+    assert only_child(world).pool == "pydantic-ai"
+    assert world.queued_on == [subjects.run_submit(SUBAGENT, level=1, pool="pydantic-ai")]
+
+
 async def test_delegate_task_without_a_fleet(world: World) -> None:
-    result = await world.delegation(fleet=()).delegate_task({"agent": "writer", "message": "hi"})
+    result = await world.delegation(fleet={}).delegate_task({"agent": "writer", "message": "hi"})
     assert result == "delegate_task unavailable: no agent fleet is bound to this session."
     assert world.submitted == []
 

@@ -80,7 +80,7 @@ def dispatch_settings(base_url: str, **extra: Any) -> DispatchSettings:
         app=f"{APP_MODULE}:app",
         probe_host="127.0.0.1",
         probe_port=0,
-        dispatch=DispatchOptions(grpc_host="127.0.0.1", grpc_port=0),
+        dispatch=DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in"),
         llm=LlmSettings(base_url=base_url, model="wired-model"),
     )
 

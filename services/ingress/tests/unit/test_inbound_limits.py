@@ -80,7 +80,7 @@ def test_a_run_request_that_would_not_fit_the_broker_is_too_large() -> None:
     # Hints re-encoded as metadata can be larger than the message that carried them.
     prompt = Prompt(text="hi", metadata={"hints.a": json.dumps("é" * 20_000)})
     run = new_run_request(
-        agent="echo", prompt=prompt, conversation_id="c", principal=PRINCIPAL, transport="websocket", path="/p"
+        agent="echo", prompt=prompt, conversation_id="c", principal=PRINCIPAL, transport="websocket", path="/p", pool=""
     )
     require_fits(run, 1 << 20)
     with pytest.raises(TooLargeError) as refused:

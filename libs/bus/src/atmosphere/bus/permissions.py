@@ -62,6 +62,7 @@ from atmosphere.bus._jetstream import ConsumerSpec, JetStreamLayout, RequiredLay
 
 # One owner of how a namespace turns into stream names: the bus itself.
 from atmosphere.bus._nats_core import stream_prefix
+from atmosphere.bus.runs import MAX_NESTING
 
 __all__ = [
     "AUTH_CONFIG_FILE",
@@ -126,6 +127,7 @@ def _pattern(subject: str) -> str:
 
 # Families of our subjects (logical, before the namespace).
 _SUBMIT_TOP_LEVEL: Final = subjects.run_submit_level(0)
+_SUBMIT_POOLS_TOP_LEVEL: Final = _pattern(subjects.run_submit_level(0, _ONE))
 _SUBMIT_ANY: Final = subjects.run_submit_all()
 _RUN_EVENTS: Final = subjects.run_events_all()
 _RUN_PROBES: Final = subjects.run_probes_all()
@@ -243,6 +245,8 @@ class _Grants:
         self.buckets: dict[str, None] = {}
         self.object_buckets: dict[str, None] = {}
         self.consumers: dict[tuple[str, str], None] = {}
+        self.pool_consumers: dict[str, None] = {}
+        """Streams on which every runtime pool's worker consumers are the role's (their names vary)."""
 
     def _pub(self, *wire_subjects: str) -> None:
         self._publish.update(dict.fromkeys(wire_subjects))
@@ -316,6 +320,26 @@ class _Grants:
             )
             self._pub(f"$JS.ACK.{stream}.{consumer.durable}.>")
 
+    def bind_pools(self) -> None:
+        """Pull from every runtime pool's worker consumers (`run_queue.durable_name(level, pool)`).
+
+        Pools are named by the runtimes an app pins agents to, so their consumers cannot be
+        listed here: any consumer of `ATMO_RUNS` may be bound, which grants nothing more, since
+        every consumer of that stream is a dispatch worker consumer (the provisioner makes no other).
+        """
+        stream = self._wire.stream(subjects.RUNS_STREAM)
+        self.streams[subjects.RUNS_STREAM] = None
+        self.pool_consumers[subjects.RUNS_STREAM] = None
+        self._api(f"STREAM.INFO.{stream}", f"CONSUMER.INFO.{stream}.*", f"CONSUMER.MSG.NEXT.{stream}.*")
+        self._pub(f"$JS.ACK.{stream}.*.>")
+
+    def provision_pools(self) -> None:
+        """Make any runtime pool's worker consumers: any name, but only with a pool queue's filter."""
+        stream = self._wire.stream(subjects.RUNS_STREAM)
+        for level in range(MAX_NESTING + 1):
+            pool_filter = self._wire.subject(_pattern(subjects.run_submit_level(level, _ONE)))
+            self._api(f"CONSUMER.CREATE.{stream}.*.{pool_filter}", f"CONSUMER.INFO.{stream}.*")
+
     def purge(self, stream: str) -> None:
         """Remove messages of `stream` (by subject)."""
         self._api(f"STREAM.PURGE.{self._wire.stream(stream)}")
@@ -351,7 +375,8 @@ def _as_service(g: _Grants, role: Role) -> None:
 
 
 def _ingress(g: _Grants) -> None:
-    g.send(_SUBMIT_TOP_LEVEL, _RUN_EVENTS, _RUN_CONTROL, _CONVERSATION_CLOSED, _TAPE, _SERVICE_INFO)
+    g.send(_SUBMIT_TOP_LEVEL, _SUBMIT_POOLS_TOP_LEVEL, _RUN_EVENTS, _RUN_CONTROL, _CONVERSATION_CLOSED, _TAPE)
+    g.send(_SERVICE_INFO)
     g.send(*_INGRESS_GOVERNANCE, *_INGRESS_MEMORY)
     g.receive(_RUN_EVENTS)
     g.read_stream(subjects.EVENTS_STREAM)
@@ -369,6 +394,7 @@ def _dispatch(g: _Grants) -> None:
     g.serve(_RUN_CONTROL, _CONVERSATION_CLOSED)
     g.receive(_RUN_EVENTS)
     g.bind(*run_queue.consumers())
+    g.bind_pools()
     g.read_stream(subjects.EVENTS_STREAM)
     g.read_stream(subjects.JOURNAL_STREAM)
     # A run that succeeded removes its journal; only dispatch writes `ATMO_JOURNAL`.
@@ -415,6 +441,7 @@ def _observer(g: _Grants) -> None:
 def _provisioner(g: _Grants) -> None:
     # The layout every service expects, whatever its limits (they are not part of a subject).
     g.provision(JetStreamLayout(consumers=run_queue.consumers()))
+    g.provision_pools()
 
 
 _ROLES: Final = {
@@ -456,7 +483,9 @@ def role_layout(role: Role, layout: JetStreamLayout) -> RequiredLayout:
         streams=tuple(s for s in whole.streams if s in g.streams),
         buckets=tuple(b for b in whole.buckets if b in g.buckets),
         object_buckets=tuple(b for b in whole.object_buckets if b in g.object_buckets),
-        consumers=tuple(c for c in whole.consumers if (c.stream, c.durable) in g.consumers),
+        consumers=tuple(
+            c for c in whole.consumers if (c.stream, c.durable) in g.consumers or c.stream in g.pool_consumers
+        ),
     )
 
 

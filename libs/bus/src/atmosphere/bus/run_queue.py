@@ -9,6 +9,7 @@ settings, and dispatch checks at start that the consumers it binds to have them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from atmosphere.bus import subjects
@@ -52,23 +53,26 @@ class RunQueueLimits:
         )
 
 
-def durable_name(level: int) -> str:
-    """The worker consumer of nesting level `level` (0: top-level runs)."""
-    return WORKERS if level == 0 else f"{WORKERS}-nested-{level}"
+def durable_name(level: int, pool: str = "") -> str:
+    """The worker consumer of nesting level `level` (0: top-level runs) of `pool` ("" the default pool)."""
+    name = f"{WORKERS}-pool-{subjects.token(pool, what='dispatch pool')}" if pool else WORKERS
+    return name if level == 0 else f"{name}-nested-{level}"
 
 
-def consumers(limits: RunQueueLimits = RunQueueLimits()) -> tuple[ConsumerSpec, ...]:
-    """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`).
+def consumers(limits: RunQueueLimits = RunQueueLimits(), *, pools: Iterable[str] = ()) -> tuple[ConsumerSpec, ...]:
+    """One worker consumer per nesting level of `ATMO_RUNS` (`subjects.run_submit_level`) per dispatch pool.
 
-    Each level gets its own `max_concurrent_runs` slots, so a coordinator waiting on its
-    sub-runs never holds the slot they need: with one shared pool, as many coordinators as
-    slots would each wait for a child that no slot is left to run.
+    The default pool's, then each of `pools` (the runtimes agents are pinned to): each pool
+    pulls only its own agents' runs, so a framework that crashes, hangs or is overloaded holds
+    up only the agents it serves. Each level gets its own `max_concurrent_runs` slots, so a
+    coordinator waiting on its sub-runs never holds the slot they need: with one shared pool,
+    as many coordinators as slots would each wait for a child that no slot is left to run.
     """
     return tuple(
         ConsumerSpec(
             stream=subjects.RUNS_STREAM,
-            durable=durable_name(level),
-            filter_subject=subjects.run_submit_level(level),
+            durable=durable_name(level, pool),
+            filter_subject=subjects.run_submit_level(level, pool),
             ack_wait_seconds=limits.ack_wait_seconds,
             max_deliver=limits.max_deliver,
             max_ack_pending=limits.max_ack_pending,
@@ -78,5 +82,6 @@ def consumers(limits: RunQueueLimits = RunQueueLimits()) -> tuple[ConsumerSpec, 
             batch_fetch=False,
             provisioned=True,
         )
+        for pool in ("", *sorted(set(pools) - {""}))
         for level in range(MAX_NESTING + 1)
     )

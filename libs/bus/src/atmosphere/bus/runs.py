@@ -87,6 +87,7 @@ def new_run(
     parent: RunSubmission | None = None,
     subagent: bool = False,
     run_id: str = "",
+    pool: str = "",
 ) -> RunSubmission:
     """A submitted run: fresh run and session ids, the submission time, and its nesting.
 
@@ -94,6 +95,7 @@ def new_run(
     principal, one nesting level below it (so it is queued where its parent cannot starve it),
     and one `task` depth below it when it is a `subagent` (else at its parent's depth).
     `run_id` fixes the id (a durable parent's resumed delegation finds its sub-run again).
+    `pool` is the dispatch pool of `agent` (its descriptor's): the queue it waits in.
     """
     submitted = Timestamp()
     submitted.FromNanoseconds(time.time_ns())
@@ -114,6 +116,7 @@ def new_run(
         submitted_at=submitted,
         transport=transport,
         path=path,
+        pool=pool,
     )
 
 
@@ -138,6 +141,11 @@ def nesting_of(request: RunSubmission) -> int:
 def subagent_depth_of(request: RunSubmission) -> int:
     """How many `task` sub-agents deep `request` runs (0 outside any)."""
     return _level(request, SUBAGENT_DEPTH_METADATA_KEY)
+
+
+def submission_subject(request: RunSubmission) -> str:
+    """Where `request` is queued: its pool's queue at its nesting level."""
+    return subjects.run_submit(request.agent, level=queue_level(request), pool=request.pool)
 
 
 def queue_level(request: RunSubmission) -> int:
@@ -175,7 +183,7 @@ async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBM
     # could never be queued.
     size = request.ByteSize() + wire_size(b"", headers.to_wire())
     if size > bus.max_payload:
-        raise PayloadTooLargeError(subjects.run_submit(request.agent), size, bus.max_payload)
+        raise PayloadTooLargeError(submission_subject(request), size, bus.max_payload)
     give_up = time.monotonic() + deadline
     writer = RunEventWriter(bus, request, first_seq=1, store_deadline=deadline)
     run_id_event = RunEvent(metadata=Metadata(key=RUN_ID_METADATA_KEY, value_json=json.dumps(request.run_id)))
@@ -186,7 +194,7 @@ async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBM
             raise
         msg = f"run {request.run_id} was not submitted: its first event was not stored ({exc})"
         raise SubmitError(msg) from exc
-    subject = subjects.run_submit(request.agent, level=queue_level(request))
+    subject = submission_subject(request)
     try:
         return await _publish_until(bus, subject, request, headers, max(0.0, give_up - time.monotonic()))
     except BusError as exc:

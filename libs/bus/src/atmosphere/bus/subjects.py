@@ -12,6 +12,7 @@ every stream and bucket name with the namespace in capitals, `team.dev` → `TEA
 |------------------------------|----------------------------------------|
 | `atmo.submit.<agent>`        | a `RunSubmission`, captured by `ATMO_RUNS` (a work queue) |
 | `atmo.submit.nested.<n>.<agent>` | a sub-run's `RunSubmission`, `n` levels below a top-level run |
+| `atmo.submit[.nested.<n>].pool.<pool>.<agent>` | the same for an agent pinned to a runtime: its pool's queue |
 | `atmo.run.<run_id>.evt`      | every `RunEvent`, captured by `ATMO_EVENTS` |
 | `atmo.run.<run_id>.probe`    | a run's event writer checking what `ATMO_EVENTS` stored (no event) |
 | `atmo.run.<run_id>.ctl`      | request/reply `Control` to the owning worker |
@@ -89,18 +90,29 @@ def validate_namespace(namespace: str) -> str:
     return namespace
 
 
-def run_submit(agent: str, *, level: int = 0) -> str:
-    """Where a `RunSubmission` for `agent` is published (stream `ATMO_RUNS`); `level` > 0 for sub-runs."""
-    name = token(agent, what="agent name")
-    return f"{ROOT}.submit.{name}" if level == 0 else f"{_nested(level)}.{name}"
+def run_submit(agent: str, *, level: int = 0, pool: str = "") -> str:
+    """Where a `RunSubmission` for `agent` is published (stream `ATMO_RUNS`); `level` > 0 for sub-runs.
 
-
-def run_submit_level(level: int) -> str:
-    """The filter of the submissions of one nesting level (0: top-level runs), whatever the agent.
-
-    The levels' filters never overlap, as consumers of a work-queue stream must not.
+    `pool` is the dispatch pool that runs the agent (its pinned runtime); "" is the default pool.
     """
-    return f"{ROOT}.submit.*" if level == 0 else f"{_nested(level)}.*"
+    name = token(agent, what="agent name")
+    return f"{run_submit_queue(level, pool)}.{name}"
+
+
+def run_submit_level(level: int, pool: str = "") -> str:
+    """The filter of the submissions of one nesting level (0: top-level runs) of one pool, whatever the agent.
+
+    No two filters overlap, as consumers of a work-queue stream must not: the default pool's are
+    `atmo.submit.*` and `atmo.submit.nested.<n>.*`, a pool's `atmo.submit.pool.<pool>.*` and
+    `atmo.submit.nested.<n>.pool.<pool>.*` (a token more, and `pool` where the others have an agent).
+    """
+    return f"{run_submit_queue(level, pool)}.*"
+
+
+def run_submit_queue(level: int, pool: str = "") -> str:
+    """The subject prefix of one pool's queue at one nesting level (an agent's name follows it)."""
+    base = f"{ROOT}.submit" if level == 0 else _nested(level)
+    return f"{base}.pool.{token(pool, what='dispatch pool')}" if pool else base
 
 
 def _nested(level: int) -> str:

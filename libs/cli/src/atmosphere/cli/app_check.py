@@ -2,13 +2,17 @@
 
 `atmosphere dev` runs this before it starts anything, in a process of its own (the user's module
 may start threads or take seconds to import; none of that belongs in the supervisor). It exits 0
-when the app loads, else prints the error and exits with the services' "app unloadable" code.
+when the app loads (and prints its agents and runtime pools), else prints the error and exits
+with the services' "app unloadable" code.
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
+
+POOLS_LINE = "runtime pools: "
+"""The line that lists the app's runtime pools (comma-separated, maybe none)."""
 
 
 def main(argv: list[str]) -> int:
@@ -28,6 +32,8 @@ def main(argv: list[str]) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_APP_UNLOADABLE
     print(f"app {reference}: agents {', '.join(app.agents) or '(none)'}")
+    # Read by `atmosphere dev`: the runtime pools to start a dispatch process for.
+    print(f"{POOLS_LINE}{','.join(app.pools)}")
     return 0
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import signal
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from atmosphere.cli.app_check import POOLS_LINE
 from atmosphere.cli.credentials import DEV_CREDENTIALS_DIR, DevCredentials, dev_credentials
 from atmosphere.cli.dev_layout import SERVICES, DevLayout, Listener, NatsNode, dev_layout, taken_ports
 from atmosphere.cli.model_server import LOCAL_MODEL_INSTALL, llama_available, smollm2_path
@@ -99,6 +101,12 @@ class DevOptions:
     auth: bool = False
     """Log every service in as its own NATS user with its subject permissions (`--auth`): fresh
     credentials under `<home>/nats-credentials/` each start, `observer.env` for outside readers."""
+    pools: tuple[str, ...] = ()
+    """The runtime pools the app pins agents to (found by the app check): each gets a dispatch
+    process of its own (`dispatch-<runtime>`), beside the default pool's `dispatch`."""
+    default_runtime: str = "built-in"
+    """`ATMOSPHERE_DISPATCH__RUNTIME` of the default pool (the environment's, else `built-in`:
+    the stack runs the same runtime whichever framework adapters happen to be installed)."""
 
     @property
     def local_model(self) -> bool:
@@ -145,6 +153,8 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
     specs = [_nats_spec(options, layout, node, credentials) for node in layout.nodes]
     common = {
         "ATMOSPHERE_NATS__URL": layout.nats_url(options.host),
+        # Every pool's queue is provisioned, and every dispatch knows them all.
+        "ATMOSPHERE_DISPATCH__POOLS": ",".join(options.pools),
         "ATMOSPHERE_APP": options.app,
         "ATMOSPHERE_APP_DIR": str(options.app_dir.resolve()),
         "ATMOSPHERE_PROBE_HOST": options.host,
@@ -185,6 +195,8 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
         if name == "dispatch":
             env["ATMOSPHERE_DISPATCH__GRPC_HOST"] = options.host
             env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(process.grpc_port)
+            env["ATMOSPHERE_DISPATCH__POOL"] = process.pool
+            env["ATMOSPHERE_DISPATCH__RUNTIME"] = options.default_runtime
             if options.local_model:
                 env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
                 env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
@@ -204,6 +216,12 @@ def missing_services() -> list[str]:
 
 async def check_app(options: DevOptions) -> str | None:
     """Import the app in a throw-away process as the services will; the error text, or None when it loads."""
+    problem, _ = await inspect_app(options)
+    return problem
+
+
+async def inspect_app(options: DevOptions) -> tuple[str | None, tuple[str, ...]]:
+    """`check_app`'s answer, and the runtime pools the app pins agents to (when it loads)."""
     app_dir = str(options.app_dir.resolve())
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -220,14 +238,21 @@ async def check_app(options: DevOptions) -> str | None:
     except TimeoutError:
         process.kill()
         await process.wait()
-        return f"Error: importing ATMOSPHERE_APP={options.app!r} took more than {APP_CHECK_TIMEOUT:g} s"
+        return f"Error: importing ATMOSPHERE_APP={options.app!r} took more than {APP_CHECK_TIMEOUT:g} s", ()
+    text = output.decode(errors="replace")
     if process.returncode == 0:
-        return None
-    return output.decode(errors="replace").rstrip() or f"Error: the app check exited with {process.returncode}"
+        listed = [line.removeprefix(POOLS_LINE) for line in text.splitlines() if line.startswith(POOLS_LINE)]
+        return None, tuple(p for p in (listed[-1] if listed else "").split(",") if p)
+    return text.rstrip() or f"Error: the app check exited with {process.returncode}", ()
 
 
 async def preflight(options: DevOptions) -> str | None:
     """Why the stack cannot start (a missing service, broker or app), or None when it can."""
+    return missing_tools() or await check_app(options)
+
+
+def missing_tools() -> str | None:
+    """Why the stack cannot start for want of a service or the broker, or None."""
     if missing := missing_services():
         return (
             f"Error: {', '.join(missing)} not installed in {sys.prefix}; "
@@ -237,7 +262,7 @@ async def preflight(options: DevOptions) -> str | None:
         find_binary()
     except NatsServerNotFoundError as exc:
         return f"Error: {exc}"
-    return await check_app(options)
+    return None
 
 
 def _login(options: DevOptions) -> str:
@@ -498,9 +523,14 @@ async def run_dev(options: DevOptions) -> int:
     if taken := taken_ports(options):
         print(_taken_message(options.host, taken), file=sys.stderr)
         return 1
-    if problem := await preflight(options):
+    pools: tuple[str, ...] = ()
+    problem = missing_tools()
+    if problem is None:
+        problem, pools = await inspect_app(options)
+    if problem:
         print(problem, file=sys.stderr)
         return 1
+    options = dataclasses.replace(options, pools=pools)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

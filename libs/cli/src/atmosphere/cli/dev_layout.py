@@ -78,7 +78,9 @@ class ServiceProcess:
     http_port: int = 0
     """Ingress's public HTTP port (0: not ingress)."""
     grpc_port: int = 0
-    """Dispatch's gRPC port (0: not dispatch)."""
+    """Dispatch's gRPC port (0: not dispatch, or a free one for a runtime pool's dispatch)."""
+    pool: str = ""
+    """A dispatch's runtime pool ("" the default pool)."""
 
     @property
     def ready_port(self) -> int:
@@ -171,6 +173,23 @@ def dev_layout(options: DevOptions) -> DevLayout:
                     else options.probe_base_port + n * len(workers) + workers.index(service),
                     http_port=options.http_port + n if service == "ingress" else 0,
                     grpc_port=options.grpc_port + n if service == "dispatch" else 0,
+                )
+            )
+    # A dispatch per runtime pool (and replica), probed after every other worker; gRPC on a free
+    # port (shown in its info): a client may call any dispatch for any agent.
+    first_probe = options.probe_base_port + replicas * len(workers)
+    for i, pool in enumerate(options.pools):
+        for n in range(replicas):
+            name = f"dispatch-{pool}" if replicas == 1 else f"dispatch-{pool}-{n + 1}"
+            data_dir = home / "data" if replicas == 1 else home / f"data-{name}"
+            processes.append(
+                ServiceProcess(
+                    name=name,
+                    service="dispatch",
+                    data_dir=data_dir,
+                    workspace_root=data_dir / "workspace" if replicas > 1 else home / "workspace",
+                    probe_port=first_probe + i * replicas + n,
+                    pool=pool,
                 )
             )
     return DevLayout(nodes=nodes, processes=tuple(processes), stream_replicas=min(options.cluster, MAX_STREAM_REPLICAS))

@@ -13,6 +13,7 @@ interceptor API, and the exceptions a tool raises to steer its call. This surfac
 from atmosphere.sdk._agent import agent, ai_endpoint, coordinator, prompt
 from atmosphere.sdk._app import App
 from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._hosted import hosted_agent
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage
@@ -45,6 +46,7 @@ __all__ = [
     "agent",
     "ai_endpoint",
     "coordinator",
+    "hosted_agent",
     "prompt",
     "tool",
     "tool_call_approved",

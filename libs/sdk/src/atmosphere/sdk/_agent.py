@@ -42,7 +42,7 @@ def prompt(func: F) -> F:
     return func
 
 
-def _check_name(name: str, what: str) -> str:
+def check_name(name: str, what: str) -> str:
     if not _NAME.fullmatch(name):
         msg = f"{what} name {name!r} must be 1-64 letters, digits, '_' or '-', starting alphanumeric"
         raise UserError(msg)
@@ -67,6 +67,7 @@ def agent(
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
     permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
+    runtime: str | None = None,
 ) -> Callable[[T], T]:
     """Declare an agent served at `/atmosphere/agent/<name>` (default name: the class name).
 
@@ -90,10 +91,11 @@ def agent(
         max_history_messages=max_history_messages,
         prompt_cache=prompt_cache,
         permission_mode=permission_mode,
+        runtime=runtime,
     )
 
     def register(cls: T) -> T:
-        agent_name = _check_name(name or cls.__name__.lower(), "agent")
+        agent_name = check_name(name or cls.__name__.lower(), "agent")
         return record_spec(cls, name=agent_name, kind="agent", path=AGENT_PATH_PREFIX + agent_name, options=options)
 
     return register
@@ -115,6 +117,7 @@ def coordinator(
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
     permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
+    runtime: str | None = None,
 ) -> Callable[[T], T]:
     """Declare an agent that delegates to a `fleet` of other agents (classes or names).
 
@@ -134,10 +137,11 @@ def coordinator(
         max_history_messages=max_history_messages,
         prompt_cache=prompt_cache,
         permission_mode=permission_mode,
+        runtime=runtime,
     )
 
     def register(cls: T) -> T:
-        agent_name = _check_name(name or cls.__name__.lower(), "coordinator")
+        agent_name = check_name(name or cls.__name__.lower(), "coordinator")
         path = AGENT_PATH_PREFIX + agent_name
         return record_spec(cls, name=agent_name, kind="coordinator", path=path, options=options)
 
@@ -162,6 +166,7 @@ def ai_endpoint(
     max_history_messages: int = 20,
     prompt_cache: PromptCache | str = PromptCache.NONE,
     permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
+    runtime: str | None = None,
 ) -> Callable[[T], T]:
     """Declare a bare endpoint at `path`; it is named by the path's last segment.
 
@@ -187,10 +192,11 @@ def ai_endpoint(
         max_history_messages=max_history_messages,
         prompt_cache=prompt_cache,
         permission_mode=permission_mode,
+        runtime=runtime,
     )
 
     def register(cls: T) -> T:
-        endpoint_name = _check_name(path.rsplit("/", 1)[1], "endpoint")
+        endpoint_name = check_name(path.rsplit("/", 1)[1], "endpoint")
         return record_spec(cls, name=endpoint_name, kind="ai_endpoint", path=path, options=options)
 
     return register

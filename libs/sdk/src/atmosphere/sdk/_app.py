@@ -65,6 +65,22 @@ class App:
         """Every tool of every agent, by name."""
         return dict(self._tools)
 
+    @property
+    def pools(self) -> tuple[str, ...]:
+        """The runtime pools its agents are pinned to (`@agent(runtime=...)`), by name; not the default pool."""
+        return tuple(sorted({spec.pool for spec in self._agents.values()} - {""}))
+
+    def served_by(self, pool: str) -> App:
+        """The part of this app one dispatch pool serves: the agents of `pool` ("" the default pool).
+
+        A coordinator's fleet members may be served by other pools: they are not checked again here.
+        """
+        view = App.__new__(App)
+        view.policies = self.policies
+        view._agents = {name: spec for name, spec in self._agents.items() if spec.pool == pool}
+        view._tools = {t.name: t for spec in view._agents.values() for t in spec.tools}
+        return view
+
 
 def load_app(reference: str, *, app_dir: str | Path | None = None) -> App:
     """Import `module:attribute` and return the `App` it names.

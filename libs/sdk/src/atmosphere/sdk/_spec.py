@@ -21,6 +21,7 @@ from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor
 from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
+from atmosphere.sdk.runtime import RUNTIME_NAME
 
 T = TypeVar("T", bound=type[Any])
 
@@ -64,6 +65,16 @@ class AgentSpec:
     """The prompt-cache policy; NONE lets the harness's CACHE feature seed one."""
     permission_mode: PermissionMode = PermissionMode.DEFAULT
     """How its tool calls are gated; a request may make it stricter, never looser."""
+    runtime: str = ""
+    """The runtime it is pinned to (`@agent(runtime="langchain")`), served by that runtime's own
+    dispatch pool; empty: the default pool's runtime (the highest-priority available one)."""
+    native: object | None = None
+    """The user's own framework object it hosts (`hosted_agent`), run by `runtime`."""
+
+    @property
+    def pool(self) -> str:
+        """The dispatch pool that runs it: its runtime's, or "" for the default pool."""
+        return self.runtime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +106,9 @@ class AgentOptions:
     conversation_memory: bool = False
     prompt_cache: PromptCache | str = PromptCache.NONE
     permission_mode: PermissionMode | str = PermissionMode.DEFAULT
+    runtime: str | None = None
+    """Pin the agent to one runtime (and so to that runtime's dispatch pool); None: the default."""
+    native: object | None = None
 
 
 def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOptions) -> T:
@@ -112,6 +126,11 @@ def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOption
     prompt_cache = _prompt_cache(options.prompt_cache, owner)
     permission_mode = _permission_mode(options.permission_mode, owner)
     _require(options.structured_output_retries >= 0, f"{owner}: structured_output_retries must be >= 0")
+    runtime = options.runtime or ""
+    _require(
+        not runtime or RUNTIME_NAME.fullmatch(runtime) is not None,
+        f"{owner}: runtime {runtime!r} must be 1-32 lower-case letters, digits, '_' or '-' (e.g. 'langchain')",
+    )
     response_format = options.response_format
     _require(
         response_format is None or (isinstance(response_format, type) and issubclass(response_format, BaseModel)),
@@ -140,6 +159,8 @@ def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOption
         conversation_memory=options.conversation_memory,
         prompt_cache=prompt_cache,
         permission_mode=permission_mode,
+        runtime=runtime,
+        native=options.native,
     )
     setattr(cls, SPEC_ATTR, spec)
     return cls

@@ -14,6 +14,7 @@ import abc
 import dataclasses
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -26,6 +27,9 @@ from atmosphere.sdk._session import StreamingSession, TokenUsage
 from atmosphere.sdk._tool import DEFAULT_TOOL_TIMEOUT, Tool, ToolKind
 
 ENTRY_POINT_GROUP = "atmosphere.runtimes"
+
+RUNTIME_NAME = re.compile(r"[a-z0-9][a-z0-9_\-]{0,31}")
+"""A runtime's name (`built-in`, `langchain`): also its dispatch pool's, in subjects and consumer names."""
 
 log = logging.getLogger("atmosphere.sdk")
 
@@ -57,6 +61,11 @@ class ToolSpec:
         )
 
 
+LocalTool = Callable[[str], Awaitable[str]]
+"""Runs a hosted framework object's own tool in dispatch's process: the (possibly approval-edited)
+arguments as JSON in, the text for the model out (an `Error: ...` text when it failed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallRequest:
     """A tool call the model asked for."""
@@ -64,6 +73,10 @@ class ToolCallRequest:
     call_id: str
     name: str
     arguments_json: str
+    local: LocalTool | None = None
+    """Set for a tool of a hosted framework object (`AgentRuntime.native_tools`): the choke point
+    runs every gate (validation, governance, approval, journal, screening) and then this, where an
+    app's `@tool` would run in the sandbox."""
 
 
 ToolRunner = Callable[[ToolCallRequest], Awaitable[str]]
@@ -211,6 +224,10 @@ class AgentExecutionContext:
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
     retry: RetryPolicy = RetryPolicy.DEFAULT
     structured_output_retries: int = 0
+    native: object | None = None
+    """The user's own framework object this agent hosts (`atmosphere.sdk.hosted_agent`): run it
+    (its own prompt, tools and loop) instead of building one from `request` and `tools`; its tools
+    pass `run_tool` with `ToolCallRequest.local` set."""
     rounds: ModelRounds | None = None
     """Present in a durable run: before each model round a runtime asks `rounds.next_round()`;
     a recorded round is replayed (its text sent, its usage reported, its tool calls run through
@@ -232,6 +249,10 @@ class AgentRuntime(abc.ABC):
     def is_available(self) -> bool:
         """Whether this runtime can serve requests with its configuration."""
 
+    def unavailable_reason(self) -> str:
+        """Why `is_available()` is false, in words that name the fix (shown as `INACTIVE(<reason>)`)."""
+        return ""
+
     @abc.abstractmethod
     def capabilities(self) -> frozenset[AiCapability]:
         """What it can do: each flag must be pinned by the runtime contract suite."""
@@ -239,6 +260,17 @@ class AgentRuntime(abc.ABC):
     @abc.abstractmethod
     async def execute(self, ctx: AgentExecutionContext, session: StreamingSession) -> None:
         """Run one request, streaming into `session` and ending it with `complete` or `error`."""
+
+    @classmethod
+    def hosts(cls, native: object) -> bool:
+        """Whether `native` is a framework object this runtime can host (`hosted_agent`)."""
+        del native
+        return False
+
+    def native_tools(self, native: object) -> tuple[ToolSpec, ...]:
+        """The tools a hosted object may call, as specs: what the choke point validates and governs."""
+        del native
+        return ()
 
     async def list_models(self) -> list[str]:
         """The provider's models (runtimes declaring `MODEL_ENUMERATION`)."""
@@ -261,6 +293,10 @@ def discover_runtimes(config: RuntimeConfig) -> list[AgentRuntime]:
 
 
 def resolve_runtime(runtimes: Iterable[AgentRuntime]) -> AgentRuntime | None:
-    """The highest-priority available runtime, or None."""
-    available = [r for r in runtimes if r.is_available()]
+    """The highest-priority available runtime, or None; between equal priorities, the first by name.
+
+    Ties are common (every framework adapter has priority 100): the order of installation must
+    not decide which one runs an app's agents.
+    """
+    available = sorted((r for r in runtimes if r.is_available()), key=lambda r: r.name)
     return max(available, key=lambda r: r.priority, default=None)

@@ -58,7 +58,9 @@ class Platform:
         sandbox: dict[str, Any] = {**app, "sandbox": {"tool_workers": self.tool_workers}}
         dispatch: dict[str, Any] = {
             **app,
-            "dispatch": {"grpc_host": "127.0.0.1", "grpc_port": 0},
+            # The scripted model answers the built-in runtime (through `transport`): an adapter
+            # installed beside it must not take the app's agents to a provider of its own.
+            "dispatch": {"grpc_host": "127.0.0.1", "grpc_port": 0, "runtime": "built-in"},
             "llm": _llm_settings(self.model),
         }
         return {

@@ -26,7 +26,7 @@ from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
 from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.model_side import ModelSide
+from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide
 from atmosphere.dispatch.run_scope import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
 from atmosphere.dispatch.runtime_config import runtime_config
@@ -39,14 +39,22 @@ from atmosphere.service import Authenticator, ServiceRuntime, StreamSlots, load_
 NO_MODEL = "no model configured: set LLM_BASE_URL"
 """Why no runtime is active when the built-in one lacks a provider URL."""
 
+AUTO_RUNTIME = "auto"
+"""`ATMOSPHERE_DISPATCH__RUNTIME=auto`: the default pool runs the highest-priority available runtime."""
+
 WORKERS = run_queue.WORKERS
 """The durable consumer every dispatch instance pulls top-level runs from (sub-runs: `-nested-<n>`)."""
 
 
 def run_queue_consumers(
-    run_ack_wait: float, *, max_deliveries: int = 5, heartbeat: float = 0, max_concurrent_runs: int = 16
+    run_ack_wait: float,
+    *,
+    max_deliveries: int = 5,
+    heartbeat: float = 0,
+    max_concurrent_runs: int = 16,
+    pools: Sequence[str] = (),
 ) -> list[ConsumerSpec]:
-    """The run queue's worker consumers (`atmosphere.bus.run_queue`) as these settings make them.
+    """The run queue's worker consumers (`atmosphere.bus.run_queue`) of the default pool and `pools`.
 
     The provisioner makes them with the same settings; dispatch only binds to them, and refuses
     to start when they were made with others (an ack wait the heartbeat does not expect).
@@ -54,17 +62,32 @@ def run_queue_consumers(
     limits = RunQueueLimits.for_workers(
         ack_wait_seconds=run_ack_wait, max_run_deliveries=max_deliveries, max_concurrent_runs=max_concurrent_runs
     )
-    return [dataclasses.replace(spec, heartbeat_seconds=heartbeat) for spec in run_queue.consumers(limits)]
+    consumers = run_queue.consumers(limits, pools=pools)
+    return [dataclasses.replace(spec, heartbeat_seconds=heartbeat) for spec in consumers]
 
 
-def run_queues(options: DispatchOptions) -> list[ConsumerSpec]:
-    """The run queue's consumers dispatch's settings ask for: what it binds to, what the provisioner makes."""
+def provisioned_queues(options: DispatchOptions) -> list[ConsumerSpec]:
+    """Every pool's run queue consumers as dispatch's settings ask for them: what the provisioner makes."""
     return run_queue_consumers(
         options.run_ack_wait,
         max_deliveries=options.max_run_deliveries,
         heartbeat=options.run_heartbeat,
         max_concurrent_runs=options.max_concurrent_runs,
+        pools=options.all_pools(),
     )
+
+
+def run_queues(options: DispatchOptions) -> list[ConsumerSpec]:
+    """The consumers this instance binds to: its own pool's, one per nesting level."""
+    own = {run_queue.durable_name(level, options.pool) for level in range(MAX_NESTING + 1)}
+    return [spec for spec in provisioned_queues(options) if spec.durable in own]
+
+
+def choose_runtime(runtimes: Sequence[AgentRuntime], name: str) -> AgentRuntime | None:
+    """The runtime called `name` if it is available; without a name, the highest-priority available one."""
+    if not name:
+        return resolve_runtime(runtimes)
+    return next((r for r in runtimes if r.name == name and r.is_available()), None)
 
 
 def harness_config(settings: DispatchSettings) -> HarnessConfig:
@@ -124,6 +147,8 @@ class Dispatch:
     config: HarnessConfig
     harnesses: dict[str, AgentHarness]
     runtime_block: dict[str, Any]
+    agent_pools: dict[str, str] = field(default_factory=dict)
+    """The pool of every agent of the app (`app` holds only this pool's): where sub-runs go."""
     descriptors: list[AgentDescriptor] = field(default_factory=list)
     grpc_port: int = 0
     extractions: set[asyncio.Task[int]] = field(default_factory=set)
@@ -131,10 +156,19 @@ class Dispatch:
 
     @classmethod
     def resolve(cls, settings: DispatchSettings, *, transport: httpx.AsyncBaseTransport | None = None) -> Dispatch:
-        """Load the app first (an unloadable one never gets as far as a probe), then pick the runtime."""
-        app = load_service_app(settings.app, settings.app_dir)
+        """Load the app first (an unloadable one never gets as far as a probe), then pick the runtime.
+
+        A pool (`ATMOSPHERE_DISPATCH__POOL`) serves only the agents pinned to its runtime, with
+        that runtime; the default pool the others, with `ATMOSPHERE_DISPATCH__RUNTIME` or the
+        highest-priority available runtime.
+        """
+        whole = load_service_app(settings.app, settings.app_dir)
+        pool = settings.dispatch.pool
+        app = whole.served_by(pool)
         runtimes = discover(settings, transport=transport)
-        runtime = resolve_runtime(runtimes)
+        default_runtime = settings.dispatch.runtime
+        wanted = pool or ("" if default_runtime == AUTO_RUNTIME else default_runtime)
+        runtime = choose_runtime(runtimes, wanted)
         config = harness_config(settings)
         harnesses = resolve_app(
             app,
@@ -142,8 +176,17 @@ class Dispatch:
             runtime_name=runtime.name if runtime is not None else "",
             runtime_capabilities=runtime.capabilities() if runtime is not None else frozenset(),
         )
-        block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url)
-        return cls(settings, app, runtimes, runtime, config, harnesses, block)
+        block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url, wanted=wanted)
+        pools = {name: spec.pool for name, spec in whole.agents.items()}
+        return cls(settings, app, runtimes, runtime, config, harnesses, block, agent_pools=pools)
+
+    def unavailable(self) -> str:
+        """What runs are told when this instance has no runtime: the pool's own reason, else how to set one up."""
+        pool = self.settings.dispatch.pool
+        if not pool:
+            return NO_RUNTIME
+        reason = str(self.runtime_block["state"]).removeprefix("INACTIVE(").removesuffix(")")
+        return f"The {pool} runtime pool cannot run agents: {reason}"
 
     def info(self) -> dict[str, Any]:
         """Dispatch's part of the service info (`atmo.svc.dispatch.info`)."""
@@ -152,6 +195,8 @@ class Dispatch:
             "agents": [d.name for d in self.descriptors],
             "app": self.settings.app,
             "runtime": self.runtime_block,
+            "runtimes": runtime_states(self.runtimes, base_url=self.settings.llm.base_url),
+            "pool": self.settings.dispatch.pool or "default",
             "grpc": f"{options.grpc_host}:{self.grpc_port}" if self.grpc_port else None,
             "harness": runtime_state(self.config, self.harnesses, durable=self.settings.durable_runs),
             # Only when some agent genuinely has a browsable plan or file workspace.
@@ -177,6 +222,7 @@ class Dispatch:
                 retain_on_success=self.settings.durable_runs_retain_on_success,
                 ack_wait=self.settings.dispatch.run_ack_wait,
                 tool_permissions=self.settings.tools.policy,
+                agent_pools=self.agent_pools,
             ),
             harnesses=self.harnesses,
         )
@@ -186,13 +232,15 @@ class Dispatch:
         memory = MemoryClient(bus)
         model_call_timeout = self.settings.dispatch.memory_model_timeout
         conversations = ConversationMemory(memory, self.config, self.runtime, model_call_timeout=model_call_timeout)
-        model_side = ModelSide(self.runtime, conversations)
-        self.descriptors[:] = agent_descriptors(self.app, model_side, self.harnesses)
+        model_side = ModelSide(self.runtime, conversations, unavailable=self.unavailable())
+        self.descriptors[:] = agent_descriptors(self.app, model_side, self.harnesses, pool=self.settings.dispatch.pool)
         max_age = self.settings.jetstream.agents_max_age
         await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
         executor = self.executor(bus, model_side)
         extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime, model_call_timeout=model_call_timeout)
-        await stack.enter_async_context(bus.serve(_closed_conversations(extractor, self.extractions), queue=WORKERS))
+        # One instance of each pool hears of each closed conversation; only its agents' pool acts on it.
+        closed = _closed_conversations(extractor, self.extractions)
+        await stack.enter_async_context(bus.serve(closed, queue=run_queue.durable_name(0, self.settings.dispatch.pool)))
         options = self.settings.dispatch
         return [
             await stack.enter_async_context(
@@ -258,15 +306,17 @@ async def serve(
             queue.stop()  # all levels at once; the stack's exits then wait for runs in hand only
 
 
-def runtime_info(runtime: AgentRuntime | None, discovered: Sequence[AgentRuntime], *, base_url: str) -> dict[str, Any]:
-    """The `runtime` block of the info: the runtime runs take, or why there is none.
+def runtime_info(
+    runtime: AgentRuntime | None, discovered: Sequence[AgentRuntime], *, base_url: str, wanted: str = ""
+) -> dict[str, Any]:
+    """The `runtime` block of the info: the runtime runs take, or why there is none (`wanted`: the one asked for).
 
     `state` is `ACTIVE`, or `INACTIVE(<why>)` with no name and no capabilities: a runtime that
     cannot run is never reported as if it could.
     """
     if runtime is None:
         return {
-            "state": f"INACTIVE({why_no_runtime(discovered, base_url=base_url)})",
+            "state": f"INACTIVE({why_no_runtime(discovered, base_url=base_url, wanted=wanted)})",
             "name": None,
             "model": None,
             "capabilities": [],
@@ -279,8 +329,21 @@ def runtime_info(runtime: AgentRuntime | None, discovered: Sequence[AgentRuntime
     }
 
 
-def why_no_runtime(discovered: Sequence[AgentRuntime], *, base_url: str) -> str:
-    """Why no discovered runtime is available, in words that name the fix."""
+def runtime_states(discovered: Sequence[AgentRuntime], *, base_url: str) -> dict[str, str]:
+    """Every installed runtime's state in this process: `ACTIVE`, or `INACTIVE(<why>)` (the `runtimes` block)."""
+    return {
+        r.name: "ACTIVE" if r.is_available() else f"INACTIVE({why_no_runtime([r], base_url=base_url, wanted=r.name)})"
+        for r in sorted(discovered, key=lambda r: r.name)
+    }
+
+
+def why_no_runtime(discovered: Sequence[AgentRuntime], *, base_url: str, wanted: str = "") -> str:
+    """Why no discovered runtime (or not the `wanted` one) is available, in words that name the fix."""
+    if wanted:
+        match = [r for r in discovered if r.name == wanted]
+        if not match:
+            return f"runtime {wanted} is not installed (pip install atmosphere-ai-runtime-{wanted})"
+        return match[0].unavailable_reason() or (NO_MODEL if not base_url else f"runtime {wanted} is not configured")
     if not discovered:
         return "no runtime installed"
     if not base_url:

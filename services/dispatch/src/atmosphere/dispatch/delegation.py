@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +104,15 @@ class Delegation:
         parent: RunSubmission,
         emit: Emit,
         *,
-        fleet: tuple[str, ...],
+        fleet: Mapping[str, str],
         memory: MemoryClient,
         timeout: float = DELEGATION_TIMEOUT,
         permission_mode: str = "",
     ) -> None:
         """Delegate on behalf of `parent`, forwarding sub-run events through `emit`.
+
+        `fleet` names the agents `delegate_task` may reach, each with its dispatch pool (where its
+        sub-runs are queued); a `task` sub-agent runs in the parent's own pool, on its runtime.
 
         `permission_mode` (the parent's, when stricter than DEFAULT) travels to every sub-run as its
         requested mode: a sub-run may only be stricter than what it asks, so a PLAN parent's
@@ -125,7 +128,14 @@ class Delegation:
         self._spawns = 0
 
     def _child(
-        self, agent: str, message: str, *, conversation_id: str, metadata: dict[str, str], subagent: bool = False
+        self,
+        agent: str,
+        message: str,
+        *,
+        conversation_id: str,
+        metadata: dict[str, str],
+        subagent: bool = False,
+        pool: str = "",
     ) -> RunSubmission:
         # One level below the parent on the run queue, whatever kind of delegation this is.
         # In a durable parent the sub-run's id comes from the call's journal key: a resumed call
@@ -143,6 +153,7 @@ class Delegation:
             metadata=metadata,
             parent=self._parent,
             subagent=subagent,
+            pool=pool,
         )
 
     async def delegate_task(self, arguments: dict[str, Any]) -> str:
@@ -161,6 +172,7 @@ class Delegation:
             message,
             # The member keeps its own conversation with this coordinator's conversation.
             conversation_id=f"{self._parent.conversation_id}--{agent}",
+            pool=self._fleet[agent],
             metadata={
                 "fleet.dispatch.agent": agent,
                 "fleet.dispatch.skill": "default",
@@ -212,6 +224,7 @@ class Delegation:
                 "subagent.spawn": SUBAGENT_TYPE,
             },
             subagent=True,
+            pool=self._parent.pool,
         )
         scope = WorkspaceScope(
             category=SUBAGENT_CATEGORY, owner=spawn, agent_id=agent_id, conversation_id=child.conversation_id

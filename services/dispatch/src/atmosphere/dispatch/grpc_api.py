@@ -188,7 +188,7 @@ class DispatchServicer:
     ) -> AsyncIterator[RunResponse]:
         """Start a run and stream its events through the terminal one."""
         caller, request = await self._accept(received, context)
-        agent = self._agents.get(request.agent)
+        agent = await self._agent(request.agent)
         if agent is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown agent '{request.agent}'"[:MAX_REASON_CHARS])
         if not caller.may_use(agent.path):
@@ -317,6 +317,22 @@ class DispatchServicer:
             # Someone else's run reads exactly like one that does not exist: ids cannot be probed.
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown run {run_id}")
 
+    async def _agent(self, name: str) -> AgentDescriptor | None:
+        """The agent `name`: this pool's own, or one another runtime pool serves now (`ATMO_AGENTS`).
+
+        A gRPC client may call any dispatch: an agent pinned to another runtime is queued in its
+        own pool's queue, found through the descriptor that pool keeps alive.
+        """
+        own = self._agents.get(name)
+        if own is not None:
+            return own
+        try:
+            return await self._bus.kv_get(
+                subjects.AGENTS_BUCKET, subjects.token(name, what="agent name"), AgentDescriptor
+            )
+        except (BusError, ValueError):
+            return None
+
     async def _may_control(self, caller: Caller, run_id: str) -> bool:
         """Whether `caller` owns the stored run `run_id` and may use its agent."""
         last = await last_event(self._bus, run_id)
@@ -333,7 +349,13 @@ class DispatchServicer:
     ) -> ListAgentsResponse:
         """The agents this deployment serves (with auth on: those the caller's grant covers)."""
         caller, _ = await self._accept(received, context)
-        return ListAgentsResponse(agents=[a for a in self._agents.values() if caller.may_use(a.path)])
+        try:
+            every = await self._bus.kv_items(subjects.AGENTS_BUCKET, AgentDescriptor)
+        except BusError:
+            every = {}
+        # This pool's own agents (even if the bucket could not be read), then other pools' live ones.
+        agents = [*self._agents.values(), *(a for name, a in sorted(every.items()) if name not in self._agents)]
+        return ListAgentsResponse(agents=[a for a in agents if caller.may_use(a.path)])
 
     async def GetInfo(  # noqa: N802 - the gRPC method name
         self,
@@ -387,6 +409,7 @@ def _run_request(request: RunRequest, agent: AgentDescriptor, principal: Princip
         transport="grpc",
         path=agent.path,
         metadata=request.metadata,
+        pool=agent.pool,
     )
 
 

@@ -34,21 +34,22 @@ from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.host import AgentSpec
-from atmosphere.sdk.runtime import ToolSpec
+from atmosphere.sdk.runtime import AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
 
 
 def agent_descriptors(
-    app: App, model_side: ModelSide, harnesses: Mapping[str, AgentHarness] | None = None
+    app: App, model_side: ModelSide, harnesses: Mapping[str, AgentHarness] | None = None, *, pool: str = ""
 ) -> list[AgentDescriptor]:
-    """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves, with runtime truth."""
+    """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves (in `pool`), with runtime truth."""
     runtime = model_side.runtime
     capabilities = sorted(c.value for c in runtime.capabilities()) if runtime is not None else []
     harnesses = harnesses or {}
     descriptors = []
     for spec in app.agents.values():
         harness = harnesses.get(spec.name, AgentHarness())
+        own = [t.name for t in spec.tools] + [t.name for t in hosted_tools(spec, runtime)]
         descriptors.append(
             AgentDescriptor(
                 name=spec.name,
@@ -57,10 +58,10 @@ def agent_descriptors(
                 description=spec.description,
                 runtime=runtime.name if runtime is not None else "",
                 capabilities=capabilities,
-                tools=[t.name for t in spec.tools]
-                + [n for n in harness.tools if n not in {t.name for t in spec.tools}],
+                tools=own + [n for n in harness.tools if n not in own],
                 harness=harness.attached(),
                 workspace=harness.scope("", "") if harness.tools.keys() & MEMORY_TOOL_NAMES else None,
+                pool=pool,
             )
         )
     return descriptors
@@ -79,8 +80,16 @@ SUBAGENT_SPEC = AgentSpec(
 )
 
 
-def _binding(spec: AgentSpec, harness: AgentHarness) -> AgentBinding:
-    tools = {t.name: ToolSpec.of(t) for t in spec.tools} | dict(harness.tools)
+def hosted_tools(spec: AgentSpec, runtime: AgentRuntime | None) -> tuple[ToolSpec, ...]:
+    """The own tools of the framework object `spec` hosts (none for an `@agent` class, or without a runtime)."""
+    if spec.native is None or runtime is None:
+        return ()
+    return runtime.native_tools(spec.native)
+
+
+def _binding(spec: AgentSpec, harness: AgentHarness, runtime: AgentRuntime | None) -> AgentBinding:
+    tools = {t.name: ToolSpec.of(t) for t in spec.tools} | {t.name: t for t in hosted_tools(spec, runtime)}
+    tools |= dict(harness.tools)
     # One instance per agent for the process's lifetime, like an endpoint singleton.
     return AgentBinding(spec=spec, harness=harness, tools=tools, instance=spec.cls())
 
@@ -104,7 +113,10 @@ class RunExecutor:
         self._services = RunServices(bus, model_side, MemoryClient(bus), governance, self._options)
         specs: dict[str, AgentSpec] = {**app.agents, SUBAGENT: SUBAGENT_SPEC}
         harnesses = {**(harnesses or {}), SUBAGENT: subagent_harness()}
-        self._agents = {name: _binding(spec, harnesses.get(name) or AgentHarness()) for name, spec in specs.items()}
+        self._agents = {
+            name: _binding(spec, harnesses.get(name) or AgentHarness(), model_side.runtime)
+            for name, spec in specs.items()
+        }
         self._sandbox_tools = SandboxTools(bus)
         self._in_hand: dict[str, asyncio.Event] = {}
         """The runs this worker executes now, by id (a redelivery of one waits for it)."""

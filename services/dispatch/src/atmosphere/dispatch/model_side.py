@@ -67,6 +67,8 @@ class ModelSide:
 
     runtime: AgentRuntime | None
     conversation: ConversationMemory | None = None
+    unavailable: str = NO_RUNTIME
+    """What a run is told when there is no runtime: why, in words that name the fix."""
 
     @property
     def model(self) -> str:

@@ -19,7 +19,7 @@ import logging
 import sys
 
 from atmosphere.bus import BusError, ConnectError, JetStreamLayout, connect
-from atmosphere.dispatch.app import run_queues
+from atmosphere.dispatch.app import provisioned_queues
 from atmosphere.dispatch.settings import DispatchSettings
 from atmosphere.service import layout_from, run
 
@@ -30,8 +30,8 @@ EXIT_REFUSED = 1
 
 
 def full_layout(settings: DispatchSettings) -> JetStreamLayout:
-    """The whole layout these settings ask for: streams, buckets, the run queue's consumers."""
-    return layout_from(settings, consumers=tuple(run_queues(settings.dispatch)))
+    """The whole layout these settings ask for: streams, buckets, every pool's run queue consumers."""
+    return layout_from(settings, consumers=tuple(provisioned_queues(settings.dispatch)))
 
 
 def provisioner_name(settings: DispatchSettings) -> str:

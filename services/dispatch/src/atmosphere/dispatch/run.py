@@ -53,7 +53,7 @@ from atmosphere.dispatch.durability import Durability, Live
 from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.event_output import EventOutput
 from atmosphere.dispatch.model_request import ModelRequests
-from atmosphere.dispatch.model_side import NO_RUNTIME, history_of
+from atmosphere.dispatch.model_side import history_of
 from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_input import input_event
@@ -226,7 +226,7 @@ class Run:
         scope = self.scope
         runtime = scope.services.model_side.runtime
         if runtime is None:
-            await self.fail(RuntimeUnavailableError(NO_RUNTIME))
+            await self.fail(RuntimeUnavailableError(scope.services.model_side.unavailable))
             return
         staged = history_of(scope.request)
         try:
@@ -264,6 +264,7 @@ class Run:
             tool_loop=tool_loop_for(spec.tool_loop, tools),
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
+            native=spec.native,
             rounds=self.journaled_rounds,
         )
 

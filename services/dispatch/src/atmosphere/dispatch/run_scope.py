@@ -51,6 +51,9 @@ class ExecutorOptions:
     """Seconds without a heartbeat before another worker takes a run over."""
     tool_permissions: ToolPermissions = field(default_factory=ToolPermissions)
     """The operator's `deny`/`confirm` per tool (`ATMOSPHERE_TOOLS__PERMISSIONS`)."""
+    agent_pools: Mapping[str, str] = field(default_factory=dict)
+    """The dispatch pool of every agent of the app (its pinned runtime, "" the default pool),
+    not only of those this pool serves: where a delegated sub-run is queued."""
 
 
 @dataclass(frozen=True)

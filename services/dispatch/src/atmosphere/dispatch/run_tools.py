@@ -46,7 +46,7 @@ def _delegation_tools(scope: RunScope, emit: Emit) -> dict[str, LocalTool]:
         scope.services.bus,
         scope.request,
         emit,
-        fleet=scope.spec.fleet,
+        fleet={member: scope.services.options.agent_pools.get(member, "") for member in scope.spec.fleet},
         memory=scope.services.memory,
         # Only a stricter mode travels (PLAN, DENY_ALL): a looser one would be ignored anyway.
         permission_mode=mode.name if PermissionMode.DEFAULT.stricter(mode) is not PermissionMode.DEFAULT else "",

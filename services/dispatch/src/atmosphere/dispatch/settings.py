@@ -21,6 +21,7 @@ from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.sdk import PromptCache
 from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy, parse_strategy
 from atmosphere.sdk.host import HarnessSwitch
+from atmosphere.sdk.runtime import RUNTIME_NAME
 
 log = logging.getLogger("atmosphere.dispatch")
 
@@ -64,6 +65,37 @@ class DispatchOptions(BaseModel):
     max_run_deliveries: int = Field(default=5, ge=1, le=100)
     """Deliveries of one run (its worker died, or failed, each time) after which it is ended
     with an error instead of being tried again: a run that crashes its worker cannot do so forever."""
+    pool: str = Field(default="", pattern=RUNTIME_NAME.pattern + "|")
+    """The runtime pool this instance serves: empty, the default pool (the agents pinned to no
+    runtime), or a runtime's name (`langchain`): then only the agents pinned to that runtime
+    (`@agent(runtime="langchain")`, `hosted_agent`), run by it, from that pool's own queue."""
+    runtime: str = Field(default="", pattern=RUNTIME_NAME.pattern + "|")
+    """The runtime the default pool runs its agents on; empty or `auto`: the highest-priority
+    available one (an installed adapter before the built-in runtime; between equals, the first by
+    name). A pool always runs its own runtime. `atmosphere dev` sets `built-in` unless told otherwise."""
+    pools: Annotated[tuple[str, ...], NoDecode] = ()
+    """Every runtime pool of the deployment, comma-separated (`langchain,anthropic`): the
+    provisioner makes each one's queue. A pool's own name is always included."""
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+    @field_validator("pools")
+    @classmethod
+    def _runtime_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pool in value:
+            if not RUNTIME_NAME.fullmatch(pool):
+                msg = f"a pool is a runtime's name (1-32 lower-case letters, digits, '_' or '-'), got {pool!r}"
+                raise ValueError(msg)
+        return tuple(sorted(set(value)))
+
+    def all_pools(self) -> tuple[str, ...]:
+        """The runtime pools whose queues exist: `pools` and this instance's own."""
+        return tuple(sorted({*self.pools, self.pool} - {""}))
 
 
 class ToolOptions(BaseModel):

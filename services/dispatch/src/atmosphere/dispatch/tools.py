@@ -68,6 +68,19 @@ LocalTool = Callable[[dict[str, Any]], Awaitable[str]]
 """A tool executed inside dispatch (delegation): arguments in, text for the model out."""
 
 
+def _hosted_tool(call: ToolCallRequest) -> LocalTool | None:
+    """A hosted framework object's own tool (`ToolCallRequest.local`), run here once every gate passed."""
+    native = call.local
+    if native is None:
+        return None
+
+    async def run(arguments: dict[str, Any]) -> str:
+        # The arguments as approved (an approver may have edited them), not as the model sent them.
+        return await native(json.dumps(arguments))
+
+    return run
+
+
 def _approval_asked(reply: ToolReply) -> str | None:
     """The message of a tool that raised `ApprovalRequired` (its reply carries the request), or None."""
     for event in reply.events:
@@ -214,8 +227,8 @@ class ToolGateway:
     async def _execute(
         self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
     ) -> str:
-        """The tool's result text: run here (delegation) or through the sandbox port."""
-        local = (self.local_tools or {}).get(call.name)
+        """The tool's result text: run here (delegation, a hosted object's own tool) or through the sandbox port."""
+        local = (self.local_tools or {}).get(call.name) or _hosted_tool(call)
         if local is not None:
             return await self._run_local(call, spec, local, arguments, effect)
         request = ToolCall(

@@ -104,6 +104,7 @@ async def accept_prompt(request: Request, descriptor: AgentDescriptor, *, transp
         principal=principal,
         transport=transport,
         path=descriptor.path,
+        pool=descriptor.pool,
     )
     require_fits(run, state.bus.max_payload)
     state.conversations.touch(descriptor.name, conversation_id, principal)

@@ -248,6 +248,7 @@ class Connection:
             principal=self.principal,
             transport=self.transport,
             path=self.agent.path,
+            pool=self.agent.pool,
         )
         require_fits(request, self.bus.max_payload)
         if self.conversations is not None:

@@ -192,8 +192,9 @@ def new_run_request(
     principal: Principal,
     transport: str,
     path: str,
+    pool: str,
 ) -> RunSubmission:
-    """The run a parsed prompt starts (`atmosphere.bus.runs.new_run`: fresh ids, submitted now)."""
+    """The run a parsed prompt starts (`atmosphere.bus.runs.new_run`: fresh ids, submitted now), queued in `pool`."""
     return new_run(
         agent=agent,
         message=prompt.text,
@@ -202,6 +203,7 @@ def new_run_request(
         transport=transport,
         path=path,
         metadata=prompt.metadata,
+        pool=pool,
     )
 
 

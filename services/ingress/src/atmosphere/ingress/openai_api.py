@@ -296,20 +296,21 @@ class _Run:
             self.state.openai_permits.release()
 
 
-def _run_request(chat: ChatRequest, agent: str, path: str, principal: Principal) -> RunSubmission:
+def _run_request(chat: ChatRequest, agent: AgentDescriptor, principal: Principal) -> RunSubmission:
     """The run a completion is: the last user message, earlier turns as its history."""
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
     # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
     metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)} if chat.prior else {}
     return new_run(
-        agent=agent,
+        agent=agent.name,
         message=chat.prompt,
         principal=principal,
         # Scoped like every user's conversation, so it counts against its user's quotas only.
         conversation_id=scoped_conversation(key, principal),
         transport="openai",
-        path=path,
+        path=agent.path,
         metadata=metadata,
+        pool=agent.pool,
     )
 
 
@@ -342,7 +343,7 @@ async def _admit(state: IngressState, request: Request) -> _Admitted:
     # A retry is recognised only as the same caller's: never another user's completion.
     caller = f"{principal.auth_method}:{principal.tenant}:{principal.user_id}"
     retry_key = RetryKey.of(request.headers, caller, raw)
-    return _Admitted(chat, _run_request(chat, target, agents[target].path, principal), retry_key)
+    return _Admitted(chat, _run_request(chat, agents[target], principal), retry_key)
 
 
 async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[str, AgentDescriptor]]:

@@ -100,6 +100,16 @@ class BuiltInAgentRuntime(AgentRuntime):
         """Available when an http(s) provider URL is configured (any other cannot be called)."""
         return is_http_url(self.config.base_url)
 
+    def unavailable_reason(self) -> str:
+        """What to set (the URL itself is never shown: it may carry credentials)."""
+        if self.is_available():
+            return ""
+        return (
+            "no model configured: set LLM_BASE_URL"
+            if not self.config.base_url
+            else "LLM_BASE_URL is not an http(s) URL"
+        )
+
     def capabilities(self) -> frozenset[AiCapability]:
         """Each flag is pinned by the runtime contract suite (`atmosphere.testing`)."""
         return frozenset(

@@ -262,6 +262,7 @@ class AgentDescriptor(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     HARNESS_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """The endpoint path, e.g. "/atmosphere/agent/echo"."""
@@ -270,6 +271,10 @@ class AgentDescriptor(_message.Message):
     description: _builtins.str
     runtime: _builtins.str
     """The resolved AgentRuntime and what it can do."""
+    pool: _builtins.str
+    """The dispatch pool serving it (its pinned runtime; empty: the default pool): where a
+    submission for it is queued. Written only by that pool, so it expires with the pool.
+    """
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -296,10 +301,11 @@ class AgentDescriptor(_message.Message):
         tools: _abc.Iterable[_builtins.str] | None = ...,
         harness: _abc.Iterable[_builtins.str] | None = ...,
         workspace: _tool_pb2.WorkspaceScope | None = ...,
+        pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "runtime", b"runtime", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "pool", b"pool", "runtime", b"runtime", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,7 @@ class RunSubmission(_message.Message):
     SUBMITTED_AT_FIELD_NUMBER: _builtins.int
     TRANSPORT_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Assigned by the submitter (ingress, or dispatch for gRPC); unique per run."""
     session_id: _builtins.str
@@ -75,6 +76,10 @@ class RunSubmission(_message.Message):
     """Which surface accepted the run: "websocket", "sse", "long-poll", "openai", "grpc", "subagent"."""
     path: _builtins.str
     """The endpoint path the client used, e.g. "/atmosphere/agent/echo"."""
+    pool: _builtins.str
+    """The dispatch pool that runs it: the runtime its agent is pinned to (`@agent(runtime=...)`),
+    empty for the default pool. It picks the queue (`atmo.submit.pool.<pool>.<agent>`).
+    """
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
     @_builtins.property
@@ -97,10 +102,11 @@ class RunSubmission(_message.Message):
         submitted_at: _timestamp_pb2.Timestamp | None = ...,
         transport: _builtins.str = ...,
         path: _builtins.str = ...,
+        pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal", "submitted_at", b"submitted_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "message", b"message", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "path", b"path", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "submitted_at", b"submitted_at", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "message", b"message", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "path", b"path", "pool", b"pool", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "submitted_at", b"submitted_at", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
