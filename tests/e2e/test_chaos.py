@@ -19,9 +19,7 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 import websockets
 
@@ -41,7 +38,8 @@ from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsRespo
 from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 
 from .apps.chaos_app import LEDGER_ENV
-from .conftest import ROOT, service_map
+from .conftest import service_map
+from .dispatch_process import Worker, worker_env
 from .wsclient import ws_url
 
 RUN_ID_HEADER = "x-atmosphere-run-id"
@@ -69,71 +67,6 @@ def respond(request: ModelRequest) -> Turn:
         return Turn.text(answer_of(tag), chunk_delay=WORD_DELAY)
     call = ToolCallScript("record_effect", {"tag": tag}, call_id=f"call-{tag}")
     return dataclasses.replace(Turn.tool_calls(call, text=f"Recording {tag} now. "), chunk_delay=WORD_DELAY)
-
-
-@dataclass
-class Worker:
-    """One dispatch process, restartable."""
-
-    env: dict[str, str]
-    log_dir: Path
-    process: asyncio.subprocess.Process | None = None
-    ready: bool = False
-    starts: int = 0
-    grpc_target: str = ""
-    restarting: asyncio.Task[None] | None = None
-    """The restart under way after a kill: `stop()` ends it too, so no dispatch outlives the test."""
-
-    async def start(self) -> None:
-        self.starts += 1
-        log = self.log_dir / f"dispatch-{id(self)}-{self.starts}.log"
-        self.ready = False
-        with log.open("wb") as sink:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
-            )
-        port = await _logged_port(log, self.process, r"probes on http://[\d.]+:(\d+)/readyz")
-        async with httpx.AsyncClient() as client:
-
-            async def up() -> bool:
-                with contextlib.suppress(httpx.HTTPError):
-                    return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-                return False
-
-            await wait_until(up, timeout=60, interval=0.1, what="a dispatch process to be ready")
-        grpc_port = await _logged_port(log, self.process, r"gRPC DispatchService on [\d.]+:(\d+)")
-        self.grpc_target = f"127.0.0.1:{grpc_port}"
-        self.ready = True
-
-    def kill(self) -> int:
-        assert self.process is not None
-        self.ready = False
-        self.process.send_signal(signal.SIGKILL)
-        return self.process.pid
-
-    async def stop(self) -> None:
-        if self.restarting is not None and not self.restarting.done():
-            self.restarting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, AssertionError):
-                await self.restarting
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGKILL)
-            await self.process.wait()
-
-
-async def _logged_port(log: Path, process: asyncio.subprocess.Process, pattern: str) -> int:
-    found: list[int] = []
-
-    async def logged() -> bool:
-        if process.returncode is not None:
-            raise AssertionError(f"dispatch exited: {log.read_text(errors='replace')[-2000:]}")
-        match = re.search(pattern, log.read_text(errors="replace"))
-        if match:
-            found.append(int(match.group(1)))
-        return bool(found)
-
-    await wait_until(logged, timeout=60, interval=0.1, what=f"dispatch to log {pattern}")
-    return found[0]
 
 
 @dataclass
@@ -324,29 +257,6 @@ def takeover_seconds(kills: list[Kill], clients: list[Client]) -> list[float]:
             if after:
                 delays.append(after[0] - kill.at)
     return delays
-
-
-def worker_env(
-    nats_url: str, namespace: str, data: Path, *, app: str, provider_url: str, durable: bool, **extra: str
-) -> dict[str, str]:
-    """The environment of a dispatch worker process of the test's stack (`extra`: more variables)."""
-    return {
-        **os.environ,
-        "ATMOSPHERE_NATS__URL": nats_url,
-        "ATMOSPHERE_NATS__NAMESPACE": namespace,
-        "ATMOSPHERE_APP": app,
-        "ATMOSPHERE_APP_DIR": str(ROOT),
-        "ATMOSPHERE_DATA_DIR": str(data),
-        "ATMOSPHERE_PROBE_HOST": "127.0.0.1",
-        "ATMOSPHERE_PROBE_PORT": "0",
-        "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
-        "ATMOSPHERE_DISPATCH__GRPC_PORT": "0",
-        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true" if durable else "false",
-        "LLM_BASE_URL": provider_url,
-        "LLM_MODEL": "fake-model",
-        "PYTHONPATH": str(ROOT),
-        **extra,
-    }
 
 
 @pytest.mark.alone

@@ -249,6 +249,22 @@ async def test_the_app_check_passes_a_loadable_app_and_shows_the_users_error(tmp
     )
 
 
+async def test_the_app_check_finds_the_runtime_pools_to_start(tmp_path: Path) -> None:
+    (tmp_path / "p_pooled_agents.py").write_text(
+        "from atmosphere.sdk import App, agent\n\n"
+        "@agent(name='a', runtime='pydantic-ai')\nclass A: ...\n\n"
+        "@agent(name='b')\nclass B: ...\n\n"
+        "app = App([A, B])\n"
+    )
+    (tmp_path / "p_plain_agents.py").write_text(
+        "from atmosphere.sdk import App, agent\n\n@agent(name='b')\nclass B: ...\n\napp = App([B])\n"
+    )
+    pooled = DevOptions(app="p_pooled_agents:app", home=tmp_path, app_dir=tmp_path)
+    assert await dev.inspect_app(pooled) == (None, ("pydantic-ai",))
+    plain = DevOptions(app="p_plain_agents:app", home=tmp_path, app_dir=tmp_path)
+    assert await dev.inspect_app(plain) == (None, ())
+
+
 async def test_the_app_check_says_what_the_attribute_is_instead_of_an_app(tmp_path: Path) -> None:
     (tmp_path / "p_unset_agents.py").write_text("from atmosphere.sdk import App\n\napp = None\nreal = App()\n")
     problem = await dev.check_app(DevOptions(app="p_unset_agents:app", home=tmp_path, app_dir=tmp_path))
