@@ -459,3 +459,15 @@ def test_every_error_code_a_run_can_end_with_is_documented() -> None:
     codes = [code for code, kind in errors.catalogue().items() if issubclass(kind, errors.RunError)]
     missing = [code for code in codes if f"| `{code}` |" not in wire]
     assert not missing, f"error codes not in docs/wire.md's table: {missing}"
+
+
+def test_the_capability_matrix_is_what_the_runtimes_declare() -> None:
+    # The runtimes' `capabilities()`, each pinned by its contract test: the pages follow the code.
+    from scripts.capability_matrix import PAGES, START, matrix, runtimes, with_matrix
+
+    table = matrix(runtimes())
+    for page in PAGES:
+        text = page.read_text()
+        assert START in text, page
+        assert with_matrix(text, table) == text, f"{page.name}: run scripts/capability_matrix.py --write"
+    assert next(r.name for r in runtimes()) == "built-in"

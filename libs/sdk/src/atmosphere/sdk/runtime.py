@@ -14,8 +14,10 @@ import abc
 import dataclasses
 import json
 import logging
+import os
 import re
-from collections.abc import Awaitable, Callable, Iterable
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
@@ -240,6 +242,9 @@ class AgentRuntime(abc.ABC):
 
     name: ClassVar[str]
     priority: ClassVar[int] = 0
+    environment: ClassVar[tuple[str, ...]] = ()
+    """Environment variables of its own it reads (e.g. `ANTHROPIC_API_KEY`): `discover_runtimes` puts
+    those that are set in its `RuntimeConfig.extra`, so settings stay environment variables only."""
 
     def __init__(self, config: RuntimeConfig) -> None:
         """Create the runtime; it may open connections lazily."""
@@ -280,13 +285,31 @@ class AgentRuntime(abc.ABC):
         """Release connections (called once when dispatch stops)."""
 
 
-def discover_runtimes(config: RuntimeConfig) -> list[AgentRuntime]:
-    """Instantiate every runtime registered under `atmosphere.runtimes`."""
+def framework_object(native: object, module: str, name: str) -> bool:
+    """Whether `native` is an instance of `module`'s class `name`, without importing `module`.
+
+    What a runtime's `hosts` asks: an object of a framework exists only once the framework was
+    imported, so a framework not imported yet means no, at no cost (see `AgentRuntime.environment`
+    on why discovering a runtime must not import its framework).
+    """
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(cls, type) and isinstance(native, cls)
+
+
+def discover_runtimes(config: RuntimeConfig, environ: Mapping[str, str] | None = None) -> list[AgentRuntime]:
+    """Instantiate every runtime registered under `atmosphere.runtimes`.
+
+    Each gets `config` with the variables of `environ` (default: the process's) it declares in
+    `environment` added to `extra`.
+    """
+    environ = os.environ if environ is None else environ
     runtimes: list[AgentRuntime] = []
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:
             cls = entry.load()
-            runtimes.append(cls(config))
+            own = {name: environ[name] for name in getattr(cls, "environment", ()) if name in environ}
+            runtimes.append(cls(dataclasses.replace(config, extra={**own, **config.extra}) if own else config))
         except Exception:
             log.exception("runtime %s failed to load; skipping it", entry.name)
     return runtimes

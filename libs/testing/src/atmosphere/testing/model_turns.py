@@ -1,8 +1,9 @@
 """What the scripted model answers (`Turn`) and what it was asked (`ModelRequest`).
 
 These types are wire-neutral: a `Turn` says what the model does — text, tool calls, an HTTP
-error, a stall, a cut or broken stream — and each wire's encoder (`atmosphere.testing.openai_wire`)
-spells it in that provider's format, so one script serves every wire the fake speaks.
+error, a stall, a cut or broken stream — and each wire's encoder (`atmosphere.testing.openai_wire`,
+`atmosphere.testing.anthropic_wire`) spells it in that provider's format, so one script serves
+every wire the fake speaks.
 """
 
 from __future__ import annotations
@@ -55,10 +56,19 @@ class Turn:
     """Not 200: the provider fails the request with this HTTP status and `error_message`."""
     error_message: str = ""
     usage: tuple[int, int] | None = DEFAULT_USAGE
-    """(input, output) tokens reported for the round; None reports none."""
+    """(input, output) tokens reported for the round; None reports none. On Anthropic's wire the
+    input excludes the prompt-cache tokens below, as Anthropic counts them."""
+    cache_read_tokens: int = 0
+    """Input tokens read from the provider's prompt cache (Anthropic's `cache_read_input_tokens`;
+    only the Anthropic wire reports them)."""
+    cache_creation_tokens: int = 0
+    """Input tokens written to the provider's prompt cache (Anthropic's `cache_creation_input_tokens`;
+    only the Anthropic wire reports them)."""
     finish_reason: str = ""
     """Default: `tool_calls` when there are calls, else `stop`; `length` cuts the answer short.
-    Named in OpenAI's words; another wire's encoder says the same in its own."""
+    Named in OpenAI's words; another wire's encoder says the same in its own (Anthropic's:
+    `end_turn`, `tool_use`, `max_tokens`, `refusal` for `content_filter`; any other word is sent
+    as it is, e.g. `pause_turn`)."""
     shape: Shape = "answer"
     chunks: tuple[str, ...] = ()
     """The pieces `content` streams in (empty: its words); for `raw`, the exact payloads."""
@@ -104,8 +114,14 @@ class Turn:
         chunk_delay: float = 0.0,
         words: bool = True,
         timestamps: bool = False,
+        cache_read_tokens: int = 0,
+        cache_creation_tokens: int = 0,
     ) -> Turn:
-        """Answer with `text`, streamed word by word (or character by character), then `finish_reason`."""
+        """Answer with `text`, streamed word by word (or character by character), then `finish_reason`.
+
+        `cache_read_tokens` and `cache_creation_tokens` are the prompt-cache tokens the round
+        reports besides `usage` (on Anthropic's wire).
+        """
         pieces = _words(text) if words else list(text)
         return cls(
             content=text,
@@ -114,6 +130,8 @@ class Turn:
             chunks=tuple(pieces),
             chunk_delay=chunk_delay,
             timestamps=timestamps,
+            cache_read_tokens=cache_read_tokens,
+            cache_creation_tokens=cache_creation_tokens,
         )
 
     @classmethod
@@ -202,6 +220,15 @@ class Turn:
         return cls(shape="malformed", content=text, usage=None)
 
 
+def block_text(content: Any) -> str:
+    """The text of an Anthropic `content`: a string, or the joined text of its `text` blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping) and b.get("type") == "text")
+    return "" if content is None else str(content)
+
+
 def _words(text: str) -> list[str]:
     """`text` in the pieces a model streams: each word with the space after it."""
     split = text.split(" ")
@@ -218,7 +245,8 @@ class ModelRequest(Mapping[str, Any]):
     """
 
     messages: tuple[Mapping[str, Any], ...]
-    """The conversation as the wire sent it (OpenAI's: system, history, user, tool calls and results)."""
+    """The conversation as the wire sent it (OpenAI's: system, history, user, tool calls and results;
+    Anthropic's: history, user, `tool_use` and `tool_result` blocks, the system prompt apart)."""
     tools: tuple[str, ...]
     """The names of the tools offered (user tools and the harness's built-in ones)."""
     body: Mapping[str, Any]
@@ -228,10 +256,15 @@ class ModelRequest(Mapping[str, Any]):
 
     @property
     def last_tool_result(self) -> str | None:
-        """The content of the newest `tool` message, or None."""
+        """The content of the newest tool result (OpenAI's `tool` message, Anthropic's `tool_result` block), or None."""
         for message in reversed(self.messages):
             if message.get("role") == "tool":
                 return str(message.get("content"))
+            content = message.get("content")
+            if isinstance(content, list):
+                results = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+                if results:
+                    return block_text(results[-1].get("content"))
         return None
 
     def __getitem__(self, key: str) -> Any:

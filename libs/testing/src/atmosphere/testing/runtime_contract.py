@@ -4,6 +4,11 @@ Subclass `AgentRuntimeContract` in the runtime's tests and implement `make_runti
 drives the runtime against a `ScriptedModel` served on loopback (the `fake_provider` fixture). A
 capability may be declared only if this suite has a test for it (`CAPABILITY_TESTS`), and every
 declared capability's tests run: runtime truth, checked.
+
+The suite is wire-agnostic: `wire` (default `OPENAI_WIRE`, OpenAI's chat completions) says how a
+runtime is configured for the fake provider and how the tests read what it sent; a runtime that
+speaks Anthropic's Messages API sets `wire = ANTHROPIC_WIRE`. The same scripted `Turn`s answer
+on either wire.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import abc
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import pytest
@@ -22,7 +28,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.sdk import AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
 from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest, ToolSpec
-from atmosphere.testing.model_turns import ToolCallScript, Turn
+from atmosphere.testing.model_turns import ToolCallScript, Turn, block_text
 from atmosphere.testing.scripted_model import ScriptedModel
 
 FAST_RETRY = RetryPolicy(max_retries=2, initial_delay=0.01, max_delay=1.0)
@@ -97,6 +103,142 @@ class Recorder:
         return last
 
 
+Said = tuple[Any, ...]
+"""One message as a wire's reader sees it: (role, content), then any other fields it carries."""
+
+
+class ContractWire:
+    """One provider wire as the contract sees it: the runtime's configuration, and readers of what it sent.
+
+    The readers give a request's parts in the terms the tests check, whatever the wire's shape;
+    `OPENAI_WIRE` reads OpenAI's chat completions exactly as the suite always did.
+    """
+
+    name = "openai"
+
+    def config(self, provider: ScriptedModel) -> RuntimeConfig:
+        """A runtime's configuration for the fake provider."""
+        return RuntimeConfig(base_url=provider.base_url, model="fake-model", stall_timeout=5.0)
+
+    def streamed(self, request: Mapping[str, Any]) -> Any:
+        """The request's `stream` flag as sent."""
+        return request["stream"]
+
+    def conversation(self, request: Mapping[str, Any]) -> list[Said]:
+        """The messages in order, each `(role, content)`: the system prompt first when one is sent.
+
+        A message with more fields than these has them after, sorted (so that it equals no plain pair).
+        """
+        return [_said(m) for m in request["messages"]]
+
+    def tool_names(self, request: Mapping[str, Any]) -> list[str]:
+        """The names of the tools offered."""
+        return [t.get("function", {}).get("name") for t in request["tools"]]
+
+    def offers_tools(self, request: Mapping[str, Any]) -> bool:
+        """Whether the model may call a tool."""
+        return "tools" in request
+
+    def asked_tools(self, request: Mapping[str, Any]) -> list[str]:
+        """The tools the assistant's turn before the newest tool results called."""
+        return [c.get("function", {}).get("name") for c in request["messages"][-2]["tool_calls"]]
+
+    def last_tool_result(self, request: Mapping[str, Any]) -> Said:
+        """The newest tool result as `(call id, content)` (then any other fields, sorted)."""
+        last = dict(request["messages"][-1])
+        if last.get("role") != "tool":
+            return ("not a tool result", last)
+        extra = sorted((k, v) for k, v in last.items() if k not in {"role", "tool_call_id", "content"})
+        return (last.get("tool_call_id"), last.get("content"), *extra)
+
+    def messages_of_a_tool_round(self, calls: int) -> int:
+        """How many messages one round of `calls` parallel tool calls adds (the call, each result)."""
+        return 1 + calls
+
+    def structured_format(self, request: Mapping[str, Any]) -> Any:
+        """The type of native structured output asked for (`json_schema`), None when none is."""
+        return request["response_format"]["type"] if "response_format" in request else None
+
+
+class AnthropicContractWire(ContractWire):
+    """Anthropic's Messages API: a top-level `system`, `tool_use` and `tool_result` blocks.
+
+    The runtime is configured through `RuntimeConfig.extra` with the SDK's own setting names
+    (`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, `ANTHROPIC_MODEL`); a conversation reads as
+    OpenAI's would, so the tests' checks are the same: the `system` first, each text message as
+    `(role, text)` (text blocks joined), each `tool_result` block as `("tool", content)`.
+    """
+
+    name = "anthropic"
+
+    def config(self, provider: ScriptedModel) -> RuntimeConfig:
+        """A runtime's configuration for the fake provider, in `extra` (not `LLM_*`'s fields)."""
+        extra = {
+            "ANTHROPIC_BASE_URL": provider.anthropic_base_url,
+            "ANTHROPIC_API_KEY": "contract-key",
+            "ANTHROPIC_MODEL": "fake-model",
+        }
+        return RuntimeConfig(stall_timeout=5.0, extra=extra)
+
+    def conversation(self, request: Mapping[str, Any]) -> list[Said]:
+        """The `system` first (when sent), then each message's text, and each tool result as a `tool` message."""
+        said: list[Said] = []
+        if "system" in request:
+            said.append(("system", block_text(request["system"])))
+        for message in request["messages"]:
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else []
+            results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+            if not results or any(isinstance(b, Mapping) and b.get("type") == "text" for b in blocks):
+                said.append((message.get("role"), block_text(content)))
+            said += [("tool", block_text(b.get("content"))) for b in results]
+        return said
+
+    def tool_names(self, request: Mapping[str, Any]) -> list[str]:
+        """The names of the tools declared."""
+        return [t.get("name") for t in request["tools"]]
+
+    def offers_tools(self, request: Mapping[str, Any]) -> bool:
+        """Tools declared, and not withheld by `tool_choice: none`.
+
+        Anthropic wants the tools declared while the conversation holds `tool_use` blocks.
+        """
+        return "tools" in request and (request.get("tool_choice") or {}).get("type") != "none"
+
+    def asked_tools(self, request: Mapping[str, Any]) -> list[str]:
+        """The `tool_use` blocks of the assistant's message before the newest tool results."""
+        content = request["messages"][-2]["content"]
+        return [b["name"] for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+
+    def last_tool_result(self, request: Mapping[str, Any]) -> Said:
+        """The newest `tool_result` block as `(tool_use_id, content)`."""
+        last = request["messages"][-1]
+        content = last.get("content") if last.get("role") == "user" else None
+        results = [b for b in content or () if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+        if not results:
+            return ("not a tool result", last)
+        return (results[-1].get("tool_use_id"), block_text(results[-1].get("content")))
+
+    def messages_of_a_tool_round(self, calls: int) -> int:
+        """The assistant's message of `tool_use` blocks, and one user message of every result."""
+        del calls
+        return 2
+
+    def structured_format(self, request: Mapping[str, Any]) -> Any:
+        """The `output_config.format` type asked for (`json_schema`), None when none is."""
+        output = request.get("output_config") or {}
+        return output["format"]["type"] if output.get("format") is not None else None
+
+
+OPENAI_WIRE = ContractWire()
+ANTHROPIC_WIRE = AnthropicContractWire()
+
+
+def _said(message: Mapping[str, Any]) -> Said:
+    extra = sorted((k, v) for k, v in message.items() if k not in {"role", "content"})
+    return (message.get("role"), message.get("content"), *extra)
+
+
 def context(recorder: Recorder, request: AiRequest, **overrides: Any) -> AgentExecutionContext:
     values: dict[str, Any] = {
         "run_id": "r1",
@@ -111,9 +253,13 @@ def context(recorder: Recorder, request: AiRequest, **overrides: Any) -> AgentEx
 
 
 class AgentRuntimeContract(abc.ABC):
-    """Inherit in a test class; set `expected_capabilities` and implement `make_runtime`."""
+    """Inherit in a test class; set `expected_capabilities` and implement `make_runtime`.
+
+    A runtime that does not speak OpenAI's chat completions sets `wire` too (`ANTHROPIC_WIRE`).
+    """
 
     expected_capabilities: ClassVar[frozenset[AiCapability]]
+    wire: ClassVar[ContractWire] = OPENAI_WIRE
 
     CAPABILITY_TESTS: ClassVar[dict[AiCapability, tuple[str, ...]]] = {
         AiCapability.TEXT_STREAMING: ("test_text_streams_in_pieces_then_completes",),
@@ -139,10 +285,10 @@ class AgentRuntimeContract(abc.ABC):
 
     @abc.abstractmethod
     def make_runtime(self, config: RuntimeConfig) -> AgentRuntime:
-        """A runtime talking to the fake provider at `config.base_url`."""
+        """A runtime talking to the fake provider as `config` says (`wire.config`: `base_url` for OpenAI's wire)."""
 
     def runtime_for(self, provider: ScriptedModel) -> AgentRuntime:
-        return self.make_runtime(RuntimeConfig(base_url=provider.base_url, model="fake-model", stall_timeout=5.0))
+        return self.make_runtime(self.wire.config(provider))
 
     def require(self, capability: AiCapability) -> None:
         if capability not in self.expected_capabilities:
@@ -182,25 +328,25 @@ class AgentRuntimeContract(abc.ABC):
         assert recorder.text() == "Hello brave new world"
         assert recorder.kinds().count("text_delta") >= 2
         assert recorder.terminal().WhichOneof("kind") == "complete"
-        assert fake_provider.requests[0]["stream"] is True
+        assert self.wire.streamed(fake_provider.requests[0]) is True
 
     async def test_the_system_prompt_goes_first(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.SYSTEM_PROMPT)
         fake_provider.script(Turn.text("ok"))
         await self.run(fake_provider, AiRequest(message="hi", system_prompt="Be brief."))
-        messages = fake_provider.requests[0]["messages"]
-        assert messages[0] == {"role": "system", "content": "Be brief."}
-        assert messages[-1] == {"role": "user", "content": "hi"}
+        said = self.wire.conversation(fake_provider.requests[0])
+        assert said[0] == ("system", "Be brief.")
+        assert said[-1] == ("user", "hi")
 
     async def test_history_is_sent_in_order(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.CONVERSATION_MEMORY)
         fake_provider.script(Turn.text("Paris"))
         history = (ChatMessage("user", "I live in France."), ChatMessage("assistant", "Noted."))
         await self.run(fake_provider, AiRequest(message="Capital?", history=history))
-        assert fake_provider.requests[0]["messages"] == [
-            {"role": "user", "content": "I live in France."},
-            {"role": "assistant", "content": "Noted."},
-            {"role": "user", "content": "Capital?"},
+        assert self.wire.conversation(fake_provider.requests[0]) == [
+            ("user", "I live in France."),
+            ("assistant", "Noted."),
+            ("user", "Capital?"),
         ]
 
     async def test_usage_is_reported(self, fake_provider: ScriptedModel) -> None:
@@ -228,9 +374,9 @@ class AgentRuntimeContract(abc.ABC):
             "call_w",
         )
         first, second = fake_provider.requests
-        assert first["tools"][0]["function"]["name"] == "get_weather"
-        assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_w", "content": "sunny, 22C"}
-        assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert self.wire.tool_names(first)[0] == "get_weather"
+        assert self.wire.last_tool_result(second) == ("call_w", "sunny, 22C")
+        assert self.wire.asked_tools(second)[0] == "get_weather"
         assert recorder.text() == "It is sunny in Paris."
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
@@ -247,7 +393,8 @@ class AgentRuntimeContract(abc.ABC):
         await self.run(fake_provider, AiRequest(message="Oslo?"), recorder, tools=(WEATHER, TIME))
         assert sorted(c.name for c in recorder.tool_calls) == ["get_time", "get_weather"]
         assert recorder.waited_alone == 0, "the two tools ran one after the other"
-        assert len(fake_provider.requests[1]["messages"]) == 4  # user, assistant(tool calls), 2 tool results
+        # The user's message, then the assistant's tool calls and the 2 results.
+        assert len(fake_provider.requests[1]["messages"]) == 1 + self.wire.messages_of_a_tool_round(2)
 
     async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)
@@ -269,7 +416,7 @@ class AgentRuntimeContract(abc.ABC):
         recorder = await self.run(
             fake_provider, AiRequest(message="loop"), tools=(WEATHER,), tool_loop=ToolLoopPolicy.max_iterations(1)
         )
-        assert "tools" not in fake_provider.requests[2]
+        assert not self.wire.offers_tools(fake_provider.requests[2])
         assert recorder.text() == "Best I can say."
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
@@ -338,7 +485,7 @@ class AgentRuntimeContract(abc.ABC):
         [entity] = [e.entity_complete for e in recorder.events if e.WhichOneof("kind") == "entity_complete"]
         assert json.loads(entity.entity_json) == {"city": "Paris", "temperature": 21.5}
         assert recorder.terminal().WhichOneof("kind") == "complete"
-        assert "temperature" in fake_provider.requests[1]["messages"][-1]["content"]  # the reprompt names the error
+        assert "temperature" in self.wire.conversation(fake_provider.requests[1])[-1][1]  # the reprompt names the error
 
         fake_provider.script(Turn.text("not json at all"))
         recorder = await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
@@ -349,7 +496,7 @@ class AgentRuntimeContract(abc.ABC):
         self.require(AiCapability.NATIVE_STRUCTURED_OUTPUT)
         fake_provider.script(Turn.text('{"city": "Rome", "temperature": 30}'))
         await self.run(fake_provider, AiRequest(message="Weather?", response_format=City))
-        assert fake_provider.requests[0]["response_format"]["type"] == "json_schema"
+        assert self.wire.structured_format(fake_provider.requests[0]) == "json_schema"
 
         fake_provider.script(
             Turn.error("response_format is not supported", status=400),
@@ -359,9 +506,10 @@ class AgentRuntimeContract(abc.ABC):
             fake_provider, AiRequest(message="Weather?", system_prompt="Be exact.", response_format=City)
         )
         fallback = fake_provider.requests[-1]
-        assert "response_format" not in fallback
-        assert fallback["messages"][0]["content"].startswith("Be exact.")
-        assert "JSON schema" in fallback["messages"][0]["content"]
+        assert self.wire.structured_format(fallback) is None
+        instructions = self.wire.conversation(fallback)[0][1]
+        assert instructions.startswith("Be exact.")
+        assert "JSON schema" in instructions
         assert recorder.terminal().WhichOneof("kind") == "complete"
 
     async def test_models_are_listed(self, fake_provider: ScriptedModel) -> None:

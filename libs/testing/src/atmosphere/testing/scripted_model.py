@@ -2,8 +2,10 @@
 
 A `ScriptedModel` answers each request with the next `Turn` of its script (or with what
 `function(request)` returns), keeps every request (`requests`) and counts the clients that hung
-up (`disconnects`). It is reached two ways, and answers alike both ways (one wire encoding,
-`atmosphere.testing.openai_wire`; one pacing, `atmosphere.testing.model_stream`):
+up (`disconnects`). It speaks two wires from the same script: OpenAI's chat completions
+(`atmosphere.testing.openai_wire`) and Anthropic's Messages API (`atmosphere.testing.anthropic_wire`,
+at `anthropic_base_url`). It is reached two ways, and answers alike both ways (one encoding per
+wire; one pacing, `atmosphere.testing.model_stream`):
 
 - in memory: `handle` is an `httpx.MockTransport` handler. The agent test kit
   (`atmosphere.testing.agents`) gives dispatch's runtime that transport, so no socket is opened
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from atmosphere.sdk.errors import UserError
-from atmosphere.testing import openai_wire
+from atmosphere.testing import anthropic_wire, openai_wire
 from atmosphere.testing.model_stream import Answer, Paced
 from atmosphere.testing.model_turns import ModelRequest, Turn
 
@@ -71,9 +73,10 @@ class ScriptedModel:
         self.default = default
         self.models = models
         self.requests: list[ModelRequest] = []
-        """Every chat request, in order: also a mapping over its body (`requests[0]["messages"]`)."""
+        """Every model request (a chat completion, or an Anthropic message), in order: also a
+        mapping over its body as its wire sent it (`requests[0]["messages"]`)."""
         self.headers: list[dict[str, str]] = []
-        """Each chat request's headers, names in lower case (as `requests[i].headers`)."""
+        """Each model request's headers, names in lower case (as `requests[i].headers`)."""
         self.disconnects = 0
         """Clients that hung up before the answer ended."""
         self.disconnected = asyncio.Event()
@@ -91,6 +94,11 @@ class ScriptedModel:
         self.turns.extend(Turn.text(t) if isinstance(t, str) else t for t in turns)
         return self
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """`http://127.0.0.1:<port>` while `serving()`: the base URL of an Anthropic client (it adds `/v1`)."""
+        return self.base_url.removesuffix("/v1")
+
     def serving(self) -> AbstractAsyncContextManager[ScriptedModel]:
         """Serve on 127.0.0.1 on a free port (`base_url`) until the context exits."""
         from atmosphere.testing.model_server import serving  # noqa: PLC0415 - the server needs this module
@@ -100,22 +108,35 @@ class ScriptedModel:
     def respond(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
         """The answer to one HTTP request, whichever transport brought it.
 
-        The routes are a wire's (OpenAI's chat completions and models); a wire added later
-        claims its own routes here, and answers from the same script.
+        The routes are a wire's: Anthropic's claims its messages, and any request of an Anthropic
+        client (its `GET …/models` included); OpenAI's chat completions and models take the rest.
+        Both answer from the same script.
         """
+        if anthropic_wire.claims(method, path, headers):
+            return self._respond_anthropic(method, path, headers, content)
         if openai_wire.is_models(method, path):
             return openai_wire.models(self.models)
         if not openai_wire.is_completions(method, path):
             return openai_wire.failure(404, f"the scripted model has no route {method} {path}", "not_found")
-        try:
-            body = json.loads(content or b"{}")
-        except ValueError as exc:
-            return openai_wire.failure(400, f"the request body is not JSON: {exc}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return openai_wire.failure(400, "the request body is not a JSON object", "invalid_request_error")
+        body = _json_object(content)
+        if isinstance(body, str):
+            return openai_wire.failure(400, body, "invalid_request_error")
         request = openai_wire.request_of(body, headers)
         self.headers.append(dict(headers))
         return openai_wire.answer(self._next(request), body)
+
+    def _respond_anthropic(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
+        """The answer on Anthropic's wire (`atmosphere.testing.anthropic_wire`)."""
+        if anthropic_wire.is_models(method, path):
+            return anthropic_wire.models(self.models)
+        if not anthropic_wire.is_messages(method, path):
+            return anthropic_wire.failure(404, f"the scripted model has no route {method} {path}", "not_found_error")
+        body = _json_object(content)
+        if isinstance(body, str):
+            return anthropic_wire.failure(400, body, "invalid_request_error")
+        request = anthropic_wire.request_of(body, headers)
+        self.headers.append(dict(headers))
+        return anthropic_wire.answer(self._next(request), body)
 
     def _next(self, request: ModelRequest) -> Turn:
         self.requests.append(request)
@@ -206,6 +227,17 @@ class _Received(httpx.AsyncByteStream):
         if self._frames is not None:
             with contextlib.suppress(RuntimeError):  # already closing in the reader's own task
                 await self._frames.aclose()
+
+
+def _json_object(content: bytes) -> dict[str, Any] | str:
+    """A request's JSON object body, or why it is none (the text of a 400)."""
+    try:
+        body = json.loads(content or b"{}")
+    except ValueError as exc:
+        return f"the request body is not JSON: {exc}"
+    if not isinstance(body, dict):
+        return "the request body is not a JSON object"
+    return body
 
 
 def _read_timeout(http: httpx.Request) -> float | None:
