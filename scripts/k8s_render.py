@@ -24,6 +24,9 @@ K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 OVERLAYS = ("dev", "production")
 SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
+POOLS = ("langchain", "langgraph", "pydantic-ai", "openai-agents", "anthropic")
+"""The runtime pools both overlays deploy (`components/pool-<runtime>`) and compose runs: one per adapter."""
+COMPONENTS = K8S / "components"
 ROLES = tuple(str(role) for role in Role)
 """The roles `atmosphere bus-credentials` writes a `<role>.env` for: the services, `observer`, `provisioner`."""
 CREDENTIALS = "credentials"

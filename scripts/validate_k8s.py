@@ -8,7 +8,9 @@ schemas shipped by the PyPI package `kubernetes-validate` (strict: an unknown fi
 and the whole is checked: probes, resources and the restricted profile on every pod
 (`k8s_pods`), references between objects (`k8s_references`), a budget and an autoscaler per
 service and the NetworkPolicies (`k8s_coverage`), and the Job that provisions the JetStream
-layout with the provisioner's login alone (`k8s_provision`). `make test` runs the same through
+layout with the provisioner's login alone (`k8s_provision`), and the runtime pools: each one
+deployed is named in `ATMOSPHERE_DISPATCH__POOLS`, runs its own image and is reachable by nothing
+(`k8s_pools`); each has a budget and an autoscaler like a service. `make test` runs the same through
 tests/test_k8s_overlays.py.
 """
 
@@ -23,6 +25,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 
 from scripts.k8s_coverage import namespace_problems, network_problems, scaling_problems
 from scripts.k8s_pods import workload_problems
+from scripts.k8s_pools import deployed_pools, pool_problems
 from scripts.k8s_provision import provisioning_problems
 from scripts.k8s_references import reference_problems
 from scripts.k8s_render import SERVICES, render_overlays
@@ -65,14 +68,17 @@ def _reason(exc: Exception) -> str:
 
 def problems(overlay: str, documents: list[Document]) -> list[str]:
     """Everything wrong with what `overlay` renders to."""
+    # Each runtime pool is scaled and budgeted as a service of its own (`atmosphere-dispatch-<runtime>`).
+    scaled = (*SERVICES, *(name.removeprefix("atmosphere-") for name in sorted(deployed_pools(documents))))
     return [
         *(e for version in KUBERNETES_VERSIONS for e in schema_errors(documents, version)),
         *workload_problems(documents),
         *reference_problems(documents),
-        *scaling_problems(documents, SERVICES, min_replicas=MIN_REPLICAS[overlay]),
+        *scaling_problems(documents, scaled, min_replicas=MIN_REPLICAS[overlay]),
         *network_problems(documents),
         *namespace_problems(documents),
         *provisioning_problems(documents),
+        *pool_problems(documents),
     ]
 
 

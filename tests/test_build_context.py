@@ -69,6 +69,8 @@ def test_the_image_installs_third_party_dependencies_before_it_copies_the_code()
     code = [m.start() for m in re.finditer(r"^COPY (libs|services) ", build, re.MULTILINE)]
     assert len(syncs) == 2, build
     assert "--no-install-workspace" in build[syncs[0] : syncs[1]]
+    # A runtime pool's framework (RUNTIME) is a third-party dependency too: in the first layer.
+    assert "--package atmosphere-ai-runtime-${RUNTIME}" in build[syncs[0] : syncs[1]]
     assert code, build
     assert syncs[0] < min(code) < syncs[1]
     manifests = dockerfile[dockerfile.index("AS manifests") : dockerfile.index("AS build")]

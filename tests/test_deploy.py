@@ -4,13 +4,15 @@ The Kubernetes base is built with the real kustomize (`kubectl kustomize`, pinne
 scripts/install_kubectl.py); the overlays are checked in tests/test_k8s_*.py. docker-compose.yml
 is validated against the Compose schema (scripts/validate_compose.py: `docker compose config`
 needs the Compose plugin, which the dev machines lack) and held to the production overlay: the
-same services, variables, probes, grace periods, credentials and NATS configuration. Every YAML
-file is read with a loader that rejects duplicate keys (scripts/strict_yaml.py).
+same services and runtime pools, variables, probes, grace periods, credentials and NATS
+configuration. Every YAML file is read with a loader that rejects duplicate keys
+(scripts/strict_yaml.py).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ import yaml
 
 from atmosphere.config import env_names
 from scripts.k8s_pods import pod_spec, workloads
-from scripts.k8s_render import BASE, ROOT, SERVICES, build, kustomize
+from scripts.k8s_pools import configured_pools, deployed_pools
+from scripts.k8s_render import BASE, POOLS, ROOT, SERVICES, build, kustomize
 from scripts.strict_yaml import strict_load, strict_load_all
 from scripts.validate_compose import InterpolationError, interpolate, load, schema_errors
 from scripts.validate_k8s import rendered
@@ -31,12 +34,26 @@ NODES = ("nats-0", "nats-1", "nats-2")
 STATEFUL = ("governance", "memory", "tape")
 NATS_CONFIG = "./deploy/k8s/base/nats/nats.conf"
 CREDENTIALS = "deploy/compose/credentials"
-OPTIONAL_SECRETS = {"atmosphere-llm": ".env", "atmosphere-ingress": "deploy/compose/ingress.env"}
+OPTIONAL_SECRETS = {
+    "atmosphere-llm": ".env",
+    "atmosphere-ingress": "deploy/compose/ingress.env",
+    "atmosphere-anthropic": "deploy/compose/anthropic.env",
+}
 """The cluster's optional Secrets and the compose files that play their part."""
+POOL_SERVICES = {f"dispatch-{pool}": pool for pool in POOLS}
+"""The runtime pools as compose names them (the manifests: `atmosphere-dispatch-<runtime>`)."""
+ROLES = {**{s: s for s in SERVICES}, **dict.fromkeys(POOL_SERVICES, "dispatch")}
+"""Whose settings and NATS login each compose service has: a pool is a dispatch."""
 
 
 def known(service: str) -> set[str]:
     return set(env_names(settings_class(service)))
+
+
+def runtime_environment(runtime: str) -> set[str]:
+    """The variables a runtime adapter reads besides dispatch's (its `environment`)."""
+    [entry] = importlib.metadata.entry_points(group="atmosphere.runtimes", name=runtime)
+    return set(entry.load().environment)
 
 
 def seconds(duration: str) -> int:
@@ -129,6 +146,15 @@ def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
     assert f"ghcr.io/astral-sh/uv:{uv_version.group(1)}" in dockerfile
     assert "--package atmosphere-ai-${SERVICE}" in dockerfile
     assert "exec python -m atmosphere.$SERVICE" in dockerfile
+    # A runtime pool's image: dispatch and one adapter, RUNTIME (none unless given), in both syncs.
+    assert re.search(r'^ARG RUNTIME=""$', dockerfile, re.M)
+    syncs = re.findall(r"uv sync (?:[^\n]*\\\n)*[^\n]*", dockerfile)
+    assert len(syncs) == 2, syncs
+    for sync in syncs:
+        assert "--package atmosphere-ai-${SERVICE}" in sync
+        assert "${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}" in sync
+    # Refused for any other service: only dispatch runs a runtime.
+    assert '[ -n "$RUNTIME" ] && [ "$SERVICE" != "dispatch" ]' in dockerfile
     # The uid and gid the pods' securityContext and compose's `user:` name.
     assert "USER 10001:10001" in dockerfile
     assert "--uid 10001 --gid 10001" in dockerfile
@@ -157,15 +183,18 @@ def test_interpolation_reads_variables_as_compose_does() -> None:
 
 def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -> None:
     services: dict[str, Any] = compose["services"]
-    assert set(services) == {"nats-volumes", *NODES, "provision", *SERVICES}
+    assert set(services) == {"nats-volumes", *NODES, "provision", *SERVICES, *POOL_SERVICES}
     brokers = {node: {"condition": "service_healthy"} for node in NODES}
-    for name in SERVICES:
+    for name in (*SERVICES, *POOL_SERVICES):
         build = services[name]["build"]
         assert build["dockerfile"] == "deploy/docker/service.Dockerfile"
-        assert build["args"]["SERVICE"] == name
+        # A pool's image is dispatch's with its runtime (RUNTIME); a service's has none.
+        wanted = {"SERVICE": "dispatch", "RUNTIME": POOL_SERVICES[name]} if name in POOL_SERVICES else {"SERVICE": name}
+        assert build["args"] == wanted, name
         # Every service starts once the layout is provisioned (no service's login may make it).
         assert services[name]["depends_on"] == {**brokers, "provision": {"condition": "service_completed_successfully"}}
     assert services["provision"]["depends_on"] == brokers
+    assert services["provision"]["build"]["args"] == {"SERVICE": "dispatch"}
 
 
 def test_compose_provisions_as_the_production_overlays_job(compose: Document, production: list[Document]) -> None:
@@ -190,7 +219,8 @@ def test_compose_provisions_as_the_production_overlays_job(compose: Document, pr
 def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(
     compose: Document, production: list[Document]
 ) -> None:
-    for name in SERVICES:
+    # The runtime pools too: `dispatch-<runtime>` is the pod of `atmosphere-dispatch-<runtime>`.
+    for name, role in ROLES.items():
         service = compose["services"][name]
         workload = workloads(production)[f"atmosphere-{name}"]
         [container] = pod_spec(workload)["containers"]
@@ -199,9 +229,11 @@ def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(
         assert compose_env.pop("ATMOSPHERE_NATS__URL") == ",".join(f"nats://{node}:4222" for node in NODES)
         assert compose_env == {k: v for k, v in pod_env.items() if k != "ATMOSPHERE_NATS__URL"}, name
         assert set(compose_env) <= set().union(*(known(s) for s in SERVICES))
-        # Its own NATS login, and the optional Secrets, as env files.
+        # What it sets of its own is its role's.
+        assert set(compose_env) - set(dict(compose["x-config"])) <= known(role), name
+        # Its role's NATS login, and the optional Secrets, as env files.
         refs = [s["secretRef"] for s in container["envFrom"] if "secretRef" in s]
-        wanted = {(f"{CREDENTIALS}/{name}.env", True)}
+        wanted = {(f"{CREDENTIALS}/{role}.env", True)}
         wanted |= {(OPTIONAL_SECRETS[r["name"]], False) for r in refs if r.get("optional")}
         assert env_files(service) == wanted, name
         assert probed(service["healthcheck"]) == readiness(container)
@@ -249,7 +281,8 @@ def test_compose_keeps_the_sandbox_off_the_network_and_publishes_only_ingress(co
     assert networks["bus"] == {"internal": True}
     assert services["sandbox"]["networks"] == ["bus"]
     outside = {n for n, s in services.items() if set(s.get("networks", [])) - {"bus"}}
-    assert outside == {"dispatch", "ingress"}
+    # The way out is to the model provider: dispatch, its runtime pools, and ingress.
+    assert outside == {"dispatch", "ingress", *POOL_SERVICES}
     assert {n for n, s in services.items() if "ports" in s} == {"ingress"}
     # On loopback unless the operator says otherwise: a copied example opens nothing to the network.
     assert services["ingress"]["ports"] == ["127.0.0.1:8080:8080"]
@@ -273,3 +306,39 @@ def test_the_env_examples_only_set_real_variables() -> None:
     assert keys(ROOT / ".env.example") <= known("dispatch"), keys(ROOT / ".env.example") - known("dispatch")
     ingress = keys(ROOT / "deploy/compose/ingress.env.example")
     assert ingress <= known("ingress"), ingress - known("ingress")
+    # The anthropic pool's provider: what its adapter reads, nothing of dispatch's.
+    anthropic = keys(ROOT / "deploy/compose/anthropic.env.example")
+    assert anthropic <= runtime_environment("anthropic"), anthropic - runtime_environment("anthropic")
+    assert "ANTHROPIC_API_KEY" in anthropic
+
+
+def test_the_optional_env_files_have_an_example_and_are_never_committed() -> None:
+    ignored = (ROOT / "deploy/compose/.gitignore").read_text().splitlines()
+    for path in OPTIONAL_SECRETS.values():
+        assert (ROOT / f"{path}.example").is_file(), path
+        assert path.removeprefix("deploy/compose/") in ignored or path == ".env", path
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_compose_runs_the_pools_the_production_overlay_deploys_and_names_them_all(
+    compose: Document, production: list[Document]
+) -> None:
+    services: dict[str, Any] = compose["services"]
+    pools = {
+        n: s["environment"]["ATMOSPHERE_DISPATCH__POOL"]
+        for n, s in services.items()
+        if "ATMOSPHERE_DISPATCH__POOL" in s.get("environment", {})
+    }
+    assert pools == POOL_SERVICES
+    assert {f"atmosphere-{n}": p for n, p in pools.items()} == deployed_pools(production)
+    # One list of every pool, shared by the provisioner (it makes their queues) and every dispatch.
+    for name in ("provision", "dispatch", *POOL_SERVICES):
+        listed = services[name]["environment"]["ATMOSPHERE_DISPATCH__POOLS"].split(",")
+        assert sorted(listed) == sorted(POOLS) == sorted(configured_pools(production)), name
+    for name, pool in POOL_SERVICES.items():
+        # Unreachable but through NATS: nothing published, gRPC on its own loopback.
+        assert "ports" not in services[name]
+        assert services[name]["environment"]["ATMOSPHERE_DISPATCH__GRPC_HOST"] == "127.0.0.1"
+        # Its provider's file: `.env` (LLM_*) for an OpenAI-compatible runtime, anthropic.env for anthropic.
+        provider = OPTIONAL_SECRETS["atmosphere-anthropic" if pool == "anthropic" else "atmosphere-llm"]
+        assert (provider, False) in env_files(services[name]), name

@@ -4,7 +4,8 @@ Kubernetes sends SIGTERM, waits the grace, then kills. A grace shorter than the 
 service was finishing (a tool call, a batch of events, a run handed back); a far longer one only
 slows rollouts. So the drain of each service is derived here from what bounds its stop, read
 from its settings (as its container would read them) and from the defaults of the code that
-stops it, and each overlay's grace must equal it rounded up plus `MARGIN`. docker-compose.yml's
+stops it, and each overlay's grace must equal it rounded up plus `MARGIN`; a runtime pool
+(`atmosphere-dispatch-<runtime>`) drains as dispatch, from its own settings. docker-compose.yml's
 `stop_grace_period`s are held to the same numbers in tests/test_deploy.py.
 """
 
@@ -30,7 +31,7 @@ from atmosphere.governance.policies.moderation import DEFAULT_TIMEOUT_SECONDS as
 from atmosphere.governance.screens.llm import DEFAULT_TIMEOUT_S as LLM_SCREEN_TIMEOUT
 from atmosphere.service import load_service_app
 from scripts.k8s_pods import named, pod_spec, workloads
-from scripts.k8s_render import BASE, OVERLAYS, SERVICES
+from scripts.k8s_render import BASE, OVERLAYS, POOLS, SERVICES
 from scripts.validate_k8s import rendered
 
 MARGIN = 10
@@ -106,6 +107,11 @@ def test_every_service_pod_waits_for_its_drain_and_a_margin(overlay: str) -> Non
         grace = pod_spec(workloads(documents)[f"atmosphere-{service}"])["terminationGracePeriodSeconds"]
         wanted = math.ceil(drain_seconds(service, settings)) + MARGIN
         assert grace == wanted, f"{overlay}: atmosphere-{service} waits {grace} s; its drain needs {wanted} s"
+    for pool in POOLS:
+        settings = settings_of("dispatch", container_environment(documents, f"dispatch-{pool}"))
+        grace = pod_spec(workloads(documents)[f"atmosphere-dispatch-{pool}"])["terminationGracePeriodSeconds"]
+        wanted = math.ceil(drain_seconds("dispatch", settings)) + MARGIN
+        assert grace == wanted, f"{overlay}: atmosphere-dispatch-{pool} waits {grace} s; its drain needs {wanted} s"
 
 
 def test_nats_waits_for_its_lame_duck_period_and_a_margin() -> None:

@@ -1,5 +1,9 @@
 # One image per service from one file:
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=dispatch -t atmosphere-dispatch .
+# and one per runtime pool: dispatch with a runtime adapter and its framework (RUNTIME, empty by
+# default), which no other image holds (a framework's crash or vulnerability touches its pool only):
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=dispatch \
+#     --build-arg RUNTIME=langchain -t atmosphere-dispatch-langchain .
 ARG PYTHON_VERSION=3.11
 
 # Only the workspace members' pyproject.toml files, in their folders: what the third-party
@@ -13,19 +17,27 @@ RUN find /manifests -type f ! -name pyproject.toml -delete && find /manifests -t
 FROM python:${PYTHON_VERSION}-slim AS build
 COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
 ARG SERVICE
+# The runtime pool's adapter, `atmosphere-ai-runtime-${RUNTIME}` (langchain, langgraph, pydantic-ai,
+# openai-agents, anthropic); only dispatch runs one.
+ARG RUNTIME=""
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
 WORKDIR /app
+RUN if [ -n "$RUNTIME" ] && [ "$SERVICE" != "dispatch" ]; then \
+        echo "RUNTIME=$RUNTIME: a runtime pool is a dispatch (SERVICE=dispatch), not $SERVICE" >&2; exit 1; \
+    fi
 # Third-party dependencies first, in a layer of their own: it changes only with the lock or a
 # member's declared dependencies.
 COPY pyproject.toml uv.lock ./
 COPY --from=manifests /manifests ./
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE}
+    uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE} \
+        ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}
 # Then the workspace itself: a code change rebuilds only this.
 COPY libs libs
 COPY services services
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE}
+    uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE} \
+        ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}
 
 FROM python:${PYTHON_VERSION}-slim
 ARG SERVICE
