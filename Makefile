@@ -108,6 +108,7 @@ test-lowest: install ## The floors: unit, integration and contract tests with ea
 bench: install ## Benchmarks with ratios against baselines measured in the same run
 	$(RUN) python bench/bus_roundtrip.py
 	$(RUN) python bench/dispatch_overhead.py
+	$(RUN) python bench/runtime_adapters.py
 	$(RUN) python bench/governance_overhead.py
 	$(RUN) python bench/ingress_overhead.py
 	$(RUN) python bench/ingress_flood.py

@@ -25,6 +25,10 @@ import pytest
 # it (priority 100): the suite's default dispatch pool runs the built-in runtime, which its
 # scripted providers answer; the adapters' own tests name their pools. Children inherit it.
 os.environ.setdefault("ATMOSPHERE_DISPATCH__RUNTIME", "built-in")
+# The suite stays on loopback: LangSmith (the LangChain runtimes' tracing) is off whatever the
+# environment says, set before any test runs LangChain (it caches what it first reads).
+for _tracing in ("LANGSMITH_TRACING", "LANGSMITH_TRACING_V2", "LANGCHAIN_TRACING", "LANGCHAIN_TRACING_V2"):
+    os.environ[_tracing] = "false"
 
 FIRST = (
     # The `alone` tests first: while they hold the room, the static gates and the dependency

@@ -7,6 +7,7 @@ never reaches it. No sandbox is on the bus here: a call that went there would fa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -14,13 +15,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from atmosphere.bus import JetStreamLayout
+from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
+from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunSubmission
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.governance_client import GovernanceClient
+from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.dispatch.tools import ToolGateway
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
+from atmosphere.testing import wait_until
 
 from .conftest import Policy, governance_router
 
@@ -51,14 +54,17 @@ class Bench:
     async def emit(self, event: RunEvent) -> None:
         self.events.append(event)
 
-    def gateway(self) -> ToolGateway:
+    control: RunControl = field(default_factory=lambda: RunControl("r1"))
+
+    def gateway(self, permissions: ToolPermissions | None = None) -> ToolGateway:
         return ToolGateway(
             bus=self.bus,
             run=RunSubmission(run_id="r1", conversation_id="c1", agent="hosted"),
             emit=self.emit,
             tools={"reverse": REVERSE},
-            control=RunControl("r1"),
+            control=self.control,
             governance=GovernanceClient(self.bus, timeout=0.5),
+            permissions=permissions or ToolPermissions(),
         )
 
     def kinds(self) -> list[str]:
@@ -69,8 +75,9 @@ class Bench:
 async def bench_with(policy: Policy) -> AsyncIterator[Bench]:
     bus = FakeBus()
     await bus.provision(JetStreamLayout())
-    async with bus.serve(governance_router(policy)):
-        yield Bench(bus, policy)
+    bench = Bench(bus, policy)
+    async with bus.serve(governance_router(policy)), bus.serve(bench.control.router()):
+        yield bench
 
 
 @pytest.fixture
@@ -120,3 +127,22 @@ async def test_a_framework_tool_that_raises_is_an_error_for_the_model(framework:
         result = await bench.gateway().run_tool(request)
     assert result.startswith("Error:")
     assert bench.kinds() == ["tool_start", "tool_error"]
+
+
+async def test_an_approved_call_reaches_the_framework_with_the_approved_arguments_only(framework: Framework) -> None:
+    # The mark that tells an app's `@tool` it was approved is the SDK's: a framework's own tool
+    # validates its arguments and would refuse an unknown one.
+    async def approve(bench: Bench) -> None:
+        async def asked() -> bool:
+            return "approval_required" in bench.kinds()
+
+        await wait_until(asked, what="the approval request")
+        approval_id = next(e.approval_required.approval_id for e in bench.events if e.HasField("approval_required"))
+        decision = ApprovalDecision(approval_id=approval_id, action="approve")
+        await bench.bus.request(subjects.run_control("r1"), Control(run_id="r1", approval=decision), ControlAck)
+
+    async with bench_with(Policy()) as bench:
+        confirm = ToolPermissions({"reverse": ToolPermission.CONFIRM})
+        result, _ = await asyncio.gather(bench.gateway(confirm).run_tool(call(framework)), approve(bench))
+    assert result == "cba"
+    assert framework.ran == ['{"text": "abc"}']

@@ -269,8 +269,8 @@ class ToolGateway:
 
     def _marked_approved(self, call: ToolCallRequest, arguments: dict[str, Any]) -> dict[str, Any]:
         """`arguments` telling a sandbox tool that the user approved the call (`tool_call_approved()`)."""
-        if call.name in self.memory_tools or call.name in (self.local_tools or {}):
-            return arguments  # only the SDK's `Tool.invoke` reads the mark
+        if call.name in self.memory_tools or call.name in (self.local_tools or {}) or call.local is not None:
+            return arguments  # only the SDK's `Tool.invoke` reads the mark (a framework's tool would refuse it)
         return {**arguments, APPROVED_ARGUMENT: True}
 
     async def _rerun_approved(

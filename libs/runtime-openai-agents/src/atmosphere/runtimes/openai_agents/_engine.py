@@ -21,7 +21,7 @@ from openai import AsyncOpenAI, Timeout
 from atmosphere.runtimes.openai_agents._hosting import Gatekeeper, native_tool_specs
 from atmosphere.runtimes.openai_agents._model import ChatModel
 from atmosphere.runtimes.openai_agents._outcome import NoStructuredOutputError, failure_of
-from atmosphere.runtimes.openai_agents._stream import Forwarder, as_input, token_usage
+from atmosphere.runtimes.openai_agents._stream import Forwarder, Rounds, as_input
 from atmosphere.runtimes.openai_agents._tools import NO_TOOL_RUNNER, Escalation, ToolLoop, spec_tools
 from atmosphere.sdk import ChatMessage, StreamingSession
 from atmosphere.sdk.host import render_result
@@ -92,20 +92,21 @@ class OpenAiAgentsEngine:
         try:
             plan = self._plan(ctx, session, escalation)
         except Exception as exc:
-            await self._fail(session, exc, None, ctx)
+            await self._fail(session, exc, None, None)
             return
         # Tracing off: the SDK would export every run's traces to api.openai.com.
         run_config = RunConfig(tracing_disabled=True, model_settings=ModelSettings(include_usage=True))
+        hooks = Rounds(plan.forwarder, plan.loop)
         result = Runner.run_streamed(
-            plan.agent, plan.input, max_turns=plan.max_turns, hooks=plan.loop, run_config=run_config
+            plan.agent, plan.input, max_turns=plan.max_turns, hooks=hooks, run_config=run_config
         )
         try:
             await _consume(result, plan.forwarder)
         except Exception as exc:
             # What the choke point raised ends the run as raised, not as the SDK wrapped it.
-            await self._fail(session, escalation.error or exc, result.context_wrapper.usage, ctx)
+            await self._fail(session, escalation.error or exc, result.context_wrapper.usage, plan.forwarder)
             return
-        await self._report(session, result.context_wrapper.usage, ctx)
+        await plan.forwarder.report_rest(result.context_wrapper.usage)
         if ctx.native is not None and not isinstance(result.final_output, str):
             await session.send(render_result(result.final_output))  # a typed answer never streamed as text
         await session.complete()
@@ -132,7 +133,8 @@ class OpenAiAgentsEngine:
         )
         messages = [*ctx.request.history, ChatMessage("user", ctx.request.message)]
         # The loop, not the SDK's turn limit, ends a run: the cap's rounds, a refused one and the answer.
-        return _Plan(agent, as_input(messages), Forwarder(session), loop, max_turns=ctx.tool_loop.cap + 2)
+        forwarder = Forwarder(session, self._model_name(ctx))
+        return _Plan(agent, as_input(messages), forwarder, loop, max_turns=ctx.tool_loop.cap + 2)
 
     def _hosted(
         self, ctx: AgentExecutionContext, session: StreamingSession, escalation: Escalation, agent: Agent[Any]
@@ -146,7 +148,7 @@ class OpenAiAgentsEngine:
         head = [ChatMessage("system", ctx.request.system_prompt)] if ctx.request.system_prompt else []
         messages = [*head, *ctx.request.history, ChatMessage("user", ctx.request.message)]
         tool_names = frozenset(spec.name for spec in native_tool_specs(agent))
-        return _Plan(gated, as_input(messages), Forwarder(session, tool_names=tool_names))
+        return _Plan(gated, as_input(messages), Forwarder(session, self._model_name(ctx), tool_names=tool_names))
 
     def _model_name(self, ctx: AgentExecutionContext) -> str:
         return ctx.request.model or self.config.model or DEFAULT_MODEL
@@ -169,20 +171,15 @@ class OpenAiAgentsEngine:
             extra_args={"stop": list(generation.stop)} if generation.stop else None,
         )
 
-    async def _report(self, session: StreamingSession, usage: Usage | None, ctx: AgentExecutionContext) -> None:
-        """The run's tokens, once, summed over its model calls (before the terminal event)."""
-        tokens = None if usage is None else token_usage(usage, self._model_name(ctx))
-        if tokens is not None:
-            await session.usage(tokens)
-
     async def _fail(
-        self, session: StreamingSession, exc: Exception, usage: Usage | None, ctx: AgentExecutionContext
+        self, session: StreamingSession, exc: Exception, usage: Usage | None, forwarder: Forwarder | None
     ) -> None:
         """End with the built-in runtime's error for `exc`; an exception not ours to describe propagates."""
         failure = failure_of(exc)
         if failure is None:
             raise exc
-        await self._report(session, usage, ctx)
+        if forwarder is not None and usage is not None:
+            await forwarder.report_rest(usage)
         await session.error(failure.message, code=failure.code, retryable=failure.retryable)
 
 

@@ -7,10 +7,17 @@ from typing import Any
 
 from openai import AsyncOpenAI, Timeout
 from pydantic import BaseModel
+from pydantic_ai import Agent, AgentRunResult, ModelHTTPError, NativeOutput, TextOutput, UnexpectedModelBehavior
+from pydantic_ai.capabilities import ReinjectSystemPrompt
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.output import OutputSpec
+from pydantic_ai.providers.openai_compatible import OpenAICompatibleProvider
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import RunUsage
 
 from atmosphere.runtimes.pydantic_ai._hosting import Gate, native_tool_specs, system_texts, uses_own_model
 from atmosphere.runtimes.pydantic_ai._outcome import StructuredOutputInvalidError, emit_entity, failure_of
-from atmosphere.runtimes.pydantic_ai._stream import Forwarder, as_messages, token_usage
+from atmosphere.runtimes.pydantic_ai._stream import Forwarder, RoundUsage, as_messages
 from atmosphere.runtimes.pydantic_ai._structured import (
     NATIVE_REFUSALS,
     OUTPUT_RETRIES_SPENT,
@@ -22,13 +29,6 @@ from atmosphere.runtimes.pydantic_ai._tools import NO_TOOL_RUNNER, SpecToolset, 
 from atmosphere.sdk import ChatMessage, StreamingSession
 from atmosphere.sdk.host import render_result
 from atmosphere.sdk.runtime import AgentExecutionContext, RuntimeConfig, ToolCallRequest, ToolSpec
-from pydantic_ai import Agent, AgentRunResult, ModelHTTPError, NativeOutput, TextOutput, UnexpectedModelBehavior
-from pydantic_ai.capabilities import ReinjectSystemPrompt
-from pydantic_ai.models.openai import OpenAIChatModel
-from pydantic_ai.output import OutputSpec
-from pydantic_ai.providers.openai_compatible import OpenAICompatibleProvider
-from pydantic_ai.settings import ModelSettings
-from pydantic_ai.usage import RunUsage
 
 log = logging.getLogger("atmosphere.runtimes.pydantic_ai")
 
@@ -89,37 +89,34 @@ class PydanticAiEngine:
     async def execute(self, ctx: AgentExecutionContext, session: StreamingSession) -> None:
         """Answer `ctx.request` (or run the hosted agent), ending `session` with `complete` or `error`."""
         usage = RunUsage()
+        rounds = RoundUsage(session, self._model_name(ctx))
         try:
-            entity = await self._answer(ctx, session, usage)
+            entity = await self._answer(ctx, session, usage, rounds)
         except Exception as exc:
             failure = failure_of(exc)
             if failure is None:
                 raise
-            await self._report(session, usage, ctx)
+            await rounds.report(usage)
             await session.error(failure.message, code=failure.code, retryable=failure.retryable)
             return
-        await self._report(session, usage, ctx)
+        await rounds.report(usage)
         if entity is not None:
             await emit_entity(session, *entity)
         await session.complete()
 
-    async def _answer(self, ctx: AgentExecutionContext, session: StreamingSession, usage: RunUsage) -> Entity | None:
+    async def _answer(
+        self, ctx: AgentExecutionContext, session: StreamingSession, usage: RunUsage, rounds: RoundUsage
+    ) -> Entity | None:
         if isinstance(ctx.native, Agent):
-            await self._host(ctx, session, usage, ctx.native)
+            await self._host(ctx, session, usage, rounds, ctx.native)
             return None
         if ctx.native is not None:
             msg = f"the pydantic-ai runtime cannot host a {type(ctx.native).__qualname__}"
             raise TypeError(msg)
         if ctx.request.response_format is not None:
-            return await self._structured(ctx, session, usage, ctx.request.response_format)
-        await self._run(ctx, usage, Forwarder(session), ctx.request.messages(), str)
+            return await self._structured(ctx, session, usage, rounds, ctx.request.response_format)
+        await self._run(ctx, usage, Forwarder(session, rounds), ctx.request.messages(), str)
         return None
-
-    async def _report(self, session: StreamingSession, usage: RunUsage, ctx: AgentExecutionContext) -> None:
-        """The run's tokens, once, summed over its rounds (before the terminal event)."""
-        tokens = token_usage(usage, self._model_name(ctx))
-        if tokens is not None:
-            await session.usage(tokens)
 
     def _model_name(self, ctx: AgentExecutionContext) -> str:
         return ctx.request.model or self.config.model or DEFAULT_MODEL
@@ -171,14 +168,19 @@ class PydanticAiEngine:
         )
 
     async def _structured(
-        self, ctx: AgentExecutionContext, session: StreamingSession, usage: RunUsage, schema: type[BaseModel]
+        self,
+        ctx: AgentExecutionContext,
+        session: StreamingSession,
+        usage: RunUsage,
+        rounds: RoundUsage,
+        schema: type[BaseModel],
     ) -> Entity:
         """A structured answer, healed by PydanticAI's output retries.
 
         Raises:
             StructuredOutputInvalidError: no answer validated within the retry budget.
         """
-        forwarder = Forwarder(session, forward_text=False)  # the validated entity is sent, not its raw stream
+        forwarder = Forwarder(session, rounds, forward_text=False)  # the validated entity is sent, not its raw stream
         try:
             result = await self._native_or_instructed(ctx, usage, forwarder, schema)
         except UnexpectedModelBehavior as exc:
@@ -205,7 +207,12 @@ class PydanticAiEngine:
         )
 
     async def _host(
-        self, ctx: AgentExecutionContext, session: StreamingSession, usage: RunUsage, agent: Agent[Any, Any]
+        self,
+        ctx: AgentExecutionContext,
+        session: StreamingSession,
+        usage: RunUsage,
+        rounds: RoundUsage,
+        agent: Agent[Any, Any],
     ) -> None:
         """Run the user's own agent: its instructions, tools and loop, every tool call through the choke point.
 
@@ -225,7 +232,7 @@ class PydanticAiEngine:
             instructions=system_texts(extra),
             model_settings=self._transport_settings(ctx),
             usage=usage,
-            event_stream_handler=Forwarder(session, tool_names=tool_names),
+            event_stream_handler=Forwarder(session, rounds, tool_names=tool_names),
             capabilities=[Gate(ctx.run_tool or _no_runner), ReinjectSystemPrompt()],
             infer_name=False,
         )

@@ -18,17 +18,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pydantic
+from pydantic_ai import Agent, ModelRetry, RunContext, ToolDefinition, ToolFailed
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ToolReturn
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from atmosphere.runtimes.pydantic_ai._outcome import validation_problems
 from atmosphere.runtimes.pydantic_ai._tools import ANY_ARGUMENTS
 from atmosphere.sdk import ModelRetry as PlatformModelRetry
 from atmosphere.sdk.host import render_result
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
-from pydantic_ai import Agent, ModelRetry, RunContext, ToolDefinition, ToolFailed
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.messages import ToolReturn
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
-from pydantic_ai.toolsets.abstract import ToolsetTool
 
 
 def native_tool_specs(agent: Agent[Any, Any]) -> tuple[ToolSpec, ...]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import pydantic
 from pydantic import BaseModel
+from pydantic_ai import AgentRunError, ModelAPIError, ModelHTTPError, ModelTimeoutError, UnexpectedModelBehavior
 
 from atmosphere.contracts.run.v1.run_pb2 import EntityComplete, EntityStart, RunEvent, StructuredField
 from atmosphere.runtimes.pydantic_ai._tools import ToolLoopExhaustedError
 from atmosphere.sdk import StreamingSession
-from pydantic_ai import AgentRunError, ModelAPIError, ModelHTTPError, ModelTimeoutError, UnexpectedModelBehavior
 
 MAX_PROVIDER_MESSAGE = 500
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, Sequence
 from typing import Any
 
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, ToolCallDelta
-from atmosphere.sdk import ChatMessage, StreamingSession, TokenUsage
 from pydantic_ai import RunContext
 from pydantic_ai.messages import (
     AgentStreamEvent,
@@ -23,6 +21,9 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.usage import RunUsage
+
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, ToolCallDelta
+from atmosphere.sdk import ChatMessage, StreamingSession, TokenUsage
 
 
 def as_messages(messages: Sequence[ChatMessage]) -> list[ModelMessage]:
@@ -41,17 +42,32 @@ def as_messages(messages: Sequence[ChatMessage]) -> list[ModelMessage]:
     return converted
 
 
-def token_usage(usage: RunUsage, model: str) -> TokenUsage | None:
-    """The run's tokens, summed over its model rounds; None when no round reported any."""
-    if not usage.input_tokens and not usage.output_tokens:
-        return None
-    return TokenUsage(
-        input=usage.input_tokens,
-        output=usage.output_tokens,
-        cached_input=usage.cache_read_tokens,
-        total=usage.input_tokens + usage.output_tokens,
-        model=model,
-    )
+class RoundUsage:
+    """A run's tokens reported round by round, as the built-in runtime reports them.
+
+    PydanticAI sums a run's usage as its model rounds go; each report sends what is new since the
+    last one, so the client sees one `usage` event per round (before that round's tool calls run)
+    and a budget counts each round as it happens.
+    """
+
+    def __init__(self, session: StreamingSession, model: str) -> None:
+        """Report into `session`, naming `model`."""
+        self._session = session
+        self._model = model
+        self._sent = (0, 0, 0)
+        """Input, output and cached input tokens reported so far."""
+
+    async def report(self, usage: RunUsage) -> None:
+        """Send the tokens `usage` counts beyond what was reported (nothing when none)."""
+        seen = (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens)
+        new_input, new_output, new_cached = (now - before for now, before in zip(seen, self._sent, strict=True))
+        if not new_input and not new_output:
+            return
+        self._sent = seen
+        tokens = TokenUsage(
+            input=new_input, output=new_output, cached_input=new_cached, total=new_input + new_output, model=self._model
+        )
+        await self._session.usage(tokens)
 
 
 class Forwarder:
@@ -63,18 +79,29 @@ class Forwarder:
     """
 
     def __init__(
-        self, session: StreamingSession, *, forward_text: bool = True, tool_names: frozenset[str] | None = None
+        self,
+        session: StreamingSession,
+        usage: RoundUsage,
+        *,
+        forward_text: bool = True,
+        tool_names: frozenset[str] | None = None,
     ) -> None:
-        """Forward into `session`."""
+        """Forward into `session`; each model round's usage through `usage`, before the next round's events."""
         self._session = session
+        self._usage = usage
         self._forward_text = forward_text
         self._tool_names = tool_names
         self._calls: dict[int, tuple[str, str]] = {}
         """The tool call of each part index of the response streaming now: (call id, tool name)."""
 
     async def __call__(self, ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
-        """Consume PydanticAI's events (a part's start precedes its deltas, so `_calls` stays current)."""
-        del ctx
+        """Consume PydanticAI's events (a part's start precedes its deltas, so `_calls` stays current).
+
+        PydanticAI calls this for each node that streams (a model request, then the tool calls it
+        asked for): the rounds finished so far are reported first, so a round's usage precedes its
+        tool calls, as on the built-in runtime.
+        """
+        await self._usage.report(ctx.usage)
         async for event in events:
             if isinstance(event, PartStartEvent):
                 await self._started(event)

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import pydantic
 from pydantic import BaseModel
+from pydantic_ai import ModelRetry, UnexpectedModelBehavior
 
 from atmosphere.runtimes.pydantic_ai._outcome import validation_problems
 from atmosphere.sdk import ChatMessage
-from pydantic_ai import ModelRetry, UnexpectedModelBehavior
 
 NATIVE_REFUSALS = frozenset({400, 422})
 """Statuses with which a provider refuses `response_format` (the built-in runtime's rule)."""

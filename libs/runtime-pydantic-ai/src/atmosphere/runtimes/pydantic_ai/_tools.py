@@ -12,13 +12,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_ai import RunContext, ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from atmosphere.sdk import OnMaxIterations, ToolLoopPolicy
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
-from pydantic_ai import RunContext, ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset
-from pydantic_ai.toolsets.abstract import ToolsetTool
 
 ANY_ARGUMENTS = SchemaValidator(core_schema.dict_schema())
 """Lets every JSON object through: the choke point is where arguments are checked."""
