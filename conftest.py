@@ -42,7 +42,10 @@ FIRST = (
     "tests/e2e/test_broker_restart.py",  # 58
     "tests/e2e/test_default_mode_takeover.py",  # 53
     "tests/e2e/test_own_project.py",  # 40
+    "tests/e2e/test_runtime_pools.py",  # 40
     "tests/e2e/test_governance_recovery.py",  # 39
+    # Not beside the broker and cluster tests above: its six processes each import four frameworks.
+    "tests/e2e/test_runtime_adapters.py",  # 60
     "tests/e2e/test_provider_truth.py",  # 28
     "tests/e2e/hostile/test_ingress_agents.py",  # 27
     "tests/e2e/test_openai_approvals_and_retries.py",  # 27

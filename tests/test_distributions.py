@@ -86,8 +86,12 @@ def test_each_distribution_has_a_free_consistent_name_a_license_a_readme_and_typ
     assert meta["license"] == "Apache-2.0"
     assert "Apache License" in (base / "LICENSE").read_text()
     assert (base / meta["readme"]).read_text().startswith(f"# {meta['name']}")
-    assert (base / "src" / "atmosphere" / base.name / "py.typed").exists()
+    # The module its build backend packs (`atmosphere.<name>`, `atmosphere.runtimes.<runtime>`) is typed.
+    module = tomllib.loads(pyproject.read_text())["tool"]["uv"]["build-backend"]["module-name"]
+    assert module.startswith("atmosphere.")
+    assert (base / "src" / Path(*module.split(".")) / "py.typed").exists()
     assert not (base / "src" / "atmosphere" / "__init__.py").exists()  # the namespace stays open
+    assert not (base / "src" / "atmosphere" / "runtimes" / "__init__.py").exists()  # so does the adapters' one
 
 
 def floor(meta: dict[str, Any], distribution: str) -> Version:

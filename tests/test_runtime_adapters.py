@@ -16,6 +16,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = sorted(ROOT.glob("libs/runtime-*/pyproject.toml"))
@@ -46,6 +48,24 @@ def test_every_adapter_is_a_distribution_registering_its_runtime() -> None:
         assert list(project["entry-points"]["atmosphere.runtimes"]) == [runtime]
         assert runtime in registered, runtime
     assert {p.parent.name.removeprefix("runtime-") for p in ADAPTERS} == set(FRAMEWORKS)
+
+
+def test_the_adapters_floors_are_the_locked_versions_the_suite_tests() -> None:
+    # The floors lane leaves the adapters out (scripts/lowest_env.py: their frameworks need newer
+    # versions of the platform's own dependencies): each third-party floor of theirs is what uv.lock
+    # holds, so the suite, which runs on the lock, tests each adapter at its floors.
+    locked = {p["name"]: p["version"] for p in tomllib.loads((ROOT / "uv.lock").read_text())["package"]}
+    members = {tomllib.loads(p.read_text())["project"]["name"] for p in ROOT.glob("*/*/pyproject.toml")}
+    stale = []
+    for pyproject in [*ADAPTERS, ROOT / "libs/langchain-bridge/pyproject.toml"]:
+        for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
+            requirement = Requirement(line)
+            if requirement.name in members:
+                continue
+            floors = [s.version for s in requirement.specifier if s.operator == ">="]
+            if floors != [locked[canonicalize_name(requirement.name)]]:
+                stale.append(f"{pyproject.parent.name}: {line} (locked {locked[canonicalize_name(requirement.name)]})")
+    assert not stale, "\n".join(stale)
 
 
 @pytest.mark.parametrize("runtime", sorted(FRAMEWORKS))

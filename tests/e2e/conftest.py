@@ -48,6 +48,7 @@ def service_map(
     dispatch: dict[str, Any] | None = None,
     llm: dict[str, Any] | None = None,
     governance: dict[str, Any] | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """name → (serve, settings) for the given services, in start order."""
     extra: dict[str, dict[str, Any]] = {
@@ -58,7 +59,7 @@ def service_map(
             "llm": LlmSettings(base_url=llm_base_url, model=llm_model, stall_timeout=10, **(llm or {})),
             **(dispatch or {}),
         },
-        "sandbox": {"app": app, "app_dir": ROOT},
+        "sandbox": {"app": app, "app_dir": ROOT, **(sandbox or {})},
         "memory": {"workspace_root": data_dir / "workspace"},
         "ingress": {"ingress": IngressOptions(port=0), **(ingress or {})},
         "governance": governance or {},

@@ -30,6 +30,8 @@ class Worker:
     grpc_target: str = ""
     restarting: asyncio.Task[None] | None = None
     """The restart under way after a kill: `stop()` ends it too, so no dispatch outlives the test."""
+    ready_timeout: float = 60.0
+    """Seconds a start may take (a safety net: an app importing heavy frameworks starts slower)."""
 
     async def start(self) -> None:
         self.starts += 1
@@ -39,7 +41,7 @@ class Worker:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
             )
-        port = await _logged_port(log, self.process, r"probes on http://[\d.]+:(\d+)/readyz")
+        port = await _logged_port(log, self.process, r"probes on http://[\d.]+:(\d+)/readyz", self.ready_timeout)
         async with httpx.AsyncClient() as client:
 
             async def up() -> bool:
@@ -47,8 +49,8 @@ class Worker:
                     return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
                 return False
 
-            await wait_until(up, timeout=60, interval=0.1, what="a dispatch process to be ready")
-        grpc_port = await _logged_port(log, self.process, r"gRPC DispatchService on [\d.]+:(\d+)")
+            await wait_until(up, timeout=self.ready_timeout, interval=0.1, what="a dispatch process to be ready")
+        grpc_port = await _logged_port(log, self.process, r"gRPC DispatchService on [\d.]+:(\d+)", self.ready_timeout)
         self.grpc_target = f"127.0.0.1:{grpc_port}"
         self.ready = True
 
@@ -68,7 +70,7 @@ class Worker:
             await self.process.wait()
 
 
-async def _logged_port(log: Path, process: asyncio.subprocess.Process, pattern: str) -> int:
+async def _logged_port(log: Path, process: asyncio.subprocess.Process, pattern: str, timeout: float) -> int:
     found: list[int] = []
 
     async def logged() -> bool:
@@ -79,7 +81,7 @@ async def _logged_port(log: Path, process: asyncio.subprocess.Process, pattern: 
             found.append(int(match.group(1)))
         return bool(found)
 
-    await wait_until(logged, timeout=60, interval=0.1, what=f"dispatch to log {pattern}")
+    await wait_until(logged, timeout=timeout, interval=0.1, what=f"dispatch to log {pattern}")
     return found[0]
 
 

@@ -40,6 +40,8 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)
 
 APP = "tests.e2e.apps.adapters_app:app"
 POOLS = tuple(r for r in RUNTIMES if r != "built-in")
+STARTUP = 120.0
+"""Seconds a service of the stack may take to start (a safety net, not a measure)."""
 CONFIRM = '{"native_transfer": "confirm"}'
 """The operator's tool permissions: a hosted object's own tool needs a human's approval too."""
 POLICY_FILE = """\
@@ -106,6 +108,7 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
             app=APP,
             llm_base_url=provider.base_url,
             governance={"governance": {"policy_files": [policy]}},
+            sandbox={"sandbox": {"tool_workers": 1}},
             dispatch={
                 "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", pools=POOLS),
                 "tools": ToolOptions.model_validate({"permissions": json.loads(CONFIRM)}),
@@ -128,13 +131,19 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
                     ATMOSPHERE_TOOLS__PERMISSIONS=CONFIRM,
                 ),
                 home,
+                ready_timeout=STARTUP,
             )
             for pool in POOLS
         ]
         try:
-            async with run_stack(services, bus=bus) as stack:
+            # The app imports four frameworks (seconds each), in this process and in the sandbox's
+            # tool worker: a start on a loaded machine takes longer than the usual bound.
+            async with run_stack(services, bus=bus, timeout=STARTUP) as stack:
                 try:
-                    await asyncio.gather(*(pool.start() for pool in pools))
+                    # One after the other: each imports four frameworks, and a burst of five would
+                    # starve the suite's other tests of the CPU.
+                    for pool in pools:
+                        await pool.start()
                     yield World(await stack.ingress_url(), bus, ledger)
                 finally:
                     for pool in pools:

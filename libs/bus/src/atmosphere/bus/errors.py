@@ -468,6 +468,11 @@ class HistoryChangedError(RunError):
 # The model provider (a run's terminal error when its model call fails for good).
 
 
+OUT_OF_CREDIT = "insufficient_quota"
+"""The provider error type of a 429 that is not a rate limit (the account has no credit): waiting
+does not help, so it is not retried (the built-in runtime, the framework runtimes alike)."""
+
+
 class ProviderError(RunError):
     """The model provider failed; the message is safe to show to the client."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from atmosphere.cli.app_check import POOLS_LINE
 from atmosphere.cli.credentials import DEV_CREDENTIALS_DIR, DevCredentials, dev_credentials
-from atmosphere.cli.dev_layout import SERVICES, DevLayout, Listener, NatsNode, dev_layout, taken_ports
+from atmosphere.cli.dev_layout import SERVICES, DevLayout, Listener, NatsNode, ServiceProcess, dev_layout, taken_ports
 from atmosphere.cli.model_server import LOCAL_MODEL_INSTALL, llama_available, smollm2_path
 from atmosphere.cli.nats_server import NatsServerNotFoundError, cluster_node_args, find_binary, server_args
 from atmosphere.cli.supervisor import ChildSpec, Supervisor
@@ -182,24 +182,7 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
             "ATMOSPHERE_WORKSPACE_ROOT": str(process.workspace_root),
             **(credentials.env[name] if credentials is not None else {}),
         }
-        if name == "ingress":
-            env["ATMOSPHERE_INGRESS__HOST"] = options.host
-            env["ATMOSPHERE_INGRESS__PORT"] = str(process.http_port)
-            # On a developer's machine every surface is on: each agent is an OpenAI model of its
-            # own name, and the admin reads answer to the token in the banner.
-            env["ATMOSPHERE_AI_OPENAI_ENABLED"] = "true" if options.openai_enabled else "false"
-            if options.admin_token:
-                env["ATMOSPHERE_ADMIN_TOKEN"] = options.admin_token
-        else:
-            env["ATMOSPHERE_PROBE_PORT"] = str(process.probe_port)
-        if name == "dispatch":
-            env["ATMOSPHERE_DISPATCH__GRPC_HOST"] = options.host
-            env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(process.grpc_port)
-            env["ATMOSPHERE_DISPATCH__POOL"] = process.pool
-            env["ATMOSPHERE_DISPATCH__RUNTIME"] = options.default_runtime
-            if options.local_model:
-                env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
-                env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
+        env.update(_own_env(options, process))
         fatal = frozenset({EXIT_INVALID_SETTINGS, *([EXIT_APP_UNLOADABLE] if name in APP_LOADERS else [])})
         specs.append(
             ChildSpec(
@@ -207,6 +190,28 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
             )
         )
     return specs
+
+
+def _own_env(options: DevOptions, process: ServiceProcess) -> dict[str, str]:
+    """What one service process is told beside the stack's common settings: where it listens, and more."""
+    if process.service == "ingress":
+        env = {"ATMOSPHERE_INGRESS__HOST": options.host, "ATMOSPHERE_INGRESS__PORT": str(process.http_port)}
+        # On a developer's machine every surface is on: each agent is an OpenAI model of its
+        # own name, and the admin reads answer to the token in the banner.
+        env["ATMOSPHERE_AI_OPENAI_ENABLED"] = "true" if options.openai_enabled else "false"
+        if options.admin_token:
+            env["ATMOSPHERE_ADMIN_TOKEN"] = options.admin_token
+        return env
+    env = {"ATMOSPHERE_PROBE_PORT": str(process.probe_port)}
+    if process.service == "dispatch":
+        env["ATMOSPHERE_DISPATCH__GRPC_HOST"] = options.host
+        env["ATMOSPHERE_DISPATCH__GRPC_PORT"] = str(process.grpc_port)
+        env["ATMOSPHERE_DISPATCH__POOL"] = process.pool
+        env["ATMOSPHERE_DISPATCH__RUNTIME"] = options.default_runtime
+        if options.local_model:
+            env["LLM_BASE_URL"] = f"http://{options.host}:{options.model_port}/v1"
+            env["LLM_MODEL"] = LOCAL_MODEL_ALIAS
+    return env
 
 
 def missing_services() -> list[str]:

@@ -14,16 +14,24 @@ from typing import TypeVar
 import openai
 from langchain_core.exceptions import ModelError
 
-# The catalogue's wire codes (`atmosphere.bus.errors`), spelled out so the runtimes depend on the SDK alone.
-TOOL_LOOP_EXHAUSTED = "runtime.tool_loop_exhausted"
-PROVIDER_ERROR = "provider.error"
-PROVIDER_REJECTED = "provider.rejected"
-PROVIDER_RATE_LIMITED = "provider.rate_limited"
-PROVIDER_UNAVAILABLE = "provider.unavailable"
-PROVIDER_TIMEOUT = "provider.timeout"
+from atmosphere.bus import errors as catalogue
+from atmosphere.bus.errors import (
+    OUT_OF_CREDIT,
+    ProviderError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+)
 
-OUT_OF_CREDIT = "insufficient_quota"
-"""A 429 that says this is not a rate limit: waiting does not help."""
+# The catalogue's wire codes (`atmosphere.bus.errors`): the built-in runtime's, so clients see one platform.
+TOOL_LOOP_EXHAUSTED = catalogue.ToolLoopExhaustedError.code
+PROVIDER_ERROR = ProviderError.code
+PROVIDER_REJECTED = ProviderRejectedError.code
+PROVIDER_RATE_LIMITED = ProviderRateLimitedError.code
+PROVIDER_UNAVAILABLE = ProviderUnavailableError.code
+PROVIDER_TIMEOUT = ProviderTimeoutError.code
+
 MAX_PROVIDER_MESSAGE = 500
 """What the provider says is untrusted: at most this much of it reaches the client."""
 

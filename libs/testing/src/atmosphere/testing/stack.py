@@ -38,10 +38,17 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def run_stack(services: Mapping[str, tuple[Serve, Any]], *, bus: Bus) -> AsyncIterator[Stack]:
-    """Start `services` (name → (serve, settings)) in order; stop them in reverse."""
+async def run_stack(
+    services: Mapping[str, tuple[Serve, Any]], *, bus: Bus, timeout: float = 15.0
+) -> AsyncIterator[Stack]:
+    """Start `services` (name → (serve, settings)) in order; stop them in reverse.
+
+    `timeout` bounds each service's start and stop (an app that imports heavy frameworks, in each
+    of the sandbox's worker processes, takes longer to start).
+    """
     async with contextlib.AsyncExitStack() as stack:
         result = Stack(bus=bus)
         for name, (serve, settings) in services.items():
-            result.running[name] = await stack.enter_async_context(running_service(name, serve, settings, bus=bus))
+            running = running_service(name, serve, settings, bus=bus, timeout=timeout)
+            result.running[name] = await stack.enter_async_context(running)
         yield result

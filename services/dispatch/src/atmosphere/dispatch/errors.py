@@ -2,12 +2,11 @@
 
 Dispatch's own codes are classes of the catalogue (`atmosphere.bus.errors`); these are what an
 OpenAI-compatible provider says in `error.code`/`error.type`, which decide how its failure is
-reported.
+reported. (`insufficient_quota`, a 429 that is not a rate limit, is read by every runtime:
+`atmosphere.bus.errors.OUT_OF_CREDIT`.)
 """
 
 from __future__ import annotations
 
 CONTEXT_OVERFLOW = "context_length_exceeded"
 """The prompt does not fit the model's context window (a 400 that no retry fixes)."""
-OUT_OF_CREDIT = "insufficient_quota"
-"""A 429 that is not a rate limit: the account has no credit, so waiting does not help."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+
 from atmosphere.runtimes.anthropic._errors import (
     PROVIDER_EMPTY_ANSWER,
     PROVIDER_ERROR,

@@ -13,10 +13,10 @@ import asyncio
 import logging
 from typing import Any
 
+import anthropic
 import httpx2
 from pydantic import BaseModel
 
-import anthropic
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, ToolCallDelta
 from atmosphere.runtimes.anthropic import _structured as structured
 from atmosphere.runtimes.anthropic._call import CallLimits, stream_round

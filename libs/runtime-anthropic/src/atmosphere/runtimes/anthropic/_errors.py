@@ -1,27 +1,40 @@
 """How a run ends in failure: the platform's error codes, and the exception that carries one.
 
-The codes are the catalogue's (`atmosphere.bus.errors`), spelled out here because this package
-depends on the SDK alone: ingress maps them to HTTP statuses exactly as for the built-in runtime.
+The codes are the catalogue's (`atmosphere.bus.errors`): ingress maps them to HTTP statuses exactly
+as for the built-in runtime.
 """
 
 from __future__ import annotations
 
 import math
 
+from atmosphere.bus.errors import (
+    ProviderEmptyAnswerError,
+    ProviderError,
+    ProviderMalformedError,
+    ProviderMisconfiguredError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderTooLargeError,
+    ProviderUnavailableError,
+    StructuredOutputInvalidError,
+    ToolLoopExhaustedError,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
-PROVIDER_ERROR = "provider.error"
-PROVIDER_REJECTED = "provider.rejected"
-PROVIDER_RATE_LIMITED = "provider.rate_limited"
-PROVIDER_UNAVAILABLE = "provider.unavailable"
-PROVIDER_MISCONFIGURED = "provider.misconfigured"
-PROVIDER_TIMEOUT = "provider.timeout"
-PROVIDER_MALFORMED = "provider.malformed"
-PROVIDER_EMPTY_ANSWER = "provider.empty_answer"
-PROVIDER_TOO_LARGE = "provider.too_large"
-TOOL_LOOP_EXHAUSTED = "runtime.tool_loop_exhausted"
-STRUCTURED_OUTPUT_INVALID = "runtime.structured_output_invalid"
+PROVIDER_ERROR = ProviderError.code
+PROVIDER_REJECTED = ProviderRejectedError.code
+PROVIDER_RATE_LIMITED = ProviderRateLimitedError.code
+PROVIDER_UNAVAILABLE = ProviderUnavailableError.code
+PROVIDER_MISCONFIGURED = ProviderMisconfiguredError.code
+PROVIDER_TIMEOUT = ProviderTimeoutError.code
+PROVIDER_MALFORMED = ProviderMalformedError.code
+PROVIDER_EMPTY_ANSWER = ProviderEmptyAnswerError.code
+PROVIDER_TOO_LARGE = ProviderTooLargeError.code
+TOOL_LOOP_EXHAUSTED = ToolLoopExhaustedError.code
+STRUCTURED_OUTPUT_INVALID = StructuredOutputInvalidError.code
 
 TOOL_LIMIT_REACHED = "Error: the tool-call limit for this request was reached; answer with what you have"
 """What the model reads for the calls it asked for past the tool-loop cap (dispatch's wording)."""

@@ -22,6 +22,7 @@ from anthropic.types import (
     TextDelta,
     ToolUseBlock,
 )
+
 from atmosphere.runtimes.anthropic._errors import PROVIDER_TOO_LARGE, RunFailedError
 from atmosphere.sdk import TokenUsage
 

@@ -13,9 +13,9 @@ import re
 from typing import Any
 
 import pydantic
+from anthropic import transform_schema
 from pydantic import BaseModel
 
-from anthropic import transform_schema
 from atmosphere.contracts.run.v1.run_pb2 import EntityComplete, EntityStart, RunEvent, StructuredField
 from atmosphere.sdk import StreamingSession
 

@@ -17,6 +17,7 @@ from typing import Any
 from agents import Agent, FunctionTool, Handoff, Model, RunContextWrapper, ToolOutputText
 from agents.tool_context import ToolContext
 
+from atmosphere.bus.errors import RuntimeFailedError
 from atmosphere.runtimes.openai_agents._tools import Escalation, Invoke
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
 
@@ -24,7 +25,7 @@ from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
 class UnhostableAgentError(Exception):
     """The agent has a tool that could not pass the platform's tool gate."""
 
-    code = "runtime.failed"
+    code = RuntimeFailedError.code
 
 
 def native_tool_specs(agent: Agent[Any]) -> tuple[ToolSpec, ...]:

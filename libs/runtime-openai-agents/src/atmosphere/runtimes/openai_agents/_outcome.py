@@ -13,6 +13,16 @@ from dataclasses import dataclass
 import openai
 from agents import AgentsException, MaxTurnsExceeded, ModelBehaviorError
 
+from atmosphere.bus import errors as catalogue
+from atmosphere.bus.errors import (
+    ProviderError,
+    ProviderMalformedError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    RuntimeFailedError,
+)
 from atmosphere.runtimes.openai_agents._hosting import UnhostableAgentError
 from atmosphere.runtimes.openai_agents._tools import ToolLoopExhaustedError
 
@@ -22,7 +32,7 @@ MAX_PROVIDER_MESSAGE = 500
 class NoStructuredOutputError(Exception):
     """A run asked for structured output, which this runtime does not declare."""
 
-    code = "runtime.failed"
+    code = RuntimeFailedError.code
 
     def __init__(self) -> None:
         """Say why, and what to do instead."""
@@ -57,29 +67,29 @@ def _provider_failure(exc: openai.APIError) -> Failure:
     if isinstance(exc, openai.APIStatusError):
         return http_failure(exc.status_code, exc.body)
     if isinstance(exc, openai.APITimeoutError):
-        return Failure("the model provider did not answer in time", "provider.timeout", retryable=True)
+        return Failure("the model provider did not answer in time", ProviderTimeoutError.code, retryable=True)
     if isinstance(exc, openai.APIConnectionError):
-        return Failure("provider connection failed", "provider.unavailable", retryable=True)
+        return Failure("provider connection failed", ProviderUnavailableError.code, retryable=True)
     # An error event inside a 200 stream (e.g. llama.cpp refusing mid-answer).
-    return Failure(f"the provider reported an error mid-stream: {provider_message(exc.body)}", "provider.error")
+    return Failure(f"the provider reported an error mid-stream: {provider_message(exc.body)}", ProviderError.code)
 
 
 def _framework_failure(exc: AgentsException) -> Failure:
     if isinstance(exc, ModelBehaviorError):
-        return Failure(f"the model provider's answer was unusable: {exc.message}", "provider.malformed")
+        return Failure(f"the model provider's answer was unusable: {exc.message}", ProviderMalformedError.code)
     if isinstance(exc, MaxTurnsExceeded):
-        return Failure(exc.message, "runtime.tool_loop_exhausted")
-    return Failure(str(exc), "runtime.failed")
+        return Failure(exc.message, catalogue.ToolLoopExhaustedError.code)
+    return Failure(str(exc), RuntimeFailedError.code)
 
 
 def http_failure(status: int, body: object) -> Failure:
     """A provider's HTTP error, as the built-in runtime reports it once its retries are spent."""
     message = f"API returned {status}: {provider_message(body)}"
     if status == 429:
-        return Failure(message, "provider.rate_limited", retryable=True)
+        return Failure(message, ProviderRateLimitedError.code, retryable=True)
     if status == 408 or status >= 500:
-        return Failure(message, "provider.unavailable", retryable=True)
-    return Failure(message, "provider.rejected" if status >= 400 else "provider.error")
+        return Failure(message, ProviderUnavailableError.code, retryable=True)
+    return Failure(message, ProviderRejectedError.code if status >= 400 else ProviderError.code)
 
 
 def provider_message(body: object) -> str:

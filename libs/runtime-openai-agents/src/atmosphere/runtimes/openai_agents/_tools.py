@@ -14,6 +14,7 @@ from agents import Agent, FunctionTool, ModelResponse, RunContextWrapper, RunHoo
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
+from atmosphere.bus import errors as catalogue
 from atmosphere.sdk import OnMaxIterations, ToolLoopPolicy
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
 
@@ -29,7 +30,7 @@ Invoke = Callable[[ToolContext[Any], str], Awaitable[Any]]
 class ToolLoopExhaustedError(Exception):
     """A strict tool loop's cap was reached and the model still asked for tools."""
 
-    code = "runtime.tool_loop_exhausted"
+    code = catalogue.ToolLoopExhaustedError.code
 
     def __init__(self, cap: int) -> None:
         """The built-in runtime's words for a strict cap of `cap` rounds."""

@@ -15,6 +15,16 @@ import pydantic
 from pydantic import BaseModel
 from pydantic_ai import AgentRunError, ModelAPIError, ModelHTTPError, ModelTimeoutError, UnexpectedModelBehavior
 
+from atmosphere.bus import errors as catalogue
+from atmosphere.bus.errors import (
+    ProviderError,
+    ProviderMalformedError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    RuntimeFailedError,
+)
 from atmosphere.contracts.run.v1.run_pb2 import EntityComplete, EntityStart, RunEvent, StructuredField
 from atmosphere.runtimes.pydantic_ai._tools import ToolLoopExhaustedError
 from atmosphere.sdk import StreamingSession
@@ -25,7 +35,7 @@ MAX_PROVIDER_MESSAGE = 500
 class StructuredOutputInvalidError(Exception):
     """No answer validated against the requested model within the retry budget."""
 
-    code = "runtime.structured_output_invalid"
+    code = catalogue.StructuredOutputInvalidError.code
 
     def __init__(self, attempts: int, problems: str) -> None:
         """The built-in runtime's words for `attempts` failed attempts."""
@@ -55,22 +65,22 @@ def failure_of(exc: BaseException) -> Failure | None:
 def _framework_failure(exc: AgentRunError) -> Failure:
     """A failure PydanticAI reported without an HTTP status: the connection, the answer, the run."""
     if isinstance(exc, ModelTimeoutError):
-        return Failure("the model provider did not answer in time", "provider.timeout", retryable=True)
+        return Failure("the model provider did not answer in time", ProviderTimeoutError.code, retryable=True)
     if isinstance(exc, ModelAPIError):
-        return Failure(f"provider call failed ({exc.message})", "provider.unavailable", retryable=True)
+        return Failure(f"provider call failed ({exc.message})", ProviderUnavailableError.code, retryable=True)
     if isinstance(exc, UnexpectedModelBehavior):
-        return Failure(f"the model provider's answer was unusable: {exc.message}", "provider.malformed")
-    return Failure(exc.message, "runtime.failed")
+        return Failure(f"the model provider's answer was unusable: {exc.message}", ProviderMalformedError.code)
+    return Failure(exc.message, RuntimeFailedError.code)
 
 
 def http_failure(status: int, body: object) -> Failure:
     """A provider's HTTP error, as the built-in runtime reports it once its retries are spent."""
     message = f"API returned {status}: {provider_message(body)}"
     if status == 429:
-        return Failure(message, "provider.rate_limited", retryable=True)
+        return Failure(message, ProviderRateLimitedError.code, retryable=True)
     if status == 408 or status >= 500:
-        return Failure(message, "provider.unavailable", retryable=True)
-    return Failure(message, "provider.rejected" if status >= 400 else "provider.error")
+        return Failure(message, ProviderUnavailableError.code, retryable=True)
+    return Failure(message, ProviderRejectedError.code if status >= 400 else ProviderError.code)
 
 
 def provider_message(body: object) -> str:

@@ -17,6 +17,7 @@ from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
+from atmosphere.bus import errors as catalogue
 from atmosphere.sdk import OnMaxIterations, ToolLoopPolicy
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
 
@@ -31,7 +32,7 @@ TOOL_LIMIT_REACHED = "Error: the tool-call limit for this request was reached; a
 class ToolLoopExhaustedError(Exception):
     """A strict tool loop's cap was reached and the model still asked for tools."""
 
-    code = "runtime.tool_loop_exhausted"
+    code = catalogue.ToolLoopExhaustedError.code
 
     def __init__(self, cap: int) -> None:
         """The built-in runtime's words for a strict cap of `cap` rounds."""

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from atmosphere.bus.errors import (
+    OUT_OF_CREDIT,
     ProviderEmptyAnswerError,
     ProviderError,
     ProviderMalformedError,
@@ -41,7 +42,7 @@ from atmosphere.bus.errors import (
     ProviderUnavailableError,
 )
 from atmosphere.bus.text import replace_lone_surrogates
-from atmosphere.dispatch.errors import CONTEXT_OVERFLOW, OUT_OF_CREDIT
+from atmosphere.dispatch.errors import CONTEXT_OVERFLOW
 from atmosphere.dispatch.runtime.sse import SseError, sse_data
 from atmosphere.sdk import RetryPolicy, TokenUsage
 from atmosphere.sdk.runtime import RuntimeConfig
