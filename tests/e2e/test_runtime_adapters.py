@@ -20,13 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
 import pytest
 import pytest_asyncio
 import websockets
 
 from atmosphere.bus import NatsBus, connect, subjects
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.contracts.dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc
 from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
 from atmosphere.dispatch.settings import DispatchOptions, ToolOptions
+from atmosphere.ingress.settings import IngressOptions
 from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 from atmosphere.testing.model_turns import block_text
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
@@ -82,6 +87,8 @@ def respond(request: ModelRequest) -> Turn:
 class World:
     url: str
     bus: NatsBus
+    grpc: str
+    """The default pool's gRPC `DispatchService` (any dispatch serves every pool's agents)."""
     ledger: Path
     reference: list[str] = field(default_factory=list)
     """The frame kinds of the built-in runtime's tool call, what every other runtime must match."""
@@ -109,6 +116,7 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
             llm_base_url=provider.base_url,
             governance={"governance": {"policy_files": [policy]}},
             sandbox={"sandbox": {"tool_workers": 1}},
+            ingress={"ingress": IngressOptions(port=0), "ai_openai_enabled": True},
             dispatch={
                 "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", pools=POOLS),
                 "tools": ToolOptions.model_validate({"permissions": json.loads(CONFIRM)}),
@@ -144,7 +152,10 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
                     # starve the suite's other tests of the CPU.
                     for pool in pools:
                         await pool.start()
-                    yield World(await stack.ingress_url(), bus, ledger)
+                    info = await bus.request(
+                        subjects.service_info("dispatch"), ServiceInfoRequest(), ServiceInfoResponse
+                    )
+                    yield World(await stack.ingress_url(), bus, json.loads(info.info_json)["grpc"], ledger)
                 finally:
                     for pool in pools:
                         await pool.stop()
@@ -272,3 +283,32 @@ async def test_a_hosted_object_streams_the_same_frames_as_the_built_in_runtime(w
         world.reference = kinds(await run(world, "on-built-in", "weather"))
     frames = await run(world, f"hosted-{framework}", "native weather")
     assert kinds(frames) == world.reference, framework
+
+
+async def test_the_console_info_shows_every_pool_and_its_runtime(world: World) -> None:
+    async with httpx.AsyncClient(base_url=world.url, timeout=20) as http:
+        pools = (await http.get("/api/console/info")).json()["pools"]
+    assert sorted(pools) == sorted(["default", *POOLS])
+    assert {name: (p["runtime"], p["state"]) for name, p in pools.items()} == {
+        "default": ("built-in", "ACTIVE"),
+        **{pool: (pool, "ACTIVE") for pool in POOLS},
+    }
+    assert sorted(pools["langgraph"]["agents"]) == ["hosted-langgraph", "on-langgraph"]
+    assert "TOOL_CALLING" in pools["anthropic"]["capabilities"]
+
+
+async def test_every_door_reaches_an_agent_in_another_pool(world: World) -> None:
+    # The OpenAI API, SSE and gRPC (to the default pool's dispatch) queue runs in the agent's own pool.
+    async with httpx.AsyncClient(base_url=world.url, timeout=60) as http:
+        body = {"model": "on-pydantic-ai", "messages": [{"role": "user", "content": "weather"}]}
+        completion = (await http.post("/atmosphere/v1/chat/completions", json=body)).json()
+        assert completion["choices"][0]["message"]["content"] == "Done: sunny in Paris"
+        sse = await http.post("/atmosphere/agent/hosted-openai-agents", content="native weather")
+        assert sse.status_code == 200
+        frames = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: {")]
+        assert text(frames) == "Done: cloudy in Oslo"
+    async with grpc.aio.insecure_channel(world.grpc) as channel:
+        stub = dispatch_pb2_grpc.DispatchServiceStub(channel)
+        request = dispatch_pb2.RunRequest(agent="hosted-langgraph", message="native weather")
+        texts = [r.event.text_delta.text async for r in stub.Run(request) if r.event.HasField("text_delta")]
+    assert "".join(texts) == "Done: cloudy in Oslo"

@@ -233,7 +233,13 @@ class Dispatch:
         model_call_timeout = self.settings.dispatch.memory_model_timeout
         conversations = ConversationMemory(memory, self.config, self.runtime, model_call_timeout=model_call_timeout)
         model_side = ModelSide(self.runtime, conversations, unavailable=self.unavailable())
-        self.descriptors[:] = agent_descriptors(self.app, model_side, self.harnesses, pool=self.settings.dispatch.pool)
+        self.descriptors[:] = agent_descriptors(
+            self.app,
+            model_side,
+            self.harnesses,
+            pool=self.settings.dispatch.pool,
+            runtime_state=str(self.runtime_block["state"]),
+        )
         max_age = self.settings.jetstream.agents_max_age
         await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
         executor = self.executor(bus, model_side)

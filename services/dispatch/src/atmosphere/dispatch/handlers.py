@@ -40,7 +40,12 @@ log = logging.getLogger("atmosphere.dispatch")
 
 
 def agent_descriptors(
-    app: App, model_side: ModelSide, harnesses: Mapping[str, AgentHarness] | None = None, *, pool: str = ""
+    app: App,
+    model_side: ModelSide,
+    harnesses: Mapping[str, AgentHarness] | None = None,
+    *,
+    pool: str = "",
+    runtime_state: str = "",
 ) -> list[AgentDescriptor]:
     """The descriptors dispatch publishes to `ATMO_AGENTS`: what it serves (in `pool`), with runtime truth."""
     runtime = model_side.runtime
@@ -62,6 +67,7 @@ def agent_descriptors(
                 harness=harness.attached(),
                 workspace=harness.scope("", "") if harness.tools.keys() & MEMORY_TOOL_NAMES else None,
                 pool=pool,
+                runtime_state=runtime_state,
             )
         )
     return descriptors

@@ -9,6 +9,7 @@ service is absent (nobody serves the subject), 503 when it does not answer in ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Annotated, Any, NoReturn
 
@@ -77,7 +78,32 @@ async def console_info(request: Request) -> dict[str, Any]:
         if fragment:
             _merge(merged, fragment)
     merged["services"] = [s for s, f in zip(SERVICES, fragments, strict=True) if f is not None]
+    with contextlib.suppress(BusError):
+        # Every dispatch pool that serves agents now, each in its own words (the `dispatch` block
+        # above is whichever dispatch answered first).
+        merged["pools"] = runtime_pools(await state_of(request).directory.all())
     return merged
+
+
+def runtime_pools(agents: list[AgentDescriptor]) -> dict[str, dict[str, Any]]:
+    """The `pools` block: each pool serving agents now, its runtime's state and what it can do.
+
+    From the agents' descriptors, which each pool keeps alive: a pool that stopped drops out with
+    them; one whose runtime cannot run says why (`INACTIVE(<why>)`). The default pool is `default`.
+    """
+    pools: dict[str, dict[str, Any]] = {}
+    for agent in agents:
+        pool = pools.setdefault(
+            agent.pool or "default",
+            {
+                "runtime": agent.runtime or None,
+                "state": agent.runtime_state or ("ACTIVE" if agent.runtime else "INACTIVE"),
+                "capabilities": list(agent.capabilities),
+                "agents": [],
+            },
+        )
+        pool["agents"].append(agent.name)
+    return dict(sorted(pools.items()))
 
 
 def _dict(message: Message) -> dict[str, Any]:

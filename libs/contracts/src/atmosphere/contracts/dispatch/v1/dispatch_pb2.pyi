@@ -263,6 +263,7 @@ class AgentDescriptor(_message.Message):
     HARNESS_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    RUNTIME_STATE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """The endpoint path, e.g. "/atmosphere/agent/echo"."""
@@ -274,6 +275,10 @@ class AgentDescriptor(_message.Message):
     pool: _builtins.str
     """The dispatch pool serving it (its pinned runtime; empty: the default pool): where a
     submission for it is queued. Written only by that pool, so it expires with the pool.
+    """
+    runtime_state: _builtins.str
+    """Its pool's runtime as that pool runs it: "ACTIVE", or "INACTIVE(<why>)" when the pool has no
+    usable runtime (its framework missing or unconfigured): runtime truth, in the pool's words.
     """
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -302,10 +307,11 @@ class AgentDescriptor(_message.Message):
         harness: _abc.Iterable[_builtins.str] | None = ...,
         workspace: _tool_pb2.WorkspaceScope | None = ...,
         pool: _builtins.str = ...,
+        runtime_state: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "pool", b"pool", "runtime", b"runtime", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "pool", b"pool", "runtime", b"runtime", "runtime_state", b"runtime_state", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
