@@ -151,6 +151,12 @@ async def drive_grpc(workers: list[Worker], client: Client, rng: random.Random) 
                     if frame.get("type") in {"complete", "error"}:
                         client.done = True
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND and client.run_id and last_seq == 0:
+                    # `Run` names the run in its headers before it submits it: a dispatch killed in
+                    # between named a run that was never stored (nor queued), and `Follow` says so.
+                    # Nothing ran: the client sends it again, as a client told "unknown run" does.
+                    client.run_id = ""
+                    continue
                 # A stream cut by its dispatch's death; anything else is a failure.
                 broken = exc.code() in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
                 if not broken:

@@ -289,8 +289,9 @@ def framework_object(native: object, module: str, name: str) -> bool:
     """Whether `native` is an instance of `module`'s class `name`, without importing `module`.
 
     What a runtime's `hosts` asks: an object of a framework exists only once the framework was
-    imported, so a framework not imported yet means no, at no cost (see `AgentRuntime.environment`
-    on why discovering a runtime must not import its framework).
+    imported, so a framework not imported yet means no, at no cost. A runtime's entry point must
+    not import its framework: every dispatch loads every installed runtime when it starts, and a
+    framework takes seconds to import.
     """
     loaded = sys.modules.get(module)
     cls = getattr(loaded, name, None) if loaded is not None else None
