@@ -158,6 +158,10 @@ async def follow(
         # consumer: the observer's login may create none); a replayed run first reads what the
         # stream holds, one message at a time by direct get.
         live = await client.subscribe(subject)
+        # The server has the subscription once a round trip after it came back: only then is
+        # "following" true (nats-py sends SUB without waiting; a run started at once could
+        # otherwise publish its first events before the server knew of this follower).
+        await client.flush()
         print(f"following {subject}", file=sys.stderr, flush=True)
         printer = Printer(runs)
         if run_id is not None:
