@@ -134,3 +134,35 @@ def test_a_hosted_agents_name_is_checked(monkeypatch: pytest.MonkeyPatch, name: 
     installed(monkeypatch, ("graphs", _Hosts))
     with pytest.raises(UserError, match="agent name"):
         hosted_agent(name, Graph())
+
+
+GRAPH = Graph()
+"""An object an app names by its import path (`hosted_agent("research", "<this module>:GRAPH")`)."""
+
+
+def test_an_object_named_by_its_path_is_imported_only_when_its_pool_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch)  # no runtime installed here: nothing is asked, nothing is imported
+    spec = spec_of(hosted_agent("research", f"{__name__}:GRAPH", runtime="graphs"))
+    assert (spec.runtime, spec.description) == ("graphs", f"{__name__}:GRAPH hosted as research")
+    assert App(agents=[Plain, hosted_agent("research", f"{__name__}:GRAPH", runtime="graphs")]).pools == ("graphs",)
+    assert spec.hosted_object() is GRAPH
+
+
+def test_a_path_that_does_not_import_is_said_when_its_pool_loads_it() -> None:
+    spec = spec_of(hosted_agent("research", "no_such_module_here.crew:crew", runtime="crewai"))
+    with pytest.raises(UserError, match=r"cannot import the hosted object 'no_such_module_here.crew:crew': No module"):
+        spec.hosted_object()
+    missing = spec_of(hosted_agent("research", f"{__name__}:NOT_THERE", runtime="graphs"))
+    with pytest.raises(UserError, match=r"cannot import the hosted object .*NOT_THERE"):
+        missing.hosted_object()
+
+
+@pytest.mark.parametrize("path", ["", "crew", "my crew:crew", "pkg.mod:", ":crew", "pkg..mod:crew", "pkg.mod:a:b"])
+def test_an_import_path_must_name_an_attribute_of_a_module(path: str) -> None:
+    with pytest.raises(UserError, match=r"is not an import path like 'package\.module:attribute'"):
+        hosted_agent("research", path, runtime="crewai")
+
+
+def test_an_import_path_needs_its_runtime_named() -> None:
+    with pytest.raises(UserError, match=r"needs runtime= \(the one hosting it\)"):
+        hosted_agent("research", "mycrew.crew:crew")

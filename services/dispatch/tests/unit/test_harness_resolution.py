@@ -145,6 +145,7 @@ def test_native_planning_without_the_runtime_capability_is_inactive_and_register
     assert "write_todos" not in harness.tools
     assert harness.filesystem == "ACTIVE(native:built-in)"  # auto + the capability
     assert harness.tools == {}
+    assert list(harness.store_tools) == FILE_TOOLS  # the native file surface's store, not the plan's
     assert "PLANNING" in caplog.text
     state = runtime_state(config, {"helper": harness})
     assert state["planning"] == "INACTIVE(native-unavailable)"
@@ -164,8 +165,13 @@ def test_auto_picks_the_native_surface_when_the_runtime_declares_it(
     assert getattr(harness, native_key) == "ACTIVE(native:deep)"
     other = "filesystem" if native_key == "planning" else "planning"
     assert getattr(harness, other) == "ACTIVE(builtin)"
-    # Never both surfaces: the native one registers no builtin tool.
+    # Never both surfaces: the native one offers the model no builtin tool; it keeps them as the
+    # store its runtime writes through (the platform's record of the plan or the files).
     assert list(harness.tools) == builtin_names
+    native_names = ["write_todos"] if capability is AiCapability.PLANNING else FILE_TOOLS
+    assert list(harness.store_tools) == native_names
+    assert harness.workspace_tools  # a workspace is in scope: the store is memory's
+    assert native_key in harness.attached()
 
 
 def test_builtin_mode_keeps_the_builtin_tools_on_a_native_capable_runtime() -> None:

@@ -16,7 +16,7 @@ from atmosphere.sdk._agent import AGENT_PATH_PREFIX, check_name
 from atmosphere.sdk._harness import Harness
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget
-from atmosphere.sdk._spec import AgentOptions, record_spec
+from atmosphere.sdk._spec import NATIVE_PATH, AgentOptions, NativeReference, record_spec
 from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.runtime import ENTRY_POINT_GROUP
 
@@ -35,23 +35,41 @@ def hosted_agent(
     """Serve `native` at `/atmosphere/agent/<name>`, run by the runtime that hosts it.
 
     `runtime` names that runtime (e.g. `"langgraph"`); by default it is the one installed runtime
-    whose `hosts(native)` is true. Conversation memory is on (`harness`): the object is given
-    the conversation's earlier turns with each message. Register the result in the `App` like
-    any `@agent` class.
+    whose `hosts(native)` is true. `native` may also be the object's import path
+    (`"mycrew.crew:crew"`, with `runtime=`): then only that runtime's dispatch pool imports it, so
+    the framework need not be installed where the rest of the app runs (a pool's own image).
+    Conversation memory is on (`harness`): the object is given the conversation's earlier turns
+    with each message. Register the result in the `App` like any `@agent` class.
     """
     agent_name = check_name(name, "agent")
+    if isinstance(native, str):
+        hosted: object = _reference(native, runtime, agent_name)
+        kind = native
+    else:
+        hosted, kind = native, type(native).__name__
     chosen = runtime or hosting_runtime(native)
     cls = type(f"Hosted{agent_name.title().replace('-', '').replace('_', '')}", (), {"__module__": __name__})
     options = AgentOptions(
-        description=description or f"{type(native).__name__} hosted as {agent_name}",
+        description=description or f"{kind} hosted as {agent_name}",
         harness=harness,
         budget=budget,
         max_history_messages=max_history_messages,
         permission_mode=permission_mode,
         runtime=chosen,
-        native=native,
+        native=hosted,
     )
     return record_spec(cls, name=agent_name, kind="agent", path=AGENT_PATH_PREFIX + agent_name, options=options)
+
+
+def _reference(path: str, runtime: str | None, agent_name: str) -> NativeReference:
+    """`path` as a reference its pool imports; `UserError` when it is not one, or names no runtime."""
+    if not NATIVE_PATH.fullmatch(path):
+        msg = f"hosted agent {agent_name!r}: {path!r} is not an import path like 'package.module:attribute'"
+        raise UserError(msg)
+    if not runtime:
+        msg = f"hosted agent {agent_name!r}: an object given by its import path needs runtime= (the one hosting it)"
+        raise UserError(msg)
+    return NativeReference(path)
 
 
 def hosting_runtime(native: object) -> str:

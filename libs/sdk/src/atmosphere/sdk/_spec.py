@@ -8,7 +8,10 @@ with the class named.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -69,12 +72,51 @@ class AgentSpec:
     """The runtime it is pinned to (`@agent(runtime="langchain")`), served by that runtime's own
     dispatch pool; empty: the default pool's runtime (the highest-priority available one)."""
     native: object | None = None
-    """The user's own framework object it hosts (`hosted_agent`), run by `runtime`."""
+    """The user's own framework object it hosts (`hosted_agent`), run by `runtime`: the object, or
+    a `NativeReference` to it (see `hosted_object`)."""
+
+    def hosted_object(self) -> object | None:
+        """The framework object it hosts, imported now when the app named it by its import path."""
+        native = self.native
+        return native.load() if isinstance(native, NativeReference) else native
 
     @property
     def pool(self) -> str:
         """The dispatch pool that runs it: its runtime's, or "" for the default pool."""
         return self.runtime
+
+
+NATIVE_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+"""`package.module:attribute`, as an entry point names an object."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeReference:
+    """A hosted framework object named by its import path (`"package.module:attribute"`).
+
+    Only the dispatch pool that runs it imports it (`AgentSpec.hosted_object`): the other pools,
+    the front doors and the sandbox, which load the same app, never import its framework, which
+    need not even be installed beside them (a pool of its own runs in an image of its own).
+    """
+
+    path: str
+
+    def load(self) -> object:
+        """The object (imported once per process); `UserError` naming the path when it cannot be."""
+        return _import_object(self.path)
+
+
+@functools.cache
+def _import_object(path: str) -> object:
+    module_name, _, attributes = path.partition(":")
+    try:
+        found: object = importlib.import_module(module_name)
+        for attribute in attributes.split("."):
+            found = getattr(found, attribute)
+    except (ImportError, AttributeError) as exc:
+        msg = f"cannot import the hosted object {path!r}: {exc}"
+        raise UserError(msg) from exc
+    return found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -222,6 +222,12 @@ class AgentExecutionContext:
     conversation_id: str
     request: AiRequest
     tools: tuple[ToolSpec, ...] = ()
+    """The tools to offer the model."""
+    store_tools: tuple[ToolSpec, ...] = ()
+    """The platform's stores behind a surface this runtime provides natively (it declares
+    `PLANNING` or `VIRTUAL_FILESYSTEM`): `write_todos`, the file tools. Never offered to the model,
+    which plans (or files) the runtime's own way; the runtime writes what its surface holds through
+    them with `run_tool`, so the plan's `plan-update` events, the admin API and the tape follow it."""
     run_tool: ToolRunner | None = None
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
     retry: RetryPolicy = RetryPolicy.DEFAULT

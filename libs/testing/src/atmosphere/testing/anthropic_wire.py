@@ -56,6 +56,9 @@ def is_messages(method: str, path: str) -> bool:
     return method == "POST" and path.endswith("/v1/messages")
 
 
+is_call = is_messages
+
+
 def is_models(method: str, path: str) -> bool:
     """The route listing the models."""
     return method == "GET" and path.endswith("/v1/models")
@@ -67,8 +70,8 @@ def request_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> ModelRequ
     return ModelRequest(messages=tuple(body.get("messages", ())), tools=tools, body=body, headers=headers)
 
 
-def answer(turn: Turn, body: Mapping[str, Any]) -> Answer:
-    """`turn` as the answer to the messages request `body`."""
+def answer(turn: Turn, body: Mapping[str, Any], _path: str = "") -> Answer:
+    """`turn` as the answer to the messages request `body` (its `stream` says whether to stream)."""
     if turn.failed:
         retry = (("retry-after", turn.retry_after),) if turn.retry_after else ()
         return Answer(turn.status, json=error_body(turn), headers=retry, silence=turn.silence)
@@ -88,9 +91,13 @@ def models(names: tuple[str, ...]) -> Answer:
     return Answer(200, json={"data": data, "has_more": False, "first_id": first, "last_id": last})
 
 
-def failure(status: int, message: str, error_type: str = "scripted") -> Answer:
-    """An error the fake itself answers (a refused request, a broken script)."""
-    return Answer(status, json=error_body(Turn(status=status, error_message=message, error_type=error_type)))
+def failure(status: int, message: str, error_type: str = "") -> Answer:
+    """An error the fake itself answers (a refused request, a broken script).
+
+    Its type is the status's (`ERROR_TYPES`) unless given.
+    """
+    kind = error_type or ERROR_TYPES.get(status, "api_error")
+    return Answer(status, json=error_body(Turn(status=status, error_message=message, error_type=kind)))
 
 
 def error_body(turn: Turn) -> dict[str, Any]:

@@ -256,16 +256,33 @@ class ModelRequest(Mapping[str, Any]):
 
     @property
     def last_tool_result(self) -> str | None:
-        """The content of the newest tool result (OpenAI's `tool` message, Anthropic's `tool_result` block), or None."""
+        """The content of the newest tool result, or None.
+
+        OpenAI's and Cohere's `tool` message, Anthropic's `tool_result` block, Gemini's
+        `functionResponse` part (its `result`).
+        """
         for message in reversed(self.messages):
             if message.get("role") == "tool":
-                return str(message.get("content"))
+                return block_text(message.get("content"))
             content = message.get("content")
             if isinstance(content, list):
                 results = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_result"]
                 if results:
                     return block_text(results[-1].get("content"))
+            responses = [p["functionResponse"] for p in message.get("parts") or () if "functionResponse" in p]
+            if responses:
+                response = responses[-1].get("response") or {}
+                result = response.get("result") if isinstance(response, Mapping) else None
+                return result if isinstance(result, str) else json.dumps(response)
         return None
+
+    @property
+    def prompt(self) -> str:
+        """The text of the first user message, whichever wire (Gemini's: its `text` parts)."""
+        first = next((m for m in self.messages if m.get("role") == "user"), {})
+        if "parts" in first:
+            return "".join(str(p.get("text", "")) for p in first["parts"] if isinstance(p, Mapping))
+        return block_text(first.get("content"))
 
     def __getitem__(self, key: str) -> Any:
         """The body's field `key`, as sent (a list stays a list)."""

@@ -230,8 +230,140 @@ class AnthropicContractWire(ContractWire):
         return output["format"]["type"] if output.get("format") is not None else None
 
 
+class CohereContractWire(ContractWire):
+    """Cohere's v2 chat: OpenAI-like messages, with Cohere's own tool calls, tool choice and JSON mode.
+
+    The runtime is configured through `RuntimeConfig.extra` (`COHERE_BASE_URL`, the SDK's own
+    `CO_API_KEY`, `COHERE_MODEL`). The system prompt is a `system` message and
+    a tool result a `tool` message, as on OpenAI's wire; an assistant's tool calls carry Cohere's
+    `tool_plan` (the text before them), and a string `content` reads as it is, a list as its text.
+    """
+
+    name = "cohere"
+
+    def config(self, provider: ScriptedModel) -> RuntimeConfig:
+        """A runtime's configuration for the fake provider, in `extra` (not `LLM_*`'s fields)."""
+        extra = {"COHERE_BASE_URL": provider.root_url, "CO_API_KEY": "contract-key", "COHERE_MODEL": "fake-model"}
+        return RuntimeConfig(stall_timeout=5.0, extra=extra)
+
+    def conversation(self, request: Mapping[str, Any]) -> list[Said]:
+        """Each message as `(role, text)`; a `tool` message as `("tool", content)`."""
+        return [(m.get("role"), block_text(m.get("content"))) for m in request["messages"]]
+
+    def offers_tools(self, request: Mapping[str, Any]) -> bool:
+        """Tools declared, and not withheld by `tool_choice: NONE`."""
+        return "tools" in request and request.get("tool_choice") != "NONE"
+
+    def last_tool_result(self, request: Mapping[str, Any]) -> Said:
+        """The newest `tool` message as `(tool_call_id, content)`."""
+        last = request["messages"][-1]
+        if last.get("role") != "tool":
+            return ("not a tool result", last)
+        return (last.get("tool_call_id"), block_text(last.get("content")))
+
+    def structured_format(self, request: Mapping[str, Any]) -> Any:
+        """`json_schema` when the request asks for JSON fitting a schema, None when it asks for no JSON.
+
+        Cohere's JSON mode is `response_format`'s `json_object`, with a `json_schema` or without.
+        """
+        response_format = request.get("response_format") or {}
+        if response_format.get("type") != "json_object":
+            return None
+        return "json_schema" if response_format.get("json_schema") is not None else "json_object"
+
+
+class GeminiContractWire(ContractWire):
+    """The Gemini API (`generateContent`): a top-level `systemInstruction`, `contents` of parts.
+
+    The runtime is configured through `RuntimeConfig.extra` with `google-genai`'s own setting
+    names (`GOOGLE_GEMINI_BASE_URL`, `GOOGLE_API_KEY`) and `GEMINI_MODEL`; a conversation reads as
+    OpenAI's would: the system instruction first, each content's text as `(role, text)` (`model`
+    read as `assistant`), each `functionResponse` part as `("tool", result)`.
+    """
+
+    name = "gemini"
+
+    def config(self, provider: ScriptedModel) -> RuntimeConfig:
+        """A runtime's configuration for the fake provider, in `extra` (not `LLM_*`'s fields)."""
+        extra = {
+            "GOOGLE_GEMINI_BASE_URL": provider.root_url,
+            "GOOGLE_API_KEY": "contract-key",
+            "GEMINI_MODEL": "fake-model",
+        }
+        return RuntimeConfig(stall_timeout=5.0, extra=extra)
+
+    def streamed(self, request: Mapping[str, Any]) -> Any:
+        """Always true: Gemini asks for a stream in its route (`:streamGenerateContent`), not its body.
+
+        The fake's record of a request is its body, so this wire cannot read the flag; the
+        streaming test still fails a runtime that does not stream, whose answer arrives whole.
+        """
+        del request
+        return True
+
+    def conversation(self, request: Mapping[str, Any]) -> list[Said]:
+        """The `systemInstruction` first (when sent), then each content's text, and each function response as `tool`."""
+        said: list[Said] = []
+        if "systemInstruction" in request:
+            said.append(("system", _gemini_text(request["systemInstruction"].get("parts"))))
+        for content in request["contents"]:
+            parts = [p for p in content.get("parts") or () if isinstance(p, Mapping)]
+            role = "assistant" if content.get("role") == "model" else content.get("role")
+            responses = [p["functionResponse"] for p in parts if "functionResponse" in p]
+            if not responses or any("text" in p for p in parts):
+                said.append((role, _gemini_text(parts)))
+            said += [("tool", _gemini_result(r)) for r in responses]
+        return said
+
+    def tool_names(self, request: Mapping[str, Any]) -> list[str]:
+        """The names of the functions declared."""
+        return [d.get("name") for t in request["tools"] for d in t.get("functionDeclarations", ())]
+
+    def offers_tools(self, request: Mapping[str, Any]) -> bool:
+        """Functions declared, and not withheld by `toolConfig.functionCallingConfig.mode: NONE`."""
+        mode = ((request.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
+        return "tools" in request and mode != "NONE"
+
+    def asked_tools(self, request: Mapping[str, Any]) -> list[str]:
+        """The `functionCall` parts of the model's content before the newest function responses."""
+        parts = request["contents"][-2].get("parts") or ()
+        return [p["functionCall"]["name"] for p in parts if isinstance(p, Mapping) and "functionCall" in p]
+
+    def last_tool_result(self, request: Mapping[str, Any]) -> Said:
+        """The newest `functionResponse` part as `(id, result)`."""
+        last = request["contents"][-1]
+        parts = last.get("parts") or () if last.get("role") == "user" else ()
+        responses = [p["functionResponse"] for p in parts if isinstance(p, Mapping) and "functionResponse" in p]
+        if not responses:
+            return ("not a tool result", last)
+        return (responses[-1].get("id"), _gemini_result(responses[-1]))
+
+    def messages_of_a_tool_round(self, calls: int) -> int:
+        """The model's content of `functionCall` parts, and one user content of every response."""
+        del calls
+        return 2
+
+    def structured_format(self, request: Mapping[str, Any]) -> Any:
+        """`json_schema` when `generationConfig` asks for a response schema, None when it does not."""
+        generation = request.get("generationConfig") or {}
+        return "json_schema" if {"responseJsonSchema", "responseSchema"} & set(generation) else None
+
+
+def _gemini_text(parts: Any) -> str:
+    return "".join(str(p.get("text", "")) for p in parts or () if isinstance(p, Mapping))
+
+
+def _gemini_result(response: Mapping[str, Any]) -> Any:
+    """A function response's result: its `result` text when it is one, else the response as JSON."""
+    body = response.get("response") or {}
+    result = body.get("result") if isinstance(body, Mapping) else None
+    return result if isinstance(result, str) else json.dumps(body)
+
+
 OPENAI_WIRE = ContractWire()
 ANTHROPIC_WIRE = AnthropicContractWire()
+COHERE_WIRE = CohereContractWire()
+GEMINI_WIRE = GeminiContractWire()
 
 
 def _said(message: Mapping[str, Any]) -> Said:
@@ -394,7 +526,7 @@ class AgentRuntimeContract(abc.ABC):
         assert sorted(c.name for c in recorder.tool_calls) == ["get_time", "get_weather"]
         assert recorder.waited_alone == 0, "the two tools ran one after the other"
         # The user's message, then the assistant's tool calls and the 2 results.
-        assert len(fake_provider.requests[1]["messages"]) == 1 + self.wire.messages_of_a_tool_round(2)
+        assert len(fake_provider.requests[1].messages) == 1 + self.wire.messages_of_a_tool_round(2)
 
     async def test_a_strict_tool_loop_fails_at_its_cap(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.TOOL_CALLING)

@@ -2,10 +2,11 @@
 
 A `ScriptedModel` answers each request with the next `Turn` of its script (or with what
 `function(request)` returns), keeps every request (`requests`) and counts the clients that hung
-up (`disconnects`). It speaks two wires from the same script: OpenAI's chat completions
-(`atmosphere.testing.openai_wire`) and Anthropic's Messages API (`atmosphere.testing.anthropic_wire`,
-at `anthropic_base_url`). It is reached two ways, and answers alike both ways (one encoding per
-wire; one pacing, `atmosphere.testing.model_stream`):
+up (`disconnects`). It speaks several wires from the same script: OpenAI's chat completions
+(`atmosphere.testing.openai_wire`), and the native wires of `NATIVE_WIRES` at `root_url`:
+Anthropic's Messages API (`anthropic_wire`), Cohere's v2 chat (`cohere_wire`) and Gemini's
+`generateContent` (`gemini_wire`). It is reached two ways, and answers alike both ways (one
+encoding per wire; one pacing, `atmosphere.testing.model_stream`):
 
 - in memory: `handle` is an `httpx.MockTransport` handler. The agent test kit
   (`atmosphere.testing.agents`) gives dispatch's runtime that transport, so no socket is opened
@@ -25,17 +26,53 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from atmosphere.sdk.errors import UserError
-from atmosphere.testing import anthropic_wire, openai_wire
+from atmosphere.testing import anthropic_wire, cohere_wire, gemini_wire, openai_wire
 from atmosphere.testing.model_stream import Answer, Paced
 from atmosphere.testing.model_turns import ModelRequest, Turn
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
+
+
+class NativeWire(Protocol):
+    """A provider's own wire, as the scripted model speaks it: one module of `atmosphere.testing`."""
+
+    def claims(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
+        """Whether a request is on this wire (a model call, or any request of its SDK's client)."""
+        ...
+
+    def is_models(self, method: str, path: str) -> bool:
+        """The route listing the models."""
+        ...
+
+    def models(self, names: tuple[str, ...]) -> Answer:
+        """The model listing."""
+        ...
+
+    def is_call(self, method: str, path: str) -> bool:
+        """The route of a model call."""
+        ...
+
+    def request_of(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> ModelRequest:
+        """What a model call asks, for the script."""
+        ...
+
+    def answer(self, turn: Turn, body: Mapping[str, Any], path: str) -> Answer:
+        """`turn` as the answer to the call `body` at `path` (a path may say whether to stream)."""
+        ...
+
+    def failure(self, status: int, message: str) -> Answer:
+        """An error the fake itself answers (a refused request, a broken script)."""
+        ...
+
+
+NATIVE_WIRES: tuple[NativeWire, ...] = (anthropic_wire, cohere_wire, gemini_wire)
+"""The native wires, each tried in turn before OpenAI's (which takes what none claims)."""
 
 REFUSED = (
     "Model requests are refused in atmosphere.testing: script the model with ScriptedModel(...) "
@@ -95,9 +132,18 @@ class ScriptedModel:
         return self
 
     @property
-    def anthropic_base_url(self) -> str:
-        """`http://127.0.0.1:<port>` while `serving()`: the base URL of an Anthropic client (it adds `/v1`)."""
+    def root_url(self) -> str:
+        """`http://127.0.0.1:<port>` while `serving()`, with no version prefix.
+
+        The base URL of a client that adds its own to each path (Anthropic's `/v1`, Cohere's
+        `/v2`, Gemini's `/v1beta`).
+        """
         return self.base_url.removesuffix("/v1")
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL of an Anthropic client (`root_url`: it adds `/v1`)."""
+        return self.root_url
 
     def serving(self) -> AbstractAsyncContextManager[ScriptedModel]:
         """Serve on 127.0.0.1 on a free port (`base_url`) until the context exits."""
@@ -108,12 +154,13 @@ class ScriptedModel:
     def respond(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
         """The answer to one HTTP request, whichever transport brought it.
 
-        The routes are a wire's: Anthropic's claims its messages, and any request of an Anthropic
-        client (its `GET …/models` included); OpenAI's chat completions and models take the rest.
-        Both answer from the same script.
+        The routes are a wire's: each native wire of `NATIVE_WIRES` claims its own requests (its
+        model calls, and any request of its SDK's client, its model listing included); OpenAI's
+        chat completions and models take the rest. All answer from the same script.
         """
-        if anthropic_wire.claims(method, path, headers):
-            return self._respond_anthropic(method, path, headers, content)
+        for wire in NATIVE_WIRES:
+            if wire.claims(method, path, headers):
+                return self._respond_on(wire, method, path, headers, content)
         if openai_wire.is_models(method, path):
             return openai_wire.models(self.models)
         if not openai_wire.is_completions(method, path):
@@ -125,18 +172,20 @@ class ScriptedModel:
         self.headers.append(dict(headers))
         return openai_wire.answer(self._next(request), body)
 
-    def _respond_anthropic(self, method: str, path: str, headers: Mapping[str, str], content: bytes) -> Answer:
-        """The answer on Anthropic's wire (`atmosphere.testing.anthropic_wire`)."""
-        if anthropic_wire.is_models(method, path):
-            return anthropic_wire.models(self.models)
-        if not anthropic_wire.is_messages(method, path):
-            return anthropic_wire.failure(404, f"the scripted model has no route {method} {path}", "not_found_error")
+    def _respond_on(
+        self, wire: NativeWire, method: str, path: str, headers: Mapping[str, str], content: bytes
+    ) -> Answer:
+        """The answer on a native wire (one module of `atmosphere.testing`, as `anthropic_wire`)."""
+        if wire.is_models(method, path):
+            return wire.models(self.models)
+        if not wire.is_call(method, path):
+            return wire.failure(404, f"the scripted model has no route {method} {path}")
         body = _json_object(content)
         if isinstance(body, str):
-            return anthropic_wire.failure(400, body, "invalid_request_error")
-        request = anthropic_wire.request_of(body, headers)
+            return wire.failure(400, body)
+        request = wire.request_of(body, headers)
         self.headers.append(dict(headers))
-        return anthropic_wire.answer(self._next(request), body)
+        return wire.answer(self._next(request), body, path)
 
     def _next(self, request: ModelRequest) -> Turn:
         self.requests.append(request)

@@ -32,7 +32,7 @@ from atmosphere.dispatch.run import Run, end_unknown_agent
 from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
 from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
 from atmosphere.sdk import App
-from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
+from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import AgentRuntime, ToolSpec
 
@@ -65,7 +65,7 @@ def agent_descriptors(
                 capabilities=capabilities,
                 tools=own + [n for n in harness.tools if n not in own],
                 harness=harness.attached(),
-                workspace=harness.scope("", "") if harness.tools.keys() & MEMORY_TOOL_NAMES else None,
+                workspace=harness.scope("", "") if harness.workspace_tools else None,
                 pool=pool,
                 runtime_state=runtime_state,
             )
@@ -87,10 +87,18 @@ SUBAGENT_SPEC = AgentSpec(
 
 
 def hosted_tools(spec: AgentSpec, runtime: AgentRuntime | None) -> tuple[ToolSpec, ...]:
-    """The own tools of the framework object `spec` hosts (none for an `@agent` class, or without a runtime)."""
+    """The own tools of the framework object `spec` hosts (none for an `@agent` class, or without a runtime).
+
+    An object named by its import path is imported here, by the pool that serves it; one its
+    runtime does not host is the app's mistake, said as such (the pool does not start).
+    """
     if spec.native is None or runtime is None:
         return ()
-    return runtime.native_tools(spec.native)
+    native = spec.hosted_object()
+    if not runtime.hosts(native):
+        msg = f"hosted agent {spec.name!r}: the {runtime.name} runtime does not host a {type(native).__qualname__}"
+        raise UserError(msg)
+    return runtime.native_tools(native)
 
 
 def _binding(spec: AgentSpec, harness: AgentHarness, runtime: AgentRuntime | None) -> AgentBinding:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.sdk import App, Harness, PromptCache
-from atmosphere.sdk.builtin_tools import DELEGATE_TASK, FILE_TOOLS, TASK, WRITE_TODOS
+from atmosphere.sdk.builtin_tools import DELEGATE_TASK, FILE_TOOLS, MEMORY_TOOL_NAMES, TASK, WRITE_TODOS
 from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy
 from atmosphere.sdk.host import AgentSpec, AiCapability, HarnessSwitch
 from atmosphere.sdk.runtime import ToolSpec
@@ -80,6 +80,11 @@ class AgentHarness:
     max_history_messages: int = 20
     tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     """The built-in tools that registered (user tools of the same name excluded)."""
+    store_tools: Mapping[str, ToolSpec] = field(default_factory=dict)
+    """The built-in tools of a surface the runtime provides natively (its own planning, its own
+    files): never offered to the model, which sees one surface only, the runtime's; the runtime
+    writes what its surface holds through them at the choke point, so the platform's store (the
+    `plan-update` events, the admin API, the tape) stays the one record of it."""
     category: str = "agents"
     owner: str = "default"
     """The workspace owner: the agent's name, or an endpoint's path."""
@@ -91,7 +96,12 @@ class AgentHarness:
     @property
     def has_files(self) -> bool:
         """Whether a file workspace is in scope (tool-output offload needs one)."""
-        return any(name in self.tools for name in ("write_file", "read_file"))
+        return any(name in self.tools or name in self.store_tools for name in ("write_file", "read_file"))
+
+    @property
+    def workspace_tools(self) -> frozenset[str]:
+        """The names of the tools reaching the memory service's workspace, offered or bridged."""
+        return frozenset(name for name in (*self.tools, *self.store_tools) if name in MEMORY_TOOL_NAMES)
 
     def scope(self, agent_id: str, conversation_id: str) -> WorkspaceScope:
         """The workspace of this agent in one conversation."""
@@ -111,7 +121,7 @@ class AgentHarness:
             names.append("cache")
         if self.delegation:
             names.append("delegation")
-        if WRITE_TODOS.name in self.tools:
+        if WRITE_TODOS.name in self.tools or WRITE_TODOS.name in self.store_tools:
             names.append("planning")
         if self.has_files:
             names.append("filesystem")
@@ -133,20 +143,24 @@ def _surface(
     runtime: _RuntimeView,
     builtin: Sequence[ToolSpec],
     user_tools: frozenset[str],
-) -> tuple[str, dict[str, ToolSpec]]:
-    """One surface (plans or files): the state it reaches and the built-in tools it registers."""
+) -> tuple[str, dict[str, ToolSpec], dict[str, ToolSpec]]:
+    """One surface (plans or files): its state, the built-in tools it offers, those it keeps.
+
+    Kept: for a native surface, the built-in tools it writes through (`AgentHarness.store_tools`),
+    never offered to the model (one surface only, the runtime's).
+    """
     native = capability in runtime.capabilities
+    registered = {t.name: t for t in builtin if t.name not in user_tools}
     if mode is SurfaceMode.NATIVE or (mode is SurfaceMode.AUTO and native):
         if native:
-            return f"ACTIVE(native:{runtime.name})", {}
+            return f"ACTIVE(native:{runtime.name})", {}, registered
         log.warning("%s is native-only but the runtime %s lacks it", capability.value, runtime.name or "(none)")
-        return "INACTIVE(native-unavailable)", {}
-    registered = {t.name: t for t in builtin if t.name not in user_tools}
+        return "INACTIVE(native-unavailable)", {}, {}
     if not registered:
-        return "ACTIVE(user-tool)", {}
+        return "ACTIVE(user-tool)", {}, {}
     if len(registered) < len(builtin):
-        return "ACTIVE(builtin,partial)", registered
-    return "ACTIVE(builtin)", registered
+        return "ACTIVE(builtin,partial)", registered, {}
+    return "ACTIVE(builtin)", registered, {}
 
 
 def resolve_agent(
@@ -162,8 +176,8 @@ def resolve_agent(
         log.info("agent %s is headless: the harness does not apply", spec.name)
     user_tools = frozenset(t.name for t in spec.tools)
     runtime = _RuntimeView(runtime_name, runtime_capabilities)
-    planning, plan_tools = _planning(features, config, runtime, user_tools)
-    filesystem, file_tools = _filesystem(features, config, runtime, user_tools)
+    planning, plan_tools, plan_store = _planning(features, config, runtime, user_tools)
+    filesystem, file_tools, file_store = _filesystem(features, config, runtime, user_tools)
     delegation, delegation_tools = _delegation(spec, features, user_tools)
     prompt_cache, cache_seeded = _prompt_cache(spec, features, config)
     return AgentHarness(
@@ -176,6 +190,7 @@ def resolve_agent(
         cache_seeded=cache_seeded,
         max_history_messages=spec.max_history_messages,
         tools=plan_tools | file_tools | delegation_tools,
+        store_tools=plan_store | file_store,
         category=workspace_category(spec.kind),
         # Memory makes the owner a safe directory name (`paths.sanitize_owner`).
         owner=spec.name if spec.kind != "ai_endpoint" else spec.path,
@@ -187,10 +202,10 @@ def resolve_agent(
 
 def _planning(
     features: frozenset[Harness], config: HarnessConfig, runtime: _RuntimeView, user_tools: frozenset[str]
-) -> tuple[str, dict[str, ToolSpec]]:
+) -> tuple[str, dict[str, ToolSpec], dict[str, ToolSpec]]:
     """The plan surface's state and tools ("" and none when PLANNING is off)."""
     if Harness.PLANNING not in features:
-        return "", {}
+        return "", {}, {}
     return _surface(
         config.planning,
         capability=AiCapability.PLANNING,
@@ -202,10 +217,10 @@ def _planning(
 
 def _filesystem(
     features: frozenset[Harness], config: HarnessConfig, runtime: _RuntimeView, user_tools: frozenset[str]
-) -> tuple[str, dict[str, ToolSpec]]:
+) -> tuple[str, dict[str, ToolSpec], dict[str, ToolSpec]]:
     """The file surface's state and tools ("" and none when FILESYSTEM is off)."""
     if Harness.FILESYSTEM not in features:
-        return "", {}
+        return "", {}, {}
     return _surface(
         config.filesystem,
         capability=AiCapability.VIRTUAL_FILESYSTEM,

@@ -260,11 +260,12 @@ class Run:
             conversation_id=scope.request.conversation_id,
             request=request,
             tools=tuple(tools.values()),
+            store_tools=tuple(scope.agent.harness.store_tools.values()),
             run_tool=self.call_tool,
             tool_loop=tool_loop_for(spec.tool_loop, tools),
             retry=spec.retry,
             structured_output_retries=spec.structured_output_retries,
-            native=spec.native,
+            native=spec.hosted_object(),
             rounds=self.journaled_rounds,
         )
 

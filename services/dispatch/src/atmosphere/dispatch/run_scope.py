@@ -23,7 +23,6 @@ from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.permissions import ToolPermissions, run_mode
 from atmosphere.sdk import PermissionMode
-from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import ToolSpec
 
@@ -120,7 +119,7 @@ def _workspace(run: RunSubmission, agent: AgentBinding) -> WorkspaceScope | None
     if agent.spec.name == SUBAGENT:
         return subagent_scope(run)
     harness = agent.harness
-    if not any(name in MEMORY_TOOL_NAMES for name in harness.tools):
+    if not harness.workspace_tools:
         return None
     # A run without a conversation (e.g. a bare gRPC call) has a workspace of its own.
     return harness.scope(agent.spec.name, run.conversation_id or run.session_id or run.run_id)

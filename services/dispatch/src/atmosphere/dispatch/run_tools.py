@@ -8,7 +8,6 @@ from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.run_scope import RunScope
 from atmosphere.dispatch.tools import Emit, LocalTool, ToolGateway
 from atmosphere.sdk import PermissionMode
-from atmosphere.sdk.builtin_tools import MEMORY_TOOL_NAMES
 
 
 def tool_gateway(scope: RunScope, emit: Emit, control: RunControl, effects: RunEffects | None) -> ToolGateway:
@@ -19,12 +18,13 @@ def tool_gateway(scope: RunScope, emit: Emit, control: RunControl, effects: RunE
         bus=scope.services.bus,
         run=scope.request,
         emit=emit,
-        tools=agent.tools,
+        # The model's tools, and the stores a native plan or file surface writes through.
+        tools={**agent.tools, **harness.store_tools},
         control=control,
         governance=scope.services.governance,
         approval_timeout=options.approval_timeout,
         workspace=scope.workspace,
-        memory_tools=frozenset(name for name in harness.tools if name in MEMORY_TOOL_NAMES),
+        memory_tools=harness.workspace_tools,
         local_tools=_delegation_tools(scope, emit),
         offload_threshold=options.offload_threshold,
         offload=scope.workspace is not None and harness.has_files,
