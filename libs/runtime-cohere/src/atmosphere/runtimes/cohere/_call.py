@@ -1,0 +1,254 @@
+"""One model round against Cohere's v2 Chat API: the streamed call, its deadlines, its retries.
+
+The retries are this module's: the SDK never retries a stream (and its client runs with
+`max_retries=0` for the rest), so the run's `RetryPolicy` sets the delays, a `retry-after` is
+honoured up to its `max_delay`, and a status line says why the answer is late. As the built-in
+runtime does:
+
+- retried (within `retry_window`): connection failures, no answer in time, 408, 429, 5xx, a
+  generation Cohere ends with `ERROR` or `TIMEOUT`, a stream that broke off — but only while
+  nothing of the round reached the client;
+- never retried: other statuses, and any failure after text or a tool-call fragment was forwarded;
+- deadlines: the first event within `first_byte_timeout` (headers alone do not count), no
+  silence longer than `stall_timeout` (the HTTP read timeout), the whole call within
+  `call_timeout`, retries included.
+
+The pacing is the Anthropic adapter's (`atmosphere.runtimes.anthropic._call`), copied until it
+has a shared home; the errors are Cohere's: its SDK raises `ApiError` (with the status, the
+headers and the JSON body, `{"id", "message"}`) and lets httpx's own errors through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import cohere
+import httpx
+from cohere.core.api_error import ApiError
+
+from atmosphere.runtimes.cohere._errors import (
+    PROVIDER_EMPTY_ANSWER,
+    PROVIDER_ERROR,
+    PROVIDER_RATE_LIMITED,
+    PROVIDER_REJECTED,
+    PROVIDER_TIMEOUT,
+    PROVIDER_UNAVAILABLE,
+    RunFailedError,
+)
+from atmosphere.runtimes.cohere._stream import FAILED, RoundHooks, RoundResult, RoundState, replace_lone_surrogates
+from atmosphere.sdk import RetryPolicy
+from atmosphere.sdk.runtime import RuntimeConfig
+
+log = logging.getLogger("atmosphere.runtimes.cohere")
+
+MAX_PROVIDER_MESSAGE = 500
+RETRYABLE_STATUS = frozenset({408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    """The deadlines of one model call (see the module docstring)."""
+
+    first_byte_timeout: float = 10.0
+    call_timeout: float = 300.0
+    retry_window: float = 20.0
+    stall_timeout: float = 30.0
+
+    @classmethod
+    def of(cls, config: RuntimeConfig) -> CallLimits:
+        """The limits configured for the runtime."""
+        return cls(config.first_byte_timeout, config.call_timeout, config.retry_window, config.stall_timeout)
+
+
+class _RetryableError(Exception):
+    """An attempt failed in a way another attempt may not (nothing of it reached the client yet)."""
+
+    def __init__(
+        self,
+        reason: str,
+        description: str,
+        *,
+        code: str = PROVIDER_UNAVAILABLE,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(description)
+        self.reason = reason
+        """Short, for the status line: "Model provider is rate limiting (429)"."""
+        self.description = description
+        """Precise, for the final error: "API returned 429: ..."."""
+        self.code = code
+        self.status = status
+        self.retry_after = retry_after
+
+    def final(self, attempts: int) -> RunFailedError:
+        """The error that ends the call after `attempts` attempts."""
+        message = self.description if attempts == 1 else f"Failed after {attempts} attempts: {self.description}"
+        return RunFailedError(self.code, message, retryable=True, status=self.status, retry_after=self.retry_after)
+
+
+async def stream_round(
+    client: cohere.AsyncClientV2,
+    params: dict[str, Any],
+    *,
+    retry: RetryPolicy,
+    hooks: RoundHooks,
+    limits: CallLimits,
+) -> RoundResult:
+    """Run one streamed round, retrying only while nothing of it has reached the client.
+
+    Raises:
+        RunFailedError: the round failed for good.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + limits.call_timeout
+    attempts = retry.max_retries + 1
+    for attempt in range(1, attempts + 1):
+        state = RoundState(hooks)
+        try:
+            return await _attempt(client, params, state, limits, deadline)
+        except _RetryableError as failure:
+            if state.forwarded:
+                raise failure.final(1) from None
+            delay = retry.delay(attempt - 1, retry_after=failure.retry_after)
+            now = loop.time()
+            in_window = now - started + delay <= limits.retry_window and now + delay < deadline
+            if attempt == attempts or not in_window:
+                raise failure.final(attempt) from None
+            log.info("cohere call failed (%s); retry %d/%d in %.2fs", failure.description, attempt, attempts - 1, delay)
+            if hooks.on_retry is not None:
+                await hooks.on_retry(
+                    f"{failure.reason}; retrying in {_seconds(delay)} (attempt {attempt + 1} of {attempts})"
+                )
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _attempt(
+    client: cohere.AsyncClientV2, params: dict[str, Any], state: RoundState, limits: CallLimits, deadline: float
+) -> RoundResult:
+    loop = asyncio.get_running_loop()
+    first_byte_by = min(loop.time() + limits.first_byte_timeout, deadline)
+    timer = asyncio.timeout_at(first_byte_by)
+    try:
+        async with timer:
+            events: AsyncIterator[Any] = client.chat_stream(**params)
+            # Closing the SDK's generator, at the end, on an error or a cancellation, closes the HTTP
+            # response: left to the garbage collector, a cancelled run would keep the stream open.
+            async with contextlib.aclosing(events):  # type: ignore[type-var]  # an async generator, typed as an iterator
+                async for event in events:
+                    if not state.answering:
+                        timer.reschedule(deadline)
+                    await state.consume(event)
+    except TimeoutError:
+        if not timer.expired():
+            raise  # not ours: e.g. a timeout in a hook
+        if state.answering or first_byte_by >= deadline:
+            msg = f"the model call exceeded its {limits.call_timeout:g} s deadline"
+            raise RunFailedError(PROVIDER_TIMEOUT, msg, retryable=True) from None
+        raise _no_answer(limits.first_byte_timeout) from None
+    except ApiError as exc:
+        raise _status_failure(exc) from None
+    except httpx.TimeoutException:
+        raise _timeout(state, limits) from None
+    except httpx.TransportError as exc:
+        description = f"provider connection failed ({_bounded(str(exc)) or type(exc).__name__})"
+        raise _RetryableError("Model provider unreachable (connection failed)", description) from None
+    return _finish(state, str(params.get("model", "")))
+
+
+def _finish(state: RoundState, model: str) -> RoundResult:
+    result = state.result(model)
+    if result.finish_reason in FAILED:
+        detail = f": {result.error}" if result.error else ""
+        description = f"the provider ended the generation with {result.finish_reason}{detail}"
+        code = PROVIDER_TIMEOUT if result.finish_reason == "TIMEOUT" else PROVIDER_ERROR
+        raise _RetryableError(f"Model provider failed mid-stream ({result.finish_reason})", description, code=code)
+    if result.finish_reason is None and not state.ended:
+        raise _RetryableError(
+            "Model provider stream broke off", "the provider stream ended before the answer was complete"
+        )
+    if not result.text and not result.tool_calls and not result.cut_off:
+        # A 200 that says nothing is not an answer: reporting it as a success would be a lie.
+        msg = "The model provider returned an empty answer (no text and no tool call)"
+        raise RunFailedError(PROVIDER_EMPTY_ANSWER, msg)
+    return result
+
+
+def _no_answer(seconds: float) -> _RetryableError:
+    return _RetryableError(
+        "Model provider did not answer (timeout)",
+        f"the model provider did not answer within {seconds:g} s",
+        code=PROVIDER_TIMEOUT,
+    )
+
+
+def _timeout(state: RoundState, limits: CallLimits) -> _RetryableError:
+    """The HTTP client's own timeout: connecting, or the read timeout (the stall timeout)."""
+    if not state.answering:
+        return _no_answer(min(limits.first_byte_timeout, limits.stall_timeout))
+    return _RetryableError(
+        "Model provider stalled (timeout)",
+        f"provider stalled: no data for {limits.stall_timeout:g} s",
+        code=PROVIDER_TIMEOUT,
+    )
+
+
+def _status_failure(exc: ApiError) -> Exception:
+    """An error status, as the SDK raises it (`ApiError` or one of its per-status subclasses)."""
+    status = exc.status_code or 0
+    description = f"API returned {status}: {provider_message(exc.body) or 'no details'}"
+    if status in RETRYABLE_STATUS or 500 <= status <= 599:
+        headers = {str(k).lower(): str(v) for k, v in (exc.headers or {}).items()}
+        retry_after = retry_after_seconds(headers.get("retry-after-ms"), headers.get("retry-after"))
+        if status == 429:
+            reason, code = "Model provider is rate limiting (429)", PROVIDER_RATE_LIMITED
+        else:
+            reason, code = f"Model provider failed ({status})", PROVIDER_UNAVAILABLE
+        return _RetryableError(reason, description, code=code, status=status, retry_after=retry_after)
+    code = PROVIDER_REJECTED if 400 <= status < 500 else PROVIDER_ERROR
+    return RunFailedError(code, description, status=status or None)
+
+
+def provider_message(body: object) -> str:
+    """The `message` of Cohere's error body (`{"id", "message"}`), else the body's text, bounded."""
+    if isinstance(body, dict):
+        message = body.get("message")
+        return _bounded(message) if isinstance(message, str) else ""
+    return _bounded(body) if isinstance(body, str) else ""
+
+
+def retry_after_seconds(milliseconds: str | None, value: str | None) -> float | None:
+    """How long the provider asks to wait: `retry-after-ms`, else `retry-after` (seconds or an HTTP date)."""
+    for text, scale in ((milliseconds, 1000.0), (value, 1.0)):
+        if not text:
+            continue
+        try:
+            seconds = float(text) / scale
+        except ValueError:
+            continue
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    if not value:
+        return None
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def _bounded(text: str, limit: int = MAX_PROVIDER_MESSAGE) -> str:
+    return replace_lone_surrogates(text[:limit]).strip()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s".replace(".0 s", " s")
