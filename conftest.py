@@ -12,6 +12,7 @@ from __future__ import annotations
 import _posixsubprocess
 import contextlib
 import fcntl
+import importlib.util
 import os
 import subprocess
 import tempfile
@@ -29,6 +30,29 @@ os.environ.setdefault("ATMOSPHERE_DISPATCH__RUNTIME", "built-in")
 # environment says, set before any test runs LangChain (it caches what it first reads).
 for _tracing in ("LANGSMITH_TRACING", "LANGSMITH_TRACING_V2", "LANGCHAIN_TRACING", "LANGCHAIN_TRACING_V2"):
     os.environ[_tracing] = "false"
+
+PINNED_ENVIRONMENT = (
+    "libs/runtime-crewai/",
+    "libs/runtime-semantic-kernel/",
+    "libs/runtime-llamaindex/",
+    "tests/pinned/",
+)
+"""The tests of the pinned adapters (`envs/pinned`): their frameworks cannot be installed beside the
+main environment's, so they run in `.venvs/pinned` (`make test-pinned`, a lane of `make test`) and
+are not collected anywhere else."""
+
+
+IN_PINNED_ENVIRONMENT = importlib.util.find_spec("crewai") is not None
+"""Whether this is `.venvs/pinned` (CrewAI is installed nowhere else)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave the pinned adapters' tests to their environment (and only them to it)."""
+    if IN_PINNED_ENVIRONMENT or not collection_path.is_relative_to(config.rootpath):
+        return None
+    relative = collection_path.relative_to(config.rootpath).as_posix() + ("/" if collection_path.is_dir() else "")
+    return True if relative.startswith(PINNED_ENVIRONMENT) else None
+
 
 FIRST = (
     # The `alone` tests first: while they hold the room, the static gates and the dependency

@@ -1,7 +1,9 @@
 """Each runtime adapter: its framework's loop called directly, beside the same agent through the platform.
 
-For every adapter (`langchain`, `langgraph`, `pydantic-ai`, `openai-agents`, `anthropic`), two arms
-stream the same 20-token answer from one scripted provider (OpenAI's wire, or Anthropic's):
+For every adapter of this environment (the main one: `langchain`, `langgraph`, `pydantic-ai`,
+`openai-agents`, `anthropic`, `cohere`, `adk`, `agentscope`; the pinned one, `.venvs/pinned`:
+`crewai`, `semantic-kernel`, `llamaindex`), two arms stream the same 20-token answer from one
+scripted provider (OpenAI's wire, or the adapter's native one: Anthropic's, Cohere's, Gemini's):
 
 - directly: the adapter's runtime, in this process, runs the agent's request (`execute`, no
   platform: the framework's own loop and the adapter, nothing else), its CPU this process's;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import random
 import statistics
@@ -49,7 +52,14 @@ from atmosphere.testing import NatsServer, free_port
 from examples.runtimes.pinned import get_weather
 
 ROOT = Path(__file__).resolve().parent.parent
-ADAPTERS = ("langchain", "langgraph", "pydantic-ai", "openai-agents", "anthropic")
+PINNED = ("crewai", "semantic-kernel", "llamaindex")
+"""The adapters of the pinned environment: run this file with `.venvs/pinned/bin/python` for them."""
+ADAPTERS = (
+    PINNED
+    if importlib.util.find_spec("crewai") is not None
+    else ("langchain", "langgraph", "pydantic-ai", "openai-agents", "anthropic", "cohere", "adk", "agentscope")
+)
+"""The adapters installed in this environment."""
 APP = "examples.runtimes.pinned:app"
 TOKENS = 20
 TOKEN_GAP = 0.002
@@ -74,13 +84,20 @@ class Arm:
 
 
 def settings(provider_url: str) -> dict[str, str]:
-    """The model settings of both arms: the OpenAI wire's `LLM_*`, the Anthropic adapter's own."""
+    """The model settings of both arms: the OpenAI wire's `LLM_*`, the native adapters' own."""
+    root = provider_url.removesuffix("/v1")
     return {
         "LLM_BASE_URL": provider_url,
         "LLM_MODEL": "fake-model",
-        "ANTHROPIC_BASE_URL": provider_url.removesuffix("/v1"),
+        "ANTHROPIC_BASE_URL": root,
         "ANTHROPIC_API_KEY": "bench",
         "ANTHROPIC_MODEL": "fake-model",
+        "COHERE_BASE_URL": root,
+        "CO_API_KEY": "bench",
+        "COHERE_MODEL": "fake-model",
+        "GOOGLE_GEMINI_BASE_URL": root,
+        "GOOGLE_API_KEY": "bench",
+        "GEMINI_MODEL": "fake-model",
     }
 
 
@@ -157,7 +174,7 @@ def services(nats_url: str, provider_url: str, data: Path, grpc_ports: dict[str,
         "ATMOSPHERE_LOG__LEVEL": "WARNING",
         "ATMOSPHERE_PROBE_PORT": "0",
         "ATMOSPHERE_DISPATCH__GRPC_HOST": "127.0.0.1",
-        "ATMOSPHERE_DISPATCH__POOLS": ",".join(ADAPTERS),
+        "ATMOSPHERE_DISPATCH__POOLS": ",".join(grpc_ports),
     }
     children = {name: [sys.executable, "-m", f"atmosphere.{name}"] for name in ("governance", "tape", "memory")}
     started = {name: subprocess.Popen(argv, env=env) for name, argv in children.items()}
@@ -186,10 +203,12 @@ async def until_answering(stub: dispatch_pb2_grpc.DispatchServiceStub, agent: st
 
 
 @contextlib.asynccontextmanager
-async def platform(scratch: Path, provider_url: str) -> AsyncIterator[tuple[dict[str, object], dict[str, int]]]:
+async def platform(
+    scratch: Path, provider_url: str, adapters: tuple[str, ...]
+) -> AsyncIterator[tuple[dict[str, object], dict[str, int]]]:
     """A stub per adapter's pool, and the pids of the system under test by name."""
     server = NatsServer(scratch / "nats").start()
-    ports = {pool: free_port() for pool in ADAPTERS}
+    ports = {pool: free_port() for pool in adapters}
     try:
         with services(server.url, provider_url, scratch / "data", ports) as pids:
             async with contextlib.AsyncExitStack() as stack:
@@ -255,7 +274,7 @@ def report(adapter: str, direct: Arm, via: Arm) -> None:
 
 async def main(rounds: int, runs: int, only: tuple[str, ...]) -> int:
     with tempfile.TemporaryDirectory() as scratch, fake_upstream() as provider_url:
-        async with platform(Path(scratch), provider_url) as (stubs, pids):
+        async with platform(Path(scratch), provider_url, only) as (stubs, pids):
             for adapter in only:
                 await measure(adapter, provider_url, stubs[adapter], pids, rounds, runs)
     return 0

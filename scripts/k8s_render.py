@@ -24,7 +24,19 @@ K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 OVERLAYS = ("dev", "production")
 SERVICES = ("governance", "memory", "tape", "sandbox", "dispatch", "ingress")
-POOLS = ("langchain", "langgraph", "pydantic-ai", "openai-agents", "anthropic")
+POOLS = (
+    "langchain",
+    "langgraph",
+    "pydantic-ai",
+    "openai-agents",
+    "anthropic",
+    "cohere",
+    "adk",
+    "agentscope",
+    "crewai",
+    "semantic-kernel",
+    "llamaindex",
+)
 """The runtime pools both overlays deploy (`components/pool-<runtime>`) and compose runs: one per adapter."""
 COMPONENTS = K8S / "components"
 ROLES = tuple(str(role) for role in Role)

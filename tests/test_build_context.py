@@ -46,7 +46,14 @@ def ignored(path: str, patterns: list[str]) -> bool:
 def test_the_build_context_excludes_local_state_but_not_what_the_image_copies() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    local_state = [".venv/bin/python", ".atmosphere/data/x", ".git/HEAD", "libs/sdk/src/x/__pycache__/a.pyc", "dist/a"]
+    local_state = [
+        ".venv/bin/python",
+        ".venvs/pinned/bin/python",
+        ".atmosphere/data/x",
+        ".git/HEAD",
+        "libs/sdk/src/x/__pycache__/a.pyc",
+        "dist/a",
+    ]
     assert [path for path in local_state if not ignored(path, patterns)] == []
     dockerfile = (ROOT / "deploy/docker/service.Dockerfile").read_text()
     copied = [m[1] for m in re.finditer(r"^COPY (?!--from)(\S+)", dockerfile, re.MULTILINE)]
@@ -65,13 +72,16 @@ def test_the_image_installs_third_party_dependencies_before_it_copies_the_code()
     # and the members' pyproject.toml files (a stage keeps only those), the code comes after it.
     dockerfile = (ROOT / "deploy/docker/service.Dockerfile").read_text()
     build = dockerfile[dockerfile.index("AS build") :]
+    # Each layer syncs one of two ways: a pinned adapter's pool from envs/pinned, else the workspace.
     syncs = [m.start() for m in re.finditer(r"uv sync", build)]
     code = [m.start() for m in re.finditer(r"^COPY (libs|services) ", build, re.MULTILINE)]
-    assert len(syncs) == 2, build
-    assert "--no-install-workspace" in build[syncs[0] : syncs[1]]
+    assert len(syncs) == 4, build
+    first = build[syncs[0] : syncs[2]]
+    assert "--no-install-workspace" in first
+    assert "--no-install-local" in first
     # A runtime pool's framework (RUNTIME) is a third-party dependency too: in the first layer.
-    assert "--package atmosphere-ai-runtime-${RUNTIME}" in build[syncs[0] : syncs[1]]
+    assert "--package atmosphere-ai-runtime-${RUNTIME}" in first
     assert code, build
-    assert syncs[0] < min(code) < syncs[1]
+    assert syncs[1] < min(code) < syncs[2]
     manifests = dockerfile[dockerfile.index("AS manifests") : dockerfile.index("AS build")]
     assert "! -name pyproject.toml -delete" in manifests

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from scripts.strict_yaml import strict_load, strict_load_all
 from scripts.validate_compose import InterpolationError, interpolate, load, schema_errors
 from scripts.validate_k8s import rendered
 from tests.test_k8s_drain import container_environment, settings_class
+from tests.test_k8s_overlays import PROVIDERS
+from tests.test_runtime_adapters import PINNED_RUNTIMES
 
 Document = dict[str, Any]
 NODES = ("nats-0", "nats-1", "nats-2")
@@ -38,8 +41,12 @@ OPTIONAL_SECRETS = {
     "atmosphere-llm": ".env",
     "atmosphere-ingress": "deploy/compose/ingress.env",
     "atmosphere-anthropic": "deploy/compose/anthropic.env",
+    "atmosphere-cohere": "deploy/compose/cohere.env",
+    "atmosphere-gemini": "deploy/compose/gemini.env",
 }
 """The cluster's optional Secrets and the compose files that play their part."""
+CREDENTIAL = {"anthropic": "ANTHROPIC_API_KEY", "cohere": "CO_API_KEY", "adk": "GOOGLE_API_KEY"}
+"""The API key each native-SDK pool (`PROVIDERS`: a Secret of its own, not `atmosphere-llm`) reads."""
 POOL_SERVICES = {f"dispatch-{pool}": pool for pool in POOLS}
 """The runtime pools as compose names them (the manifests: `atmosphere-dispatch-<runtime>`)."""
 ROLES = {**{s: s for s in SERVICES}, **dict.fromkeys(POOL_SERVICES, "dispatch")}
@@ -148,11 +155,22 @@ def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
     assert "exec python -m atmosphere.$SERVICE" in dockerfile
     # A runtime pool's image: dispatch and one adapter, RUNTIME (none unless given), in both syncs.
     assert re.search(r'^ARG RUNTIME=""$', dockerfile, re.M)
-    syncs = re.findall(r"uv sync (?:[^\n]*\\\n)*[^\n]*", dockerfile)
-    assert len(syncs) == 2, syncs
-    for sync in syncs:
+    syncs = re.findall(r"uv sync (?:[^\n;]*\\\n)*[^\n;]*", dockerfile)
+    assert len(syncs) == 4, syncs
+    workspace = [s for s in syncs if "--project" not in s]
+    assert len(workspace) == 2, syncs
+    for sync in workspace:
         assert "--package atmosphere-ai-${SERVICE}" in sync
         assert "${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}" in sync
+    # A pinned adapter's pool: its group of the pinned environment (dispatch and the adapter).
+    pinned_runtimes = re.search(r'^ARG PINNED_RUNTIMES="([^"]*)"$', dockerfile, re.M)
+    assert pinned_runtimes is not None
+    assert set(pinned_runtimes.group(1).split()) == set(PINNED_RUNTIMES)
+    groups = tomllib.loads((ROOT / "envs/pinned/pyproject.toml").read_text())["dependency-groups"]
+    for runtime in PINNED_RUNTIMES:
+        assert set(groups[runtime]) == {"atmosphere-ai-dispatch", f"atmosphere-ai-runtime-{runtime}"}
+    for sync in set(syncs) - set(workspace):
+        assert "--project envs/pinned --no-default-groups --group ${RUNTIME}" in sync
     # Refused for any other service: only dispatch runs a runtime.
     assert '[ -n "$RUNTIME" ] && [ "$SERVICE" != "dispatch" ]' in dockerfile
     # The uid and gid the pods' securityContext and compose's `user:` name.
@@ -306,10 +324,13 @@ def test_the_env_examples_only_set_real_variables() -> None:
     assert keys(ROOT / ".env.example") <= known("dispatch"), keys(ROOT / ".env.example") - known("dispatch")
     ingress = keys(ROOT / "deploy/compose/ingress.env.example")
     assert ingress <= known("ingress"), ingress - known("ingress")
-    # The anthropic pool's provider: what its adapter reads, nothing of dispatch's.
-    anthropic = keys(ROOT / "deploy/compose/anthropic.env.example")
-    assert anthropic <= runtime_environment("anthropic"), anthropic - runtime_environment("anthropic")
-    assert "ANTHROPIC_API_KEY" in anthropic
+    # A native-SDK pool's provider (anthropic, cohere, adk): what its adapter reads, nothing of dispatch's.
+    assert set(CREDENTIAL) == set(PROVIDERS)
+    for pool, secret in PROVIDERS.items():
+        provider = keys(ROOT / f"{OPTIONAL_SECRETS[secret]}.example")
+        assert provider <= runtime_environment(pool), (pool, provider - runtime_environment(pool))
+        assert CREDENTIAL[pool] in provider, pool
+        assert CREDENTIAL[pool] in runtime_environment(pool), pool
 
 
 def test_the_optional_env_files_have_an_example_and_are_never_committed() -> None:
@@ -339,6 +360,8 @@ def test_compose_runs_the_pools_the_production_overlay_deploys_and_names_them_al
         # Unreachable but through NATS: nothing published, gRPC on its own loopback.
         assert "ports" not in services[name]
         assert services[name]["environment"]["ATMOSPHERE_DISPATCH__GRPC_HOST"] == "127.0.0.1"
-        # Its provider's file: `.env` (LLM_*) for an OpenAI-compatible runtime, anthropic.env for anthropic.
-        provider = OPTIONAL_SECRETS["atmosphere-anthropic" if pool == "anthropic" else "atmosphere-llm"]
+        # Its provider's file: `.env` (LLM_*) for an OpenAI-compatible runtime, its own for a native
+        # SDK's (anthropic.env, cohere.env, gemini.env), and no other.
+        provider = OPTIONAL_SECRETS[PROVIDERS.get(pool, "atmosphere-llm")]
         assert (provider, False) in env_files(services[name]), name
+        assert {p for p, required in env_files(services[name]) if not required} == {provider}, name

@@ -18,26 +18,38 @@ FROM python:${PYTHON_VERSION}-slim AS build
 COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
 ARG SERVICE
 # The runtime pool's adapter, `atmosphere-ai-runtime-${RUNTIME}` (langchain, langgraph, pydantic-ai,
-# openai-agents, anthropic); only dispatch runs one.
+# openai-agents, anthropic, cohere, adk, agentscope; or one of PINNED_RUNTIMES); only dispatch runs one.
 ARG RUNTIME=""
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# The adapters whose frameworks pin what the workspace has left behind: their pools install
+# dispatch and the adapter from the pinned environment's lock (envs/pinned, a group per adapter).
+ARG PINNED_RUNTIMES="crewai semantic-kernel llamaindex"
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/app/.venv
 WORKDIR /app
 RUN if [ -n "$RUNTIME" ] && [ "$SERVICE" != "dispatch" ]; then \
         echo "RUNTIME=$RUNTIME: a runtime pool is a dispatch (SERVICE=dispatch), not $SERVICE" >&2; exit 1; \
     fi
-# Third-party dependencies first, in a layer of their own: it changes only with the lock or a
+# Third-party dependencies first, in a layer of their own: it changes only with a lock or a
 # member's declared dependencies.
 COPY pyproject.toml uv.lock ./
+COPY envs envs
 COPY --from=manifests /manifests ./
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE} \
-        ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}
+    if [ -n "$RUNTIME" ] && echo " $PINNED_RUNTIMES " | grep -q " $RUNTIME "; then \
+        uv sync --frozen --no-install-local --project envs/pinned --no-default-groups --group ${RUNTIME}; \
+    else \
+        uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE} \
+            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}; \
+    fi
 # Then the workspace itself: a code change rebuilds only this.
 COPY libs libs
 COPY services services
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE} \
-        ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}
+    if [ -n "$RUNTIME" ] && echo " $PINNED_RUNTIMES " | grep -q " $RUNTIME "; then \
+        uv sync --frozen --no-editable --project envs/pinned --no-default-groups --group ${RUNTIME}; \
+    else \
+        uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE} \
+            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}; \
+    fi
 
 FROM python:${PYTHON_VERSION}-slim
 ARG SERVICE

@@ -7,7 +7,20 @@ from typing import Any
 
 from atmosphere.sdk import App, agent, tool
 
-RUNTIMES = ("built-in", "langchain", "langgraph", "pydantic-ai", "openai-agents", "anthropic")
+RUNTIMES = (
+    "built-in",
+    "langchain",
+    "langgraph",
+    "pydantic-ai",
+    "openai-agents",
+    "anthropic",
+    "cohere",
+    "adk",
+    "agentscope",
+    "crewai",
+    "semantic-kernel",
+    "llamaindex",
+)
 
 
 @tool(idempotent=True)

@@ -32,6 +32,8 @@ class Worker:
     """The restart under way after a kill: `stop()` ends it too, so no dispatch outlives the test."""
     ready_timeout: float = 60.0
     """Seconds a start may take (a safety net: an app importing heavy frameworks starts slower)."""
+    python: str = sys.executable
+    """Its interpreter: another environment's for a pool of the pinned adapters (`.venvs/pinned`)."""
 
     async def start(self) -> None:
         self.starts += 1
@@ -39,7 +41,7 @@ class Worker:
         self.ready = False
         with log.open("wb") as sink:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
+                self.python, "-m", "atmosphere.dispatch", env=self.env, stdout=sink, stderr=sink, cwd=ROOT
             )
         port = await _logged_port(log, self.process, r"probes on http://[\d.]+:(\d+)/readyz", self.ready_timeout)
         async with httpx.AsyncClient() as client:

@@ -1,12 +1,15 @@
 """Every runtime adapter through real processes: the same agent, the same frames, the same governance.
 
 nats-server, every service (in this process) and one dispatch process per runtime pool
-(`ATMOSPHERE_DISPATCH__POOL=<runtime>`, each with only its own framework imported by its runs);
-the scripted provider answers OpenAI's wire and Anthropic's. A WebSocket client, as any browser,
-runs `on-<runtime>` (the same agent pinned to each runtime) and `hosted-<framework>` (each
-framework's own object): a tool call and its answer stream the same frames on every runtime as on
-the built-in one, a tool the policy denies never runs, a tool that needs approval waits for the
-client, the tape holds each run, and a hosted object's own tools pass the same gates.
+(`ATMOSPHERE_DISPATCH__POOL=<runtime>`, each importing only its own framework); the pools of the
+pinned adapters (CrewAI, Semantic Kernel, LlamaIndex) run in their own environment's interpreter
+(`.venvs/pinned`), as in images of their own. The scripted provider answers OpenAI's wire,
+Anthropic's, Cohere's and Gemini's. A WebSocket client, as any browser, runs `on-<runtime>` (the
+same agent pinned to each runtime) and `hosted-<framework>` (each framework's own object): a tool
+call and its answer stream the same frames on every runtime as on the built-in one, a tool the
+policy denies never runs, a tool that needs approval waits for the client, the tape holds each
+run, a hosted object's own tools pass the same gates, and a pool killed with SIGKILL leaves every
+other runtime answering.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,8 +37,8 @@ from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsRespo
 from atmosphere.dispatch.settings import DispatchOptions, ToolOptions
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.testing import ModelRequest, ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
-from atmosphere.testing.model_turns import block_text
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
+from tests.test_runtime_adapters import PINNED_PYTHON, PINNED_RUNTIMES
 
 from .apps.adapters_app import FRAMEWORKS, LEDGER_ENV, RUNTIMES
 from .conftest import service_map
@@ -47,16 +51,19 @@ APP = "tests.e2e.apps.adapters_app:app"
 POOLS = tuple(r for r in RUNTIMES if r != "built-in")
 STARTUP = 120.0
 """Seconds a service of the stack may take to start (a safety net, not a measure)."""
-CONFIRM = '{"native_transfer": "confirm"}'
-"""The operator's tool permissions: a hosted object's own tool needs a human's approval too."""
+CONFIRM = '{"native_transfer": "confirm", "native-transfer": "confirm"}'
+"""The operator's tool permissions: a hosted object's own tool needs a human's approval too (Semantic
+Kernel names it `native-transfer`: its plugin `native`, its function `transfer`)."""
 POLICY_FILE = """\
 version: "2026-12"
 policies:
   - name: nothing-forbidden
     type: deny-list
     config:
-      regex: ["^call_tool:(native_)?forbidden$"]
+      regex: ["^call_tool:(native[_-])?forbidden$"]
 """
+ADMIN = "adapters-admin"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN}"}
 CALLS = {
     "weather": ToolCallScript("lookup", {"city": "Paris"}),
     "forbidden": ToolCallScript("forbidden", {"target": "the vault"}),
@@ -68,30 +75,92 @@ CALLS = {
 """The prompt a test sends → the one tool call the model answers it with."""
 
 
-def prompt_of(request: ModelRequest) -> str:
-    """The run's prompt: the first user message's text (OpenAI's and Anthropic's wire alike)."""
-    first = next(m for m in request.messages if m.get("role") == "user")
-    return block_text(first.get("content"))
+def pool_environment(pool: str, provider: ScriptedModel) -> dict[str, str]:
+    """What a pool's process reads besides `LLM_*`: a native SDK's own settings, at the scripted provider."""
+    native = {
+        "anthropic": {
+            "ANTHROPIC_BASE_URL": provider.root_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "ANTHROPIC_MODEL": "fake-model",
+        },
+        "cohere": {"COHERE_BASE_URL": provider.root_url, "CO_API_KEY": "test-key", "COHERE_MODEL": "fake-model"},
+        "adk": {
+            "GOOGLE_GEMINI_BASE_URL": provider.root_url,
+            "GOOGLE_API_KEY": "test-key",
+            "GEMINI_MODEL": "fake-model",
+        },
+    }
+    return native.get(pool, {})
+
+
+def python_of(pool: str) -> str:
+    """A pool's interpreter: the pinned environment's for the pinned adapters."""
+    return str(PINNED_PYTHON) if pool in PINNED_RUNTIMES else sys.executable
+
+
+PLAN_STEPS = (
+    ToolCallScript("TaskCreate", {"subject": "Find flights", "description": "Cheapest fare"}),
+    ToolCallScript("TaskCreate", {"subject": "Book a hotel", "description": "Near the venue"}),
+    ToolCallScript("TaskUpdate", {"task_id": "1", "status": "completed"}),
+)
+"""What the AgentScope planner does, one call a round: plan two steps, finish the first."""
+
+
+def tool_results(request: ModelRequest) -> int:
+    """How many tool results the conversation holds (OpenAI's `tool` messages, Gemini's responses)."""
+    return sum(
+        1 if m.get("role") == "tool" else sum("functionResponse" in p for p in m.get("parts") or ())
+        for m in request.messages
+    )
 
 
 def respond(request: ModelRequest) -> Turn:
     """A tool call first, then an answer quoting what the tool (or its refusal) said."""
+    if request.prompt == "plan my trip":
+        done = tool_results(request)
+        if done < len(PLAN_STEPS):
+            step = PLAN_STEPS[done]
+            return Turn.tool_calls(ToolCallScript(step.name, step.arguments, call_id=f"plan-{done}"))
+        return Turn.text("Flights found.")
+    if request.prompt == "write the report" and not tool_results(request):
+        return Turn.tool_calls(ToolCallScript("save_report", {"title": "Q4"}, call_id="report-1"))
+    if "Research the weather in Paris" in request.prompt:
+        return Turn.text("Notes: sunny, 21 degrees.")
+    if "Write one line about the weather in Paris" in request.prompt:
+        return Turn.text("Paris basks in sunshine.")
     result = request.last_tool_result
     if result is not None:
         return Turn.text(f"Done: {result}")
-    call = CALLS[prompt_of(request)]
-    return Turn.tool_calls(ToolCallScript(call.name, call.arguments, call_id=f"call-{uuid.uuid4().hex[:12]}"))
+    call = CALLS[asked(request.prompt)]
+    name = own_name("semantic-kernel" if "native-lookup" in request.tools else "", call.name)
+    return Turn.tool_calls(ToolCallScript(name, call.arguments, call_id=f"call-{uuid.uuid4().hex[:12]}"))
+
+
+def asked(prompt: str) -> str:
+    """Which scripted prompt a request carries: the prompt itself, or (a crew's task wraps the user's
+    message in a prompt of its own) the longest one it contains."""
+    if prompt in CALLS:
+        return prompt
+    return max((key for key in CALLS if key in prompt), key=len)
+
+
+def own_name(framework: str, tool: str) -> str:
+    """A hosted object's own tool as its framework names it (Semantic Kernel: `plugin-function`)."""
+    return tool.replace("native_", "native-") if framework == "semantic-kernel" else tool
 
 
 @dataclass
 class World:
     url: str
     bus: NatsBus
+    pools: dict[str, Worker]
     grpc: str
     """The default pool's gRPC `DispatchService` (any dispatch serves every pool's agents)."""
     ledger: Path
     reference: list[str] = field(default_factory=list)
     """The frame kinds of the built-in runtime's tool call, what every other runtime must match."""
+    capabilities: dict[str, list[str]] = field(default_factory=dict)
+    """Each pool's runtime's capabilities, as the console info reports them."""
 
     def ran(self) -> list[str]:
         return self.ledger.read_text().splitlines()
@@ -116,14 +185,14 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
             llm_base_url=provider.base_url,
             governance={"governance": {"policy_files": [policy]}},
             sandbox={"sandbox": {"tool_workers": 1}},
-            ingress={"ingress": IngressOptions(port=0), "ai_openai_enabled": True},
+            ingress={"ingress": IngressOptions(port=0), "ai_openai_enabled": True, "admin_token": ADMIN},
             dispatch={
                 "dispatch": DispatchOptions(grpc_host="127.0.0.1", grpc_port=0, runtime="built-in", pools=POOLS),
                 "tools": ToolOptions.model_validate({"permissions": json.loads(CONFIRM)}),
             },
         )
-        pools = [
-            Worker(
+        pools = {
+            pool: Worker(
                 worker_env(
                     nats_url,
                     namespace,
@@ -133,41 +202,43 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
                     durable=False,
                     ATMOSPHERE_DISPATCH__POOL=pool,
                     ATMOSPHERE_DISPATCH__POOLS=",".join(POOLS),
-                    ANTHROPIC_BASE_URL=provider.anthropic_base_url,
-                    ANTHROPIC_API_KEY="test-key",
-                    ANTHROPIC_MODEL="fake-model",
                     ATMOSPHERE_TOOLS__PERMISSIONS=CONFIRM,
+                    **pool_environment(pool, provider),
                 ),
                 home,
                 ready_timeout=STARTUP,
+                python=python_of(pool),
             )
             for pool in POOLS
-        ]
+        }
         try:
             # The app imports four frameworks (seconds each), in this process and in the sandbox's
             # tool worker: a start on a loaded machine takes longer than the usual bound.
             async with run_stack(services, bus=bus, timeout=STARTUP) as stack:
                 try:
-                    # One after the other: each imports four frameworks, and a burst of five would
+                    # One after the other: each imports its framework, and a burst of eleven would
                     # starve the suite's other tests of the CPU.
-                    for pool in pools:
+                    for pool in pools.values():
                         await pool.start()
                     info = await bus.request(
                         subjects.service_info("dispatch"), ServiceInfoRequest(), ServiceInfoResponse
                     )
-                    yield World(await stack.ingress_url(), bus, json.loads(info.info_json)["grpc"], ledger)
+                    yield World(await stack.ingress_url(), bus, pools, json.loads(info.info_json)["grpc"], ledger)
                 finally:
-                    for pool in pools:
+                    for pool in pools.values():
                         await pool.stop()
         finally:
             await delete_namespace_streams(bus, namespace)
 
 
-async def run(world: World, agent: str, prompt: str, *, approve: bool = False) -> list[dict[str, Any]]:
+async def run(
+    world: World, agent: str, prompt: str, *, approve: bool = False, conversation: str = ""
+) -> list[dict[str, Any]]:
     """One run over a WebSocket, through its terminal frame; approvals answered when `approve`."""
     frames: list[dict[str, Any]] = []
     done = len(world.ran())
-    async with websockets.connect(ws_url(world.url, agent)) as ws:
+    headers = {"X-Atmosphere-Conversation-Id": conversation} if conversation else {}
+    async with websockets.connect(ws_url(world.url, agent), additional_headers=headers) as ws:
         await ws.send(prompt)
         while True:
             frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
@@ -180,15 +251,32 @@ async def run(world: World, agent: str, prompt: str, *, approve: bool = False) -
 
 
 def kinds(frames: list[dict[str, Any]]) -> list[str]:
-    """Each frame's kind, consecutive repeats merged (how many deltas a framework streams is its own)."""
+    """Each frame's kind, consecutive repeats merged (how many deltas a framework streams is its own),
+    progress left out (`agent-step`: what an orchestrating runtime, CrewAI's, says of its agents)."""
     named = []
     for frame in frames:
         kind = frame.get("event") or frame.get("type") or "?"
+        if kind == "agent-step":
+            continue
         if kind == "metadata":
             kind = "tool-call-delta" if frame["key"].startswith("ai.toolCall.delta.") else f"metadata {frame['key']}"
         if not named or named[-1] != kind:
             named.append(kind)
     return named
+
+
+async def expected_kinds(world: World, pool: str) -> list[str]:
+    """The built-in runtime's frames for a tool call (each runtime sends a call's arguments as at
+    least one delta: whole, when its provider sends a call whole, as Gemini does); the pools'
+    capabilities are kept for the tests that ask."""
+    if not world.reference:
+        world.reference = kinds(await run(world, "on-built-in", "weather"))
+    if not world.capabilities:
+        async with httpx.AsyncClient(base_url=world.url, timeout=20) as http:
+            pools = (await http.get("/api/console/info")).json()["pools"]
+        world.capabilities = {name: p["capabilities"] for name, p in pools.items()}
+    assert pool in world.capabilities, pool
+    return world.reference
 
 
 def text(frames: list[dict[str, Any]]) -> str:
@@ -213,10 +301,9 @@ async def taped(world: World, frames: list[dict[str, Any]]) -> GetStepsResponse:
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_a_tool_call_streams_the_same_frames_on_every_runtime(world: World, runtime: str) -> None:
-    if not world.reference:
-        world.reference = kinds(await run(world, "on-built-in", "weather"))
+    expected = await expected_kinds(world, "default" if runtime == "built-in" else runtime)
     frames = await run(world, f"on-{runtime}", "weather")
-    assert kinds(frames) == world.reference, runtime
+    assert kinds(frames) == expected, runtime
     # What the built-in runtime streams: the run id, the call's arguments as they stream, the
     # round's usage, the call, its result, the answer, its round's usage, the end.
     assert world.reference == [
@@ -256,10 +343,11 @@ async def test_an_approval_waits_for_the_client_on_every_runtime(world: World, r
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 async def test_a_hosted_object_is_served_with_its_tools_governed(world: World, framework: str) -> None:
+    lookup, transfer = own_name(framework, "native_lookup"), own_name(framework, "native_transfer")
     frames = await run(world, f"hosted-{framework}", "native weather")
     assert frames[-1]["type"] == "complete", frames[-1]
-    assert [e["toolName"] for e in events(frames, "tool-start")] == ["native_lookup"]
-    assert events(frames, "tool-result") == [{"toolName": "native_lookup", "result": "cloudy in Oslo"}]
+    assert [e["toolName"] for e in events(frames, "tool-start")] == [lookup]
+    assert events(frames, "tool-result") == [{"toolName": lookup, "result": "cloudy in Oslo"}]
     assert text(frames) == "Done: cloudy in Oslo"
     assert "usage" in kinds(frames)
     steps = await taped(world, frames)
@@ -272,17 +360,81 @@ async def test_a_hosted_object_is_served_with_its_tools_governed(world: World, f
 
     approved = await run(world, f"hosted-{framework}", "native transfer", approve=True)
     assert [(a["toolName"], a["arguments"]) for a in events(approved, "approval-required")] == [
-        ("native_transfer", {"amount": 7})
+        (transfer, {"amount": 7})
     ]
-    assert events(approved, "tool-result") == [{"toolName": "native_transfer", "result": "moved 7"}]
+    assert events(approved, "tool-result") == [{"toolName": transfer, "result": "moved 7"}]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 async def test_a_hosted_object_streams_the_same_frames_as_the_built_in_runtime(world: World, framework: str) -> None:
-    if not world.reference:
-        world.reference = kinds(await run(world, "on-built-in", "weather"))
+    expected = await expected_kinds(world, framework)
     frames = await run(world, f"hosted-{framework}", "native weather")
-    assert kinds(frames) == world.reference, framework
+    assert kinds(frames) == expected, framework
+
+
+async def test_agentscopes_task_list_is_the_plan_the_platform_streams_and_stores(world: World) -> None:
+    conversation = f"plan-{uuid.uuid4().hex[:8]}"
+    frames = await run(world, "planner-agentscope", "plan my trip", conversation=conversation)
+    assert text(frames) == "Flights found."
+    # Each change of AgentScope's task list reached the plan store, streamed as it happened.
+    plans = [[(s["content"], s["status"]) for s in plan["steps"]] for plan in events(frames, "plan-update")]
+    assert plans == [
+        [("Find flights", "pending")],
+        [("Find flights", "pending"), ("Book a hotel", "pending")],
+        [("Find flights", "completed"), ("Book a hotel", "pending")],
+    ]
+    # The model planned with AgentScope's tools: `write_todos` was never offered to it.
+    async with httpx.AsyncClient(base_url=world.url, headers=ADMIN_AUTH, timeout=20) as admin:
+        stored = (
+            await admin.get("/api/admin/agents/planner-agentscope/plan", params={"sessionId": conversation})
+        ).json()
+        info = (await admin.get("/api/console/info")).json()
+    assert [(s["content"], s["status"]) for s in stored["steps"]] == plans[-1]
+    assert info["pools"]["agentscope"]["capabilities"].count("PLANNING") == 1
+
+
+async def test_an_adk_artifact_lands_in_the_conversations_workspace(world: World) -> None:
+    conversation = f"files-{uuid.uuid4().hex[:8]}"
+    frames = await run(world, "files-adk", "write the report", conversation=conversation)
+    assert frames[-1]["type"] == "complete", frames[-1]
+    assert text(frames) == "Done: saved report.md (version 0)"
+    # The artifact went through the choke point as the workspace's own `write_file`.
+    # (The other spelling of the name, `report.md.base64`, is deleted: one artifact, one file.)
+    assert [e["toolName"] for e in events(frames, "tool-start")] == ["save_report", "write_file", "delete"]
+    async with httpx.AsyncClient(base_url=world.url, headers=ADMIN_AUTH, timeout=20) as admin:
+        params = {"sessionId": conversation, "path": "artifacts/report.md"}
+        saved = await admin.get("/api/admin/agents/files-adk/files/content", params=params)
+    assert saved.status_code == 200, saved.text
+    assert saved.json()["content"] == "# Q4\nAll clear."
+
+
+async def test_a_two_agent_crews_progress_arrives_in_order_before_the_answer(world: World) -> None:
+    frames = await run(world, "crew-crewai", "Paris")
+    assert frames[-1]["type"] == "complete", frames[-1]
+    steps = [(f["data"]["stepName"], f["data"]["data"]["agent"]) for f in frames if f.get("event") == "agent-step"]
+    assert steps == [
+        ("crewai.task.started", "researcher"),
+        ("crewai.agent.started", "researcher"),
+        ("crewai.agent.completed", "researcher"),
+        ("crewai.task.completed", "researcher"),
+        ("crewai.task.started", "writer"),
+        ("crewai.agent.started", "writer"),
+        ("crewai.agent.completed", "writer"),
+        ("crewai.task.completed", "writer"),
+    ]
+    # The researcher's whole task before the writer's first word; every step before the end.
+    at = {
+        (f["data"]["stepName"], f["data"]["data"]["agent"]): i
+        for i, f in enumerate(frames)
+        if f.get("event") == "agent-step"
+    }
+    first_text = min(i for i, f in enumerate(frames) if f.get("type") == "streaming-text")
+    assert at[("crewai.task.completed", "researcher")] < at[("crewai.agent.started", "writer")] < first_text
+    assert max(at.values()) < len(frames) - 1
+    # The crew's answer is its last task's: the writer's line, not the researcher's notes.
+    assert text(frames) == "Paris basks in sunshine."
+    info_capabilities = world.capabilities or (await expected_kinds(world, "crewai") and world.capabilities)
+    assert "AGENT_ORCHESTRATION" in info_capabilities["crewai"]
 
 
 async def test_the_console_info_shows_every_pool_and_its_runtime(world: World) -> None:
@@ -312,3 +464,20 @@ async def test_every_door_reaches_an_agent_in_another_pool(world: World) -> None
         request = dispatch_pb2.RunRequest(agent="hosted-langgraph", message="native weather")
         texts = [r.event.text_delta.text async for r in stub.Run(request) if r.event.HasField("text_delta")]
     assert "".join(texts) == "Done: cloudy in Oslo"
+
+
+async def test_a_killed_pool_leaves_every_other_runtime_answering(world: World) -> None:
+    # Last in the file: the victim's pool is restarted, but the order of the tests above is kept.
+    victim = "crewai"
+    world.pools[victim].kill()
+    assert world.pools[victim].process is not None
+    await world.pools[victim].process.wait()
+    waiting = asyncio.create_task(run(world, f"on-{victim}", "weather"))
+    for runtime in RUNTIMES:
+        if runtime != victim:
+            frames = await run(world, f"on-{runtime}", "weather")
+            assert text(frames) == "Done: sunny in Paris", runtime
+    # Its run waited in its pool's queue, answered by nobody, until its pool came back.
+    assert not waiting.done()
+    await world.pools[victim].start()
+    assert text(await asyncio.wait_for(waiting, 90)) == "Done: sunny in Paris"

@@ -1,0 +1,98 @@
+"""`CrewAiAgentRuntime`: what dispatch discovers; the framework is imported only when an agent runs on it.
+
+Every dispatch process loads every installed runtime when it starts (to report each one's state
+and pick its own): this module imports no framework, the engine (`_engine`) does, on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from atmosphere.runtimes.crewai._environment import keep_crewai_local
+from atmosphere.sdk import StreamingSession
+from atmosphere.sdk.host import AiCapability
+from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolSpec, framework_object
+
+if TYPE_CHECKING:
+    from atmosphere.runtimes.crewai._engine import CrewAiEngine
+
+CAPABILITIES = frozenset(
+    {
+        AiCapability.TEXT_STREAMING,
+        AiCapability.SYSTEM_PROMPT,
+        AiCapability.CONVERSATION_MEMORY,
+        AiCapability.TOOL_CALLING,
+        AiCapability.TOOL_CALL_DELTA,
+        AiCapability.TOKEN_USAGE,
+        AiCapability.PER_REQUEST_RETRY,
+        AiCapability.CANCELLATION,
+        AiCapability.MODEL_ENUMERATION,
+        AiCapability.AGENT_ORCHESTRATION,
+    }
+)
+
+
+class CrewAiAgentRuntime(AgentRuntime):
+    """Runs agents as CrewAI crews, against the OpenAI-compatible provider at `LLM_BASE_URL`."""
+
+    name = "crewai"
+    priority = 100
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        """Configure; the framework is imported, and its client made, on first use.
+
+        CrewAI's telemetry, tracing and home-directory storage are switched off for the process
+        here (`_environment`), before any crew of the app can act.
+        """
+        super().__init__(config)
+        keep_crewai_local()
+        self._engine: CrewAiEngine | None = None
+
+    def is_available(self) -> bool:
+        """Available when an http(s) provider URL is configured."""
+        return (self.config.base_url or "").lower().startswith(("http://", "https://"))
+
+    def unavailable_reason(self) -> str:
+        """What to set (the URL itself is never shown: it may carry credentials)."""
+        if self.is_available():
+            return ""
+        return "LLM_BASE_URL is not an http(s) URL" if self.config.base_url else "no model configured: set LLM_BASE_URL"
+
+    def capabilities(self) -> frozenset[AiCapability]:
+        """Each flag is pinned by a test: the runtime contract suite's, and AGENT_ORCHESTRATION by this adapter's.
+
+        Not STRUCTURED_OUTPUT: CrewAI converts a task's answer to a model once, with no reprompt
+        that names the error, which the contract requires.
+        """
+        return CAPABILITIES
+
+    @classmethod
+    def hosts(cls, native: object) -> bool:
+        """A `crewai.Crew` is hosted by this runtime, and so is a lone `crewai.Agent` (as a crew of one)."""
+        return framework_object(native, "crewai", "Crew") or framework_object(native, "crewai", "Agent")
+
+    def native_tools(self, native: object) -> tuple[ToolSpec, ...]:
+        """Every tool of every agent and task of the hosted crew, as the choke point validates and governs them."""
+        return self.engine.native_tools(native) if self.hosts(native) else ()
+
+    @property
+    def engine(self) -> CrewAiEngine:
+        """The engine, the framework imported with it on first use."""
+        if self._engine is None:
+            from atmosphere.runtimes.crewai._engine import CrewAiEngine  # noqa: PLC0415 - see the module
+
+            self._engine = CrewAiEngine(self.config)
+        return self._engine
+
+    async def execute(self, ctx: AgentExecutionContext, session: StreamingSession) -> None:
+        """Run one request as a crew (see `_engine`)."""
+        await self.engine.execute(ctx, session)
+
+    async def list_models(self) -> list[str]:
+        """`GET <base>/models`."""
+        return await self.engine.list_models()
+
+    async def aclose(self) -> None:
+        """Close the client's connections (nothing was opened if nothing ran)."""
+        if self._engine is not None:
+            await self._engine.aclose()

@@ -1,0 +1,23 @@
+from atmosphere.runtimes.llamaindex import LlamaIndexAgentRuntime
+from atmosphere.sdk.host import AiCapability
+from atmosphere.sdk.runtime import AgentRuntime, RuntimeConfig
+from atmosphere.testing.runtime_contract import AgentRuntimeContract
+
+
+class TestLlamaIndexRuntimeContract(AgentRuntimeContract):
+    expected_capabilities = frozenset(
+        {
+            AiCapability.TEXT_STREAMING,
+            AiCapability.SYSTEM_PROMPT,
+            AiCapability.CONVERSATION_MEMORY,
+            AiCapability.TOOL_CALLING,
+            AiCapability.TOOL_CALL_DELTA,
+            AiCapability.TOKEN_USAGE,
+            AiCapability.PER_REQUEST_RETRY,
+            AiCapability.CANCELLATION,
+            AiCapability.MODEL_ENUMERATION,
+        }
+    )
+
+    def make_runtime(self, config: RuntimeConfig) -> AgentRuntime:
+        return LlamaIndexAgentRuntime(config)
