@@ -39,8 +39,11 @@ install: $(UV) ## Install the workspace into .venv, the pinned adapters' environ
 	UV_PROJECT_ENVIRONMENT=$(CURDIR)/$(PINNED) $(UV) sync --frozen --python 3.11 --project envs/pinned
 	@scripts/ensure_bubblewrap.sh
 
+# The pinned adapters' pools, when an app pins agents to them, run on their environment's interpreter.
+POOL_PYTHONS := $(foreach runtime,crewai semantic-kernel llamaindex,--pool-python $(runtime)=$(PINNED)/bin/python)
+
 run: install ## Run nats-server and all services with the example app (Ctrl-C stops all)
-	$(VENV)/bin/atmosphere dev $(RUN_ARGS)
+	$(VENV)/bin/atmosphere dev $(POOL_PYTHONS) $(RUN_ARGS)
 
 # Three lanes at once (scripts/test_lanes.py), each one's wall time printed at the end: the
 # suite on PYTEST_WORKERS workers (it prints as it goes), the static gates, and the dependency
@@ -112,9 +115,10 @@ LOWEST_TESTS := $(filter-out $(ADAPTER_TESTS),$(wildcard libs/*/tests/unit libs/
     --ignore=libs/testing/tests/test_cohere_wire.py --ignore=libs/testing/tests/test_gemini_wire.py
 
 # The pinned adapters (CrewAI, Semantic Kernel, LlamaIndex) in their own environment: their unit
-# and contract tests, and their end-to-end tests through real processes (tests/pinned); the root
-# conftest leaves these paths out of every other run.
-PINNED_TESTS := $(addsuffix /tests,$(PINNED_LIBS)) tests/pinned
+# and contract tests, and what their distributions declare; their end-to-end tests run with the
+# others' (tests/e2e/test_runtime_adapters.py starts their pools on this environment's interpreter).
+# The root conftest leaves their paths out of every other run.
+PINNED_TESTS := $(addsuffix /tests,$(PINNED_LIBS)) tests/test_distributions.py
 
 .PHONY: test-pinned
 test-pinned: install ## The pinned adapters' tests, in .venvs/pinned

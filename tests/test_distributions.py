@@ -7,10 +7,12 @@ are checked against the imports of each distribution's source instead.
 from __future__ import annotations
 
 import ast
+import functools
+import importlib.util
 import re
 import sys
 import tomllib
-from importlib.metadata import packages_distributions
+from importlib.metadata import distributions, packages_distributions
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMBERS = sorted([*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")])
+PINNED_LIBS = {"runtime-crewai", "runtime-semantic-kernel", "runtime-llamaindex"}
+IN_PINNED_ENVIRONMENT = importlib.util.find_spec("crewai") is not None
+"""Whether this is `.venvs/pinned`, where the pinned adapters (and only they) are installed."""
 OPTIONAL = {
     "atmosphere-ai-cli": {"llama-cpp-python"},  # the local model: only when it is installed
     "atmosphere-ai-testing": {"docker"},  # docker-marked tests only (testcontainers brings it)
@@ -49,21 +54,40 @@ def imported_modules(src: Path) -> set[str]:
             if isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module)
+                # `from google import genai`: the name may be a subpackage of a shared namespace.
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+@functools.cache
+def namespace_owners(top: str) -> dict[str, set[str]]:
+    """For a namespace package several distributions share (`google`): who installs each subpackage."""
+    owners: dict[str, set[str]] = {}
+    for dist in distributions():
+        for file in dist.files or ():
+            parts = file.parts
+            if len(parts) >= 2 and parts[0] == top and not parts[1].endswith(".pyc"):
+                owners.setdefault(parts[1].removesuffix(".py"), set()).add(canonicalize_name(dist.metadata["Name"]))
+    return owners
 
 
 def required_distributions(modules: set[str]) -> set[str]:
     owners = packages_distributions()
     needed: set[str] = set()
     for module in modules:
-        top = module.split(".")[0]
+        top, _, rest = module.partition(".")
         if top in sys.stdlib_module_names or top == "__future__":
             continue
         if top == "atmosphere":
-            needed.add(f"atmosphere-ai-{module.split('.')[1]}")
+            parts = module.split(".")
+            # `atmosphere.runtimes.<name>` is the adapter `atmosphere-ai-runtime-<name>`.
+            owner = f"runtime-{parts[2]}" if parts[1] == "runtimes" and len(parts) > 2 else parts[1]
+            needed.add(canonicalize_name(f"atmosphere-ai-{owner}"))
             continue
-        needed |= {canonicalize_name(d) for d in owners.get(top, [top])}
+        found = owners.get(top, [top])
+        if len(found) > 1 and rest:  # a shared namespace: the subpackage says whose (google.protobuf)
+            found = sorted(namespace_owners(top).get(rest.split(".")[0], found))
+        needed |= {canonicalize_name(d) for d in found}
     return needed
 
 
@@ -71,7 +95,12 @@ def required_distributions(modules: set[str]) -> set[str]:
 def test_each_distribution_declares_what_it_imports(pyproject: Path) -> None:
     meta = project(pyproject)
     name = meta["name"]
-    module = pyproject.parent / "src" / "atmosphere" / pyproject.parent.name
+    if (pyproject.parent.name in PINNED_LIBS) != IN_PINNED_ENVIRONMENT:
+        pytest.skip("checked in its own environment (the pinned adapters' in .venvs/pinned: make test-pinned)")
+    backend = tomllib.loads(pyproject.read_text()).get("tool", {}).get("uv", {}).get("build-backend", {})
+    module_name = backend.get("module-name", f"atmosphere.{pyproject.parent.name}")
+    module = pyproject.parent / "src" / Path(*module_name.split("."))
+    assert module.is_dir(), module
     needed = required_distributions(imported_modules(module)) - {name}
     missing = needed - declared(meta) - OPTIONAL.get(name, set())
     assert missing == set(), f"{name} imports {sorted(missing)} without declaring them"

@@ -1,5 +1,6 @@
 """Bad arguments get argparse's usage and a one-line error (exit 2), `--help` shows every default, `--version`."""
 
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -111,3 +112,24 @@ def test_version_prints_the_installed_cli_version(capsys: pytest.CaptureFixture[
         cli_main.main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"atmosphere {metadata.version('atmosphere-ai-cli')}"
+
+
+@pytest.mark.usefixtures("never_run")
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("crewai", "must look like RUNTIME=PYTHON"),
+        ("Crew AI=/usr/bin/python3", "must look like RUNTIME=PYTHON"),
+        ("crewai=", "must look like RUNTIME=PYTHON"),
+        ("crewai=/no/such/python", "is not an executable file"),
+    ],
+)
+def test_a_pool_interpreter_must_be_a_runtime_and_an_executable(
+    value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert said in refused(["dev", "--pool-python", value], capsys)
+
+
+def test_a_pool_interpreter_reaches_the_options() -> None:
+    args = cli_main._parser().parse_args(["dev", "--pool-python", f"crewai={sys.executable}"])
+    assert cli_main._dev_options(args).pool_python == (("crewai", str(Path(sys.executable).absolute())),)

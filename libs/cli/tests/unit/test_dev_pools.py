@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,18 @@ def test_one_dispatch_per_pool_beside_the_default_one(tmp_path: Path) -> None:
     assert (probes["dispatch-langchain"], probes["dispatch-pydantic-ai"]) == (6405, 6406)
     assert len(set(probes.values()) - {0}) == len(probes) - 1  # ingress has none; no two share one
     assert specs["dispatch-langchain"].env["ATMOSPHERE_DISPATCH__GRPC_PORT"] == "0"
+
+
+def test_a_pool_runs_on_the_interpreter_asked_for(tmp_path: Path) -> None:
+    pinned = str(tmp_path / "pinned" / "bin" / "python")
+    asked = options(tmp_path, pools=("crewai", "langchain"), pool_python=(("crewai", pinned),))
+    specs = {s.name: s for s in child_specs(asked)}
+    assert specs["dispatch-crewai"].argv == [pinned, "-m", "atmosphere.dispatch"]
+    # Every other process, the default pool's dispatch too, stays on this one.
+    assert {s.argv[0] for n, s in specs.items() if n != "dispatch-crewai" and s.argv[0].endswith("python")} <= {
+        sys.executable
+    }
+    assert specs["dispatch-langchain"].argv[0] == sys.executable
 
 
 def test_without_pools_the_stack_is_unchanged(tmp_path: Path) -> None:

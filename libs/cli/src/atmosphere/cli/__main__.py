@@ -17,6 +17,7 @@ from atmosphere.cli.dev_layout import MAX_PORT, port_conflicts
 from atmosphere.cli.new import NewProjectError, new_project, next_steps, package_name
 from atmosphere.cli.provision import add_provision_command, run_provision
 from atmosphere.cli.tape import add_tape_commands, run_tape
+from atmosphere.sdk.runtime import RUNTIME_NAME
 
 DEFAULT_APP = "examples.assistant:app"
 
@@ -49,6 +50,19 @@ def _port(text: str) -> int:
         msg = f"{text!r} is not a port number from 1 to {MAX_PORT}"
         raise argparse.ArgumentTypeError(msg)
     return port
+
+
+def _pool_python(text: str) -> tuple[str, str]:
+    """`RUNTIME=PYTHON`: the interpreter of one runtime's pool (an environment of its own)."""
+    runtime, _, python = text.partition("=")
+    if not RUNTIME_NAME.fullmatch(runtime) or not python:
+        msg = f"{text!r} must look like RUNTIME=PYTHON (e.g. crewai=.venvs/pinned/bin/python)"
+        raise argparse.ArgumentTypeError(msg)
+    path = Path(python).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        msg = f"{python!r} (the interpreter of the {runtime} pool) is not an executable file"
+        raise argparse.ArgumentTypeError(msg)
+    return runtime, str(path.absolute())
 
 
 def _app_reference(text: str) -> str:
@@ -129,6 +143,15 @@ def _add_dev_command(commands: Any) -> argparse.ArgumentParser:
         "under the home's nats-credentials/ each start; observer.env for outside readers)",
     )
     dev.add_argument(
+        "--pool-python",
+        type=_pool_python,
+        action="append",
+        default=[],
+        metavar="RUNTIME=PYTHON",
+        help="run that runtime's pool on another interpreter, one whose environment has its adapter "
+        "(e.g. crewai=.venvs/pinned/bin/python); repeat for several",
+    )
+    dev.add_argument(
         "--nats-cluster-port", type=_port, default=6222, help="route port of the first cluster node (--cluster)"
     )
     dev.add_argument(
@@ -190,6 +213,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         # A token made per run unless one is given: admin reads are never open by accident.
         admin_token=os.environ.get("ATMOSPHERE_ADMIN_TOKEN") or secrets.token_urlsafe(18),
         default_runtime=os.environ.get("ATMOSPHERE_DISPATCH__RUNTIME") or "built-in",
+        pool_python=tuple(args.pool_python),
     )
 
 

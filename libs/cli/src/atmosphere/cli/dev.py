@@ -104,6 +104,9 @@ class DevOptions:
     pools: tuple[str, ...] = ()
     """The runtime pools the app pins agents to (found by the app check): each gets a dispatch
     process of its own (`dispatch-<runtime>`), beside the default pool's `dispatch`."""
+    pool_python: tuple[tuple[str, str], ...] = ()
+    """`(runtime, interpreter)` pairs (`--pool-python`): the pools that run on an interpreter of
+    their own, one whose environment has their adapter (the pinned adapters' `.venvs/pinned`)."""
     default_runtime: str = "built-in"
     """`ATMOSPHERE_DISPATCH__RUNTIME` of the default pool (the environment's, else `built-in`:
     the stack runs the same runtime whichever framework adapters happen to be installed)."""
@@ -184,10 +187,9 @@ def child_specs(options: DevOptions) -> list[ChildSpec]:
         }
         env.update(_own_env(options, process))
         fatal = frozenset({EXIT_INVALID_SETTINGS, *([EXIT_APP_UNLOADABLE] if name in APP_LOADERS else [])})
+        python = dict(options.pool_python).get(process.pool, sys.executable) if process.pool else sys.executable
         specs.append(
-            ChildSpec(
-                name=process.name, argv=[sys.executable, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal
-            )
+            ChildSpec(name=process.name, argv=[python, "-m", f"atmosphere.{name}"], env=env, fatal_exit_codes=fatal)
         )
     return specs
 
