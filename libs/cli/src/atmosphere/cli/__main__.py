@@ -142,6 +142,18 @@ def _add_dev_command(commands: Any) -> argparse.ArgumentParser:
         help="log every service in as its own NATS user with its subject permissions (fresh credentials "
         "under the home's nats-credentials/ each start; observer.env for outside readers)",
     )
+    _add_pool_arguments(dev)
+    dev.add_argument(
+        "--nats-cluster-port", type=_port, default=6222, help="route port of the first cluster node (--cluster)"
+    )
+    dev.add_argument(
+        "--nats-monitor-port", type=_port, default=8222, help="monitoring port of the first cluster node (--cluster)"
+    )
+    return dev
+
+
+def _add_pool_arguments(dev: argparse.ArgumentParser) -> None:
+    """How `atmosphere dev` runs the runtime pools the app pins agents to."""
     dev.add_argument(
         "--pool-python",
         type=_pool_python,
@@ -151,13 +163,6 @@ def _add_dev_command(commands: Any) -> argparse.ArgumentParser:
         help="run that runtime's pool on another interpreter, one whose environment has its adapter "
         "(e.g. crewai=.venvs/pinned/bin/python); repeat for several",
     )
-    dev.add_argument(
-        "--nats-cluster-port", type=_port, default=6222, help="route port of the first cluster node (--cluster)"
-    )
-    dev.add_argument(
-        "--nats-monitor-port", type=_port, default=8222, help="monitoring port of the first cluster node (--cluster)"
-    )
-    return dev
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
