@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from atmosphere.dispatch.app import load_hosted_objects
 from atmosphere.dispatch.handlers import hosted_tools
-from atmosphere.sdk import StreamingSession, UserError, hosted_agent
+from atmosphere.sdk import App, StreamingSession, UserError, hosted_agent
 from atmosphere.sdk.host import AiCapability, spec_of
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolSpec
+from atmosphere.service import AppLoadError
 
 
 @dataclass
@@ -61,3 +63,16 @@ def test_an_object_its_runtime_does_not_host_stops_the_pool_with_the_reason() ->
     spec = spec_of(hosted_agent("crew", f"{__name__}:NOT_A_CREW", runtime="crews"))
     with pytest.raises(UserError, match="hosted agent 'crew': the crews runtime does not host a object"):
         hosted_tools(spec, CrewRuntime(RuntimeConfig()))
+
+
+def test_a_pool_whose_hosted_object_cannot_load_stops_as_an_unloadable_app() -> None:
+    # `Dispatch.resolve` loads them before serving: the app's mistake, not a restart loop.
+    runtime = CrewRuntime(RuntimeConfig())
+    missing = App(agents=[hosted_agent("crew", "no_such_module_anywhere:crew", runtime="crews")])
+    with pytest.raises(AppLoadError, match="cannot import the hosted object 'no_such_module_anywhere:crew'"):
+        load_hosted_objects(missing, runtime)
+    wrong = App(agents=[hosted_agent("crew", f"{__name__}:NOT_A_CREW", runtime="crews")])
+    with pytest.raises(AppLoadError, match="the crews runtime does not host a object"):
+        load_hosted_objects(wrong, runtime)
+    # A pool that runs another runtime's agents (none of these) imports nothing.
+    load_hosted_objects(missing.served_by("other"), runtime)

@@ -23,7 +23,7 @@ from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.descriptors import live_descriptors, permissions_info
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
-from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors
+from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors, hosted_tools
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide
@@ -32,9 +32,17 @@ from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
 from atmosphere.dispatch.runtime_config import runtime_config
 from atmosphere.dispatch.settings import DispatchOptions, DispatchSettings
 from atmosphere.sdk import App
+from atmosphere.sdk.errors import UserError
 from atmosphere.sdk.host import HarnessSwitch
 from atmosphere.sdk.runtime import AgentRuntime, discover_runtimes, resolve_runtime
-from atmosphere.service import Authenticator, ServiceRuntime, StreamSlots, load_service_app, open_service
+from atmosphere.service import (
+    AppLoadError,
+    Authenticator,
+    ServiceRuntime,
+    StreamSlots,
+    load_service_app,
+    open_service,
+)
 
 NO_MODEL = "no model configured: set LLM_BASE_URL"
 """Why no runtime is active when the built-in one lacks a provider URL."""
@@ -169,6 +177,7 @@ class Dispatch:
         default_runtime = settings.dispatch.runtime
         wanted = pool or ("" if default_runtime == AUTO_RUNTIME else default_runtime)
         runtime = choose_runtime(runtimes, wanted)
+        load_hosted_objects(app, runtime)
         config = harness_config(settings)
         harnesses = resolve_app(
             app,
@@ -333,6 +342,19 @@ def runtime_info(
         "model": runtime.config.model or None,
         "capabilities": sorted(c.value for c in runtime.capabilities()),
     }
+
+
+def load_hosted_objects(app: App, runtime: AgentRuntime | None) -> None:
+    """Import the framework objects this pool hosts by path now, before it serves anything.
+
+    One that does not import, or that its runtime does not host, is the app's mistake, like an
+    app that does not import: the pool stops with the reason (`AppLoadError`), not a restart loop.
+    """
+    for spec in app.agents.values():
+        try:
+            hosted_tools(spec, runtime)
+        except UserError as exc:
+            raise AppLoadError(str(exc)) from exc
 
 
 def runtime_states(discovered: Sequence[AgentRuntime], *, base_url: str) -> dict[str, str]:
