@@ -47,7 +47,9 @@ run: install ## Run nats-server and all services with the example app (Ctrl-C st
 
 # Three lanes at once (scripts/test_lanes.py), each one's wall time printed at the end: the
 # suite on PYTEST_WORKERS workers (it prints as it goes), the static gates, and the dependency
-# floors (their output kept in .atmosphere/lanes/ and printed when all are done). Most of the
+# floors then the pinned adapters' tests, one after the other (a fourth lane beside them starved
+# the suite's latency-bound tests on two cores); their output kept in .atmosphere/lanes/ and
+# printed when all are done. Most of the
 # suite waits on real processes and the broker rather than the CPU, so they share two cores
 # well. The gates and the floors run niced: they only need to finish, while some of the suite's
 # end-to-end tests bound how long a client waits (a resume storm, a chaos kill), so the suite
@@ -56,8 +58,7 @@ test: install ## Every gate: lint, types, contracts, the docs, the whole test su
 	$(RUN) python scripts/test_lanes.py --live suite \
 		suite '$(MAKE) --no-print-directory pytest' \
 		gates 'nice -n 10 $(MAKE) --no-print-directory lint typecheck proto-check docs' \
-		floors 'nice -n 10 $(MAKE) --no-print-directory test-lowest' \
-		pinned 'nice -n 5 $(MAKE) --no-print-directory test-pinned'
+		floors 'nice -n 10 $(MAKE) --no-print-directory test-lowest test-pinned PINNED_WORKERS=0'
 
 lint: install ## ruff, buf lint/format, lock freshness, the namespace rule
 	$(RUN) ruff check .
@@ -120,9 +121,10 @@ LOWEST_TESTS := $(filter-out $(ADAPTER_TESTS),$(wildcard libs/*/tests/unit libs/
 # The root conftest leaves their paths out of every other run.
 PINNED_TESTS := $(addsuffix /tests,$(PINNED_LIBS)) tests/test_distributions.py
 
+PINNED_WORKERS ?= 2
 .PHONY: test-pinned
 test-pinned: install ## The pinned adapters' tests, in .venvs/pinned
-	$(PINNED)/bin/python -m pytest -q -n 2 --dist loadfile $(PINNED_TESTS)
+	$(PINNED)/bin/python -m pytest -q -n $(PINNED_WORKERS) --dist loadfile $(PINNED_TESTS)
 
 .PHONY: test-lowest
 test-lowest: install ## The floors: unit, integration and contract tests with each dependency at its lowest declared version
