@@ -10,16 +10,16 @@ Two uses, one runtime (`agentscope`):
 - an `@agent(runtime="agentscope")`: an `agentscope.agent.Agent` (AgentScope 2's ReAct agent) is
   built per run from the request (system prompt, history, message) on an `OpenAIChatModel` at
   `LLM_BASE_URL`, its tools declared in a toolkit whose every call goes to `ctx.run_tool`. With
-  the planning harness, AgentScope's task tools replace `write_todos` before the model and each
-  change of the task list is mirrored into the plan store (`_plan`);
+  the planning harness (PLANNING is native here: dispatch hands `write_todos` over as
+  `ctx.store_tools`), AgentScope's task tools are the model's plan surface and each change of
+  the task list is mirrored into the plan store (`_plan`);
 - `hosted_agent("name", agent)`: the user's own `Agent` runs with its own prompt, model, tools,
   middlewares and loop, on a per-run copy (its state is per conversation) whose tools pass
   `ctx.run_tool` with `local` set to the tool itself (see `_hosting`).
 
 Not declared: STRUCTURED_OUTPUT and NATIVE_STRUCTURED_OUTPUT (AgentScope forces a
 `generate_structured_output` tool call; it neither heals a text answer by reprompting nor sends
-`response_format`), and PLANNING: the task-list bridge writes through `write_todos`, which
-dispatch registers only while the runtime does not claim a native plan surface.
+`response_format`).
 
 Durable runs: AgentScope cannot replay a journaled model round, so this runtime ignores
 `ctx.rounds`: a resumed run calls the model again for each round, while the tool effects of the
