@@ -38,7 +38,6 @@ from google.adk.sessions.in_memory_session_service import InMemorySessionService
 from google.genai import types
 
 from atmosphere.runtimes.adk._artifacts import WorkspaceArtifactService, offers_file_tools
-from atmosphere.runtimes.adk._errors import NO_TOOL_RUNNER, RunFailedError
 from atmosphere.runtimes.adk._gate import Gate
 from atmosphere.runtimes.adk._hosting import UnhostableAgentError, native_tool_specs, prepared
 from atmosphere.runtimes.adk._model import CallLimits, PacedGemini, Pacing
@@ -47,6 +46,7 @@ from atmosphere.runtimes.adk._stream import Forwarder, history_events
 from atmosphere.runtimes.adk._tools import SpecTool, ToolLoop
 from atmosphere.sdk import StreamingSession
 from atmosphere.sdk.runtime import AgentExecutionContext, RuntimeConfig, ToolCallRequest, ToolSpec
+from atmosphere.sdk.runtime_errors import NO_TOOL_RUNNER, RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.adk")
 

@@ -41,11 +41,11 @@ from atmosphere.runtimes.adk._errors import (
     PROVIDER_REJECTED,
     PROVIDER_TIMEOUT,
     PROVIDER_UNAVAILABLE,
-    RunFailedError,
     bounded,
 )
 from atmosphere.sdk import RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig
+from atmosphere.sdk.runtime_errors import RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.adk")
 

@@ -17,9 +17,10 @@ from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
-from atmosphere.runtimes.adk._errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED, ToolLoopExhaustedRunError
+from atmosphere.runtimes.adk._errors import ToolLoopExhaustedRunError
 from atmosphere.sdk import OnMaxIterations, ToolLoopPolicy
 from atmosphere.sdk.runtime import ToolCallRequest, ToolRunner, ToolSpec
+from atmosphere.sdk.runtime_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED
 
 
 @dataclass

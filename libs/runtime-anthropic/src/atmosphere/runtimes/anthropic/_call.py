@@ -35,11 +35,11 @@ from atmosphere.runtimes.anthropic._errors import (
     PROVIDER_REJECTED,
     PROVIDER_TIMEOUT,
     PROVIDER_UNAVAILABLE,
-    RunFailedError,
 )
 from atmosphere.runtimes.anthropic._stream import RoundHooks, RoundResult, RoundState, replace_lone_surrogates
 from atmosphere.sdk import RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig
+from atmosphere.sdk.runtime_errors import RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.anthropic")
 

@@ -20,14 +20,7 @@ from pydantic import BaseModel
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, ToolCallDelta
 from atmosphere.runtimes.anthropic import _structured as structured
 from atmosphere.runtimes.anthropic._call import CallLimits, stream_round
-from atmosphere.runtimes.anthropic._errors import (
-    NO_TOOL_RUNNER,
-    PROVIDER_ERROR,
-    STRUCTURED_OUTPUT_INVALID,
-    TOOL_LIMIT_REACHED,
-    TOOL_LOOP_EXHAUSTED,
-    RunFailedError,
-)
+from atmosphere.runtimes.anthropic._errors import PROVIDER_ERROR, STRUCTURED_OUTPUT_INVALID, TOOL_LOOP_EXHAUSTED
 from atmosphere.runtimes.anthropic._journal import recorded, replay
 from atmosphere.runtimes.anthropic._messages import NO_TOOLS, CacheMarks, Exchange, tools
 from atmosphere.runtimes.anthropic._settings import DEFAULT_BASE_URL, AnthropicSettings
@@ -39,6 +32,7 @@ from atmosphere.sdk.runtime import (
     StreamedPiece,
     ToolCallRequest,
 )
+from atmosphere.sdk.runtime_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED, RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.anthropic")
 

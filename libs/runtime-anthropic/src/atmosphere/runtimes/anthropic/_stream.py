@@ -23,8 +23,9 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
-from atmosphere.runtimes.anthropic._errors import PROVIDER_TOO_LARGE, RunFailedError
+from atmosphere.runtimes.anthropic._errors import PROVIDER_TOO_LARGE
 from atmosphere.sdk import TokenUsage
+from atmosphere.sdk.runtime_errors import RunFailedError
 
 MAX_ROUND_CHARS = 8 << 20
 """Text plus tool-call input of one round held in memory; more is refused, not buffered."""

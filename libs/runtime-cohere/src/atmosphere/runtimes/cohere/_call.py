@@ -41,11 +41,11 @@ from atmosphere.runtimes.cohere._errors import (
     PROVIDER_REJECTED,
     PROVIDER_TIMEOUT,
     PROVIDER_UNAVAILABLE,
-    RunFailedError,
 )
 from atmosphere.runtimes.cohere._stream import FAILED, RoundHooks, RoundResult, RoundState, replace_lone_surrogates
 from atmosphere.sdk import RetryPolicy
 from atmosphere.sdk.runtime import RuntimeConfig
+from atmosphere.sdk.runtime_errors import RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.cohere")
 

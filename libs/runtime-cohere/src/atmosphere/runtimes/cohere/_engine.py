@@ -20,19 +20,14 @@ from pydantic import BaseModel
 from atmosphere.contracts.run.v1.run_pb2 import Complete, RunEvent, ToolCallDelta
 from atmosphere.runtimes.cohere import _structured as structured
 from atmosphere.runtimes.cohere._call import CallLimits, stream_round
-from atmosphere.runtimes.cohere._errors import (
-    NO_TOOL_RUNNER,
-    STRUCTURED_OUTPUT_INVALID,
-    TOOL_LIMIT_REACHED,
-    TOOL_LOOP_EXHAUSTED,
-    RunFailedError,
-)
+from atmosphere.runtimes.cohere._errors import STRUCTURED_OUTPUT_INVALID, TOOL_LOOP_EXHAUSTED
 from atmosphere.runtimes.cohere._journal import recorded, replay
 from atmosphere.runtimes.cohere._messages import NO_TOOLS, Exchange, tools
 from atmosphere.runtimes.cohere._settings import DEFAULT_BASE_URL, CohereSettings
 from atmosphere.runtimes.cohere._stream import CUT_OFF, RoundHooks, RoundResult, ToolCall
 from atmosphere.sdk import OnMaxIterations, StreamingSession
 from atmosphere.sdk.runtime import AgentExecutionContext, RuntimeConfig, StreamedPiece, ToolCallRequest
+from atmosphere.sdk.runtime_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED, RunFailedError
 
 log = logging.getLogger("atmosphere.runtimes.cohere")
 

@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atmosphere.runtimes.cohere._errors import PROVIDER_TOO_LARGE, RunFailedError
+from atmosphere.runtimes.cohere._errors import PROVIDER_TOO_LARGE
 from atmosphere.sdk import TokenUsage
+from atmosphere.sdk.runtime_errors import RunFailedError
 
 MAX_ROUND_CHARS = 8 << 20
 """Text plus tool-call arguments of one round held in memory; more is refused, not buffered."""
