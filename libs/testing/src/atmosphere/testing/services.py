@@ -32,6 +32,11 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+START_TIMEOUT = 60.0
+"""How long a service may take to report ready. Generous on purpose: it is a deadline for a start
+that hangs, never a measure of speed, and sandbox's start spawns tool workers that import the app,
+which a loaded two-core CI machine has been seen to take more than 15 s over."""
+
 Serve = Callable[..., Coroutine[Any, Any, None]]
 """A service's `serve(settings, *, stop)` (its other arguments bound)."""
 
@@ -81,30 +86,39 @@ async def running_service(
     *,
     bus: Bus,
     timeout: float = 15.0,
+    start_timeout: float = START_TIMEOUT,
 ) -> AsyncIterator[asyncio.Task[None]]:
     """Run `serve(settings, stop=...)` as a task until the service reports ready over NATS.
 
-    On exit the service is stopped through its `stop` event and must end within `timeout`.
+    It must be ready within `start_timeout`; on exit it is stopped through its `stop` event and
+    must end within `timeout`.
     """
-    async with running_services({name: (serve, settings)}, bus=bus, timeout=timeout) as tasks:
+    async with running_services(
+        {name: (serve, settings)}, bus=bus, timeout=timeout, start_timeout=start_timeout
+    ) as tasks:
         yield tasks[name]
 
 
 @contextlib.asynccontextmanager
 async def running_services(
-    services: Mapping[str, tuple[Serve, Any]], *, bus: Bus, timeout: float = 15.0
+    services: Mapping[str, tuple[Serve, Any]],
+    *,
+    bus: Bus,
+    timeout: float = 15.0,
+    start_timeout: float = START_TIMEOUT,
 ) -> AsyncIterator[dict[str, asyncio.Task[None]]]:
     """Start `services` (name → (serve, settings)) all at once; yield once each reports ready.
 
     They start side by side (a slow one, such as sandbox starting its tool workers, costs its own
-    time only); on exit they are stopped in reverse order, each within `timeout`.
+    time only) and must each be ready within `start_timeout`; on exit they are stopped in reverse
+    order, each within `timeout`.
     """
     launched: list[_Launched] = []
     try:
         launched.extend(_Launched.start(name, serve, settings) for name, (serve, settings) in services.items())
         waits = [
             asyncio.create_task(
-                wait_until(functools.partial(s.ready, bus), timeout=timeout, what=f"{s.name} to be ready")
+                wait_until(functools.partial(s.ready, bus), timeout=start_timeout, what=f"{s.name} to be ready")
             )
             for s in launched
         ]

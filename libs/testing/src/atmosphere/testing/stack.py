@@ -12,7 +12,7 @@ from typing import Any
 from atmosphere.bus import Bus, subjects
 from atmosphere.config import NatsSettings, ServiceSettings, WorkerSettings
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
-from atmosphere.testing.services import running_service
+from atmosphere.testing.services import START_TIMEOUT, running_service
 
 Serve = Callable[..., Coroutine[Any, Any, None]]
 
@@ -43,12 +43,14 @@ async def run_stack(
 ) -> AsyncIterator[Stack]:
     """Start `services` (name → (serve, settings)) in order; stop them in reverse.
 
-    `timeout` bounds each service's start and stop (an app that imports heavy frameworks, in each
-    of the sandbox's worker processes, takes longer to start).
+    `timeout` bounds each service's stop, and its start when longer than `START_TIMEOUT` (an app
+    that imports heavy frameworks, in each of the sandbox's worker processes, takes longer to start).
     """
     async with contextlib.AsyncExitStack() as stack:
         result = Stack(bus=bus)
         for name, (serve, settings) in services.items():
-            running = running_service(name, serve, settings, bus=bus, timeout=timeout)
+            running = running_service(
+                name, serve, settings, bus=bus, timeout=timeout, start_timeout=max(timeout, START_TIMEOUT)
+            )
             result.running[name] = await stack.enter_async_context(running)
         yield result
