@@ -49,6 +49,7 @@ from atmosphere.ingress.errors import (
 )
 from atmosphere.ingress.http import error_responses, ingress_error_response, openai_error_response, state_of
 from atmosphere.ingress.pacing import Drain
+from atmosphere.ingress.protocol_doors import mcp_served, running_doors, serve_mcp_at
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import open_service
@@ -176,6 +177,8 @@ def create_app(
     _answer_errors_in_json(app)
     _add_probes(app)
     fixed = _include_routers(app, settings)
+    if mcp_served(settings):
+        serve_mcp_at(app)
     _add_admin_fallback(app, fixed)
     _add_endpoint_paths(app, fixed, openai_prefix=openai_api.router.prefix if settings.ai_openai_enabled else None)
     return app
@@ -205,9 +208,10 @@ def _lifespan(
                     "the OpenAI-compatible API is enabled without ATMOSPHERE_AI_OPENAI_API_KEY: "
                     "anyone who reaches this port can use it"
                 )
-            runtime.health.mark_ready()
             try:
-                yield
+                async with running_doors(app, state):
+                    runtime.health.mark_ready()
+                    yield
             finally:
                 sweeping.set()
                 await sweeper

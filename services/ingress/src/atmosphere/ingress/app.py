@@ -14,6 +14,7 @@ from atmosphere.bus import Bus, ConnectionLostError
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.limits import HttpLimits, bounded_protocol
 from atmosphere.ingress.pacing import Drain
+from atmosphere.ingress.protocol_doors import door_surfaces
 from atmosphere.ingress.settings import IngressSettings
 
 log = logging.getLogger("atmosphere.ingress")
@@ -139,6 +140,7 @@ def surfaces(settings: IngressSettings) -> dict[str, Any]:
             "models": sorted(settings.ai_openai_models) or "agent names",
             **({"defaultAgent": settings.ai_openai_default_agent} if settings.ai_openai_default_agent else {}),
         }
+    blocks.update(door_surfaces(settings))
     if settings.ingress.auth_tokens:
         blocks["auth"] = {"kind": "bearer", "grants": len(settings.ingress.auth_tokens)}
     if settings.ingress.cors_origins:

@@ -11,6 +11,7 @@
  ├── TooManyStreamsError        ingress.too_many_streams  429
      ├── InternalError                                        500
      ├── UnknownApprovalError, ApprovalRejectedError, EventsUnavailableError   (WebSocket frames only)
+     ├── ApprovalNotCarriedError    ingress.approval_required (a protocol door's client cannot approve)
      ├── UriTooLongError, HeadersTooLargeError, SlowRequestError   414 / 431 / 408 (`limits.py`)
      └── AdminError                 `/api/admin/*`: admin.bad_request, .unauthorized, .forbidden,
                                     .absent, .unknown_run, .not_found, .unavailable
@@ -190,6 +191,13 @@ class ApprovalRejectedError(IngressError):
     """The worker running the run did not accept the approval reply."""
 
     code = "ingress.approval_rejected"
+
+
+class ApprovalNotCarriedError(IngressError):
+    """A run asked for a human's approval that the door (or its client) cannot carry: it was cancelled."""
+
+    code = "ingress.approval_required"
+    status = 422
 
 
 class EventsUnavailableError(IngressError):

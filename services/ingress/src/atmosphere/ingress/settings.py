@@ -73,10 +73,21 @@ class IngressOptions(BaseModel):
     """Seconds a client has to answer a ping before its socket counts as dead and is closed."""
 
 
+class McpOptions(BaseModel):
+    """`ATMOSPHERE_MCP__*`: the MCP door (every agent an MCP tool, at `/atmosphere/mcp`)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Serve the MCP door (with the same token grants as the agent endpoints); it is served only
+    where the `mcp` SDK is installed (ingress's `mcp` extra), which the info says."""
+
+
 class IngressSettings(ServiceSettings):
     """Everything ingress reads from the environment."""
 
     ingress: IngressOptions = IngressOptions()
+    mcp: McpOptions = McpOptions()
     ai_openai_enabled: bool = False
     """Serve the OpenAI-compatible API at `/atmosphere/v1`."""
     ai_openai_models: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)

@@ -1,0 +1,83 @@
+"""Which protocol doors this ingress serves, wired into the app: served only when enabled and its SDK is installed.
+
+Each door's SDK is an extra of ingress's distribution (`atmosphere-ai-ingress[mcp]`), imported
+only when the door is served, so an ingress without it starts and says so in the info (runtime
+truth: a door is listed only when it really answers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from atmosphere.ingress.errors import UnavailableError
+from atmosphere.ingress.settings import IngressSettings
+from atmosphere.ingress.state import IngressState
+
+MCP_PATH = "/atmosphere/mcp"
+
+
+def sdk_installed(module: str) -> bool:
+    """Whether `module` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def mcp_served(settings: IngressSettings) -> bool:
+    """Whether this ingress serves the MCP door: enabled, and the `mcp` SDK installed."""
+    return settings.mcp.enabled and sdk_installed("mcp.server.lowlevel")
+
+
+def door_surfaces(settings: IngressSettings) -> dict[str, Any]:
+    """The info blocks of the protocol doors this ingress serves (absent when not served)."""
+    blocks: dict[str, Any] = {}
+    if mcp_served(settings):
+        blocks["mcp"] = {"path": MCP_PATH, "transport": "streamable-http", "tools": "agents"}
+    return blocks
+
+
+class _McpEndpoint:
+    """The ASGI app at `/atmosphere/mcp`: the running door of this app, else a 503.
+
+    A class, not a function: Starlette calls a plain function endpoint with a `Request`, an
+    object with `__call__` as an ASGI app (the SDK answers POST, GET and DELETE itself).
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        door = getattr(scope["app"].state, "mcp", None)
+        if door is None:  # between the app's start and its lifespan (never in service)
+            body = {"error": "The MCP door is not running", "code": UnavailableError.code}
+            await JSONResponse(body, status_code=UnavailableError.status)(scope, receive, send)
+            return
+        await door.asgi(scope, receive, send)
+
+
+def serve_mcp_at(app: FastAPI) -> None:
+    """Route `/atmosphere/mcp` (every method) to the MCP door."""
+    app.router.routes.append(Route(MCP_PATH, endpoint=_McpEndpoint(), include_in_schema=False))
+
+
+@contextlib.asynccontextmanager
+async def running_doors(app: FastAPI, state: IngressState) -> AsyncIterator[None]:
+    """Run the protocol doors this ingress serves for as long as the app runs."""
+    if not mcp_served(state.settings):
+        yield
+        return
+    from atmosphere.ingress.mcp_door import McpDoor  # noqa: PLC0415 - the SDK is an extra
+
+    door = McpDoor(state)
+    async with door.running():
+        app.state.mcp = door
+        try:
+            yield
+        finally:
+            app.state.mcp = None
