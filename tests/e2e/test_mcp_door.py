@@ -12,7 +12,6 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,89 +24,28 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 
-from atmosphere.bus import NatsBus, connect, subjects
+from atmosphere.bus import subjects
 from atmosphere.bus.errors import RunCancelledError
 from atmosphere.bus.runs import last_event
 from atmosphere.bus.sizes import ENVELOPE_ROOM
-from atmosphere.config import TokenGrant
 from atmosphere.contracts.tape.v1.tape_pb2 import ListRunsRequest, ListRunsResponse
-from atmosphere.ingress.settings import IngressOptions
-from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
-from atmosphere.testing.pytest_plugin import delete_namespace_streams
+from atmosphere.testing import ToolCallScript, Turn, wait_until
 
-from .apps.doors_app import CALLS_FILE_ENV
-from .conftest import service_map
+from .doors_stack import ADA, ADA_ECHO, BOB, EMAIL, MESSAGE_LIMIT, World, doors_world
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-ADA = "token-ada-everything"
-ADA_ECHO = "token-ada-echo-only"
-BOB = "token-bob-everything"
-GRANTS = (
-    TokenGrant(token=ADA, user_id="ada"),
-    TokenGrant(token=ADA_ECHO, user_id="ada", paths=("/atmosphere/agent/echo",)),
-    TokenGrant(token=BOB, user_id="bob"),
-)
-POLICY_FILE = """\
-version: "2026-12"
-policies:
-  - name: no-drops
-    type: deny-list
-    config:
-      regex: ["^call_tool:drop_"]
-  - name: no-pii
-    type: pii-redaction
-    config: {mode: redact}
-"""
-EMAIL = "jane.doe@example.com"
-MESSAGE_LIMIT = 64 * 1024
-
-
-@dataclass
-class World:
-    url: str
-    bus: NatsBus
-    provider: ScriptedModel
-    calls: Path
-
-    def ran(self) -> list[str]:
-        return self.calls.read_text().splitlines() if self.calls.exists() else []
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    namespace = f"t{uuid.uuid4().hex[:12]}"
-    base = Path(tmp_path_factory.mktemp("mcp-door"))
-    calls = base / "calls.txt"
-    policy = base / "policies.yaml"
-    policy.write_text(POLICY_FILE)
-    provider = ScriptedModel()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(CALLS_FILE_ENV, str(calls))
-        async with provider.serving(), connect(nats_url, name="mcp-door", namespace=namespace) as bus:
-            services = service_map(
-                nats_url,
-                namespace,
-                base / "data",
-                app="tests.e2e.apps.doors_app:app",
-                llm_base_url=provider.base_url,
-                ingress={"ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT)},
-                governance={"governance": {"policy_files": [policy]}},
-            )
-            try:
-                async with run_stack(services, bus=bus) as stack:
-                    yield World(await stack.ingress_url(), bus, provider, calls)
-            finally:
-                await delete_namespace_streams(bus, namespace)
+    async with doors_world(nats_url, tmp_path_factory.mktemp("mcp-door")) as world:
+        yield world
 
 
 @pytest.fixture(autouse=True)
 def fresh_script(world: World) -> Iterator[None]:
-    world.provider.turns.clear()
-    world.provider.requests.clear()
-    world.calls.unlink(missing_ok=True)
-    yield
-    assert not world.provider.turns, "the test left scripted replies unused"
+    with world.fresh():
+        yield
 
 
 @dataclass
@@ -158,7 +96,7 @@ def text_of(result: types.CallToolResult) -> str:
 async def test_the_agents_a_token_may_use_are_its_tools(world: World) -> None:
     async with mcp_client(world, ADA) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {"echo", "notes"}
+    assert set(tools) == {"echo", "notes", "planner"}
     assert tools["notes"].description == "Manages notes."
     assert tools["echo"].input_schema["required"] == ["message"]
     async with mcp_client(world, ADA_ECHO) as client:

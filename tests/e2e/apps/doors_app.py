@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from atmosphere.sdk import App, ToolKind, agent, tool
+from atmosphere.sdk import App, Harness, ToolKind, agent, tool
 from examples.echo import Echo
 
 CALLS_FILE_ENV = "DOORS_APP_CALLS"
@@ -64,4 +64,9 @@ class Notes:
     """A model agent whose tools show approvals, denials and results on every door."""
 
 
-app = App(agents=[Echo, Notes])
+@agent(name="planner", description="Plans its work.", system_prompt="You plan first.", harness=[Harness.PLANNING])
+class Planner:
+    """A model agent with the `write_todos` plan: its plan is the AG-UI state."""
+
+
+app = App(agents=[Echo, Notes, Planner])

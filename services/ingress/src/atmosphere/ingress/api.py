@@ -49,7 +49,7 @@ from atmosphere.ingress.errors import (
 )
 from atmosphere.ingress.http import error_responses, ingress_error_response, openai_error_response, state_of
 from atmosphere.ingress.pacing import Drain
-from atmosphere.ingress.protocol_doors import mcp_served, running_doors, serve_mcp_at
+from atmosphere.ingress.protocol_doors import door_routers, mcp_served, running_doors, serve_mcp_at
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import open_service
@@ -271,6 +271,9 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
         app.include_router(door)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
+    doors = door_routers(settings)
+    for door in doors:
+        app.include_router(door)
     app.include_router(governance_admin.router)
     app.include_router(workspace_api.router)
     app.include_router(admin_api.router)
@@ -282,6 +285,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
             *app.router.routes,
             *(route for door in AGENT_DOORS for route in door.routes),
             *openai_routes,
+            *(route for door in doors for route in door.routes),
             *governance_admin.router.routes,
             *workspace_api.router.routes,
             *admin_api.router.routes,

@@ -136,8 +136,10 @@ async def start_run(
     return DoorRun(state, run.run_id, run.agent, run.principal, _starting_with(first, events), slot)
 
 
-async def follow_owned_run(state: IngressState, caller: Caller, run_id: str, *, address: str) -> DoorRun:
-    """Follow a stored run of `caller`'s from its first event (`RunNotFoundError` for anyone else's)."""
+async def follow_owned_run(
+    state: IngressState, caller: Caller, run_id: str, *, address: str, after_seq: int = 0
+) -> DoorRun:
+    """Follow a stored run of `caller`'s after `after_seq` (`RunNotFoundError` for anyone else's)."""
     slot = claim_stream(state.streams, caller.principal, address)
     try:
         await check_access(state, caller, run_id)
@@ -149,7 +151,9 @@ async def follow_owned_run(state: IngressState, caller: Caller, run_id: str, *, 
         slot.release()
         msg = f"Unknown run {run_id}"
         raise RunNotFoundError(msg)
-    return DoorRun(state, run_id, last.agent, caller.principal, follow_run(state.bus, run_id), slot)
+    return DoorRun(
+        state, run_id, last.agent, caller.principal, follow_run(state.bus, run_id, after_seq=after_seq), slot
+    )
 
 
 async def _starting_with(first: RunEvent, rest: AsyncGenerator[RunEvent, None]) -> AsyncGenerator[RunEvent, None]:

@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -22,6 +22,7 @@ from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
 
 MCP_PATH = "/atmosphere/mcp"
+AGUI_PATH = "/atmosphere/ag-ui"
 
 
 def sdk_installed(module: str) -> bool:
@@ -37,12 +38,29 @@ def mcp_served(settings: IngressSettings) -> bool:
     return settings.mcp.enabled and sdk_installed("mcp.server.lowlevel")
 
 
+def agui_served(settings: IngressSettings) -> bool:
+    """Whether this ingress serves the AG-UI door: enabled, and the `ag-ui-protocol` SDK installed."""
+    return settings.ag_ui.enabled and sdk_installed("ag_ui.core")
+
+
 def door_surfaces(settings: IngressSettings) -> dict[str, Any]:
     """The info blocks of the protocol doors this ingress serves (absent when not served)."""
     blocks: dict[str, Any] = {}
     if mcp_served(settings):
         blocks["mcp"] = {"path": MCP_PATH, "transport": "streamable-http", "tools": "agents"}
+    if agui_served(settings):
+        blocks["agUi"] = {"path": AGUI_PATH + "/{agent}", "protocolVersion": "1.0", "interrupts": True}
     return blocks
+
+
+def door_routers(settings: IngressSettings) -> list[APIRouter]:
+    """The routers of the protocol doors served over plain routes (their SDKs imported only here)."""
+    routers: list[APIRouter] = []
+    if agui_served(settings):
+        from atmosphere.ingress import agui_door  # noqa: PLC0415 - the SDK is an extra
+
+        routers.append(agui_door.router)
+    return routers
 
 
 class _McpEndpoint:

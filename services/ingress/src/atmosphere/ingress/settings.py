@@ -83,11 +83,22 @@ class McpOptions(BaseModel):
     where the `mcp` SDK is installed (ingress's `mcp` extra), which the info says."""
 
 
+class AgUiOptions(BaseModel):
+    """`ATMOSPHERE_AG_UI__*`: the AG-UI door (`POST /atmosphere/ag-ui/<agent>`)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Serve the AG-UI door (with the same token grants as the agent endpoints); it is served only
+    where the `ag-ui-protocol` SDK is installed (ingress's `ag-ui` extra), which the info says."""
+
+
 class IngressSettings(ServiceSettings):
     """Everything ingress reads from the environment."""
 
     ingress: IngressOptions = IngressOptions()
     mcp: McpOptions = McpOptions()
+    ag_ui: AgUiOptions = AgUiOptions()
     ai_openai_enabled: bool = False
     """Serve the OpenAI-compatible API at `/atmosphere/v1`."""
     ai_openai_models: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""The stack the protocol doors' suites share: all six services' real `serve()` on a real
+nats-server, a scripted model provider, token grants for two users, and a policy file (a denied
+tool, PII kept out of answers). ATMOSPHERE_APP=tests.e2e.apps.doors_app:app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from atmosphere.bus import NatsBus, connect
+from atmosphere.config import TokenGrant
+from atmosphere.ingress.settings import IngressOptions
+from atmosphere.testing import ScriptedModel, run_stack
+from atmosphere.testing.pytest_plugin import delete_namespace_streams
+
+from .apps.doors_app import CALLS_FILE_ENV
+from .conftest import service_map
+
+ADA = "token-ada-everything"
+ADA_ECHO = "token-ada-echo-only"
+BOB = "token-bob-everything"
+GRANTS = (
+    TokenGrant(token=ADA, user_id="ada"),
+    TokenGrant(token=ADA_ECHO, user_id="ada", paths=("/atmosphere/agent/echo",)),
+    TokenGrant(token=BOB, user_id="bob"),
+)
+POLICY_FILE = """\
+version: "2026-12"
+policies:
+  - name: no-drops
+    type: deny-list
+    config:
+      regex: ["^call_tool:drop_"]
+  - name: no-pii
+    type: pii-redaction
+    config: {mode: redact}
+"""
+EMAIL = "jane.doe@example.com"
+MESSAGE_LIMIT = 64 * 1024
+
+
+@dataclass
+class World:
+    url: str
+    bus: NatsBus
+    provider: ScriptedModel
+    calls: Path
+
+    def ran(self) -> list[str]:
+        """The tools that ran since the test began."""
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[None]:
+        """A test's scope: no script, no requests, no tool calls before it; its script used up after."""
+        self.provider.turns.clear()
+        self.provider.requests.clear()
+        self.calls.unlink(missing_ok=True)
+        yield
+        assert not self.provider.turns, "the test left scripted replies unused"
+
+
+@contextlib.asynccontextmanager
+async def doors_world(nats_url: str, base: Path) -> AsyncIterator[World]:
+    """The stack, serving until the context exits."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    calls = base / "calls.txt"
+    policy = base / "policies.yaml"
+    policy.write_text(POLICY_FILE)
+    provider = ScriptedModel()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(CALLS_FILE_ENV, str(calls))
+        async with provider.serving(), connect(nats_url, name="doors", namespace=namespace) as bus:
+            services = service_map(
+                nats_url,
+                namespace,
+                base / "data",
+                app="tests.e2e.apps.doors_app:app",
+                llm_base_url=provider.base_url,
+                ingress={"ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT)},
+                governance={"governance": {"policy_files": [policy]}},
+            )
+            try:
+                async with run_stack(services, bus=bus) as stack:
+                    yield World(await stack.ingress_url(), bus, provider, calls)
+            finally:
+                await delete_namespace_streams(bus, namespace)
