@@ -15,7 +15,7 @@ import pytest
 
 from atmosphere.bus import NatsBus, connect
 from atmosphere.config import TokenGrant
-from atmosphere.ingress.settings import IngressOptions
+from atmosphere.ingress.settings import A2aOptions, IngressOptions
 from atmosphere.testing import ScriptedModel, run_stack
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
@@ -83,7 +83,10 @@ async def doors_world(nats_url: str, base: Path) -> AsyncIterator[World]:
                 base / "data",
                 app="tests.e2e.apps.doors_app:app",
                 llm_base_url=provider.base_url,
-                ingress={"ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT)},
+                ingress={
+                    "ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT),
+                    "a2a": A2aOptions(default_agent="echo"),
+                },
                 governance={"governance": {"policy_files": [policy]}},
             )
             try:

@@ -23,6 +23,7 @@ from atmosphere.ingress.state import IngressState
 
 MCP_PATH = "/atmosphere/mcp"
 AGUI_PATH = "/atmosphere/ag-ui"
+A2A_PATH = "/atmosphere/a2a"
 
 
 def sdk_installed(module: str) -> bool:
@@ -43,6 +44,11 @@ def agui_served(settings: IngressSettings) -> bool:
     return settings.ag_ui.enabled and sdk_installed("ag_ui.core")
 
 
+def a2a_served(settings: IngressSettings) -> bool:
+    """Whether this ingress serves the A2A door: enabled, and the `a2a-sdk` installed."""
+    return settings.a2a.enabled and sdk_installed("a2a.server.request_handlers")
+
+
 def door_surfaces(settings: IngressSettings) -> dict[str, Any]:
     """The info blocks of the protocol doors this ingress serves (absent when not served)."""
     blocks: dict[str, Any] = {}
@@ -50,6 +56,13 @@ def door_surfaces(settings: IngressSettings) -> dict[str, Any]:
         blocks["mcp"] = {"path": MCP_PATH, "transport": "streamable-http", "tools": "agents"}
     if agui_served(settings):
         blocks["agUi"] = {"path": AGUI_PATH + "/{agent}", "protocolVersion": "1.0", "interrupts": True}
+    if a2a_served(settings):
+        blocks["a2a"] = {
+            "path": A2A_PATH + "/{agent}",
+            "agentCard": A2A_PATH + "/{agent}/.well-known/agent-card.json",
+            "protocolVersions": ["1.0", "0.3"],
+            **({"defaultAgent": settings.a2a.default_agent} if settings.a2a.default_agent else {}),
+        }
     return blocks
 
 
@@ -60,6 +73,10 @@ def door_routers(settings: IngressSettings) -> list[APIRouter]:
         from atmosphere.ingress import agui_door  # noqa: PLC0415 - the SDK is an extra
 
         routers.append(agui_door.router)
+    if a2a_served(settings):
+        from atmosphere.ingress import a2a_door  # noqa: PLC0415 - the SDK is an extra
+
+        routers.append(a2a_door.router)
     return routers
 
 
@@ -87,15 +104,19 @@ def serve_mcp_at(app: FastAPI) -> None:
 @contextlib.asynccontextmanager
 async def running_doors(app: FastAPI, state: IngressState) -> AsyncIterator[None]:
     """Run the protocol doors this ingress serves for as long as the app runs."""
-    if not mcp_served(state.settings):
-        yield
-        return
-    from atmosphere.ingress.mcp_door import McpDoor  # noqa: PLC0415 - the SDK is an extra
+    async with contextlib.AsyncExitStack() as doors:
+        if mcp_served(state.settings):
+            from atmosphere.ingress.mcp_door import McpDoor  # noqa: PLC0415 - the SDK is an extra
 
-    door = McpDoor(state)
-    async with door.running():
-        app.state.mcp = door
-        try:
-            yield
-        finally:
-            app.state.mcp = None
+            mcp = McpDoor(state)
+            await doors.enter_async_context(mcp.running())
+            app.state.mcp = mcp
+            doors.callback(setattr, app.state, "mcp", None)
+        if a2a_served(state.settings):
+            from atmosphere.ingress.a2a_door import A2ADoor  # noqa: PLC0415 - the SDK is an extra
+
+            a2a = A2ADoor()
+            doors.push_async_callback(a2a.aclose)
+            app.state.a2a = a2a
+            doors.callback(setattr, app.state, "a2a", None)
+        yield

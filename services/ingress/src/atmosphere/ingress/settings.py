@@ -93,12 +93,25 @@ class AgUiOptions(BaseModel):
     where the `ag-ui-protocol` SDK is installed (ingress's `ag-ui` extra), which the info says."""
 
 
+class A2aOptions(BaseModel):
+    """`ATMOSPHERE_A2A__*`: the A2A door (each agent an A2A server at `/atmosphere/a2a/<agent>`)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Serve the A2A door (with the same token grants as the agent endpoints); it is served only
+    where the `a2a-sdk` is installed (ingress's `a2a` extra), which the info says."""
+    default_agent: str = ""
+    """The agent whose Agent Card is also served at `/.well-known/agent-card.json` (none when empty)."""
+
+
 class IngressSettings(ServiceSettings):
     """Everything ingress reads from the environment."""
 
     ingress: IngressOptions = IngressOptions()
     mcp: McpOptions = McpOptions()
     ag_ui: AgUiOptions = AgUiOptions()
+    a2a: A2aOptions = A2aOptions()
     ai_openai_enabled: bool = False
     """Serve the OpenAI-compatible API at `/atmosphere/v1`."""
     ai_openai_models: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
