@@ -86,6 +86,7 @@ async def doors_world(nats_url: str, base: Path) -> AsyncIterator[World]:
                 ingress={
                     "ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT),
                     "a2a": A2aOptions(default_agent="echo"),
+                    "ai_openai_enabled": True,
                 },
                 governance={"governance": {"policy_files": [policy]}},
             )

@@ -96,7 +96,7 @@ def text_of(result: types.CallToolResult) -> str:
 async def test_the_agents_a_token_may_use_are_its_tools(world: World) -> None:
     async with mcp_client(world, ADA) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {"echo", "notes", "planner"}
+    assert set(tools) == {"echo", "notes", "planner", "keeper"}
     assert tools["notes"].description == "Manages notes."
     assert tools["echo"].input_schema["required"] == ["message"]
     async with mcp_client(world, ADA_ECHO) as client:

@@ -69,4 +69,11 @@ class Planner:
     """A model agent with the `write_todos` plan: its plan is the AG-UI state."""
 
 
-app = App(agents=[Echo, Notes, Planner])
+@agent(
+    name="keeper", description="Remembers the conversation.", system_prompt="You remember.", harness=[Harness.MEMORY]
+)
+class Keeper:
+    """A model agent with conversation memory: what a continued response (or thread) builds on."""
+
+
+app = App(agents=[Echo, Notes, Planner, Keeper])

@@ -17,7 +17,7 @@ from atmosphere.bus.testing import FakeBus
 from atmosphere.config import NatsSettings
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission, TextDelta
 from atmosphere.ingress.api import create_app
-from atmosphere.ingress.openai_api import AnswerChangedError, _Run
+from atmosphere.ingress.openai_api import AnswerChangedError, CompletionRun
 from atmosphere.ingress.openai_wire import Completion
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
@@ -78,7 +78,9 @@ async def test_an_openai_completion_goes_on_across_its_runs_resumption() -> None
         yield RunEvent(seq=3, metadata=Metadata(key=RESUMED_METADATA_KEY, value_json='{"fromSeq": 3}'))
         yield RunEvent(seq=4, text_delta=TextDelta(text="w2"))
 
-    active = _Run(None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
+    active = CompletionRun(
+        None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10
+    )  # type: ignore[arg-type]
     texts = []
     while (event := await active.next()) is not None:
         texts.append(event.text_delta.text)
@@ -97,7 +99,9 @@ async def test_a_whole_openai_completion_takes_a_rewound_answer_back() -> None:
         yield _rewound(len("is the capit"))  # the answer asked again came out differently
         yield RunEvent(seq=5, text_delta=TextDelta(text="has been the capital."))
 
-    active = _Run(None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
+    active = CompletionRun(
+        None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10
+    )  # type: ignore[arg-type]
     while (event := await active.next()) is not None:
         active.text.append(event.text_delta.text)
     assert "".join(active.text) == "Paris has been the capital."
@@ -108,7 +112,9 @@ async def test_a_streamed_openai_completion_whose_answer_changed_is_an_error_not
         yield RunEvent(seq=2, text_delta=TextDelta(text="Paris is"))
         yield _rewound(2)
 
-    active = _Run(None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10)  # type: ignore[arg-type]
+    active = CompletionRun(
+        None, RunSubmission(run_id="r1"), events(), Completion(model="m"), deadline=time.monotonic() + 10
+    )  # type: ignore[arg-type]
     await active.next()
     active.streaming = True  # the first piece went to the client
     with pytest.raises(AnswerChangedError):

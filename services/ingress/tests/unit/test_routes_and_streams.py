@@ -25,7 +25,7 @@ from atmosphere.ingress.agent_sse import _sse_response
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.connection import SERVICE_RESTART_CODE, Closed, Connection
 from atmosphere.ingress.errors import OpenAiError, OpenAiUnavailableError
-from atmosphere.ingress.openai_api import ClientGoneError, DrainingError, _answer, _failure
+from atmosphere.ingress.openai_api import ClientGoneError, DrainingError, answer_unless_gone, failure_of
 from atmosphere.ingress.openai_wire import parse_chat_request
 from atmosphere.ingress.pacing import KEEP_ALIVE_COMMENT, Drain, PacedResponse, Pause, paced
 from atmosphere.ingress.settings import IngressOptions, IngressSettings
@@ -356,13 +356,13 @@ async def test_a_completion_still_waiting_for_its_first_text_when_ingress_drains
         finally:
             stopped.set()
 
-    waiting = asyncio.create_task(_answer(drain, a_request(), never_answers()))
+    waiting = asyncio.create_task(answer_unless_gone(drain, a_request(), never_answers()))
     await asyncio.sleep(0)
     drain.start()
     with pytest.raises(DrainingError) as drained:
         await waiting
     assert stopped.is_set()
-    failure = _failure(drained.value)
+    failure = failure_of(drained.value)
     assert failure.status == 503
     assert "Retry-After" in failure.headers()
 
@@ -387,7 +387,7 @@ async def test_a_completion_whose_client_leaves_before_the_first_byte_stops_at_o
         finally:
             stopped.set()
 
-    waiting = asyncio.create_task(_answer(Drain(), a_request(gone), never_answers()))
+    waiting = asyncio.create_task(answer_unless_gone(Drain(), a_request(gone), never_answers()))
     await asyncio.sleep(0)
     gone.set()
     with pytest.raises(ClientGoneError):

@@ -259,12 +259,8 @@ class A2ADoor:
     """The request handler and JSON-RPC dispatcher shared by every agent of this ingress."""
 
     def __init__(self) -> None:
-        generic = AgentCard(
-            name="atmosphere",
-            description="Atmosphere agents",
-            version="0.1.0",
-            capabilities=AgentCapabilities(streaming=True, push_notifications=False),
-        )
+        # What the handler checks requests against (streaming): every agent's card says the same.
+        generic = agent_card(AgentDescriptor(name="agent", description="An Atmosphere agent."), "", secured=False)
         self.handler = DefaultRequestHandler(
             agent_executor=RunExecutor(), task_store=BoundedTaskStore(), agent_card=generic
         )

@@ -28,6 +28,7 @@ from atmosphere.ingress import (
     docs,
     governance_admin,
     openai_api,
+    responses_api,
     run_control,
     workspace_api,
 )
@@ -271,6 +272,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
         app.include_router(door)
     if settings.ai_openai_enabled:
         app.include_router(openai_api.router)
+        app.include_router(responses_api.router)
     doors = door_routers(settings)
     for door in doors:
         app.include_router(door)
@@ -278,7 +280,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     app.include_router(workspace_api.router)
     app.include_router(admin_api.router)
     # From the routers themselves: FastAPI wraps included routers in objects of its own.
-    openai_routes = openai_api.router.routes if settings.ai_openai_enabled else []
+    openai_routes = [*openai_api.router.routes, *responses_api.router.routes] if settings.ai_openai_enabled else []
     return [
         r
         for r in (

@@ -447,6 +447,13 @@ class OpenAiModelNotFoundError(OpenAiError):
     code = "model_not_found"
 
 
+class OpenAiNotFoundError(OpenAiError):
+    """Something the request names that does not exist (for this caller): a previous response."""
+
+    status = 404
+    code = "not_found"
+
+
 class OpenAiTooLargeError(OpenAiError):
     """A body or run too large to accept."""
 

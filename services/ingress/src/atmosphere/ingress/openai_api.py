@@ -76,7 +76,8 @@ from atmosphere.service import scoped_conversation
 
 log = logging.getLogger("atmosphere.ingress")
 
-router = APIRouter(prefix="/atmosphere/v1")
+OPENAI_PREFIX = "/atmosphere/v1"
+router = APIRouter(prefix=OPENAI_PREFIX)
 
 ERROR_SCHEMA = {
     "content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "object"}}}}}
@@ -90,7 +91,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 MISSING_KEY = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'."
 
 
-def _run_error(event: RunEvent) -> OpenAiError:
+def run_error_of(event: RunEvent) -> OpenAiError:
     return error_for_run(event.error)
 
 
@@ -119,7 +120,7 @@ APPROVAL_DOORS = (
 )
 
 
-def _authorize(state: IngressState, request: Request) -> Caller | None:
+def authorize_openai(state: IngressState, request: Request) -> Caller | None:
     """Check the caller's key; its token grant's caller when grants stand in for a key (else None)."""
     key = state.settings.ai_openai_api_key
     if not key:
@@ -141,7 +142,7 @@ def _grant_caller(state: IngressState, request: Request) -> Caller | None:
         raise OpenAiInvalidApiKeyError(MISSING_KEY) from None
 
 
-def _grant_principal(state: IngressState, request: Request, *, path: str | None) -> Principal | None:
+def grant_principal(state: IngressState, request: Request, *, path: str | None) -> Principal | None:
     """The token grant's principal (None with no grants configured), checked against `path` if given.
 
     With token grants configured, a completion runs for (and is owned by) the grant's user,
@@ -162,7 +163,7 @@ async def list_models(request: Request) -> JSONResponse:
     With token grants, only the models whose agent the key may use are listed.
     """
     state = state_of(request)
-    caller = _authorize(state, request)
+    caller = authorize_openai(state, request)
     try:
         agents = {a.name: a for a in await state.directory.all()}
     except BusError:
@@ -201,7 +202,7 @@ class _Retry:
 
 
 @dataclass
-class _Run:
+class CompletionRun:
     """A completion being produced."""
 
     state: IngressState
@@ -324,7 +325,7 @@ class _Admitted:
 async def _admit(state: IngressState, request: Request) -> _Admitted:
     """Check and map the request; the run it becomes. `OpenAiError` for anything refused."""
     settings = state.settings
-    _authorize(state, request)
+    authorize_openai(state, request)
     if "application/json" not in request.headers.get("content-type", "").lower():
         raise OpenAiUnsupportedMediaTypeError("Content-Type must be application/json.")
     try:
@@ -333,10 +334,10 @@ async def _admit(state: IngressState, request: Request) -> _Admitted:
     except BodyError as exc:
         raise body_error(exc) from None
     chat = parse_chat_request(raw)
-    target, agents = await _resolve(state, chat)
+    target, agents = await resolve_agent(state, chat.model)
     if state.openai_permits.locked():
         raise OpenAiUnavailableError("Too many completions in flight; try again.")
-    granted = None if settings.ai_openai_api_key else _grant_principal(state, request, path=agents[target].path)
+    granted = None if settings.ai_openai_api_key else grant_principal(state, request, path=agents[target].path)
     principal = granted or Principal(
         auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or ""
     )
@@ -346,8 +347,8 @@ async def _admit(state: IngressState, request: Request) -> _Admitted:
     return _Admitted(chat, _run_request(chat, agents[target], principal), retry_key)
 
 
-async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[str, AgentDescriptor]]:
-    """The agent serving `chat.model`, and every agent; a miss re-reads the directory once.
+async def resolve_agent(state: IngressState, model: str | None) -> tuple[str, dict[str, AgentDescriptor]]:
+    """The agent serving `model`, and every agent; a miss re-reads the directory once.
 
     The re-read catches an agent whose dispatch registered it after the directory's last read.
     """
@@ -359,7 +360,7 @@ async def _resolve(state: IngressState, chat: ChatRequest) -> tuple[str, dict[st
             raise OpenAiUnavailableError("The agent directory is unavailable.") from None
         try:
             target = resolve_target(
-                chat.model,
+                model,
                 models=settings.ai_openai_models,
                 default_agent=settings.ai_openai_default_agent,
                 registered=list(agents),
@@ -433,7 +434,7 @@ async def chat_completions(request: Request) -> Response:
         raise
     handed_over = False
     try:
-        response = await _answer(state.drain, request, _respond(active, admitted.chat))
+        response = await answer_unless_gone(state.drain, request, _respond(active, admitted.chat))
         handed_over = isinstance(response, StreamingResponse)
         response.headers[RUN_ID_HEADER] = active.run.run_id
         return response
@@ -442,29 +443,29 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)  # nobody reads it: the connection is gone
     except ApprovalNotCarriedError as exc:
         await active.close("an approval cannot be given over Chat Completions", at_once=True)
-        raise _naming(exc.as_openai(), active) from None
+        raise naming_run(exc.as_openai(), active) from None
     except OpenAiError as exc:
-        raise _naming(exc, active) from None
+        raise naming_run(exc, active) from None
     except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, AnswerChangedError) as exc:
-        raise _naming(_failure(exc), active) from None
+        raise naming_run(failure_of(exc), active) from None
     finally:
         if not handed_over:
             await active.close()
 
 
-def _naming(error: OpenAiError, active: _Run) -> OpenAiError:
+def naming_run(error: OpenAiError, active: CompletionRun) -> OpenAiError:
     """`error`, naming the run the completion started (`X-Atmosphere-Run-Id`)."""
     error.run_id = active.run.run_id
     return error
 
 
-async def _start(state: IngressState, admitted: _Admitted) -> _Run:
+async def _start(state: IngressState, admitted: _Admitted) -> CompletionRun:
     """Submit the run, or attach to the run of the request this one repeats."""
     run, completion = admitted.run, Completion(model=admitted.chat.model or admitted.run.agent)
     deadline = time.monotonic() + state.settings.ai_openai_timeout
     key = admitted.retry_key
     if key is None:
-        return _Run(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline)
+        return CompletionRun(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline)
     try:
         claim = await state.completions.claim(key, run, completion.id, completion.created)
         if not claim.ours and not _worth_attaching(await last_event(state.bus, claim.run_id)):
@@ -473,13 +474,13 @@ async def _start(state: IngressState, admitted: _Admitted) -> _Run:
         raise OpenAiUnavailableError("The agent is unavailable right now; try again.") from None
     retry = _Retry(key, claim)
     if claim.ours:
-        return _Run(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline, retry)
+        return CompletionRun(state, run, follow_run(state.bus, run.run_id, submit=run), completion, deadline, retry)
     log.info("completion retried: attaching to run %s", claim.run_id)
     followed = RunSubmission()
     followed.CopyFrom(run)
     followed.run_id = claim.run_id
     same = Completion(model=completion.model, id=claim.completion_id, created=claim.created)
-    return _Run(state, followed, follow_run(state.bus, claim.run_id), same, deadline, retry)
+    return CompletionRun(state, followed, follow_run(state.bus, claim.run_id), same, deadline, retry)
 
 
 def _worth_attaching(last: RunEvent | None) -> bool:
@@ -498,7 +499,7 @@ def _worth_attaching(last: RunEvent | None) -> bool:
     return not (last.error.retryable or last.error.code == RunCancelledError.code)
 
 
-def _failure(exc: Exception) -> OpenAiError:
+def failure_of(exc: Exception) -> OpenAiError:
     """The OpenAI error for a completion that could not be answered."""
     if isinstance(exc, PayloadTooLargeError):
         return OpenAiTooLargeError("The request is too large to run.")
@@ -525,7 +526,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _answer(drain: Drain, request: Request, answering: Coroutine[Any, Any, Response]) -> Response:
+async def answer_unless_gone(drain: Drain, request: Request, answering: Coroutine[Any, Any, Response]) -> Response:
     """`answering`'s response, unless ingress drains or the client leaves first (an answer may take minutes).
 
     Raises `DrainingError` or `ClientGoneError` then, after stopping `answering`.
@@ -548,43 +549,43 @@ async def _answer(drain: Drain, request: Request, answering: Coroutine[Any, Any,
     return answer.result()
 
 
-async def _respond(active: _Run, chat: ChatRequest) -> Response:
+async def _respond(active: CompletionRun, chat: ChatRequest) -> Response:
     if not chat.stream:
         # Wait for the first text (or the end) before answering: a run that fails at once gets a
         # proper HTTP error (the provider's 4xx, a 503 with Retry-After) instead of a 200 with
         # an error inside.
         first = await active.next()
-        return await _whole(active, _checked_first(first))
+        return await _whole(active, checked_first(first))
     # A stream waits for its first event only so long: then its head goes out, and SSE
     # comments while the run is quiet (a client or proxy must not take the silence for a hang).
     pending = asyncio.ensure_future(active.next())
     try:
-        done, _ = await asyncio.wait({pending}, timeout=_first_event_patience(active))
+        done, _ = await asyncio.wait({pending}, timeout=first_event_patience(active))
     except asyncio.CancelledError:
         pending.cancel()
         raise
     if done:
-        return _paced(active, _ready(_checked_first(pending.result())), chat)
+        return _paced(active, ready_event(checked_first(pending.result())), chat)
     return _paced(active, pending, chat)
 
 
-def _first_event_patience(active: _Run) -> float:
+def first_event_patience(active: CompletionRun) -> float:
     return min(FIRST_EVENT_PATIENCE, active.state.settings.ingress.sse_keep_alive)
 
 
-def _checked_first(first: RunEvent | None) -> RunEvent:
+def checked_first(first: RunEvent | None) -> RunEvent:
     if first is None:
         raise agent_failed()
     if first.WhichOneof("kind") == "error":
-        raise _run_error(first)
+        raise run_error_of(first)
     return first
 
 
-async def _ready(event: RunEvent) -> RunEvent | None:
+async def ready_event(event: RunEvent) -> RunEvent | None:
     return event
 
 
-async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
+async def _whole(active: CompletionRun, event: RunEvent | None) -> JSONResponse:
     summary = ""
     finish_reason: str | None = "stop"
     while event is not None:
@@ -592,7 +593,7 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
         if kind == "text_delta":
             active.text.append(event.text_delta.text)
         elif kind == "error":
-            raise _run_error(event)
+            raise run_error_of(event)
         elif kind == "complete":
             summary = event.complete.summary
             finish_reason = _finish_reason(event)
@@ -603,7 +604,7 @@ async def _whole(active: _Run, event: RunEvent | None) -> JSONResponse:
     return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
 
 
-def _paced(active: _Run, first: Awaitable[RunEvent | None], chat: ChatRequest) -> PacedResponse:
+def _paced(active: CompletionRun, first: Awaitable[RunEvent | None], chat: ChatRequest) -> PacedResponse:
     """The completion's chunks, a comment while the agent is quiet (a tool call), an end when ingress drains.
 
     An OpenAI client cannot resume a completion: a draining ingress ends it with a retryable
@@ -631,7 +632,7 @@ def _paced(active: _Run, first: Awaitable[RunEvent | None], chat: ChatRequest) -
     )
 
 
-async def _stream(active: _Run, first: Awaitable[RunEvent | None], chat: ChatRequest) -> AsyncIterator[bytes]:
+async def _stream(active: CompletionRun, first: Awaitable[RunEvent | None], chat: ChatRequest) -> AsyncIterator[bytes]:
     completion = active.completion
     try:
         yield sse_data(completion.chunk({"role": "assistant", "content": ""}))
@@ -644,7 +645,7 @@ async def _stream(active: _Run, first: Awaitable[RunEvent | None], chat: ChatReq
                 active.streaming = True
                 yield sse_data(completion.chunk({"content": event.text_delta.text}))
             elif kind == "error":
-                yield sse_data(_run_error(event).body())
+                yield sse_data(run_error_of(event).body())
                 yield sse_data("[DONE]")
                 return
             elif kind == "complete":

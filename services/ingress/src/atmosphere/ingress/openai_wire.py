@@ -132,7 +132,7 @@ def _messages(raw: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _json_body(raw: bytes) -> dict[str, Any]:
+def json_body(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise OpenAiInvalidRequestError("Request body is empty.")
     try:
@@ -187,7 +187,7 @@ def _check_names(body: dict[str, Any]) -> None:
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Validate a request body; `OpenAiError` for anything not acceptable."""
-    body = _json_body(raw)
+    body = json_body(raw)
     for name in UNSUPPORTED_FIELDS:
         value = body.get(name)
         if value is not None and value not in ([], ""):
