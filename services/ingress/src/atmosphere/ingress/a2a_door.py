@@ -142,7 +142,8 @@ class RunExecutor(AgentExecutor):
     def __init__(self) -> None:
         self._runs: OrderedDict[str, str] = OrderedDict()
         """Task id → the run it is (for CancelTask), the newest `MAX_TASKS`."""
-        self._waiting: dict[str, _Waiting] = {}
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()
+        """Task id → the approval its run waits for, the newest `MAX_TASKS` (an unanswered one expires)."""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         call: _Call = context.call_context.state["call"]
@@ -199,7 +200,7 @@ class RunExecutor(AgentExecutor):
                     )
                 elif kind == "approval_required":
                     approval = event.approval_required
-                    self._waiting[task_id] = _Waiting(run.run_id, approval.approval_id, event.seq)
+                    self._wait(task_id, _Waiting(run.run_id, approval.approval_id, event.seq))
                     cancel = None
                     question = (
                         f"The agent wants to call '{approval.tool_name}' with {approval.arguments_json[:2000]}. "
@@ -233,6 +234,12 @@ class RunExecutor(AgentExecutor):
             await cancel_run(call.state.bus, run_id, "the A2A task was cancelled", principal=call.caller.principal)
         updater = TaskUpdater(event_queue, task_id, context.context_id or "")
         await updater.cancel()
+
+    def _wait(self, task_id: str, waiting: _Waiting) -> None:
+        self._waiting[task_id] = waiting
+        self._waiting.move_to_end(task_id)
+        while len(self._waiting) > MAX_TASKS:
+            self._waiting.popitem(last=False)
 
     def _remember(self, task_id: str, run_id: str) -> None:
         self._runs[task_id] = run_id
