@@ -218,6 +218,17 @@ async def test_the_largest_message_is_served_and_one_byte_more_is_refused(world:
     assert get_message_text(over.task.status.message) == f"Error: The message exceeds {MESSAGE_LIMIT} bytes"
 
 
+async def test_a_body_past_what_any_message_needs_is_a_413_before_the_sdk_reads_it(world: World) -> None:
+    huge = b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"pad": "' + b"x" * (
+        7 * MESSAGE_LIMIT + 65536
+    )
+    headers = {"Authorization": f"Bearer {ADA}", "A2A-Version": "1.0", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(agent_url(world, "echo"), content=huge + b'"}}', headers=headers)
+    assert refused.status_code == 413
+    assert refused.json()["code"] == "ingress.too_large"
+
+
 async def test_an_email_never_reaches_the_a2a_client(world: World) -> None:
     leaky = "Here is the account summary you asked for. " * 6 + f"Contact {EMAIL} for refunds. " + "Thanks. " * 30
     world.provider.script(Turn.text(leaky, words=False))

@@ -50,6 +50,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from google.protobuf.json_format import MessageToDict
 from starlette.requests import Request as StarletteRequest
+from starlette.types import Message
 
 from atmosphere.bus.runs import cancel_run
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
@@ -57,7 +58,7 @@ from atmosphere.ingress.agent_prompts import find_agent, known_agent
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.door_runs import AnswerText, DoorRun, follow_owned_run, start_run
 from atmosphere.ingress.errors import AUTH_REFUSALS, AgentNotFoundError, IngressError
-from atmosphere.ingress.http import error_responses, state_of
+from atmosphere.ingress.http import bounded_body, error_responses, message_limit_of, state_of
 from atmosphere.ingress.inbound import ApprovalReply, send_approval
 from atmosphere.ingress.protocol_doors import A2A_PATH
 from atmosphere.ingress.state import IngressState
@@ -68,6 +69,8 @@ TRANSPORT = "a2a"
 MAX_TASKS = 10_000
 """Tasks one ingress process keeps (each a few kilobytes); beyond it the oldest are forgotten."""
 ANSWER_ARTIFACT = "answer"
+ENVELOPE_BYTES = 64 * 1024
+"""Room for the JSON-RPC envelope around a message of the largest size ingress admits."""
 
 router = APIRouter()
 
@@ -366,9 +369,25 @@ async def a2a_rpc(request: Request, name: str) -> Response:
     agent = known_agent(state, request, await find_agent(state, name=name))
     caller = _caller_for(state, request, agent)
     door = _door(request)
+    # The SDK reads a body whole, however large: it gets one already read within the limit.
+    raw = await bounded_body(request, limit=6 * message_limit_of(state) + ENVELOPE_BYTES)
     address = request.client.host if request.client is not None else ""
     token = _call.set(_Call(state, caller, agent, address))
     try:
-        return await door.dispatcher.handle_requests(request)
+        return await door.dispatcher.handle_requests(_replaying(request, raw))
     finally:
         _call.reset(token)
+
+
+def _replaying(request: Request, body: bytes) -> StarletteRequest:
+    """`request` with its body already read: `body` once, then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await request.receive()
+
+    return StarletteRequest(request.scope, receive)
