@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,11 +184,11 @@ class ApprovalNotCarriedError(Exception):
         self.tool = tool
         super().__init__(f"{agent}: {tool} needs approval")
 
-    def as_openai(self) -> OpenAiError:
+    def as_openai(self, door: str = "Chat Completions") -> OpenAiError:
         doors = APPROVAL_DOORS.format(agent=self.agent)
         return OpenAiApprovalRequiredError(
             f"The agent '{self.agent}' called the tool '{self.tool}', which needs a human's approval; "
-            f"Chat Completions cannot carry one, so the run was cancelled and the tool did not run. "
+            f"{door} cannot carry one, so the run was cancelled and the tool did not run. "
             f"Use a door that carries approvals: {doors}."
         )
 
@@ -432,9 +432,25 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         state.openai_permits.release()
         raise
+    return await serve_answer(state, request, active, _respond(active, admitted.chat), door="Chat Completions")
+
+
+async def serve_answer(
+    state: IngressState,
+    request: Request,
+    active: CompletionRun,
+    answering: Coroutine[Any, Any, Response],
+    *,
+    door: str,
+) -> Response:
+    """`answering`'s response, naming its run; every way it can fail as the OpenAI error it is.
+
+    A response that streams takes `active` over (it closes it when the stream ends); any other
+    outcome closes it here, cancelling the run unless it finished.
+    """
     handed_over = False
     try:
-        response = await answer_unless_gone(state.drain, request, _respond(active, admitted.chat))
+        response = await answer_unless_gone(state.drain, request, answering)
         handed_over = isinstance(response, StreamingResponse)
         response.headers[RUN_ID_HEADER] = active.run.run_id
         return response
@@ -442,8 +458,8 @@ async def chat_completions(request: Request) -> Response:
         await active.close()
         return Response(status_code=499)  # nobody reads it: the connection is gone
     except ApprovalNotCarriedError as exc:
-        await active.close("an approval cannot be given over Chat Completions", at_once=True)
-        raise naming_run(exc.as_openai(), active) from None
+        await active.close(f"an approval cannot be given over {door}", at_once=True)
+        raise naming_run(exc.as_openai(door), active) from None
     except OpenAiError as exc:
         raise naming_run(exc, active) from None
     except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, AnswerChangedError) as exc:
@@ -554,19 +570,30 @@ async def _respond(active: CompletionRun, chat: ChatRequest) -> Response:
         # Wait for the first text (or the end) before answering: a run that fails at once gets a
         # proper HTTP error (the provider's 4xx, a 503 with Retry-After) instead of a 200 with
         # an error inside.
-        first = await active.next()
-        return await _whole(active, checked_first(first))
-    # A stream waits for its first event only so long: then its head goes out, and SSE
-    # comments while the run is quiet (a client or proxy must not take the silence for a hang).
+        return await _whole(active, checked_first(await active.next()))
+    first = await first_event(active)
+
+    async def last_words() -> bytes:
+        failure = OpenAiUnavailableError("The server is restarting; send the request again.")
+        return sse_data(failure.body()) + sse_data("[DONE]")
+
+    return paced_answer(active, first, _stream(active, first, chat), last_words)
+
+
+async def first_event(active: CompletionRun) -> Awaitable[RunEvent | None]:
+    """The run's first event, when it comes within the patience (an error then raises), else the wait for it.
+
+    A stream waits for its first event only so long: then its head goes out, and SSE comments
+    while the run is quiet (a client or proxy must not take the silence for a hang). Within it, a
+    run that fails at once is a proper HTTP error.
+    """
     pending = asyncio.ensure_future(active.next())
     try:
         done, _ = await asyncio.wait({pending}, timeout=first_event_patience(active))
     except asyncio.CancelledError:
         pending.cancel()
         raise
-    if done:
-        return _paced(active, ready_event(checked_first(pending.result())), chat)
-    return _paced(active, pending, chat)
+    return ready_event(checked_first(pending.result())) if done else pending
 
 
 def first_event_patience(active: CompletionRun) -> float:
@@ -604,17 +631,18 @@ async def _whole(active: CompletionRun, event: RunEvent | None) -> JSONResponse:
     return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
 
 
-def _paced(active: CompletionRun, first: Awaitable[RunEvent | None], chat: ChatRequest) -> PacedResponse:
-    """The completion's chunks, a comment while the agent is quiet (a tool call), an end when ingress drains.
+def paced_answer(
+    active: CompletionRun,
+    first: Awaitable[RunEvent | None],
+    body: AsyncIterator[bytes],
+    last_words: Callable[[], Awaitable[bytes]],
+) -> PacedResponse:
+    """The answer's SSE `body`, a comment while the agent is quiet (a tool call), `last_words` when ingress drains.
 
-    An OpenAI client cannot resume a completion: a draining ingress ends it with a retryable
-    error (the run is cancelled as the stream closes, as for a client that went away), so the
-    client sends it again.
+    An OpenAI client cannot resume an answer: a draining ingress ends it with a retryable error
+    (the run is cancelled as the stream closes, as for a client that went away), so the client
+    sends it again.
     """
-
-    async def last_words() -> bytes:
-        failure = OpenAiUnavailableError("The server is restarting; send the request again.")
-        return sse_data(failure.body()) + sse_data("[DONE]")
 
     async def closed() -> None:
         if isinstance(first, asyncio.Future) and not first.done():
@@ -623,7 +651,7 @@ def _paced(active: CompletionRun, first: Awaitable[RunEvent | None], chat: ChatR
 
     active.head_sent = True
     return PacedResponse(
-        _stream(active, first, chat),
+        body,
         keep_alive=active.state.settings.ingress.sse_keep_alive,
         draining=active.state.drain.event,
         last_words=last_words,

@@ -10,7 +10,6 @@ cannot either: an approval cancels the run with a 422 that names the doors that 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -18,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from atmosphere.bus import BusError, PayloadTooLargeError
+from atmosphere.bus import BusError
 from atmosphere.bus.runs import HISTORY_METADATA_KEY, StreamGapError, follow_run, last_event, new_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
@@ -40,17 +39,15 @@ from atmosphere.ingress.openai_api import (
     OPENAI_PREFIX,
     AnswerChangedError,
     ApprovalNotCarriedError,
-    ClientGoneError,
     CompletionRun,
-    DrainingError,
-    answer_unless_gone,
     authorize_openai,
     checked_first,
-    failure_of,
+    first_event,
     grant_principal,
-    naming_run,
+    paced_answer,
     resolve_agent,
     run_error_of,
+    serve_answer,
 )
 from atmosphere.ingress.openai_wire import Completion, body_error
 from atmosphere.ingress.pacing import PacedResponse
@@ -59,6 +56,7 @@ from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
 TRANSPORT = "openai-responses"
+DOOR = "the Responses API"
 
 router = APIRouter(prefix=OPENAI_PREFIX)
 ERRORS = {"content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "object"}}}}}}
@@ -170,26 +168,8 @@ async def create_response(request: Request) -> Response:
     active = CompletionRun(
         state, run, follow_run(state.bus, run.run_id, submit=run), Completion(model=shape.model), deadline
     )
-    handed_over = False
-    try:
-        answer = _streamed(active, shape) if asked.stream else _whole(active, shape)
-        response = await answer_unless_gone(state.drain, request, answer)
-        handed_over = isinstance(response, StreamingResponse)
-        response.headers["X-Atmosphere-Run-Id"] = run.run_id
-        return response
-    except ClientGoneError:
-        await active.close()
-        return Response(status_code=499)
-    except ApprovalNotCarriedError as exc:
-        await active.close("an approval cannot be given over the Responses API", at_once=True)
-        raise naming_run(exc.as_openai(), active) from None
-    except OpenAiError as exc:
-        raise naming_run(exc, active) from None
-    except (DrainingError, TimeoutError, PayloadTooLargeError, BusError, StreamGapError, AnswerChangedError) as exc:
-        raise naming_run(failure_of(exc), active) from None
-    finally:
-        if not handed_over:
-            await active.close()
+    answer = _streamed(active, shape) if asked.stream else _whole(active, shape)
+    return await serve_answer(state, request, active, answer, door=DOOR)
 
 
 async def _whole(active: CompletionRun, shape: ResponseShape) -> JSONResponse:
@@ -210,39 +190,13 @@ async def _whole(active: CompletionRun, shape: ResponseShape) -> JSONResponse:
 
 
 async def _streamed(active: CompletionRun, shape: ResponseShape) -> PacedResponse:
-    # As for a streamed completion: a run that fails at once is a proper HTTP error.
-    pending = asyncio.ensure_future(active.next())
-    try:
-        done, _ = await asyncio.wait({pending}, timeout=min(2.0, active.state.settings.ingress.sse_keep_alive))
-    except asyncio.CancelledError:
-        pending.cancel()
-        raise
-    first: Awaitable[RunEvent | None] = pending
-    if done:
-        first = _ready(checked_first(pending.result()))
+    first = await first_event(active)
 
     async def last_words() -> bytes:
         failure = OpenAiUnavailableError("The server is restarting; send the request again.")
         return _sse(shape.event("error", code=failure.code, message=failure.message, param=None))
 
-    async def closed() -> None:
-        if isinstance(first, asyncio.Future) and not first.done():
-            first.cancel()
-        await active.close()
-
-    active.head_sent = True
-    return PacedResponse(
-        _events(active, shape, first),
-        keep_alive=active.state.settings.ingress.sse_keep_alive,
-        draining=active.state.drain.event,
-        last_words=last_words,
-        on_close=closed,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-async def _ready(event: RunEvent) -> RunEvent | None:
-    return event
+    return paced_answer(active, first, _events(active, shape, first), last_words)
 
 
 def _sse(event: dict[str, Any]) -> bytes:
@@ -277,8 +231,8 @@ async def _events(
                 break
             event = await active.next()
     except ApprovalNotCarriedError as exc:
-        await active.close("an approval cannot be given over the Responses API", at_once=True)
-        yield _sse(_failed(shape, active, exc.as_openai()))
+        await active.close(f"an approval cannot be given over {DOOR}", at_once=True)
+        yield _sse(_failed(shape, active, exc.as_openai(DOOR)))
         return
     except (TimeoutError, BusError, StreamGapError, AnswerChangedError):
         yield _sse(_failed(shape, active, OpenAiUnavailableError("The agent stopped answering.")))
