@@ -98,7 +98,7 @@ async def agui_run(request: Request, name: str) -> PacedResponse:
     run_input = _parse(raw)
     address = address_of(request)
     if run_input.resume:
-        run = await _resumed(state, caller, run_input)
+        run = await _resumed(state, caller, run_input, address)
     else:
         run = await start_run(
             state,
@@ -149,7 +149,7 @@ def _thread_key(thread_id: str) -> str:
     return "agui-" + uuid.uuid5(uuid.NAMESPACE_URL, thread_id).hex
 
 
-async def _resumed(state: IngressState, caller: Caller, run_input: RunAgentInput) -> DoorRun:
+async def _resumed(state: IngressState, caller: Caller, run_input: RunAgentInput, address: str) -> DoorRun:
     """Answer the interrupts `resume` names and follow their run on after the seq that asked."""
     entries = run_input.resume or []
     if len(entries) > MAX_RESUME:
@@ -160,7 +160,7 @@ async def _resumed(state: IngressState, caller: Caller, run_input: RunAgentInput
         msg = "Unknown interruptId: answer the interrupts of one run, by the ids its RUN_FINISHED gave"
         raise MalformedRequestError(msg)
     first = min((ref for ref, _ in refs if ref), key=lambda ref: ref.seq)
-    run = await follow_owned_run(state, caller, first.run_id, address="", after_seq=first.seq)
+    run = await follow_owned_run(state, caller, first.run_id, address=address, after_seq=first.seq)
     try:
         for ref, entry in refs:
             assert ref is not None
