@@ -32,6 +32,8 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -69,6 +71,8 @@ APPROVAL_DOORS = (
     "the WebSocket at /atmosphere/agent/{agent}, or SSE (POST /atmosphere/agent/{agent}) with approvals "
     "POSTed to /atmosphere/runs/<run>/approval, or an MCP client that supports elicitation"
 )
+REFUSED = -32001
+"""The JSON-RPC code of a refused caller (server-defined range): the 401 and 403 bodies carry it too."""
 ENVELOPE_BYTES = 64 * 1024
 """Room for the JSON-RPC envelope around a message of the largest size ingress admits."""
 
@@ -189,8 +193,15 @@ class McpDoor:
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         del params
-        caller = self._caller(ctx)
-        agents = await self.state.directory.all()
+        # Raised as MCP errors of our own words: the SDK would send an exception's text as it is.
+        try:
+            caller = self._caller(ctx)
+            agents = await self.state.directory.all()
+        except AuthError as exc:
+            raise MCPError(REFUSED, exc.message) from None
+        except BusError as exc:
+            log.warning("the MCP door could not list the agents: %s", exc)
+            raise MCPError(INTERNAL_ERROR, "The agent directory is unavailable; try again") from None
         return types.ListToolsResult(tools=[agent_tool(a) for a in agents if caller.may_use(a.path)])
 
     async def _call_tool(
@@ -375,6 +386,6 @@ def _address(ctx: ServerRequestContext[Any, Any]) -> str:
 
 def _refuse(error: IngressError) -> JSONResponse:
     """A refusal an MCP client can read (a JSON-RPC error), with ingress's `code` beside it."""
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": error.message}, "code": error.code}
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": error.message}, "code": error.code}
     headers = {"WWW-Authenticate": 'Bearer realm="atmosphere"'} if error.status == 401 else None
     return JSONResponse(body, status_code=error.status, headers=headers)
