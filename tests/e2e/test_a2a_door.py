@@ -229,6 +229,14 @@ async def test_a_body_past_what_any_message_needs_is_a_413_before_the_sdk_reads_
     assert refused.json()["code"] == "ingress.too_large"
 
 
+async def test_a_message_without_text_is_rejected(world: World) -> None:
+    empty = SendMessageRequest(message=new_text_message("   ", role=Role.ROLE_USER))
+    async with a2a_client(world, "echo", streaming=False) as client:
+        [reply] = [r async for r in client.send_message(empty)]
+    assert reply.task.status.state == TaskState.TASK_STATE_REJECTED
+    assert get_message_text(reply.task.status.message) == "Error: The message has no text (only text parts are read)"
+
+
 async def test_an_email_never_reaches_the_a2a_client(world: World) -> None:
     leaky = "Here is the account summary you asked for. " * 6 + f"Contact {EMAIL} for refunds. " + "Thanks. " * 30
     world.provider.script(Turn.text(leaky, words=False))

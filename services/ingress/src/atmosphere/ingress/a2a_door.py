@@ -57,7 +57,7 @@ from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.agent_prompts import find_agent, known_agent
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.door_runs import AnswerText, DoorRun, follow_owned_run, start_run
-from atmosphere.ingress.errors import AUTH_REFUSALS, AgentNotFoundError, IngressError
+from atmosphere.ingress.errors import AUTH_REFUSALS, AgentNotFoundError, IngressError, MalformedRequestError
 from atmosphere.ingress.http import bounded_body, error_responses, message_limit_of, state_of
 from atmosphere.ingress.inbound import ApprovalReply, send_approval
 from atmosphere.ingress.protocol_doors import A2A_PATH
@@ -167,11 +167,15 @@ class RunExecutor(AgentExecutor):
                     principal=call.caller.principal,
                 )
             else:
+                text = context.get_user_input()
+                if not text.strip():
+                    msg = "The message has no text (only text parts are read)"
+                    raise MalformedRequestError(msg)
                 run = await start_run(
                     call.state,
                     call.caller,
                     call.agent,
-                    context.get_user_input(),
+                    text,
                     transport=TRANSPORT,
                     address=call.address,
                     conversation=f"a2a-{context_id}",
