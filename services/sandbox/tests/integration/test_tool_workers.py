@@ -99,6 +99,13 @@ def sleep_forever() -> str:
     return "late"
 
 
+@tool(timeout=600)
+def sleep_through_close() -> str:
+    """Never return (sync, asleep), with a deadline no loaded machine reaches: in flight when the pool closes."""
+    time.sleep(10**6)
+    return "late"
+
+
 @tool(timeout=1)
 async def wait_forever() -> str:
     """Never return (async)."""
@@ -145,8 +152,8 @@ def exit_now(status: int) -> str:
 
 @agent(
     name="misbehaving",
-    tools=[add, pid_after, env, segfault, leak, spin, sleep_forever, wait_forever, block_the_loop, flood, huge,
-           forge_frame, exit_now],
+    tools=[add, pid_after, env, segfault, leak, spin, sleep_forever, sleep_through_close, wait_forever,
+           block_the_loop, flood, huge, forge_frame, exit_now],
     harness=[],
 )
 class Misbehaving:
@@ -416,12 +423,13 @@ async def test_a_worker_killed_from_outside_is_replaced(app_dir: Path, tools: To
 
 async def test_calls_in_flight_at_close_end_with_an_error_and_nothing_is_left(app_dir: Path, tools: Tools) -> None:
     async with pool(app_dir) as workers:
-        stuck = asyncio.create_task(run(workers, tools, "sleep_forever"))
+        # Not `sleep_forever`: its 1 s deadline could pass before `close()` on a loaded machine.
+        stuck = asyncio.create_task(run(workers, tools, "sleep_through_close"))
         await eventually(lambda: busy(workers), "the call in flight")
         assert len(worker_processes()) == 2
         await workers.close()
         assert await stuck == (
-            "Error: the tool worker running sleep_forever stopped (the sandbox is shutting down); "
+            "Error: the tool worker running sleep_through_close stopped (the sandbox is shutting down); "
             "the call was not completed"
         )
         assert_nothing_left()
