@@ -322,25 +322,33 @@ class _Admitted:
     retry_key: RetryKey | None
 
 
-async def _admit(state: IngressState, request: Request) -> _Admitted:
-    """Check and map the request; the run it becomes. `OpenAiError` for anything refused."""
-    settings = state.settings
+async def read_request(state: IngressState, request: Request) -> bytes:
+    """The caller checked and the JSON body read within the limit; `OpenAiError` for anything refused."""
     authorize_openai(state, request)
     if "application/json" not in request.headers.get("content-type", "").lower():
         raise OpenAiUnsupportedMediaTypeError("Content-Type must be application/json.")
     try:
         # Read as it arrives, within the broker's limit with room for the envelope: 413 early.
-        raw = await read_body(request, limit=message_limit_of(state))
+        return await read_body(request, limit=message_limit_of(state))
     except BodyError as exc:
         raise body_error(exc) from None
+
+
+def principal_for(state: IngressState, request: Request, agent: AgentDescriptor, user: str | None) -> Principal:
+    """Who the run is for: the token grant's user, else the API key's (or anonymous) caller named `user`."""
+    settings = state.settings
+    granted = None if settings.ai_openai_api_key else grant_principal(state, request, path=agent.path)
+    return granted or Principal(auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=user or "")
+
+
+async def _admit(state: IngressState, request: Request) -> _Admitted:
+    """Check and map the request; the run it becomes. `OpenAiError` for anything refused."""
+    raw = await read_request(state, request)
     chat = parse_chat_request(raw)
     target, agents = await resolve_agent(state, chat.model)
     if state.openai_permits.locked():
         raise OpenAiUnavailableError("Too many completions in flight; try again.")
-    granted = None if settings.ai_openai_api_key else grant_principal(state, request, path=agents[target].path)
-    principal = granted or Principal(
-        auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=chat.user or ""
-    )
+    principal = principal_for(state, request, agents[target], chat.user)
     # A retry is recognised only as the same caller's: never another user's completion.
     caller = f"{principal.auth_method}:{principal.tenant}:{principal.user_id}"
     retry_key = RetryKey.of(request.headers, caller, raw)

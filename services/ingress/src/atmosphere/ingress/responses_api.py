@@ -23,33 +23,31 @@ from atmosphere.bus import BusError
 from atmosphere.bus.runs import HISTORY_METADATA_KEY, StreamGapError, follow_run, last_event, new_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
-from atmosphere.ingress.bodies import BodyError, read_body
 from atmosphere.ingress.errors import (
     OpenAiError,
     OpenAiInvalidRequestError,
     OpenAiNotFoundError,
     OpenAiTooLargeError,
     OpenAiUnavailableError,
-    OpenAiUnsupportedMediaTypeError,
     RequestTooLargeError,
 )
-from atmosphere.ingress.http import message_limit_of, state_of
+from atmosphere.ingress.http import state_of
 from atmosphere.ingress.inbound import require_fits
 from atmosphere.ingress.openai_api import (
     OPENAI_PREFIX,
     AnswerChangedError,
     ApprovalNotCarriedError,
     CompletionRun,
-    authorize_openai,
     checked_first,
     first_event,
-    grant_principal,
     paced_answer,
+    principal_for,
+    read_request,
     resolve_agent,
     run_error_of,
     serve_answer,
 )
-from atmosphere.ingress.openai_wire import Completion, body_error
+from atmosphere.ingress.openai_wire import Completion
 from atmosphere.ingress.pacing import PacedResponse
 from atmosphere.ingress.responses_wire import ResponseShape, ResponsesRequest, parse_responses_request, response_id
 from atmosphere.ingress.state import IngressState
@@ -64,23 +62,12 @@ ERRORS = {"content": {"application/json": {"schema": {"type": "object", "propert
 
 async def _run_for(state: IngressState, request: Request) -> tuple[ResponsesRequest, RunSubmission, ResponseShape]:
     """Check and map the request; the run it becomes and the Response that describes it."""
-    authorize_openai(state, request)
-    if "application/json" not in request.headers.get("content-type", "").lower():
-        raise OpenAiUnsupportedMediaTypeError("Content-Type must be application/json.")
-    try:
-        raw = await read_body(request, limit=message_limit_of(state))
-    except BodyError as exc:
-        raise body_error(exc) from None
-    asked = parse_responses_request(raw)
+    asked = parse_responses_request(await read_request(state, request))
     target, agents = await resolve_agent(state, asked.model)
     agent = agents[target]
     if state.openai_permits.locked():
         raise OpenAiUnavailableError("Too many responses in flight; try again.")
-    settings = state.settings
-    granted = None if settings.ai_openai_api_key else grant_principal(state, request, path=agent.path)
-    principal = granted or Principal(
-        auth_method="api-key" if settings.ai_openai_api_key else "anonymous", name=asked.user or ""
-    )
+    principal = principal_for(state, request, agent, asked.user)
     conversation = await _conversation(state, asked, principal, agent.name)
     metadata = {HISTORY_METADATA_KEY: json.dumps(asked.prior, ensure_ascii=False)} if asked.prior else {}
     run = new_run(
