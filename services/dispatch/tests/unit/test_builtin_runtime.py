@@ -18,6 +18,7 @@ class TestBuiltInRuntimeContract(AgentRuntimeContract):
             AiCapability.STRUCTURED_OUTPUT,
             AiCapability.NATIVE_STRUCTURED_OUTPUT,
             AiCapability.MODEL_ENUMERATION,
+            AiCapability.CLIENT_TOOLS,
         }
     )
 

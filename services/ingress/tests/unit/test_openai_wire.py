@@ -32,6 +32,15 @@ def failure(body: object) -> OpenAiError:
 
 
 USER = [{"role": "user", "content": "hi"}]
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Search the client's catalogue.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
 
 
 def test_a_valid_request_keeps_prior_turns() -> None:
@@ -61,19 +70,120 @@ def test_a_valid_request_keeps_prior_turns() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
-        ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+        ({"messages": USER, "tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools"),
+        ({"messages": USER, "tools": [LOOKUP], "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
         ({"messages": USER, "functions": [{}]}, "functions"),
+        ({"messages": USER, "function_call": "auto"}, "function_call"),
         ({"messages": USER, "n": 2}, "n"),
-        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
-        ({"messages": [{"role": "tool", "content": "x"}, *USER]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
-        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}, *USER]}, "messages"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_as_unsupported(body: object, param: str) -> None:
     error = failure(body)
     assert (error.status, error.code, error.param) == (400, "unsupported_parameter", param)
+
+
+def test_client_tools_and_their_exchange_become_the_gateway() -> None:
+    request = parse(
+        {
+            "tools": [LOOKUP],
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            "parallel_tool_calls": False,
+            "messages": [
+                {"role": "system", "content": "Be exact."},
+                {"role": "user", "content": "Find atlas"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Atlas: maps"},
+            ],
+        }
+    )
+    gateway = request.gateway  # type: ignore[attr-defined]
+    assert request.prompt == "Find atlas"  # type: ignore[attr-defined]
+    assert request.prior == [{"role": "system", "content": "Be exact."}]  # type: ignore[attr-defined]
+    assert gateway.metadata() == {
+        "tools": [
+            {
+                "name": "lookup",
+                "description": "Search the client's catalogue.",
+                "parameters": LOOKUP["function"]["parameters"],  # type: ignore[index]
+            }
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+        "response_format": None,
+        "continuation": [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "call_1", "name": "lookup", "arguments": '{"q": "atlas"}'}],
+            },
+            {"role": "tool", "content": "Atlas: maps", "tool_call_id": "call_1"},
+        ],
+    }
+
+
+def test_a_json_schema_response_format_is_kept_and_text_is_nothing_to_ask() -> None:
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "book", "schema": schema, "strict": True}}
+    request = parse({"messages": USER, "response_format": fmt})
+    assert request.gateway.response_format == fmt  # type: ignore[attr-defined]
+    assert parse({"messages": USER, "response_format": {"type": "json_object"}}).gateway.used  # type: ignore[attr-defined]
+    assert not parse({"messages": USER, "response_format": {"type": "text"}}).gateway.used  # type: ignore[attr-defined]
+    assert not parse({"messages": USER}).gateway.used  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"messages": USER, "tool_choice": "auto"}, "'tool_choice' is only allowed when 'tools' are specified."),
+        ({"messages": USER, "tools": [LOOKUP], "tool_choice": "sometimes"}, "'tool_choice' must be one of"),
+        (
+            {"messages": USER, "tools": [LOOKUP], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "'tool_choice' names no function of 'tools'",
+        ),
+        ({"messages": USER, "tools": [LOOKUP, LOOKUP]}, "Two functions are named 'lookup'."),
+        ({"messages": USER, "tools": {"lookup": 1}}, "'tools' must be an array."),
+        ({"messages": USER, "tools": [LOOKUP] * 129}, "'tools' may hold at most 128 functions."),
+        (
+            {"messages": USER, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools[0].function.name must be 1 to 64 letters",
+        ),
+        (
+            {"messages": USER, "tools": [{"type": "function", "function": {"name": "x", "parameters": []}}]},
+            "tools[0].function.parameters must be a JSON schema of an object.",
+        ),
+        (
+            {
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "x", "parameters": {"properties": []}}}],
+            },
+            "tools[0].function.parameters.properties must be an object.",
+        ),
+        ({"messages": USER, "response_format": {"type": "yaml"}}, "'response_format.type' must be 'text'"),
+        ({"messages": USER, "response_format": {"type": "json_schema"}}, "'response_format.json_schema' must be"),
+        (
+            {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "../x"}}},
+            "'response_format.json_schema.name' must be",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}, *USER]}, "messages[0]: a 'tool' message must answer"),
+        (
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}, *USER]},
+            "messages[0].tool_calls[0] must be",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi", "tool_calls": [CALL]}]},
+            "messages[0]: only an assistant makes tool_calls.",
+        ),
+        (
+            {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}]},
+            "The last message must be a user message with content, or the results",
+        ),
+        ({"messages": USER, "parallel_tool_calls": "yes"}, "'parallel_tool_calls' must be a boolean."),
+    ],
+)
+def test_malformed_client_tools_are_400_invalid_request(body: object, message: str) -> None:
+    error = failure(body)
+    assert (error.status, error.code) == (400, None)
+    assert error.message.startswith(message), error.message
 
 
 @pytest.mark.parametrize(
@@ -86,7 +196,7 @@ def test_what_cannot_be_honoured_is_refused_as_unsupported(body: object, param: 
         (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "'stream' must be a boolean."),
         (
             b'{"messages": [{"role": "assistant", "content": "hi"}]}',
-            "The last message must be a user message with content.",
+            "The last message must be a user message with content, or the results",
         ),
         (b'{"messages": [{"role": "wizard", "content": "hi"}]}', "messages[0].role 'wizard' is not valid."),
     ],

@@ -70,7 +70,13 @@ MAX_NESTING = 3
 member running `task`, which runs `task` again, is level 3)."""
 
 HISTORY_METADATA_KEY = "ai.request.history"
-"""Request metadata with prior turns the client sent (JSON list of `{role, content}`): the OpenAI API's."""
+"""Request metadata with prior turns the client sent (JSON list of `{role, content}`, an assistant
+turn's `tool_calls` and a `tool` turn's `tool_call_id` too): the OpenAI API's."""
+
+GATEWAY_METADATA_KEY = "ai.request.gateway"
+"""Request metadata of an OpenAI door acting as a model gateway (JSON object): the caller's own
+functions (`tools`: `{name, description, parameters}`), its `tool_choice`, its `response_format`,
+and the exchange after the user message (`continuation`: turns as in the history)."""
 
 log = logging.getLogger("atmosphere.bus")
 
@@ -510,6 +516,7 @@ __all__ = [
     "ANSWER_REWOUND_METADATA_KEY",
     "EVENT_LOST_METADATA_KEY",
     "GAP_PATIENCE",
+    "GATEWAY_METADATA_KEY",
     "HISTORY_METADATA_KEY",
     "IDLE_CHECK",
     "MAX_IN_FLIGHT",

@@ -16,7 +16,7 @@ from atmosphere.sdk._harness import Harness, PromptCache
 from atmosphere.sdk._hosted import hosted_agent
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
-from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage
+from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage, MessageToolCall
 from atmosphere.sdk._session import StreamingSession, TokenUsage
 from atmosphere.sdk._tool import Tool, ToolKind, tool, tool_call_approved
 from atmosphere.sdk.errors import ApprovalRequired, ModelRetry, SdkError, ToolError, UserError
@@ -30,6 +30,7 @@ __all__ = [
     "CacheHint",
     "ChatMessage",
     "Harness",
+    "MessageToolCall",
     "ModelRetry",
     "OnMaxIterations",
     "PermissionMode",

@@ -30,3 +30,6 @@ class AiCapability(Enum):
     AGENT_ORCHESTRATION = "AGENT_ORCHESTRATION"
     PLANNING = "PLANNING"
     VIRTUAL_FILESYSTEM = "VIRTUAL_FILESYSTEM"
+    CLIENT_TOOLS = "CLIENT_TOOLS"
+    """The caller's own functions offered beside the agent's tools, their calls handed back to it
+    (the OpenAI doors as a governed model gateway), and its `response_format` asked for as sent."""

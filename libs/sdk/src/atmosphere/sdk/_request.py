@@ -15,11 +15,25 @@ ROLES: frozenset[str] = frozenset(get_args(Role))
 
 
 @dataclass(frozen=True, slots=True)
+class MessageToolCall:
+    """A function call an assistant message made (OpenAI's `tool_calls` entry)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    """The arguments as JSON text, as the model wrote them."""
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One message of the conversation as the model sees it (and as memory keeps and compacts it)."""
 
     role: Role
     content: str
+    tool_calls: tuple[MessageToolCall, ...] = ()
+    """An assistant message's calls of the caller's own functions (an OpenAI door's exchange)."""
+    tool_call_id: str = ""
+    """A `tool` message: the call whose result it is."""
 
     def __post_init__(self) -> None:
         """Refuse a role the models do not know (a stored or sent message is checked once, here)."""
@@ -50,6 +64,12 @@ class AiRequest:
     """Ask for structured output validated against this model."""
     cache_hint: CacheHint | None = None
     """A prompt-cache hint (the harness's CACHE feature seeds one)."""
+    continuation: tuple[ChatMessage, ...] = ()
+    """What followed the user message in the caller's exchange: the model's calls of the caller's
+    own functions and their results (`AiCapability.CLIENT_TOOLS`), sent after it in order."""
+    answer_format: Mapping[str, Any] | None = None
+    """The caller's own `response_format` (OpenAI's `json_object` or `json_schema` object): the
+    model is asked for it as it is, and the answer goes back as the model wrote it."""
 
     def with_message(self, message: str) -> AiRequest:
         """A copy with another user message."""
@@ -64,9 +84,9 @@ class AiRequest:
         return replace(self, metadata={**self.metadata, **values})
 
     def messages(self) -> list[ChatMessage]:
-        """System prompt, history and the user message, in order."""
+        """System prompt, history, the user message and the exchange that followed it, in order."""
         head = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        return [*head, *self.history, ChatMessage("user", self.message)]
+        return [*head, *self.history, ChatMessage("user", self.message), *self.continuation]
 
 
 class AiInterceptor:

@@ -84,6 +84,10 @@ class ToolCallRequest:
 ToolRunner = Callable[[ToolCallRequest], Awaitable[str]]
 """Runs one tool call through dispatch's choke point and returns the text for the model."""
 
+ClientCallGate = Callable[[ToolCallRequest], Awaitable[str | None]]
+"""Checks a call of the caller's own function at dispatch's choke point (validation, governance,
+permissions): None when it is handed back to the caller, else the refusal text for the model."""
+
 
 @dataclass(frozen=True, slots=True)
 class RecordedToolCall:
@@ -236,6 +240,15 @@ class AgentExecutionContext:
     """The user's own framework object this agent hosts (`atmosphere.sdk.hosted_agent`): run it
     (its own prompt, tools and loop) instead of building one from `request` and `tools`; its tools
     pass `run_tool` with `ToolCallRequest.local` set."""
+    client_tools: tuple[ToolSpec, ...] = ()
+    """The caller's own functions (an OpenAI door's `tools`), offered beside `tools` by a runtime
+    declaring `CLIENT_TOOLS`. They are never run here: a round calling any ends the run with those
+    calls handed back (`Complete.client_tool_calls`, finish reason `tool_calls`), each first passed
+    through `pass_to_client`; the agent's own calls of that round are not run (their results
+    would reach nobody: the model asks again once the caller's results are in)."""
+    tool_choice: str | Mapping[str, Any] | None = None
+    """The caller's `tool_choice` (`auto`, `none`, `required` or one function), sent as it is."""
+    pass_to_client: ClientCallGate | None = None
     rounds: ModelRounds | None = None
     """Present in a durable run: before each model round a runtime asks `rounds.next_round()`;
     a recorded round is replayed (its text sent, its usage reported, its tool calls run through

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
-from atmosphere.sdk import AiRequest, ChatMessage, RetryPolicy, StreamingSession, ToolLoopPolicy
+from atmosphere.sdk import AiRequest, ChatMessage, MessageToolCall, RetryPolicy, StreamingSession, ToolLoopPolicy
 from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, RuntimeConfig, ToolCallRequest, ToolSpec
 from atmosphere.testing.model_turns import ToolCallScript, Turn, block_text
@@ -42,6 +42,13 @@ TIME = ToolSpec(
     name="get_time",
     description="Local time in a city.",
     parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+
+
+LOOKUP = ToolSpec(
+    name="lookup",
+    description="The caller's own search (a client-side function).",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
 )
 
 
@@ -65,6 +72,10 @@ class Recorder:
         """`rendezvous`: each tool call waits (up to `RENDEZVOUS_WAIT`) until that many are under way."""
         self.events: list[RunEvent] = []
         self.tool_calls: list[ToolCallRequest] = []
+        self.client_calls: list[ToolCallRequest] = []
+        """Calls of the caller's own functions the runtime asked to hand back (`pass_to_client`)."""
+        self.client_refusals: dict[str, str] = {}
+        """Function name → the refusal `pass_to_client` answers with (not in it: handed back)."""
         self._results = tool_results or {}
         self._delay = tool_delay
         self._rendezvous = rendezvous
@@ -89,6 +100,10 @@ class Recorder:
         if self._delay:
             await asyncio.sleep(self._delay)
         return self._results.get(call.name, f"result of {call.name}")
+
+    async def pass_to_client(self, call: ToolCallRequest) -> str | None:
+        self.client_calls.append(call)
+        return self.client_refusals.get(call.name)
 
     def kinds(self) -> list[str]:
         return [e.WhichOneof("kind") or "" for e in self.events]
@@ -413,6 +428,11 @@ class AgentRuntimeContract(abc.ABC):
         AiCapability.STRUCTURED_OUTPUT: ("test_structured_output_heals_and_fails_closed",),
         AiCapability.NATIVE_STRUCTURED_OUTPUT: ("test_native_structured_output_with_fallback",),
         AiCapability.MODEL_ENUMERATION: ("test_models_are_listed",),
+        AiCapability.CLIENT_TOOLS: (
+            "test_client_tool_calls_are_handed_back",
+            "test_a_refused_client_call_goes_back_to_the_model",
+            "test_the_client_exchange_continues_where_it_stopped",
+        ),
     }
 
     @abc.abstractmethod
@@ -643,6 +663,95 @@ class AgentRuntimeContract(abc.ABC):
         assert instructions.startswith("Be exact.")
         assert "JSON schema" in instructions
         assert recorder.terminal().WhichOneof("kind") == "complete"
+
+    # -- the caller's own functions (a model gateway) -----------------------------------------
+    # Only OpenAI's wire carries them so far: these read the chat-completions body itself.
+
+    async def test_client_tool_calls_are_handed_back(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(
+            Turn.tool_calls(
+                ToolCallScript("lookup", {"q": "atlas"}, call_id="call_c"),
+                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
+            )
+        )
+        recorder = Recorder()
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find atlas"),
+            recorder,
+            tools=(WEATHER,),
+            client_tools=(LOOKUP,),
+            tool_choice="required",
+            pass_to_client=recorder.pass_to_client,
+        )
+        [sent] = fake_provider.requests  # one round: the caller runs its function, not the runtime
+        assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "lookup"]
+        assert sent["tool_choice"] == "required"
+        assert [c.name for c in recorder.client_calls] == ["lookup"]
+        assert recorder.tool_calls == []  # the agent's own call of that round waits for the next one
+        ending = recorder.terminal().complete
+        assert ending.finish_reason == "tool_calls"
+        [call] = ending.client_tool_calls
+        assert (call.tool_name, call.call_id, json.loads(call.arguments_json)) == ("lookup", "call_c", {"q": "atlas"})
+
+    async def test_a_refused_client_call_goes_back_to_the_model(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(
+            Turn.tool_calls(
+                ToolCallScript("lookup", {"q": "secrets"}, call_id="call_c"),
+                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
+            ),
+            Turn.text("I may not look that up; Oslo is cold."),
+        )
+        recorder = Recorder({"get_weather": "cold"})
+        recorder.client_refusals["lookup"] = "Error: denied by policy"
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find secrets"),
+            recorder,
+            tools=(WEATHER,),
+            client_tools=(LOOKUP,),
+            pass_to_client=recorder.pass_to_client,
+        )
+        second = fake_provider.requests[1]["messages"]
+        answers = {m["tool_call_id"]: m["content"] for m in second if m["role"] == "tool"}
+        assert answers == {"call_c": "Error: denied by policy", "call_o": "cold"}
+        assert recorder.text() == "I may not look that up; Oslo is cold."
+        assert recorder.terminal().complete.finish_reason == "stop"
+        assert not recorder.terminal().complete.client_tool_calls
+
+    async def test_the_client_exchange_continues_where_it_stopped(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(Turn.text('{"title": "Atlas"}'))
+        continuation = (
+            ChatMessage("assistant", "", (MessageToolCall("call_c", "lookup", '{"q": "atlas"}'),)),
+            ChatMessage("tool", "Atlas: a book of maps", tool_call_id="call_c"),
+        )
+        answer_format = {"type": "json_schema", "json_schema": {"name": "book", "schema": {"type": "object"}}}
+        recorder = Recorder()
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find atlas", continuation=continuation, answer_format=answer_format),
+            recorder,
+            client_tools=(LOOKUP,),
+            pass_to_client=recorder.pass_to_client,
+        )
+        [sent] = fake_provider.requests
+        assert sent["messages"][-3:] == [
+            {"role": "user", "content": "Find atlas"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_c", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
+                ],
+            },
+            {"role": "tool", "content": "Atlas: a book of maps", "tool_call_id": "call_c"},
+        ]
+        assert sent["response_format"] == answer_format
+        assert recorder.text() == '{"title": "Atlas"}'
+        assert recorder.terminal().complete.finish_reason == "stop"
 
     async def test_models_are_listed(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.MODEL_ENUMERATION)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from atmosphere.bus.runs import HISTORY_METADATA_KEY
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch.client_exchange import turns_of
 from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.sdk import CacheHint, ChatMessage, PromptCache
@@ -15,8 +16,6 @@ from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import AgentRuntime
 
 log = logging.getLogger("atmosphere.dispatch")
-
-MAX_HISTORY_TURNS = 200
 
 NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
 
@@ -32,19 +31,10 @@ def history_of(run: RunSubmission) -> tuple[ChatMessage, ...]:
         return ()
     try:
         turns = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         log.warning("run %s: ignoring malformed %s", run.run_id, HISTORY_METADATA_KEY)
         return ()
-    if not isinstance(turns, list):
-        return ()
-    history = [
-        ChatMessage(turn["role"], turn["content"])
-        for turn in turns[-MAX_HISTORY_TURNS:]
-        if isinstance(turn, dict)
-        and turn.get("role") in {"system", "user", "assistant"}
-        and isinstance(turn.get("content"), str)
-    ]
-    return tuple(history)
+    return turns_of(turns)
 
 
 def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunSubmission) -> CacheHint | None:

@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import replace
 
 from atmosphere.bus.errors import (
     AgentFailedError,
@@ -48,6 +49,7 @@ from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
+from atmosphere.dispatch.client_exchange import NO_EXCHANGE, ClientExchange, client_exchange_of
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.durability import Durability, Live
 from atmosphere.dispatch.effects import RunEffects
@@ -62,12 +64,17 @@ from atmosphere.dispatch.run_tools import tool_gateway
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
 from atmosphere.dispatch.turns import Turns
 from atmosphere.sdk import AiRequest, StreamingSession
-from atmosphere.sdk.host import BudgetReason
+from atmosphere.sdk.host import AiCapability, BudgetReason
 from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolCallRequest
 
 log = logging.getLogger("atmosphere.dispatch")
 
 __all__ = ["Run", "end_unknown_agent"]
+
+CLIENT_TOOLS_UNSUPPORTED = (
+    "The runtime '{runtime}' cannot offer a caller's own functions or answer format "
+    "(it lacks CLIENT_TOOLS); the built-in runtime can"
+)
 
 
 def _resumed(first_seq: int) -> RunEvent:
@@ -113,7 +120,9 @@ class Run:
         self.session = StreamingSession(
             self, run_id=request.run_id, session_id=request.session_id, conversation_id=request.conversation_id
         )
-        self.gateway = tool_gateway(scope, self.emit, self.control, self.effects)
+        self.exchange = client_exchange_of(request, reserved=scope.agent.tools.keys())
+        """What the caller brought besides its messages (an OpenAI door as a model gateway)."""
+        self.gateway = tool_gateway(scope, self.emit, self.control, self.effects, client_tools=self.exchange.tools)
         self.requests = ModelRequests(scope, self.journaled_rounds)
         self.turns = Turns(scope, durability, self.output)
         self._model_call: asyncio.Task[None] | None = None
@@ -229,17 +238,23 @@ class Run:
             await self.fail(RuntimeUnavailableError(scope.services.model_side.unavailable))
             return
         staged = history_of(scope.request)
+        exchange = self.exchange
+        if exchange is not NO_EXCHANGE and AiCapability.CLIENT_TOOLS not in runtime.capabilities():
+            await self.fail(RuntimeUnavailableError(CLIENT_TOOLS_UNSUPPORTED.format(runtime=runtime.name)))
+            return
         try:
             request = await self.requests.next(message, staged)
         except (HistoryUnavailableError, InterceptorFailedError) as exc:  # never answered as if new
             await self.fail(exc)
             return
+        if exchange is not NO_EXCHANGE:
+            request = replace(request, continuation=exchange.continuation, answer_format=exchange.answer_format)
         await self.emit(input_event(request, limit=data_budget(scope.services.bus.max_payload)))
         model = request.model or runtime.config.model
         turn = self.turns.begin(message, model=model, staged=bool(staged))
         handed_over = False
         try:
-            await self.call_model(runtime, self._context(request))
+            await self.call_model(runtime, self._context(request, exchange))
         except asyncio.CancelledError:
             # The worker is stopping and another takes the run over: that one records the turn.
             handed_over = not self.control.cancelled
@@ -251,7 +266,7 @@ class Run:
         if not self.output.breached and self.output.closed and self.durability.reaches_services:
             await self._post_process(request)
 
-    def _context(self, request: AiRequest) -> AgentExecutionContext:
+    def _context(self, request: AiRequest, exchange: ClientExchange) -> AgentExecutionContext:
         scope = self.scope
         spec, tools = scope.spec, scope.agent.tools
         return AgentExecutionContext(
@@ -267,6 +282,9 @@ class Run:
             structured_output_retries=spec.structured_output_retries,
             native=spec.hosted_object(),
             rounds=self.journaled_rounds,
+            client_tools=exchange.tools,
+            tool_choice=exchange.tool_choice,
+            pass_to_client=self.gateway.pass_to_client if exchange.tools else None,
         )
 
     async def call_model(self, runtime: AgentRuntime, ctx: AgentExecutionContext) -> None:

@@ -8,10 +8,18 @@ from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.run_scope import RunScope
 from atmosphere.dispatch.tools import Emit, LocalTool, ToolGateway
 from atmosphere.sdk import PermissionMode
+from atmosphere.sdk.runtime import ToolSpec
 
 
-def tool_gateway(scope: RunScope, emit: Emit, control: RunControl, effects: RunEffects | None) -> ToolGateway:
-    """The gateway every tool call of `scope`'s run passes."""
+def tool_gateway(
+    scope: RunScope,
+    emit: Emit,
+    control: RunControl,
+    effects: RunEffects | None,
+    *,
+    client_tools: tuple[ToolSpec, ...] = (),
+) -> ToolGateway:
+    """The gateway every tool call of `scope`'s run passes (and every call of the caller's own functions)."""
     agent, options = scope.agent, scope.settings
     harness = agent.harness
     return ToolGateway(
@@ -33,6 +41,7 @@ def tool_gateway(scope: RunScope, emit: Emit, control: RunControl, effects: RunE
         permissions=options.tool_permissions,
         # Only the agent's own tools declare roles (a harness tool of the same name replaced it).
         tool_roles={t.name: t.roles for t in agent.spec.tools if t.roles and t.name not in harness.tools},
+        client_tools={t.name: t for t in client_tools},
     )
 
 

@@ -119,6 +119,8 @@ class ToolGateway:
     """The roles the caller must all hold, by tool (tools not here: anyone may call them)."""
     sandbox: SandboxPort | None = None
     """Where calls that do not run in this process go (by default the sandbox and memory on `bus`)."""
+    client_tools: Mapping[str, ToolSpec] = field(default_factory=dict)
+    """The caller's own functions (an OpenAI door's `tools`): checked here, run by the caller (`pass_to_client`)."""
 
     def __post_init__(self) -> None:
         """The stages' collaborators: governance over the run's bus and the sandbox on it, unless given."""
@@ -157,6 +159,33 @@ class ToolGateway:
             return await self._failed(call, failed.text, UNJOURNALED)  # nothing started: nothing to commit
         await self.emit(start)
         return await self._started(call, spec, arguments, effect)
+
+    async def pass_to_client(self, call: ToolCallRequest) -> str | None:
+        """Check a call of the caller's own function: None when it may be handed back, else the model's text.
+
+        It passes what any call passes before it would run — its arguments against the caller's
+        schema, governance (`call_tool:<name>`), the caller's roles, the run's permission mode and
+        the operator's `deny` — and is then recorded (`tool-start`) and handed back rather than
+        run: the caller runs it. No approval is asked (nothing runs here; the caller decides), and
+        nothing is journaled (a resumed run checks it again, which has no effect).
+        """
+        spec = self.client_tools.get(call.name)
+        if spec is None:
+            return tool_errors.unknown_tool(call.name)
+        try:
+            _, encoded = checked_arguments(self.run.run_id, call, spec, limit=self.data_limit, lenient=False)
+            await self._govern(call)
+            refusal = gate(self.permission_mode, self.permissions.of(call.name), spec).refusal
+            if refusal is not None:
+                log.info("run %s: %s refused: %s", self.run.run_id, call.name, refusal)
+                raise CallFailed(refusal)
+        except CallRefused as refused:
+            return refused.text
+        except CallFailed as failed:
+            return await self._failed(call, failed.text, UNJOURNALED)
+        start = ToolStart(tool_name=call.name, call_id=call.call_id, arguments_json=encoded)
+        await self.emit(RunEvent(tool_start=start))
+        return None
 
     async def _started(
         self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from atmosphere.bus import BusError, PayloadTooLargeError
 from atmosphere.bus.errors import RunCancelledError
 from atmosphere.bus.runs import (
     ANSWER_REWOUND_METADATA_KEY,
+    GATEWAY_METADATA_KEY,
     HISTORY_METADATA_KEY,
     StreamGapError,
     cancel_run,
@@ -43,9 +44,10 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission, ToolStart
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.bodies import BodyError, read_body
+from atmosphere.ingress.client_functions import check_served
 from atmosphere.ingress.errors import (
     RUN_ID_HEADER,
     OpenAiApprovalRequiredError,
@@ -69,6 +71,7 @@ from atmosphere.ingress.openai_wire import (
     parse_chat_request,
     resolve_target,
     sse_data,
+    tool_call,
 )
 from atmosphere.ingress.pacing import Drain, PacedResponse
 from atmosphere.ingress.state import IngressState
@@ -302,6 +305,8 @@ def _run_request(chat: ChatRequest, agent: AgentDescriptor, principal: Principal
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
     # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
     metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)} if chat.prior else {}
+    if chat.gateway.used:
+        metadata[GATEWAY_METADATA_KEY] = json.dumps(chat.gateway.metadata(), ensure_ascii=False)
     return new_run(
         agent=agent.name,
         message=chat.prompt,
@@ -348,6 +353,7 @@ async def _admit(state: IngressState, request: Request) -> _Admitted:
     target, agents = await resolve_agent(state, chat.model)
     if state.openai_permits.locked():
         raise OpenAiUnavailableError("Too many completions in flight; try again.")
+    check_served(chat.gateway, agents[target])
     principal = principal_for(state, request, agents[target], chat.user)
     # A retry is recognised only as the same caller's: never another user's completion.
     caller = f"{principal.auth_method}:{principal.tenant}:{principal.user_id}"
@@ -412,13 +418,25 @@ async def resolve_agent(state: IngressState, model: str | None) -> tuple[str, di
                                 "minItems": 1,
                                 "items": {
                                     "type": "object",
-                                    "required": ["role", "content"],
+                                    "required": ["role"],
                                     "properties": {
-                                        "role": {"enum": ["system", "developer", "user", "assistant"]},
-                                        "content": {"type": "string", "minLength": 1, "pattern": r"\S"},
+                                        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+                                        "content": {"type": ["string", "array", "null"]},
+                                        "tool_calls": {"type": "array", "items": {"type": "object"}},
+                                        "tool_call_id": {"type": "string"},
                                     },
                                 },
                             },
+                            "tools": {
+                                "type": "array",
+                                "maxItems": 128,
+                                "description": "The client's own functions: the model's calls of them come back "
+                                "as `tool_calls` (finish_reason `tool_calls`), never run here.",
+                                "items": {"type": "object"},
+                            },
+                            "tool_choice": {"type": ["string", "object", "null"]},
+                            "parallel_tool_calls": {"type": ["boolean", "null"]},
+                            "response_format": {"type": ["object", "null"]},
                         },
                     }
                 }
@@ -623,6 +641,7 @@ async def ready_event(event: RunEvent) -> RunEvent | None:
 async def _whole(active: CompletionRun, event: RunEvent | None) -> JSONResponse:
     summary = ""
     finish_reason: str | None = "stop"
+    handed_back: Sequence[ToolStart] = ()
     while event is not None:
         kind = event.WhichOneof("kind")
         if kind == "text_delta":
@@ -632,11 +651,12 @@ async def _whole(active: CompletionRun, event: RunEvent | None) -> JSONResponse:
         elif kind == "complete":
             summary = event.complete.summary
             finish_reason = _finish_reason(event)
+            handed_back = event.complete.client_tool_calls
             break
         event = await active.next()
     content = "".join(active.text) or summary
     active.head_sent = True
-    return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason))
+    return JSONResponse(active.completion.complete(content, active.counted_usage, finish_reason, handed_back))
 
 
 def paced_answer(
@@ -687,6 +707,8 @@ async def _stream(active: CompletionRun, first: Awaitable[RunEvent | None], chat
             elif kind == "complete":
                 if not active.text and event.complete.summary:
                     yield sse_data(completion.chunk({"content": event.complete.summary}))
+                for index, call in enumerate(event.complete.client_tool_calls):
+                    yield sse_data(completion.chunk({"tool_calls": [tool_call(call, index)]}))
                 finish_reason = _finish_reason(event)
                 break
             event = await active.next()

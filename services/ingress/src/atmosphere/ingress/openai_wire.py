@@ -31,7 +31,15 @@ from atmosphere.bus.errors import (
     ServiceError,
 )
 from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.contracts.run.v1.run_pb2 import ToolStart
 from atmosphere.ingress.bodies import BodyError, parse_json
+from atmosphere.ingress.client_functions import (
+    Gateway,
+    chat_function,
+    functions_of,
+    response_format_of,
+    tool_choice_of,
+)
 from atmosphere.ingress.errors import (
     DEFAULT_RETRY_AFTER,
     BodyTooLargeError,
@@ -55,7 +63,8 @@ MAX_BODY_CHARS = 1_048_576
 MAX_MODEL_CHARS = 256
 """Longest `model` (and `user`) accepted; model ids are short names."""
 MAX_MESSAGES = 1024
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+UNSUPPORTED_FIELDS = ("functions", "function_call")
+"""The deprecated spelling of `tools`: clients that still send it are told to send `tools`."""
 MAX_RETRY_AFTER = 3600
 
 
@@ -83,8 +92,11 @@ class ChatRequest:
     model: str | None
     prompt: str
     """The last user message."""
-    prior: list[dict[str, str]] = field(default_factory=list)
-    """Earlier turns as `{role, content}` (client system messages included, as history)."""
+    prior: list[dict[str, Any]] = field(default_factory=list)
+    """Earlier turns as `{role, content}` (client system messages included, as history; an
+    assistant turn's `tool_calls` and a `tool` turn's `tool_call_id` too)."""
+    gateway: Gateway = field(default_factory=Gateway)
+    """The client's own functions, tool choice, answer format, and the exchange after `prompt`."""
     stream: bool = False
     include_usage: bool = False
     """`stream_options.include_usage`: end the stream with a usage chunk (`choices: []`)."""
@@ -108,28 +120,66 @@ def _text(content: Any, index: int) -> str:
     )
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
+def _messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise OpenAiInvalidRequestError("'messages' must be a non-empty array.", param="messages")
     if len(raw) > MAX_MESSAGES:
         raise OpenAiInvalidRequestError(f"'messages' may hold at most {MAX_MESSAGES} messages.", param="messages")
-    messages = []
+    messages: list[dict[str, Any]] = []
+    calls: set[str] = set()
     for index, message in enumerate(raw):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise OpenAiInvalidRequestError(
                 f"messages[{index}] must be an object with a string 'role'.", param="messages"
             )
-        if message.get("tool_calls"):
-            raise unsupported("messages", f"messages[{index}].tool_calls")
         role = message["role"]
-        if role == "tool":
-            raise unsupported("messages", "A 'tool' role message")
         if role == "developer":
             role = "system"
-        if role not in {"system", "user", "assistant"}:
+        if role not in {"system", "user", "assistant", "tool"}:
             raise OpenAiInvalidRequestError(f"messages[{index}].role '{role}' is not valid.", param="messages")
-        messages.append({"role": role, "content": _text(message.get("content"), index)})
+        turn: dict[str, Any] = {"role": role, "content": _text(message.get("content"), index)}
+        if message.get("tool_calls"):
+            if role != "assistant":
+                raise OpenAiInvalidRequestError(
+                    f"messages[{index}]: only an assistant makes tool_calls.", param="messages"
+                )
+            turn["tool_calls"] = _tool_calls(message["tool_calls"], index)
+            calls.update(c["id"] for c in turn["tool_calls"])
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in calls:
+                raise OpenAiInvalidRequestError(
+                    f"messages[{index}]: a 'tool' message must answer an earlier assistant's tool call "
+                    "by its 'tool_call_id'.",
+                    param="messages",
+                )
+            turn["tool_call_id"] = call_id
+        messages.append(turn)
     return messages
+
+
+def _tool_calls(raw: Any, index: int) -> list[dict[str, str]]:
+    """An assistant turn's `tool_calls`, as `{id, name, arguments}`."""
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(raw, list):
+        raise OpenAiInvalidRequestError(f"{where} must be an array.", param="messages")
+    calls = []
+    for position, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(call.get("id"), str)
+            or not call["id"]
+            or call.get("type", "function") != "function"
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments", ""), str)
+        ):
+            raise OpenAiInvalidRequestError(
+                f"{where}[{position}] must be {{id, type: 'function', function: {{name, arguments}}}}.",
+                param="messages",
+            )
+        calls.append({"id": call["id"], "name": function["name"], "arguments": function.get("arguments") or "{}"})
+    return calls
 
 
 def json_body(raw: bytes) -> dict[str, Any]:
@@ -191,32 +241,48 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     for name in UNSUPPORTED_FIELDS:
         value = body.get(name)
         if value is not None and value not in ([], ""):
-            raise unsupported(name, f"'{name}'")
+            raise unsupported(name, f"'{name}' (deprecated: send 'tools')")
     _check_sampling(body)
     n = body.get("n")
     if n is not None and n != 1:
         raise unsupported("n", "'n' other than 1")
-    response_format = body.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise unsupported("response_format", "A 'response_format' other than text")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise OpenAiInvalidRequestError("'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls")
+    functions = functions_of(body.get("tools"), chat_function)
+    tool_choice = tool_choice_of(body.get("tool_choice"), functions, nested=True)
+    response_format = response_format_of(body.get("response_format"))
     _check_names(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise OpenAiInvalidRequestError("'stream' must be a boolean.", param="stream")
     include_usage = _include_usage(body.get("stream_options"))
     messages = _messages(body.get("messages"))
-    last = messages[-1]
-    if last["role"] != "user" or not last["content"].strip():
-        raise OpenAiInvalidRequestError("The last message must be a user message with content.", param="messages")
+    asked = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    continuation = messages[asked + 1 :] if asked is not None else []
+    if asked is None or not messages[asked]["content"].strip() or (continuation and continuation[-1]["role"] != "tool"):
+        raise OpenAiInvalidRequestError(
+            "The last message must be a user message with content, or the results of the tool calls that followed it.",
+            param="messages",
+        )
+    gateway = Gateway(
+        functions=functions,
+        tool_choice=tool_choice,
+        response_format=response_format,
+        continuation=tuple(continuation),
+        tool_turns=any("tool_calls" in m or m["role"] == "tool" for m in messages),
+        names=frozenset(f.name for f in functions),
+    )
     model = (body.get("model") or "").strip() or None
     user = (body.get("user") or "").strip() or None
     return ChatRequest(
         model=model,
-        prompt=last["content"],
-        prior=messages[:-1],
+        prompt=messages[asked]["content"],
+        prior=messages[:asked],
         stream=bool(stream),
         include_usage=bool(stream) and include_usage,
         user=user,
+        gateway=gateway,
     )
 
 
@@ -363,21 +429,37 @@ class Completion:
         }
 
     def complete(
-        self, content: str, usage: dict[str, int] | None, finish_reason: str | None = "stop"
+        self,
+        content: str,
+        usage: dict[str, int] | None,
+        finish_reason: str | None = "stop",
+        tool_calls: Sequence[ToolStart] = (),
     ) -> dict[str, Any]:
-        """A non-streamed `chat.completion`."""
+        """A non-streamed `chat.completion` (with the calls handed back to the client, if any)."""
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["content"] = content or None
+            message["tool_calls"] = [tool_call(call) for call in tool_calls]
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         }
         if usage:
             body["usage"] = usage
         return body
+
+
+def tool_call(call: ToolStart, index: int | None = None) -> dict[str, Any]:
+    """A call handed back to the client, in a message's `tool_calls` (or a chunk's, with its `index`)."""
+    said: dict[str, Any] = {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.tool_name, "arguments": call.arguments_json},
+    }
+    return said if index is None else {"index": index, **said}
 
 
 def sse_data(value: dict[str, Any] | str) -> bytes:

@@ -4,6 +4,12 @@ One run is a loop of rounds: stream a completion (text is forwarded as it arrive
 argument fragments as `tool_call_delta` events); when the model asks for tools, run them all
 concurrently through `ctx.run_tool` (dispatch's governed choke point), append their results
 and go again, up to the tool-loop cap. Usage is reported once per round.
+
+As a model gateway (`CLIENT_TOOLS`), the caller's own functions are offered beside the agent's
+tools: a round that calls any of them ends the run, those calls (each checked by
+`ctx.pass_to_client`) handed back in `Complete.client_tool_calls`. The agent's own calls of that
+round are not run: their results would reach nobody, and the model asks again once the caller's
+results are in.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -24,6 +31,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     RunEvent,
     StructuredField,
     ToolCallDelta,
+    ToolStart,
 )
 from atmosphere.dispatch.runtime import structured
 from atmosphere.dispatch.runtime.provider import (
@@ -35,7 +43,7 @@ from atmosphere.dispatch.runtime.provider import (
     stream_round,
 )
 from atmosphere.dispatch.tool_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED
-from atmosphere.sdk import OnMaxIterations, StreamingSession
+from atmosphere.sdk import ChatMessage, OnMaxIterations, StreamingSession
 from atmosphere.sdk.host import AiCapability
 from atmosphere.sdk.runtime import (
     AgentExecutionContext,
@@ -125,6 +133,7 @@ class BuiltInAgentRuntime(AgentRuntime):
                 AiCapability.STRUCTURED_OUTPUT,
                 AiCapability.NATIVE_STRUCTURED_OUTPUT,
                 AiCapability.MODEL_ENUMERATION,
+                AiCapability.CLIENT_TOOLS,
             }
         )
 
@@ -173,7 +182,11 @@ class BuiltInAgentRuntime(AgentRuntime):
                 await self._structured(ctx, session, ctx.request.response_format)
             else:
                 answer = await self._conversation(ctx, session, _messages(ctx), forward_text=True)
-                await session.emit(RunEvent(complete=Complete(finish_reason=finish_reason(answer))))
+                if answer.handed_back:
+                    ending = Complete(finish_reason="tool_calls", client_tool_calls=answer.handed_back)
+                else:
+                    ending = Complete(finish_reason=finish_reason(answer.last))
+                await session.emit(RunEvent(complete=ending))
         except ProviderCallError as exc:
             await session.emit(RunEvent(error=exc.error.to_proto()))
         except (ToolLoopExhaustedError, StructuredOutputInvalidError) as exc:
@@ -198,14 +211,19 @@ class BuiltInAgentRuntime(AgentRuntime):
         hint = ctx.request.cache_hint
         if hint is not None and accepts_cache_key(self.config.base_url or "", self.config.prompt_cache_key):
             body["prompt_cache_key"] = hint.key
-        if tools and ctx.tools:
+        offered = (*ctx.tools, *ctx.client_tools) if tools else ()
+        if offered:
             body["tools"] = [
                 {
                     "type": "function",
                     "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
                 }
-                for t in ctx.tools
+                for t in offered
             ]
+            if ctx.tool_choice is not None:
+                body["tool_choice"] = ctx.tool_choice
+        if ctx.request.answer_format is not None:
+            body["response_format"] = dict(ctx.request.answer_format)
         return body
 
     async def _conversation(
@@ -216,16 +234,17 @@ class BuiltInAgentRuntime(AgentRuntime):
         *,
         forward_text: bool,
         extra: dict[str, Any] | None = None,
-    ) -> RoundResult:
-        """Rounds until the model answers without tools (or is cut off); returns the final round."""
+    ) -> Answer:
+        """Rounds until the model answers without tools (or is cut off, or calls the caller's functions)."""
         iterations = 0
         offer_tools = True
+        client = {t.name for t in ctx.client_tools} if ctx.pass_to_client is not None else set()
         while True:
             body = {**self._body(ctx, messages, tools=offer_tools), **(extra or {})}
             result = await self._round(ctx, session, body, forward_text=forward_text)
             if not result.tool_calls or not offer_tools or result.cut_off:
                 # A cut-off round's tool calls may be truncated mid-argument: never run them.
-                return result
+                return Answer(result)
             if iterations >= ctx.tool_loop.cap:
                 if ctx.tool_loop.on_max_iterations is OnMaxIterations.FAIL:
                     msg = f"Tool loop exhausted after {ctx.tool_loop.cap} iterations"
@@ -241,6 +260,12 @@ class BuiltInAgentRuntime(AgentRuntime):
                 continue
             iterations += 1
             messages.append(_assistant(result))
+            if client & {c.name for c in result.tool_calls}:
+                handed_back, results = await self._pass_to_client(ctx, result.tool_calls, client)
+                if handed_back:
+                    return Answer(result, tuple(handed_back))
+                messages.extend(results)  # every call of the caller's was refused: the model hears why
+                continue
             messages.extend(await self._run_tools(ctx, result.tool_calls))
 
     async def _round(
@@ -305,6 +330,35 @@ class BuiltInAgentRuntime(AgentRuntime):
             for i, (c, content) in enumerate(zip(calls, results, strict=True))
         ]
 
+    async def _pass_to_client(
+        self, ctx: AgentExecutionContext, calls: list[ToolCallBuffer], client: set[str]
+    ) -> tuple[list[ToolStart], list[dict[str, Any]]]:
+        """The round's calls of the caller's functions that may go back to it; the model's answers if none may.
+
+        When none passes its checks, the round goes on as if all had run: each refused call gets its
+        refusal, and each call of the agent's own tools runs (through `run_tool`) and gets its result.
+        """
+        gate = ctx.pass_to_client
+        assert gate is not None, "no caller functions are offered without a gate"
+        requests = [
+            ToolCallRequest(call_id=c.call_id or f"call_{i}", name=c.name, arguments_json=c.arguments or "{}")
+            for i, c in enumerate(calls)
+        ]
+        theirs = [r for r in requests if r.name in client]
+        refusals = await asyncio.gather(*(gate(r) for r in theirs))
+        handed_back = [
+            ToolStart(tool_name=r.name, call_id=r.call_id, arguments_json=r.arguments_json)
+            for r, refusal in zip(theirs, refusals, strict=True)
+            if refusal is None
+        ]
+        if handed_back:
+            return handed_back, []
+        answers = {r.call_id: str(refusal) for r, refusal in zip(theirs, refusals, strict=True)}
+        ours = [c for c in calls if c.name not in client]
+        own_results = await self._run_tools(ctx, ours) if ours else []
+        answers.update({m["tool_call_id"]: m["content"] for m in own_results})
+        return [], [{"role": "tool", "tool_call_id": r.call_id, "content": answers[r.call_id]} for r in requests]
+
     async def _structured(self, ctx: AgentExecutionContext, session: StreamingSession, model: type[BaseModel]) -> None:
         """Ask for JSON matching `model`; reprompt up to the retry budget; fail closed.
 
@@ -317,7 +371,7 @@ class BuiltInAgentRuntime(AgentRuntime):
         error = ""
         for attempt in range(attempts):
             try:
-                text = (await self._conversation(ctx, session, messages, forward_text=False, extra=native)).text
+                text = (await self._conversation(ctx, session, messages, forward_text=False, extra=native)).last.text
             except ProviderCallError as exc:
                 if native is None or exc.status not in {400, 422}:
                     raise
@@ -325,7 +379,7 @@ class BuiltInAgentRuntime(AgentRuntime):
                 log.info("run %s: native structured output refused (%s); using prompt instructions", ctx.run_id, exc)
                 native = None
                 messages = _with_instructions(messages, model)
-                text = (await self._conversation(ctx, session, messages, forward_text=False)).text
+                text = (await self._conversation(ctx, session, messages, forward_text=False)).last.text
             try:
                 entity = structured.parse(model, text)
             except ValueError as exc:
@@ -342,6 +396,14 @@ class BuiltInAgentRuntime(AgentRuntime):
             return
         msg = f"structured output did not match schema after {attempts} attempt(s): {error}"
         raise StructuredOutputInvalidError(msg)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a conversation of rounds ended: its last round, and the calls handed back to the caller (if any)."""
+
+    last: RoundResult
+    handed_back: tuple[ToolStart, ...] = ()
 
 
 def _recorded(result: RoundResult, pieces: list[StreamedPiece]) -> RecordedRound:
@@ -387,7 +449,21 @@ def finish_reason(answer: RoundResult) -> str:
 
 
 def _messages(ctx: AgentExecutionContext) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.content} for m in ctx.request.messages()]
+    return [_message(m) for m in ctx.request.messages()]
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A turn in OpenAI's shape: an assistant's calls of the caller's functions, a `tool` turn's call id."""
+    said: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        said["content"] = message.content or None
+        said["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.role == "tool":
+        said["tool_call_id"] = message.tool_call_id
+    return said
 
 
 def _with_instructions(messages: list[dict[str, Any]], model: type[BaseModel]) -> list[dict[str, Any]]:

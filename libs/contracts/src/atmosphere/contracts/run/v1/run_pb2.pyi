@@ -908,24 +908,33 @@ class Complete(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     summary: _builtins.str
     """Optional closing summary (`data` of the `complete` frame)."""
     finish_reason: _builtins.str
     """Why the answer ended, as the model provider said it: "stop" (or empty: a finished answer),
-    "length" (cut off at the token limit) or "content_filter" (cut off by the provider's filter).
+    "length" (cut off at the token limit) or "content_filter" (cut off by the provider's filter);
+    "tool_calls" when the run hands `client_tool_calls` back to its caller.
     """
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def client_tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolStart]:
+        """Calls of the caller's own functions (an OpenAI door's `tools`), checked by the tool choke
+        point and handed back instead of run: the caller runs them and continues the exchange.
+        """
+
     def __init__(
         self,
         *,
         summary: _builtins.str = ...,
         usage: _common_pb2.Usage | None = ...,
         finish_reason: _builtins.str = ...,
+        client_tool_calls: _abc.Iterable[Global___ToolStart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "summary", b"summary", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_tool_calls", b"client_tool_calls", "finish_reason", b"finish_reason", "summary", b"summary", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
