@@ -1,0 +1,242 @@
+"""Chat Completions as a governed model gateway, driven by clients nobody here wrote.
+
+The client's own `tools` are offered to the model beside the agent's; the model's calls of them
+come back as `tool_calls` (never run here), each first checked at the tool choke point (a
+policy's denial goes back to the model instead); the client's `tool` messages continue the
+exchange; a JSON `response_format` is asked of the model as sent. The official `openai` client,
+LangChain's `bind_tools` and `with_structured_output`, and a PydanticAI agent with its own tool
+work against the endpoint unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool as langchain_tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+
+from atmosphere.testing import ToolCallScript, Turn
+
+from .doors_stack import ADA, World, doors_world
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Search the client's catalogue.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    async with doors_world(nats_url, tmp_path_factory.mktemp("client-tools")) as world:
+        yield world
+
+
+OPENED: list[openai.AsyncOpenAI] = []
+HTTP: list[httpx.AsyncClient] = []
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def fresh_script(world: World) -> AsyncIterator[None]:
+    with world.fresh():
+        yield
+    while OPENED:
+        await OPENED.pop().close()
+    while HTTP:
+        await HTTP.pop().aclose()
+
+
+def client(world: World) -> openai.AsyncOpenAI:
+    opened = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=ADA, max_retries=0)
+    OPENED.append(opened)
+    return opened
+
+
+def chat_model(world: World) -> ChatOpenAI:
+    """LangChain's model on the stack, over a client of ours (so it is closed after the test)."""
+    http = httpx.AsyncClient()
+    HTTP.append(http)
+    return ChatOpenAI(
+        model="keeper", base_url=f"{world.url}/atmosphere/v1", api_key=ADA, max_retries=0, http_async_client=http
+    )
+
+
+def tool_turns(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the provider was sent after the user's message: the calls and their results."""
+    messages = request["messages"]
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return messages[last_user + 1 :]
+
+
+async def test_a_client_tool_call_round_trips_with_the_official_client(world: World) -> None:
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_a"), text="Looking."),
+        Turn.text("Atlas is a book of maps."),
+    )
+    asked = [{"role": "user", "content": "What is atlas?"}]
+    first = await client(world).chat.completions.create(
+        model="keeper", messages=asked, tools=[LOOKUP], tool_choice="auto"
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == ("call_a", "lookup", {"q": "atlas"})
+    sent = world.provider.requests[0]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["lookup"]
+    assert sent["tool_choice"] == "auto"
+    assert world.ran() == []  # nothing of the client's runs here
+
+    second = await client(world).chat.completions.create(
+        model="keeper",
+        tools=[LOOKUP],
+        messages=[
+            *asked,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": "call_a", "content": "Atlas: a book of maps"},
+        ],
+    )
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == "Atlas is a book of maps."
+    assert tool_turns(world.provider.requests[1]) == [
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
+            ],
+        },
+        {"role": "tool", "content": "Atlas: a book of maps", "tool_call_id": "call_a"},
+    ]
+
+
+async def test_streamed_tool_calls_arrive_as_chunks(world: World) -> None:
+    world.provider.script(
+        Turn.tool_calls(
+            ToolCallScript("lookup", {"q": "atlas"}, call_id="call_a"),
+            ToolCallScript("lookup", {"q": "globe"}, call_id="call_b"),
+        )
+    )
+    stream = await client(world).chat.completions.create(
+        model="keeper", messages=[{"role": "user", "content": "Both?"}], tools=[LOOKUP], stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    calls = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or ()]
+    assert [(c.index, c.id, c.function.name, c.function.arguments) for c in calls] == [  # type: ignore[union-attr]
+        (0, "call_a", "lookup", '{"q": "atlas"}'),
+        (1, "call_b", "lookup", '{"q": "globe"}'),
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_client_tool_denied_by_policy_goes_back_to_the_model(world: World) -> None:
+    drop = {"type": "function", "function": {"name": "drop_everything", "parameters": {"type": "object"}}}
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("drop_everything", {}, call_id="call_d")),
+        Turn.text("I am not allowed to do that."),
+    )
+    answer = await client(world).chat.completions.create(
+        model="keeper", messages=[{"role": "user", "content": "Drop it all"}], tools=[drop]
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert not answer.choices[0].message.tool_calls
+    assert answer.choices[0].message.content == "I am not allowed to do that."
+    [refusal] = tool_turns(world.provider.requests[1])[1:]
+    assert refusal["tool_call_id"] == "call_d"
+    assert "no-drops" in refusal["content"]
+
+
+async def test_the_agents_own_tools_still_run_here(world: World) -> None:
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("read_note", {"title": "shopping"}, call_id="call_r")),
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "milk"}, call_id="call_l")),
+    )
+    answer = await client(world).chat.completions.create(
+        model="notes", messages=[{"role": "user", "content": "Read my note, then look up milk"}], tools=[LOOKUP]
+    )
+    assert world.ran() == ["read_note shopping"]
+    [call] = answer.choices[0].message.tool_calls or []
+    assert call.function.name == "lookup"
+
+
+async def test_a_function_named_as_an_agents_tool_is_refused(world: World) -> None:
+    clash = {"type": "function", "function": {"name": "read_note", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(world).chat.completions.create(
+            model="notes", messages=[{"role": "user", "content": "hi"}], tools=[clash]
+        )
+    assert "has the name of one of the agent's own tools" in str(refused.value)
+    assert world.provider.requests == []
+
+
+async def test_langchain_bind_tools_gets_the_models_call(world: World) -> None:
+    @langchain_tool
+    def lookup(q: str) -> str:
+        """Search the client's catalogue."""
+        return f"{q}: a book of maps"
+
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_lc")),
+        Turn.text("Atlas: a book of maps."),
+    )
+    model = chat_model(world)
+    bound = model.bind_tools([lookup])
+    question = HumanMessage("What is atlas?")
+    asked = await bound.ainvoke([question])
+    assert [(c["name"], c["args"], c["id"]) for c in asked.tool_calls] == [("lookup", {"q": "atlas"}, "call_lc")]
+    result = ToolMessage(lookup.invoke(asked.tool_calls[0]["args"]), tool_call_id="call_lc")
+    answered = await bound.ainvoke([question, asked, result])
+    assert answered.content == "Atlas: a book of maps."
+
+
+class Book(BaseModel):
+    title: str
+    pages: int
+
+
+async def test_langchain_with_structured_output_gets_its_schema_honoured(world: World) -> None:
+    world.provider.script(Turn.text('{"title": "Atlas", "pages": 120}'))
+    model = chat_model(world)
+    book = await model.with_structured_output(Book).ainvoke("Describe the atlas")
+    assert book == Book(title="Atlas", pages=120)
+    asked = world.provider.requests[0]["response_format"]
+    assert asked["type"] == "json_schema"
+    assert asked["json_schema"]["name"] == "Book"
+    assert set(asked["json_schema"]["schema"]["properties"]) == {"title", "pages"}
+
+
+async def test_a_pydantic_ai_agent_with_its_own_tool_works_unchanged(world: World) -> None:
+    provider = OpenAIProvider(openai_client=client(world))
+    agent = Agent(OpenAIChatModel("keeper", provider=provider), instructions="Use lookup.")
+    looked_up: list[str] = []
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:
+        """Search the catalogue."""
+        looked_up.append(q)
+        return f"{q}: a book of maps"
+
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_p")),
+        Turn.text("Atlas is a book of maps."),
+    )
+    result = await agent.run("What is atlas?")
+    assert result.output == "Atlas is a book of maps."
+    assert looked_up == ["atlas"]
+    [_, answered] = tool_turns(world.provider.requests[1])
+    assert answered == {"role": "tool", "content": "atlas: a book of maps", "tool_call_id": "call_p"}
