@@ -118,7 +118,7 @@ async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: Sc
                 client.chat.completions.create(
                     model="echo",
                     messages=[{"role": "user", "content": "x"}],
-                    tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                    functions=[{"name": "f", "parameters": {}}],
                 )
             # An unknown model is served by the default agent (ATMOSPHERE_AI_OPENAI_DEFAULT_AGENT).
             fallback = client.chat.completions.create(model="gpt-unknown", messages=[{"role": "user", "content": "x"}])
@@ -134,8 +134,10 @@ async def test_the_sync_client_and_openai_errors(stack: Stack, fake_provider: Sc
     text, unsupported, last_not_user = await asyncio.to_thread(use_sync_client)
     assert text == "sync hi|sync stream|From the default agent."
     assert unsupported.body["code"] == "unsupported_parameter"  # type: ignore[index]
-    assert unsupported.body["param"] == "tools"  # type: ignore[index]
-    assert last_not_user.body["message"] == "The last message must be a user message with content."  # type: ignore[index]
+    assert unsupported.body["param"] == "functions"  # type: ignore[index]
+    assert last_not_user.body["message"].startswith(  # type: ignore[index]
+        "The last message must be a user message with content"
+    )
 
 
 async def test_an_api_key_and_a_failing_agent(stack: Stack, fake_provider: ScriptedModel) -> None:

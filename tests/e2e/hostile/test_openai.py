@@ -58,6 +58,11 @@ class Case:
     chunked: bool = False
 
 
+def fn(name: str) -> dict[str, Any]:
+    """A client function (Chat Completions' `tools` entry)."""
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
 def nested(depth: int) -> bytes:
     return b'{"model": "echo", "messages": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -124,14 +129,23 @@ CASES = [
         body({"model": "echo", "messages": [{"role": "user", "content": "   "}]}),
         param="messages",
     ),
-    Case("tools", body(None, tools=[{"type": "function"}]), code="unsupported_parameter", param="tools"),
-    Case("n-three", body(None, n=3), code="unsupported_parameter", param="n"),
+    Case("tool-without-function", body(None, tools=[{"type": "function"}]), param="tools"),
     Case(
-        "json-mode",
-        body(None, response_format={"type": "json_object"}),
-        code="unsupported_parameter",
-        param="response_format",
+        "tool-of-another-type", body(None, tools=[{"type": "web_search"}]), code="unsupported_parameter", param="tools"
     ),
+    Case("tools-too-many", body(None, tools=[fn(f"f{i}") for i in range(129)]), param="tools"),
+    Case("tool-named-a-path", body(None, tools=[fn("../../etc/passwd")]), param="tools"),
+    Case("tool-choice-without-tools", body(None, tool_choice="required"), param="tool_choice"),
+    Case(
+        "tool-result-answering-nothing",
+        body(None, messages=[*USER, {"role": "tool", "tool_call_id": "call_never_made", "content": "x"}]),
+        param="messages",
+    ),
+    Case(
+        "functions-deprecated", body(None, functions=[{"name": "f"}]), code="unsupported_parameter", param="functions"
+    ),
+    Case("n-three", body(None, n=3), code="unsupported_parameter", param="n"),
+    Case("json-mode-unknown", body(None, response_format={"type": "xml"}), param="response_format"),
     # -- headers, methods, credentials, models ----------------------------------------------------
     Case("text-plain", body(None), status=415, code="unsupported_media_type", headers={"content-type": "text/plain"}),
     Case("no-content-type", body(None), status=415, code="unsupported_media_type", headers={}),
