@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from atmosphere.bus.sizes import clip
 from atmosphere.contracts.run.v1.run_pb2 import InputMessage, RunEvent, RunInput
-from atmosphere.sdk import AiRequest, ChatMessage
+from atmosphere.sdk import AiRequest, ChatMessage, MessageToolCall
 from atmosphere.sdk._request import Role
 
 _EVENT_ROOM = 512
@@ -25,7 +26,7 @@ def seed_json(request: AiRequest, *, conversation_id: str, user_id: str, path: s
     return json.dumps(
         {
             "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages()],
+            "messages": [_said(m) for m in request.messages()],
             "toolsDigest": tools_digest,
             "responseType": "json_schema" if request.response_format is not None else None,
             "conversationId": conversation_id,
@@ -44,8 +45,8 @@ def seeded(request: AiRequest, seed: str) -> AiRequest:
         ValueError: the seed is not one `seed_json` wrote.
     """
     try:
-        messages = [ChatMessage(_role(m["role"]), str(m["content"])) for m in json.loads(seed)["messages"]]
-    except (TypeError, KeyError) as exc:
+        messages = [_heard(m) for m in json.loads(seed)["messages"]]
+    except (TypeError, KeyError, AttributeError) as exc:
         msg = f"not a run seed: {exc}"
         raise ValueError(msg) from exc
     if not messages:
@@ -55,6 +56,26 @@ def seeded(request: AiRequest, seed: str) -> AiRequest:
     system = "\n".join(m.content for m in rest if m.role == "system")
     history = tuple(m for m in rest if m.role != "system")
     return dataclasses.replace(request, message=last.content, system_prompt=system, history=history)
+
+
+def _said(message: ChatMessage) -> dict[str, object]:
+    """A message in the seed: a client's function calls and a `tool` turn's call id kept (a gateway's history)."""
+    said: dict[str, object] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        said["tool_calls"] = [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+    if message.tool_call_id:
+        said["tool_call_id"] = message.tool_call_id
+    return said
+
+
+def _heard(said: Any) -> ChatMessage:
+    calls = said.get("tool_calls") or ()
+    return ChatMessage(
+        _role(said["role"]),
+        str(said["content"]),
+        tuple(MessageToolCall(str(c["id"]), str(c["name"]), str(c["arguments"])) for c in calls),
+        str(said.get("tool_call_id") or ""),
+    )
 
 
 def _role(value: object) -> Role:
