@@ -240,3 +240,90 @@ async def test_a_pydantic_ai_agent_with_its_own_tool_works_unchanged(world: Worl
     assert looked_up == ["atlas"]
     [_, answered] = tool_turns(world.provider.requests[1])
     assert answered == {"role": "tool", "content": "atlas: a book of maps", "tool_call_id": "call_p"}
+
+
+# -- the Responses API's function tools ---------------------------------------------------------
+
+FUNCTION = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Search the client's catalogue.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+}
+
+
+async def test_a_response_hands_its_function_call_back_and_continues_after_it(world: World) -> None:
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_r")),
+        Turn.text("Atlas is a book of maps."),
+    )
+    first = await client(world).responses.create(model="keeper", input="What is atlas?", tools=[FUNCTION])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert (call.call_id, call.name, json.loads(call.arguments)) == ("call_r", "lookup", {"q": "atlas"})
+    assert world.ran() == []
+
+    second = await client(world).responses.create(
+        model="keeper",
+        previous_response_id=first.id,
+        tools=[FUNCTION],
+        input=[{"type": "function_call_output", "call_id": "call_r", "output": "Atlas: a book of maps"}],
+    )
+    assert second.output_text == "Atlas is a book of maps."
+    continued = world.provider.requests[1]["messages"]
+    # The question once (the handed-back turn is not stored as over), then the call and its output.
+    assert [m["content"] for m in continued if m["role"] == "user"] == ["What is atlas?"]
+    assert tool_turns(world.provider.requests[1]) == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_r", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
+            ],
+        },
+        {"role": "tool", "content": "Atlas: a book of maps", "tool_call_id": "call_r"},
+    ]
+
+
+async def test_outputs_answering_no_call_of_the_previous_response_are_refused(world: World) -> None:
+    world.provider.script(Turn.text("Nothing to call."))
+    first = await client(world).responses.create(model="keeper", input="Hello", tools=[FUNCTION])
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(world).responses.create(
+            model="keeper",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": "call_x", "output": "?"}],
+        )
+    assert "made no function calls" in str(refused.value)
+
+
+async def test_a_streamed_response_announces_its_function_call(world: World) -> None:
+    world.provider.script(Turn.tool_calls(ToolCallScript("lookup", {"q": "globe"}, call_id="call_s")))
+    stream = await client(world).responses.create(model="keeper", input="Globe?", tools=[FUNCTION], stream=True)
+    events = [event async for event in stream]
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert done == ['{"q": "globe"}']
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    [call] = [item for item in completed.response.output if item.type == "function_call"]
+    assert call.call_id == "call_s"
+
+
+async def test_a_whole_exchange_in_the_input_needs_no_previous_response(world: World) -> None:
+    world.provider.script(Turn.text('{"title": "Atlas"}'))
+    answer = await client(world).responses.create(
+        model="keeper",
+        tools=[FUNCTION],
+        text={"format": {"type": "json_schema", "name": "book", "schema": {"type": "object"}}},
+        input=[
+            {"role": "user", "content": "Which book?"},
+            {"type": "function_call", "call_id": "call_w", "name": "lookup", "arguments": '{"q": "book"}'},
+            {"type": "function_call_output", "call_id": "call_w", "output": "Atlas"},
+        ],
+    )
+    assert answer.output_text == '{"title": "Atlas"}'
+    sent = world.provider.requests[0]
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "book", "schema": {"type": "object"}},
+    }
+    assert tool_turns(sent)[1] == {"role": "tool", "content": "Atlas", "tool_call_id": "call_w"}

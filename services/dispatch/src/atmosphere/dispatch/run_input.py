@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from atmosphere.bus.sizes import clip
-from atmosphere.contracts.run.v1.run_pb2 import InputMessage, RunEvent, RunInput
+from atmosphere.contracts.run.v1.run_pb2 import InputMessage, RunEvent, RunInput, ToolStart
 from atmosphere.sdk import AiRequest, ChatMessage, MessageToolCall
 from atmosphere.sdk._request import Role
 
@@ -86,7 +86,7 @@ def _role(value: object) -> Role:
 
 def input_event(request: AiRequest, *, limit: int) -> RunEvent:
     """The `input` event of `request`, within `limit` bytes: the oldest history goes first, then text is cut."""
-    messages = [InputMessage(role=m.role, content=m.content) for m in request.messages()]
+    messages = [_input_message(m) for m in request.messages()]
     event = RunEvent(input=RunInput(messages=messages, model=request.model or ""))
     room = limit - _EVENT_ROOM
     omitted = 0
@@ -99,4 +99,10 @@ def input_event(request: AiRequest, *, limit: int) -> RunEvent:
         share = max(64, room // max(1, len(event.input.messages)) - 16)
         for message in event.input.messages:
             message.content = clip(message.content, share, "this message")
+        event.input.clipped = True
     return event
+
+
+def _input_message(message: ChatMessage) -> InputMessage:
+    calls = [ToolStart(tool_name=c.name, call_id=c.call_id, arguments_json=c.arguments) for c in message.tool_calls]
+    return InputMessage(role=message.role, content=message.content, tool_calls=calls, tool_call_id=message.tool_call_id)

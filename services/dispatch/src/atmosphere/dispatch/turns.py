@@ -56,6 +56,9 @@ class Turns:
         if memory is None or not self._durability.reaches_services or self._durability.lost:
             return  # a run another worker took over is that worker's to record
         completed = terminal is not None and terminal.WhichOneof("kind") == "complete"
+        if completed and terminal is not None and terminal.complete.client_tool_calls:
+            # Not over: the caller runs its functions and continues this turn (that run records it whole).
+            return
         await memory.record(
             self._scope.request,
             self._scope.agent.harness,

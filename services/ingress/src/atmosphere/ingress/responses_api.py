@@ -6,23 +6,38 @@ and retry of the head it shares). Its id is `resp_<run id>`; `previous_response_
 that run's conversation (its history is the agent's memory), for the run's owner only and on the
 same agent, anyone else's being answered as unknown. What Chat Completions cannot carry, this
 cannot either: an approval cancels the run with a 422 that names the doors that can.
+
+Function tools make it a model gateway (`client_functions`): the model's calls come back as
+`function_call` items, and the client continues with `function_call_output` items — in a whole
+input, or after `previous_response_id`, whose run's recorded input (`RunInput`) and calls say
+what the model was asked and what it called.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from atmosphere.bus import BusError
-from atmosphere.bus.runs import HISTORY_METADATA_KEY, StreamGapError, follow_run, last_event, new_run
+from atmosphere.bus.runs import (
+    GATEWAY_METADATA_KEY,
+    HISTORY_METADATA_KEY,
+    StreamGapError,
+    follow_run,
+    last_event,
+    new_run,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
+from atmosphere.contracts.run.v1.run_pb2 import InputMessage, RunEvent, RunInput, RunSubmission, ToolStart
+from atmosphere.ingress.client_functions import Gateway, check_served
 from atmosphere.ingress.errors import (
     OpenAiError,
     OpenAiInvalidRequestError,
@@ -49,10 +64,19 @@ from atmosphere.ingress.openai_api import (
 )
 from atmosphere.ingress.openai_wire import Completion
 from atmosphere.ingress.pacing import PacedResponse
-from atmosphere.ingress.responses_wire import ResponseShape, ResponsesRequest, parse_responses_request, response_id
+from atmosphere.ingress.responses_wire import (
+    ResponseShape,
+    ResponsesRequest,
+    check_outputs,
+    function_call,
+    parse_responses_request,
+    response_id,
+)
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
+LOOKUP_PATIENCE = 10.0
+"""Seconds reading a previous response's recorded input may take (a finished run's stored events)."""
 TRANSPORT = "openai-responses"
 DOOR = "the Responses API"
 
@@ -65,14 +89,22 @@ async def _run_for(state: IngressState, request: Request) -> tuple[ResponsesRequ
     asked = parse_responses_request(await read_request(state, request))
     target, agents = await resolve_agent(state, asked.model)
     agent = agents[target]
+    check_served(asked.gateway, agent)
     if state.openai_permits.locked():
         raise OpenAiUnavailableError("Too many responses in flight; try again.")
     principal = principal_for(state, request, agent, asked.user)
-    conversation = await _conversation(state, asked, principal, agent.name)
+    conversation, continued = await _conversation(state, asked, principal, agent.name)
+    prompt, gateway = asked.prompt, asked.gateway
+    if prompt is None:
+        prompt, gateway = await _continued(state, asked, continued)
+    else:
+        check_outputs(asked, set())
     metadata = {HISTORY_METADATA_KEY: json.dumps(asked.prior, ensure_ascii=False)} if asked.prior else {}
+    if gateway.used:
+        metadata[GATEWAY_METADATA_KEY] = json.dumps(gateway.metadata(), ensure_ascii=False)
     run = new_run(
         agent=agent.name,
-        message=asked.prompt,
+        message=prompt,
         principal=principal,
         conversation_id=conversation,
         transport=TRANSPORT,
@@ -89,10 +121,15 @@ async def _run_for(state: IngressState, request: Request) -> tuple[ResponsesRequ
     return asked, run, shape
 
 
-async def _conversation(state: IngressState, asked: ResponsesRequest, principal: Principal, agent: str) -> str:
-    """The conversation the response belongs to: the previous response's (its owner's only), else a new one."""
+async def _conversation(
+    state: IngressState, asked: ResponsesRequest, principal: Principal, agent: str
+) -> tuple[str, RunEvent | None]:
+    """The conversation the response belongs to: the previous response's (its owner's only), else a new one.
+
+    Also the previous response's terminal event, when there is one.
+    """
     if asked.previous_run is None:
-        return scoped_conversation(f"responses:{uuid.uuid4().hex}", principal)
+        return scoped_conversation(f"responses:{uuid.uuid4().hex}", principal), None
     try:
         last = await last_event(state.bus, asked.previous_run)
     except BusError:
@@ -104,7 +141,69 @@ async def _conversation(state: IngressState, asked: ResponsesRequest, principal:
     if last.agent != agent:
         msg = f"The previous response is of the agent '{last.agent}', not '{agent}'."
         raise OpenAiInvalidRequestError(msg, param="previous_response_id")
-    return last.conversation_id
+    return last.conversation_id, last
+
+
+async def _continued(state: IngressState, asked: ResponsesRequest, last: RunEvent | None) -> tuple[str, Gateway]:
+    """The question and exchange that `asked`'s function outputs continue: the previous response's.
+
+    Its run's `input` event holds what the model was asked (the user's message, and the exchange
+    that followed it); its terminal event the calls it handed back; its text what the model said
+    beside them.
+    """
+    assert asked.previous_run is not None
+    calls = last.complete.client_tool_calls if last is not None and last.WhichOneof("kind") == "complete" else ()
+    if not calls:
+        raise OpenAiInvalidRequestError(
+            "The previous response made no function calls for these outputs to answer.", param="input"
+        )
+    try:
+        asked_before, said = await _recorded_exchange(state, asked.previous_run)
+    except (BusError, StreamGapError, TimeoutError):
+        raise OpenAiUnavailableError("Responses cannot be looked up right now; try again.") from None
+    if asked_before is None or asked_before.clipped or asked_before.omitted_messages:
+        raise OpenAiInvalidRequestError(
+            "The previous response's input was too large to keep whole; send the whole exchange as 'input'.",
+            param="previous_response_id",
+        )
+    messages = list(asked_before.messages)
+    question = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if question is None:
+        raise OpenAiInvalidRequestError("The previous response has no question to continue.", param="input")
+    before = [_turn(m) for m in messages[question + 1 :]]
+    made = {"role": "assistant", "content": said, "tool_calls": [_call(c) for c in calls]}
+    check_outputs(asked, {c.call_id for c in calls} | {c["id"] for t in before for c in t.get("tool_calls", ())})
+    continuation = (*before, made, *asked.gateway.continuation)
+    return messages[question].content, replace(asked.gateway, continuation=continuation, tool_turns=True)
+
+
+async def _recorded_exchange(state: IngressState, run_id: str) -> tuple[RunInput | None, str]:
+    """A finished run's last recorded model input, and the text its model answered after it."""
+    recorded: RunInput | None = None
+    text: list[str] = []
+    async with asyncio.timeout(LOOKUP_PATIENCE):
+        async for event in follow_run(state.bus, run_id):
+            if event.origin_run_id:
+                continue
+            kind = event.WhichOneof("kind")
+            if kind == "input":
+                recorded, text = event.input, []
+            elif kind == "text_delta":
+                text.append(event.text_delta.text)
+    return recorded, "".join(text)
+
+
+def _turn(message: InputMessage) -> dict[str, Any]:
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [_call(c) for c in message.tool_calls]
+    if message.tool_call_id:
+        turn["tool_call_id"] = message.tool_call_id
+    return turn
+
+
+def _call(call: ToolStart) -> dict[str, str]:
+    return {"id": call.call_id, "name": call.tool_name, "arguments": call.arguments_json}
 
 
 @router.post(
@@ -161,6 +260,7 @@ async def create_response(request: Request) -> Response:
 
 async def _whole(active: CompletionRun, shape: ResponseShape) -> JSONResponse:
     event: RunEvent | None = checked_first(await active.next())
+    calls: Sequence[ToolStart] = ()
     while event is not None:
         kind = event.WhichOneof("kind")
         if kind == "text_delta":
@@ -170,10 +270,12 @@ async def _whole(active: CompletionRun, shape: ResponseShape) -> JSONResponse:
         elif kind == "complete":
             if not active.text and event.complete.summary:
                 active.text.append(event.complete.summary)
+            calls = event.complete.client_tool_calls
             break
         event = await active.next()
     active.head_sent = True
-    return JSONResponse(shape.response("completed", text="".join(active.text), usage=active.counted_usage))
+    text = "".join(active.text)
+    return JSONResponse(shape.response("completed", text=text, usage=active.counted_usage, calls=calls))
 
 
 async def _streamed(active: CompletionRun, shape: ResponseShape) -> PacedResponse:
@@ -198,6 +300,7 @@ async def _events(
     yield _sse(shape.event("response.output_item.added", output_index=0, item=shape.message("", status="in_progress")))
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     yield _sse(shape.text_event("response.content_part.added", part=part))
+    calls: Sequence[ToolStart] = ()
     try:
         event = await first
         while event is not None:
@@ -215,6 +318,7 @@ async def _events(
                     yield _sse(
                         shape.text_event("response.output_text.delta", delta=event.complete.summary, logprobs=[])
                     )
+                calls = event.complete.client_tool_calls
                 break
             event = await active.next()
     except ApprovalNotCarriedError as exc:
@@ -228,8 +332,38 @@ async def _events(
     yield _sse(shape.text_event("response.output_text.done", text=text, logprobs=[]))
     yield _sse(shape.text_event("response.content_part.done", part={**part, "text": text}))
     yield _sse(shape.event("response.output_item.done", output_index=0, item=shape.message(text)))
-    done = shape.response("completed", text=text, usage=active.counted_usage)
+    for index, call in enumerate(calls, start=1):
+        for line in _function_call_events(shape, index, call):
+            yield line
+    done = shape.response("completed", text=text, usage=active.counted_usage, calls=calls)
     yield _sse(shape.event("response.completed", response=done))
+
+
+def _function_call_events(shape: ResponseShape, index: int, call: ToolStart) -> list[bytes]:
+    """A handed-back call as the Responses stream announces one: added, its arguments, done."""
+    item_id = "fc_" + call.call_id
+    return [
+        _sse(
+            shape.event(
+                "response.output_item.added", output_index=index, item=function_call(call, status="in_progress")
+            )
+        ),
+        _sse(
+            shape.event(
+                "response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=call.arguments_json
+            )
+        ),
+        _sse(
+            shape.event(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=call.tool_name,
+                arguments=call.arguments_json,
+            )
+        ),
+        _sse(shape.event("response.output_item.done", output_index=index, item=function_call(call))),
+    ]
 
 
 def _failed(shape: ResponseShape, active: CompletionRun, error: OpenAiError) -> dict[str, Any]:

@@ -1,27 +1,38 @@
 """The OpenAI Responses wire: validating `POST /v1/responses` bodies and shaping Response objects and events.
 
 What this server does not do exactly is refused (`unsupported_parameter`), never half-done:
-function and hosted tools, `text.format` other than plain text, reasoning, background runs.
-Sampling parameters are accepted (when well-typed) and ignored, as for Chat Completions: the
-agent's configuration decides.
+hosted tools, reasoning, background runs. Function tools make it a model gateway, as Chat
+Completions' `tools` do (`client_functions`): the model's calls come back as `function_call`
+output items, and `function_call_output` input items continue the exchange; a `text.format` of
+`json_schema` or `json_object` is asked of the model as sent. Sampling parameters are accepted
+(when well-typed) and ignored, as for Chat Completions: the agent's configuration decides.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from atmosphere.bus import subjects
+from atmosphere.contracts.run.v1.run_pb2 import ToolStart
+from atmosphere.ingress.client_functions import (
+    Function,
+    Gateway,
+    function,
+    functions_of,
+    json_schema,
+    response_format_of,
+    tool_choice_of,
+)
 from atmosphere.ingress.errors import OpenAiError, OpenAiInvalidRequestError
 from atmosphere.ingress.openai_wire import MAX_MESSAGES, MAX_MODEL_CHARS, json_body, unsupported
 
 RESPONSE_PREFIX = "resp_"
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 UNSUPPORTED = {
-    "tools": "Function and hosted tools",
-    "tool_choice": "'tool_choice'",
     "reasoning": "Reasoning options",
     "background": "Background responses",
     "conversation": "'conversation' (use previous_response_id)",
@@ -34,10 +45,12 @@ class ResponsesRequest:
     """A validated Responses request."""
 
     model: str | None
-    prompt: str
-    """The last user input."""
-    prior: list[dict[str, str]] = field(default_factory=list)
-    """Earlier input items as `{role, content}` (instructions first, as a system message)."""
+    prompt: str | None
+    """The last user input; None when the input only continues the previous response's calls."""
+    prior: list[dict[str, Any]] = field(default_factory=list)
+    """Earlier input items as history turns (instructions first, as a system message)."""
+    gateway: Gateway = field(default_factory=Gateway)
+    """The client's function tools, tool choice, format, and the exchange after `prompt`."""
     stream: bool = False
     previous_run: str | None = None
     """The run behind `previous_response_id`, whose conversation this one continues."""
@@ -64,26 +77,63 @@ def _text(content: Any, where: str) -> str:
     raise OpenAiInvalidRequestError(f"{where}.content must be a string or a list of text parts.", param="input")
 
 
-def _items(raw: Any) -> list[dict[str, str]]:
+def _items(raw: Any) -> list[dict[str, Any]]:
+    """Input items as history turns: messages, and the model's function calls and their outputs."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise OpenAiInvalidRequestError("'input' must be a string or a non-empty array.", param="input")
     if len(raw) > MAX_MESSAGES:
         raise OpenAiInvalidRequestError(f"'input' may hold at most {MAX_MESSAGES} items.", param="input")
-    items = []
+    items: list[dict[str, Any]] = []
     for index, item in enumerate(raw):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise OpenAiInvalidRequestError(f"{where} must be an object.", param="input")
         kind = item.get("type", "message")
-        if kind != "message":
+        if kind == "function_call":
+            _add_call(items, item, where)
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise OpenAiInvalidRequestError(f"{where}.call_id must be a non-empty string.", param="input")
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, where)
+            items.append({"role": "tool", "content": text, "tool_call_id": call_id})
+        elif kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise OpenAiInvalidRequestError(f"{where}.role must be one of {sorted(ROLES)}.", param="input")
+            role = "system" if role == "developer" else role
+            items.append({"role": role, "content": _text(item.get("content"), where)})
+        else:
             raise unsupported("input", f"{where}: items of type '{str(kind)[:40]}'")
-        role = item.get("role")
-        if role not in ROLES:
-            raise OpenAiInvalidRequestError(f"{where}.role must be one of {sorted(ROLES)}.", param="input")
-        items.append({"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)})
     return items
+
+
+def _add_call(items: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """A `function_call` item: joined to the assistant turn before it (one turn holds a round's calls)."""
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
+    if not (isinstance(call_id, str) and call_id and isinstance(name, str) and isinstance(arguments, str)):
+        raise OpenAiInvalidRequestError(f"{where} must be {{call_id, name, arguments}} strings.", param="input")
+    call = {"id": call_id, "name": name, "arguments": arguments or "{}"}
+    last = items[-1] if items else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        items.append({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _check_outputs(items: list[dict[str, Any]], known: set[str]) -> None:
+    """Every `function_call_output` answers a call made before it (in the input, or by the previous response)."""
+    calls = set(known)
+    for turn in items:
+        calls.update(c["id"] for c in turn.get("tool_calls", ()))
+        if turn["role"] == "tool" and turn["tool_call_id"] not in calls:
+            raise OpenAiInvalidRequestError(
+                f"No function call with call_id '{turn['tool_call_id'][:64]}' was made before its output.",
+                param="input",
+            )
 
 
 def _previous_run(raw: Any) -> str | None:
@@ -102,16 +152,21 @@ def _previous_run(raw: Any) -> str | None:
 
 
 def parse_responses_request(raw: bytes) -> ResponsesRequest:
-    """A `POST /responses` body, validated; `OpenAiError` for anything refused."""
+    """A `POST /responses` body, validated; `OpenAiError` for anything refused.
+
+    The previous response's calls are not known here: outputs that answer no call of the input
+    are checked against them by `check_outputs` once the previous response is read.
+    """
     body = json_body(raw)
     for name, what in UNSUPPORTED.items():
         if body.get(name) not in (None, [], "auto", "none", False):
             raise unsupported(name, what)
-    text_format = body.get("text")
-    if text_format is not None:
-        fmt = text_format.get("format") if isinstance(text_format, dict) else None
-        if not (fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text")):
-            raise unsupported("text.format", "A 'text.format' other than plain text")
+    functions = functions_of(body.get("tools"), _function)
+    tool_choice = tool_choice_of(body.get("tool_choice"), functions, nested=False)
+    response_format = _text_format(body.get("text"))
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise OpenAiInvalidRequestError("'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls")
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
         raise OpenAiInvalidRequestError("'model' must be a short string.", param="model")
@@ -125,18 +180,74 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise OpenAiInvalidRequestError("'instructions' must be a string.", param="instructions")
+    previous_run = _previous_run(body.get("previous_response_id"))
     items = _items(body.get("input"))
-    if items[-1]["role"] != "user" or not items[-1]["content"].strip():
-        raise OpenAiInvalidRequestError("The last input item must be a non-empty user message.", param="input")
-    prior = ([{"role": "system", "content": instructions}] if instructions else []) + items[:-1]
+    asked = max((i for i, m in enumerate(items) if m["role"] == "user"), default=None)
+    continuation = items[asked + 1 :] if asked is not None else items
+    if (asked is not None and not items[asked]["content"].strip()) or (
+        continuation and continuation[-1]["role"] != "tool"
+    ):
+        raise OpenAiInvalidRequestError(
+            "The last input item must be a non-empty user message, or the outputs of the function calls "
+            "that followed it.",
+            param="input",
+        )
+    if asked is None and previous_run is None:
+        raise OpenAiInvalidRequestError(
+            "Function call outputs without a user message continue a previous response: send 'previous_response_id'.",
+            param="input",
+        )
+    prior = ([{"role": "system", "content": instructions}] if instructions else []) + (
+        items[:asked] if asked is not None else []
+    )
     return ResponsesRequest(
         model=model or None,
-        prompt=items[-1]["content"],
+        prompt=items[asked]["content"] if asked is not None else None,
         prior=prior,
         stream=stream,
-        previous_run=_previous_run(body.get("previous_response_id")),
+        previous_run=previous_run,
         user=user,
+        gateway=Gateway(
+            functions=functions,
+            tool_choice=tool_choice,
+            response_format=response_format,
+            continuation=tuple(continuation),
+            tool_turns=any("tool_calls" in m or m["role"] == "tool" for m in items),
+            names=frozenset(f.name for f in functions),
+        ),
     )
+
+
+def _function(index: int, tool: Any) -> Function:
+    """A Responses function tool: `{"type": "function", name, description, parameters, strict}`."""
+    where = f"tools[{index}]"
+    if not isinstance(tool, dict):
+        raise OpenAiInvalidRequestError(f"{where} must be an object.", param="tools")
+    if tool.get("type") != "function":
+        raise unsupported("tools", f"{where}: a tool of type '{str(tool.get('type'))[:40]}' (only 'function')")
+    return function(tool.get("name"), tool.get("description"), tool.get("parameters"), where=where)
+
+
+def _text_format(text: Any) -> dict[str, Any] | None:
+    """`text.format` as Chat Completions' `response_format` (None: plain text)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise OpenAiInvalidRequestError("'text' must be an object.", param="text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise OpenAiInvalidRequestError("'text.format' must be an object.", param="text.format")
+    if fmt.get("type") == "json_schema":
+        spec = json_schema(fmt, where="text.format", param="text.format")
+        return {"type": "json_schema", "json_schema": spec}
+    return response_format_of(fmt, param="text.format")
+
+
+def check_outputs(asked: ResponsesRequest, previous_calls: set[str]) -> None:
+    """Refuse an output that answers no function call (of the input, or of the previous response)."""
+    _check_outputs([*asked.prior, *asked.gateway.continuation], previous_calls)
 
 
 @dataclass
@@ -172,14 +283,16 @@ class ResponseShape:
         text: str | None = None,
         usage: dict[str, int] | None = None,
         error: OpenAiError | None = None,
+        calls: Sequence[ToolStart] = (),
     ) -> dict[str, Any]:
+        output = [self.message(text)] if text is not None and (text or not calls) else []
         return {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
             "status": status,
             "model": self.model,
-            "output": [self.message(text)] if text is not None else [],
+            "output": [*output, *(function_call(call) for call in calls)],
             "usage": _usage(usage) if usage else None,
             "previous_response_id": self.previous_response_id,
             "error": {"code": error.code or error.type, "message": error.message} if error else None,
@@ -201,6 +314,18 @@ class ResponseShape:
 
     def text_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return self.event(kind, item_id=self.message_id, output_index=0, content_index=0, **fields)
+
+
+def function_call(call: ToolStart, status: str = "completed") -> dict[str, Any]:
+    """A call handed back to the client: a `function_call` output item."""
+    return {
+        "type": "function_call",
+        "id": "fc_" + call.call_id,
+        "call_id": call.call_id,
+        "name": call.tool_name,
+        "arguments": call.arguments_json if status == "completed" else "",
+        "status": status,
+    }
 
 
 def _output_text(text: str) -> dict[str, Any]:

@@ -857,17 +857,27 @@ class InputMessage(_message.Message):
 
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     content: _builtins.str
+    tool_call_id: _builtins.str
+    """A "tool" message: the call whose result it is."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolStart]:
+        """An assistant message's calls of the caller's own functions (a model gateway's exchange)."""
+
     def __init__(
         self,
         *,
         role: _builtins.str = ...,
         content: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolStart] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -880,10 +890,13 @@ class RunInput(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     OMITTED_MESSAGES_FIELD_NUMBER: _builtins.int
+    CLIPPED_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model asked for (empty: the runtime's default)."""
     omitted_messages: _builtins.int
     """Older history messages were left out so that the event fits in one bus message."""
+    clipped: _builtins.bool
+    """Some message's text was cut so that the event fits: the event is not the whole input."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputMessage]: ...
     def __init__(
@@ -892,10 +905,11 @@ class RunInput(_message.Message):
         messages: _abc.Iterable[Global___InputMessage] | None = ...,
         model: _builtins.str = ...,
         omitted_messages: _builtins.int = ...,
+        clipped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "omitted_messages", b"omitted_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clipped", b"clipped", "messages", b"messages", "model", b"model", "omitted_messages", b"omitted_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
