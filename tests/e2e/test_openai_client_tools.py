@@ -327,3 +327,26 @@ async def test_a_whole_exchange_in_the_input_needs_no_previous_response(world: W
         "json_schema": {"name": "book", "schema": {"type": "object"}},
     }
     assert tool_turns(sent)[1] == {"role": "tool", "content": "Atlas", "tool_call_id": "call_w"}
+
+
+async def test_an_earlier_exchange_in_the_history_keeps_its_calls_on_an_agent_with_memory(world: World) -> None:
+    world.provider.script(Turn.text("Globe: a ball of maps."))
+    await client(world).chat.completions.create(
+        model="keeper",
+        tools=[LOOKUP],
+        messages=[
+            {"role": "user", "content": "What is atlas?"},
+            {"role": "assistant", "content": None, "tool_calls": [dict(CALL)]},
+            {"role": "tool", "tool_call_id": "call_h", "content": "Atlas: maps"},
+            {"role": "assistant", "content": "A book of maps."},
+            {"role": "user", "content": "And globe?"},
+        ],
+    )
+    sent = world.provider.requests[0]["messages"]
+    [called] = [m for m in sent if m.get("tool_calls")]
+    assert called["tool_calls"][0]["id"] == "call_h"
+    assert {"role": "tool", "content": "Atlas: maps", "tool_call_id": "call_h"} in sent
+    assert sent[-1] == {"role": "user", "content": "And globe?"}
+
+
+CALL = {"id": "call_h", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}

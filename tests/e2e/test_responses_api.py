@@ -107,8 +107,8 @@ async def test_another_users_response_cannot_be_continued(world: World) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"background": True}, "background"),
     ],
 )

@@ -45,6 +45,8 @@ def _turn(item: Any) -> ChatMessage | None:
         if isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("name"), str)
     )
     call_id = item.get("tool_call_id")
+    if item["role"] == "tool" and not (isinstance(call_id, str) and call_id):
+        return None  # a result bound to no call: a provider would refuse the whole request
     return ChatMessage(item["role"], item["content"], calls, call_id if isinstance(call_id, str) else "")
 
 

@@ -146,6 +146,10 @@ class ConversationMemory:
         """
         if not harness.conversation_memory:
             return tuple(staged)
+        if any(m.tool_calls or m.tool_call_id for m in staged):
+            # A model gateway's exchange: memory keeps turns as text, which would lose the calls
+            # that bind each result to its call (and a provider refuses a result bound to none).
+            return tuple(staged)
         if staged:
             # Prior turns from the client (the OpenAI API): staged under this request's key.
             stored = await self._memory.replace_history(run.agent, run.conversation_id, staged)
