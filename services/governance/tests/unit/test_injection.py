@@ -299,7 +299,7 @@ def test_over_long_text_is_an_error_not_a_prefix_screen() -> None:
     ],
 )
 def test_pathological_inputs_are_fast(text: str) -> None:
-    """Linear, not catastrophic: within a wide multiple of a benign text of the same length, timed alike.
+    r"""Linear, not catastrophic: within a wide multiple of a benign text of the same length, timed alike.
 
     Measured against a baseline taken on the same machine at the same moment (a loaded CI runner
     slows both), never against a fixed number of seconds: backtracking like the reference's
