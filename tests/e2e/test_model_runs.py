@@ -191,4 +191,4 @@ async def test_a_client_that_disconnects_stops_the_model_call(stack: Stack, fake
                 break
     closed_at = time.monotonic()
     await asyncio.wait_for(fake_provider.disconnected.wait(), 5)
-    assert time.monotonic() - closed_at < 1.0
+    assert time.monotonic() - closed_at < 10.0  # the stall lasts 30 s; loose for a loaded machine

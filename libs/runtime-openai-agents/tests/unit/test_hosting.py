@@ -198,9 +198,9 @@ async def test_cancelling_a_hosted_run_closes_the_upstream_request(fake_provider
         assert recorder.text() == "Thinking"
         cancelled_at = time.monotonic()
         task.cancel()
-        await asyncio.wait({task}, timeout=1.0)
-        await asyncio.wait_for(fake_provider.disconnected.wait(), 1.0)
-        assert time.monotonic() - cancelled_at < 1.0
+        await asyncio.wait({task}, timeout=10.0)
+        await asyncio.wait_for(fake_provider.disconnected.wait(), 10.0)
+        assert time.monotonic() - cancelled_at < 10.0  # the stall lasts 30 s; loose for a loaded machine
     finally:
         await runtime.aclose()
 
