@@ -81,9 +81,27 @@ def requested_call(request: RunSubmission, own_tools: Collection[str]) -> Direct
 
 
 def outcome_error(outcome: ToolOutcome) -> ToolCallFailedError:
-    """The error a run ends with when its one call had no result (its text without a leading `Error: `)."""
+    """The error a run ends with when its one call had no result: the model's text, in plain words.
+
+    Atmosphere's JSON texts (`{"status": "cancelled", "message": ...}`, `{"error":
+    "invalid_arguments", "details": [...]}`) become their message; a plain one loses its `Error: `.
+    """
     text = outcome.text.removeprefix(ERROR_PREFIX)
-    return ToolCallFailedError(text or "The tool call failed")
+    return ToolCallFailedError(_plain(text) or "The tool call failed")
+
+
+def _plain(text: str) -> str:
+    try:
+        said = json.loads(text) if text.startswith("{") else None
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        return text
+    details = said.get("details")
+    if said.get("error") == "invalid_arguments" and isinstance(details, list):
+        return f"Invalid arguments for the tool '{said.get('tool', '')}': " + "; ".join(str(d) for d in details)
+    message = said.get("message")
+    return message if isinstance(message, str) and message else text
 
 
 def rewrite_refusal(request: RunSubmission, decision: Decision) -> ToolCallRefusedError | None:

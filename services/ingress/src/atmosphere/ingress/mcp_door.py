@@ -265,6 +265,10 @@ class McpDoor:
             tool = await self._app_tool(params.name, caller)
             if tool is not None:
                 return await self._tool_call(ctx, caller, tool, params.arguments or {})
+        agent = await self._agent(params.name, caller)
+        if agent is None:
+            msg = f"Unknown tool {params.name[:128]!r}"
+            raise AgentNotFoundError(msg)
         arguments = params.arguments or {}
         message = arguments.get("message")
         conversation = arguments.get("conversation_id")
@@ -275,10 +279,6 @@ class McpDoor:
         if unknown := sorted(set(arguments) - {"message", "conversation_id"}):
             msg = f"Unknown arguments: {', '.join(unknown)[:200]}"
             raise MalformedRequestError(msg)
-        agent = await self._agent(params.name, caller)
-        if agent is None:
-            msg = f"Unknown tool {params.name[:128]!r}"
-            raise AgentNotFoundError(msg)
         run = await start_run(
             self.state,
             caller,
