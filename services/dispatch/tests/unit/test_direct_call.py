@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import pytest
 
-from atmosphere.bus import subjects
+from atmosphere.bus import Envelope, Headers, WorkItem, subjects
 from atmosphere.bus.errors import ToolCallFailedError, ToolCallRefusedError
 from atmosphere.bus.runs import TOOL_CALL_METADATA_KEY
-from atmosphere.contracts.run.v1.run_pb2 import ApprovalDecision, Control, ControlAck, RunEvent, RunSubmission
+from atmosphere.contracts.run.v1.run_pb2 import (
+    ApprovalDecision,
+    Cancel,
+    Control,
+    ControlAck,
+    RunEvent,
+    RunSubmission,
+)
 from atmosphere.dispatch.direct_call import requested_call
 from atmosphere.dispatch.handlers import agent_descriptors
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.model_side import ModelSide
+from atmosphere.dispatch.tool_errors import INTERRUPTED
 from atmosphere.sdk import AiBudget, App, StreamingSession, agent, prompt, tool
 from atmosphere.sdk import Harness as HarnessFeature
 from atmosphere.sdk.builtin_tools import WRITE_TODOS
@@ -202,3 +211,48 @@ def test_the_descriptor_names_the_agents_own_tools_apart_from_its_harness() -> N
     assert list(weather.app_tools) == ["get_weather", "delete_note", "slow"]
     assert WRITE_TODOS.name in weather.tools
     assert WRITE_TODOS.name not in weather.app_tools
+
+
+async def test_a_cancelled_call_ends_the_run_cancelled(harness: Harness) -> None:
+    await harness.serve_tools({"slow": "done"}, delay=5.0)
+    run = asyncio.create_task(harness.executor(APP).execute(direct("weather", "slow", {"seconds": 5})))
+
+    async def running() -> bool:
+        return len(harness.tool_calls) == 1
+
+    await wait_until(running, what="the call to start")
+    control = Control(run_id="r1", cancel=Cancel(reason="the MCP client cancelled the call"))
+    assert (await harness.bus.request(subjects.run_control("r1"), control, ControlAck)).accepted
+    await run
+    assert terminal(harness.events()).error.code == "run.cancelled"
+
+
+def work_item(run: RunSubmission, delivered: int) -> WorkItem[RunSubmission]:
+    return WorkItem(Envelope(subjects.run_submit(run.agent), run, Headers()), stream_seq=1, delivered=delivered)
+
+
+@pytest.mark.parametrize(("tool", "runs"), [("slow", 1), ("get_weather", 2)], ids=["once", "idempotent"])
+async def test_a_durable_call_whose_worker_died_is_reported_interrupted_or_run_again(
+    harness: Harness, tool: str, runs: int
+) -> None:
+    await harness.serve_tools({tool: "done"}, delay=1.0)
+    run = direct("weather", tool, {"seconds": 1} if tool == "slow" else {"city": "Paris"})
+    first = asyncio.create_task(harness.executor(APP, durable=True, owner="w1").on_work(work_item(run, 1)))
+
+    async def started() -> bool:
+        return len(harness.tool_calls) == 1
+
+    await wait_until(started, timeout=10, what="the call to start")
+    first.cancel()  # the worker dies inside the call
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    await harness.executor(APP, durable=True, owner="w2").on_work(work_item(run, 2))
+    assert len(harness.tool_calls) == runs
+    events = harness.events()
+    assert kinds(events).count("tool_start") == 1  # not sent again
+    end = terminal(events)
+    if runs == 1:  # never silently repeated
+        assert end.error.code == ToolCallFailedError.code
+        assert end.error.message == INTERRUPTED.format(name=tool).removeprefix("Error: ")
+    else:
+        assert end.WhichOneof("kind") == "complete"

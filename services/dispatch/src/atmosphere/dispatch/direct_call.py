@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -48,10 +47,8 @@ class DirectCall:
     """The arguments object as JSON text (validated against the tool's schema by the choke point)."""
 
     def request(self, run_id: str) -> ToolCallRequest:
-        """The call as the choke point takes it (an id of its own, from the run's)."""
-        return ToolCallRequest(
-            call_id=f"call_{run_id[:32]}_{uuid.uuid4().hex[:8]}", name=self.name, arguments_json=self.arguments_json
-        )
+        """The call as the choke point takes it, its id the run's (the same on every delivery of the run)."""
+        return ToolCallRequest(call_id=f"call_{run_id}", name=self.name, arguments_json=self.arguments_json)
 
 
 def is_direct_call(request: RunSubmission) -> bool:
