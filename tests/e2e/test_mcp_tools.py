@@ -21,7 +21,7 @@ from atmosphere.bus.runs import last_event
 from atmosphere.config import TokenGrant
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
-from .doors_stack import ADA, BOB, EMAIL, GRANTS, World, doors_world
+from .doors_stack import ADA, BOB, EMAIL, GRANTS, MESSAGE_LIMIT, World, doors_world
 from .test_mcp_door import Approver, Progress, mcp_client, meta_of, text_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -140,12 +140,15 @@ async def test_bad_arguments_are_clear_errors_and_nothing_runs(world: World) -> 
         missing = await client.call_tool("notes__read_note", {})
         wrong = await client.call_tool("notes__read_note", {"title": 42})
         unknown = await client.call_tool("notes__burn_note", {"title": "x"})
+        too_large = await client.call_tool("notes__read_note", {"title": "x" * MESSAGE_LIMIT})
     assert missing.is_error
     assert text_of(missing) == "Error: Invalid arguments for the tool 'read_note': title: field required"
     assert wrong.is_error
     assert text_of(wrong) == "Error: Invalid arguments for the tool 'read_note': title: expected string, got int"
     assert unknown.is_error
     assert text_of(unknown) == "Error: Unknown tool 'notes__burn_note'"
+    assert too_large.is_error
+    assert text_of(too_large) == f"Error: The message exceeds {MESSAGE_LIMIT} bytes"
     assert world.ran() == []
 
 

@@ -46,6 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from atmosphere.bus import BusError, subjects
 from atmosphere.bus.runs import TOOL_CALL_METADATA_KEY
+from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
@@ -292,10 +293,8 @@ class McpDoor:
 
     async def _app_tool(self, name: str, caller: Caller) -> AppTool | None:
         """The exposed app tool `name` if `caller` may use its agent (None: an agent's name, or unknown)."""
-        agents = await self.state.directory.all()
-        if any(agent.name == name for agent in agents):
-            return None
-        return (await self._app_tools(agents, caller)).get(name)
+        # An agent's own name is never an app tool's (`app_tools` leaves such a name out).
+        return (await self._app_tools(await self.state.directory.all(), caller)).get(name)
 
     async def _tool_call(
         self, ctx: ServerRequestContext[Any, Any], caller: Caller, tool: AppTool, arguments: dict[str, Any]
@@ -306,12 +305,14 @@ class McpDoor:
         model's; admission sees the call as the run's message.
         """
         call = json.dumps({"name": tool.tool, "arguments": arguments}, ensure_ascii=False)
+        if has_lone_surrogate(call):
+            raise MalformedRequestError("The arguments contain a lone UTF-16 surrogate, which is not valid Unicode")
         require_message_size(call, message_limit_of(self.state))
         run = await start_run(
             self.state,
             caller,
             tool.agent,
-            f"{tool.tool} {json.dumps(arguments, ensure_ascii=False)}",
+            f"{tool.tool} {json.dumps(arguments, ensure_ascii=False)}",  # what admission's policies read
             transport=TRANSPORT,
             address=_address(ctx),
             metadata={TOOL_CALL_METADATA_KEY: call},
