@@ -16,10 +16,13 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from atmosphere.bus import subjects
 from atmosphere.bus.errors import ToolCallFailedError, ToolCallRefusedError
 from atmosphere.bus.runs import last_event
 from atmosphere.config import TokenGrant
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, GetStepsResponse
+from atmosphere.testing import wait_until
 
 from .doors_stack import ADA, BOB, EMAIL, GRANTS, MESSAGE_LIMIT, World, doors_world
 from .test_mcp_door import Approver, Progress, mcp_client, meta_of, text_of
@@ -76,9 +79,22 @@ async def test_a_call_runs_the_tool_once_with_no_model_and_returns_its_result(wo
     assert text_of(result) == "note 'groceries': buy milk"
     assert world.ran() == ["read_note groceries"]
     assert world.provider.requests == []  # no model round
-    last = await ended(world, meta_of(result)["atmosphere/runId"])
+    run_id = meta_of(result)["atmosphere/runId"]
+    last = await ended(world, run_id)
     assert last.WhichOneof("kind") == "complete"
     assert (last.owner, last.agent) == ("ada", "notes")
+
+    steps: list[str] = []
+
+    async def taped() -> bool:
+        reply = await world.bus.request(subjects.tape("steps"), GetStepsRequest(run_id=run_id), GetStepsResponse)
+        steps[:] = [step.kind for step in reply.steps]
+        return reply.run.status == "COMPLETED"
+
+    await wait_until(taped, what="the tape to record the run")
+    kinds = steps
+    assert kinds.count("tool-start") == 1
+    assert "tool-result" in kinds
 
 
 async def test_a_call_a_policy_denies_is_an_error_with_the_denial_and_never_runs(world: World) -> None:
