@@ -256,3 +256,10 @@ async def test_a_durable_call_whose_worker_died_is_reported_interrupted_or_run_a
         assert end.error.message == INTERRUPTED.format(name=tool).removeprefix("Error: ")
     else:
         assert end.WhichOneof("kind") == "complete"
+
+
+async def test_a_direct_call_needs_no_model_runtime(harness: Harness) -> None:
+    await harness.serve_tools({"get_weather": "sunny"})
+    await harness.executor(APP, with_runtime=False).execute(direct("weather", "get_weather", {"city": "Oslo"}))
+    events = harness.events()
+    assert kinds(events) == ["tool_start", "tool_result", "text_delta", "complete"]
