@@ -15,7 +15,7 @@ import pytest
 
 from atmosphere.bus import NatsBus, connect
 from atmosphere.config import TokenGrant
-from atmosphere.ingress.settings import A2aOptions, IngressOptions
+from atmosphere.ingress.settings import A2aOptions, IngressOptions, McpOptions
 from atmosphere.testing import ScriptedModel, run_stack
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
@@ -67,8 +67,14 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def doors_world(nats_url: str, base: Path) -> AsyncIterator[World]:
-    """The stack, serving until the context exits."""
+async def doors_world(
+    nats_url: str, base: Path, *, mcp_tools: tuple[str, ...] = (), grants: tuple[TokenGrant, ...] = GRANTS
+) -> AsyncIterator[World]:
+    """The stack, serving until the context exits.
+
+    `mcp_tools` is `ATMOSPHERE_MCP__TOOLS` (the app's `@tool`s the MCP door exposes; none by
+    default), `grants` the token grants (by default ada's two tokens and bob's).
+    """
     namespace = f"t{uuid.uuid4().hex[:12]}"
     calls = base / "calls.txt"
     policy = base / "policies.yaml"
@@ -84,8 +90,9 @@ async def doors_world(nats_url: str, base: Path) -> AsyncIterator[World]:
                 app="tests.e2e.apps.doors_app:app",
                 llm_base_url=provider.base_url,
                 ingress={
-                    "ingress": IngressOptions(port=0, auth_tokens=GRANTS, max_message_bytes=MESSAGE_LIMIT),
+                    "ingress": IngressOptions(port=0, auth_tokens=grants, max_message_bytes=MESSAGE_LIMIT),
                     "a2a": A2aOptions(default_agent="echo"),
+                    "mcp": McpOptions(tools=mcp_tools),
                     "ai_openai_enabled": True,
                 },
                 governance={"governance": {"policy_files": [policy]}},

@@ -447,6 +447,26 @@ class ToolLoopExhaustedError(RunError):
     code = "runtime.tool_loop_exhausted"
 
 
+class ToolCallRefusedError(RunError):
+    """A run of one tool call (an app tool a door exposes) asked for no usable call; nothing ran.
+
+    The tool is not one of its agent's own `@tool`s, the arguments are unreadable, or a policy
+    rewrote the call's input.
+    """
+
+    code = "dispatch.tool_call_refused"
+
+
+class ToolCallFailedError(RunError):
+    """A run of one tool call (an app tool a door exposes) ended without a result.
+
+    The tool failed, or the call was refused (its arguments, a policy, a role, a denied approval);
+    the message is the text a model would have got.
+    """
+
+    code = "tool.failed"
+
+
 class StructuredOutputInvalidError(RunError):
     """The model's structured answer did not validate after every retry."""
 

@@ -78,6 +78,12 @@ GATEWAY_METADATA_KEY = "ai.request.gateway"
 functions (`tools`: `{name, description, parameters}`), its `tool_choice`, its `response_format`,
 and the exchange after the user message (`continuation`: turns as in the history)."""
 
+TOOL_CALL_METADATA_KEY = "atmosphere.run.tool_call"
+"""Request metadata asking for a run of exactly one tool call and no model (JSON `{"name": <tool>,
+"arguments": {...}}`): what the MCP door starts for an app's `@tool` it exposes. Dispatch runs the
+call through the tool choke point, as any tool call of the agent, and ends the run with its
+result. Reserved (`atmosphere.`): a gRPC client cannot set it."""
+
 log = logging.getLogger("atmosphere.bus")
 
 
@@ -529,6 +535,7 @@ __all__ = [
     "SUBAGENT_DEPTH_METADATA_KEY",
     "SUBMIT_DEADLINE",
     "TERMINAL_KINDS",
+    "TOOL_CALL_METADATA_KEY",
     "WORKER_FIRST_SEQ",
     "RunEventWriter",
     "SinkHost",

@@ -64,6 +64,7 @@ def agent_descriptors(
                 runtime=runtime.name if runtime is not None else "",
                 capabilities=capabilities,
                 tools=own + [n for n in harness.tools if n not in own],
+                app_tools=[t.name for t in spec.tools if t.name not in harness.tools],
                 harness=harness.attached(),
                 workspace=harness.scope("", "") if harness.workspace_tools else None,
                 pool=pool,

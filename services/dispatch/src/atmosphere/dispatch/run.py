@@ -5,7 +5,8 @@ run lives until its terminal event. Reading `Run.execute` top to bottom is readi
 
 1. `execute`: the resumed marker of a re-driven run, the run's control subject, the agent task;
 2. `admit`: governance admission (fail-closed);
-3. `prompt`: the agent's `@prompt` method, or the default loop (`stream(message)`);
+3. `prompt`: the agent's `@prompt` method, or the default loop (`stream(message)`) — or, for a
+   run of one tool call and no model (`direct_call`: an app tool a door exposes), `call_directly`;
 4. `stream`: one model exchange — the model request (`ModelRequests`: history, interceptors,
    recalled facts, or the journal's seed), `call_model` (the runtime under the budget's wall
    clock), the turn recorded just before the terminal event, the interceptors' `post_process`;
@@ -51,6 +52,7 @@ from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, Ru
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
 from atmosphere.dispatch.client_exchange import NO_EXCHANGE, ClientExchange, client_exchange_of
 from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.direct_call import call_directly, is_direct_call, rewrite_refusal
 from atmosphere.dispatch.durability import Durability, Live
 from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.event_output import EventOutput
@@ -181,7 +183,7 @@ class Run:
         try:
             # A replay was admitted when the run ran: it does nothing new.
             if not self.durability.reaches_services or await self.admit():
-                await self.prompt()
+                await (self.call_directly() if is_direct_call(scope.request) else self.prompt())
         finally:
             if scope.is_subagent and scope.workspace is not None:
                 await asyncio.shield(scope.services.memory.drop_workspace(scope.workspace))
@@ -193,6 +195,10 @@ class Run:
             decision = await self.scope.services.governance.admission(run)
         except ServiceError as refused:
             await self.fail(refused)
+            return False
+        refusal = rewrite_refusal(run, decision)
+        if refusal is not None:
+            await self.fail(refusal)
             return False
         # A policy may rewrite the message (PII redaction): the run goes on with its version.
         run.message = decision.rewritten_message or run.message
@@ -218,6 +224,10 @@ class Run:
             log.exception("agent %s failed on run %s", spec.name, run.run_id)
             # The client learns what kind of failure of the agent's own code it was, never the traceback.
             await self.fail(AgentFailedError(type(exc).__name__))
+
+    async def call_directly(self) -> None:
+        """A run of one tool call and no model (`direct_call`): the agent's `@prompt` does not run."""
+        await call_directly(self.scope, self.gateway, self.output, self.durability)
 
     async def finish(self) -> None:
         """End a run its agent left open: `complete`, or the cancel's error."""

@@ -89,6 +89,14 @@ def _approval_asked(reply: ToolReply) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """How one call ended: the text the model gets, and whether it is a failure or refusal (no result)."""
+
+    text: str
+    is_error: bool
+
+
 @dataclass
 class ToolGateway:
     """Runs the tool calls of one run, each through the choke point's stages."""
@@ -141,9 +149,16 @@ class ToolGateway:
 
     async def run_tool(self, call: ToolCallRequest) -> str:
         """Run one call through the stages; the returned text goes back to the model."""
+        return (await self.run_call(call)).text
+
+    async def run_call(self, call: ToolCallRequest) -> ToolOutcome:
+        """Run one call through the stages: its text, and whether it ended without a result.
+
+        What a run of one tool call and no model needs (`direct_call`): its result, or its error.
+        """
         spec = self.tools.get(call.name)
         if spec is None:
-            return tool_errors.unknown_tool(call.name)
+            return ToolOutcome(tool_errors.unknown_tool(call.name), is_error=True)
         try:
             lenient = call.name in self.memory_tools
             arguments, encoded = checked_arguments(self.run.run_id, call, spec, limit=self.data_limit, lenient=lenient)
@@ -154,9 +169,10 @@ class ToolGateway:
                 return replayed
             await self._govern(call)
         except CallRefused as refused:
-            return refused.text
+            return ToolOutcome(refused.text, is_error=True)
         except CallFailed as failed:
-            return await self._failed(call, failed.text, UNJOURNALED)  # nothing started: nothing to commit
+            # Nothing started: nothing to commit.
+            return ToolOutcome(await self._failed(call, failed.text, UNJOURNALED), is_error=True)
         await self.emit(start)
         return await self._started(call, spec, arguments, effect)
 
@@ -189,7 +205,7 @@ class ToolGateway:
 
     async def _started(
         self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any], effect: CallEffect
-    ) -> str:
+    ) -> ToolOutcome:
         """After `tool-start`: approve, execute, screen, offload, record."""
         try:
             arguments = await self._approve(call, spec, arguments)
@@ -197,10 +213,12 @@ class ToolGateway:
         except CallAnswered as answered:
             content = answered.text
         except CallFailed as failed:
-            return await self._failed(call, failed.text, effect)
-        return await self._succeeded(call, await self._offload(call.name, content), effect)
+            return ToolOutcome(await self._failed(call, failed.text, effect), is_error=True)
+        return ToolOutcome(await self._succeeded(call, await self._offload(call.name, content), effect), is_error=False)
 
-    async def _replayed(self, call: ToolCallRequest, spec: ToolSpec, effect: CallEffect, start: RunEvent) -> str | None:
+    async def _replayed(
+        self, call: ToolCallRequest, spec: ToolSpec, effect: CallEffect, start: RunEvent
+    ) -> ToolOutcome | None:
         """A journaled call's outcome without running it (or any gate again), or None: run it.
 
         Committed: its frames again (a client that has them gets nothing new) and its text. Started
@@ -222,7 +240,7 @@ class ToolGateway:
             await self.emit(RunEvent(tool_error=ToolError(tool_name=call.name, call_id=call.call_id, error=text)))
         else:
             await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=text)))
-        return text
+        return ToolOutcome(text, is_error=is_error)
 
     async def _govern(self, call: ToolCallRequest) -> None:
         """Governance's check (fail-closed), then the tool's required roles (server-set, never metadata)."""

@@ -1,8 +1,13 @@
 """The MCP door: every agent the caller may use is an MCP tool, at `/atmosphere/mcp` (streamable HTTP).
 
-    tools/list   one tool per agent the caller's grant covers: `{"message", "conversation_id"?}`
+    tools/list   one tool per agent the caller's grant covers: `{"message", "conversation_id"?}`;
+                 with `ATMOSPHERE_MCP__TOOLS`, also the app's `@tool`s of those agents, each as
+                 `<agent>__<tool>` with its own description and JSON schema (`app_tools`)
     tools/call   a run of that agent (transport "mcp"): its text streamed as progress
-                 notifications, its answer as the result, its failure as an `isError` result
+                 notifications, its answer as the result, its failure as an `isError` result;
+                 for an app tool, a run of that agent with one tool call and no model (dispatch's
+                 `direct_call`: the tool choke point's governance, roles, approval, journal,
+                 screen and tape), its result the result, its error or refusal an `isError` one
 
 Built on the `mcp` SDK's low-level server and its streamable HTTP session manager, so the wire,
 both protocol eras (2025-11-25 sessions and the stateless 2026-07-28 requests) and the SDK's
@@ -40,9 +45,13 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from atmosphere.bus import BusError, subjects
+from atmosphere.bus.runs import TOOL_CALL_METADATA_KEY
+from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.contracts.tool.v1.tool_pb2 import ToolKind
+from atmosphere.ingress.app_tools import SEPARATOR, AppTool, ToolDescriptors, app_tools, usable_by
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.door_runs import AnswerText, DoorRun, follow_owned_run, start_run
 from atmosphere.ingress.errors import (
@@ -54,7 +63,8 @@ from atmosphere.ingress.errors import (
     UnauthorizedError,
     UnavailableError,
 )
-from atmosphere.ingress.inbound import ApprovalReply, send_approval
+from atmosphere.ingress.http import message_limit_of
+from atmosphere.ingress.inbound import ApprovalReply, require_message_size, send_approval
 from atmosphere.ingress.state import IngressState
 
 log = logging.getLogger("atmosphere.ingress")
@@ -96,6 +106,24 @@ def agent_tool(agent: AgentDescriptor) -> types.Tool:
             "required": ["message"],
             "additionalProperties": False,
         },
+    )
+
+
+def app_tool(tool: AppTool) -> types.Tool:
+    """The MCP tool an exposed app tool is: its own description and schema, its kind as hints."""
+    kind = tool.descriptor.kind
+    return types.Tool(
+        name=tool.name,
+        title=f"{tool.tool} ({tool.agent.name})",
+        description=tool.descriptor.description or f"The tool '{tool.tool}' of the agent '{tool.agent.name}'.",
+        input_schema=tool.input_schema,
+        annotations=types.ToolAnnotations(
+            read_only_hint=kind == ToolKind.TOOL_KIND_READ,
+            destructive_hint=kind in {ToolKind.TOOL_KIND_EDIT, ToolKind.TOOL_KIND_DELETE, ToolKind.TOOL_KIND_EXECUTE},
+            idempotent_hint=tool.descriptor.idempotent,
+            open_world_hint=kind == ToolKind.TOOL_KIND_NETWORK,
+        ),
+        _meta={"atmosphere/agent": tool.agent.name, "atmosphere/tool": tool.tool},
     )
 
 
@@ -142,6 +170,9 @@ class McpDoor:
 
     def __init__(self, state: IngressState) -> None:
         self.state = state
+        self.exposed = state.settings.mcp.tools
+        """The app's `@tool`s exposed too (`ATMOSPHERE_MCP__TOOLS`; none when empty)."""
+        self.descriptors = ToolDescriptors(state.bus)
         self.server: Server[Any] = Server(
             "atmosphere", version="0.1.0", on_list_tools=self._list_tools, on_call_tool=self._call_tool
         )
@@ -197,12 +228,20 @@ class McpDoor:
         try:
             caller = self._caller(ctx)
             agents = await self.state.directory.all()
+            exposed = await self._app_tools(agents, caller)
         except AuthError as exc:
             raise MCPError(REFUSED, exc.message) from None
         except BusError as exc:
-            log.warning("the MCP door could not list the agents: %s", exc)
+            log.warning("the MCP door could not list the agents or their tools: %s", exc)
             raise MCPError(INTERNAL_ERROR, "The agent directory is unavailable; try again") from None
-        return types.ListToolsResult(tools=[agent_tool(a) for a in agents if caller.may_use(a.path)])
+        tools = [agent_tool(a) for a in agents if caller.may_use(a.path)]
+        return types.ListToolsResult(tools=tools + [app_tool(exposed[name]) for name in sorted(exposed)])
+
+    async def _app_tools(self, agents: list[AgentDescriptor], caller: Caller) -> dict[str, AppTool]:
+        """The app tools exposed to `caller` (none unless `ATMOSPHERE_MCP__TOOLS` names some)."""
+        if not self.exposed:
+            return {}
+        return usable_by(caller, app_tools(agents, await self.descriptors.all(), self.exposed))
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -223,6 +262,14 @@ class McpDoor:
     async def _new_call(
         self, ctx: ServerRequestContext[Any, Any], caller: Caller, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
+        if self.exposed and SEPARATOR in params.name:
+            tool = await self._app_tool(params.name, caller)
+            if tool is not None:
+                return await self._tool_call(ctx, caller, tool, params.arguments or {})
+        agent = await self._agent(params.name, caller)
+        if agent is None:
+            msg = f"Unknown tool {params.name[:128]!r}"
+            raise AgentNotFoundError(msg)
         arguments = params.arguments or {}
         message = arguments.get("message")
         conversation = arguments.get("conversation_id")
@@ -233,10 +280,6 @@ class McpDoor:
         if unknown := sorted(set(arguments) - {"message", "conversation_id"}):
             msg = f"Unknown arguments: {', '.join(unknown)[:200]}"
             raise MalformedRequestError(msg)
-        agent = await self._agent(params.name, caller)
-        if agent is None:
-            msg = f"Unknown tool {params.name[:128]!r}"
-            raise AgentNotFoundError(msg)
         run = await start_run(
             self.state,
             caller,
@@ -245,6 +288,34 @@ class McpDoor:
             transport=TRANSPORT,
             address=_address(ctx),
             conversation=conversation,
+        )
+        return await self._answer(ctx, run, AnswerText())
+
+    async def _app_tool(self, name: str, caller: Caller) -> AppTool | None:
+        """The exposed app tool `name` if `caller` may use its agent (None: an agent's name, or unknown)."""
+        # An agent's own name is never an app tool's (`app_tools` leaves such a name out).
+        return (await self._app_tools(await self.state.directory.all(), caller)).get(name)
+
+    async def _tool_call(
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, tool: AppTool, arguments: dict[str, Any]
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """A run of `tool`'s agent with that one call and no model; its result (or error) the result.
+
+        The arguments are checked against the tool's schema by dispatch's choke point, like a
+        model's; admission sees the call as the run's message.
+        """
+        call = json.dumps({"name": tool.tool, "arguments": arguments}, ensure_ascii=False)
+        if has_lone_surrogate(call):
+            raise MalformedRequestError("The arguments contain a lone UTF-16 surrogate, which is not valid Unicode")
+        require_message_size(call, message_limit_of(self.state))
+        run = await start_run(
+            self.state,
+            caller,
+            tool.agent,
+            f"{tool.tool} {json.dumps(arguments, ensure_ascii=False)}",  # what admission's policies read
+            transport=TRANSPORT,
+            address=_address(ctx),
+            metadata={TOOL_CALL_METADATA_KEY: call},
         )
         return await self._answer(ctx, run, AnswerText())
 

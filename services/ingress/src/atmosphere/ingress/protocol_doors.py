@@ -54,6 +54,9 @@ def door_surfaces(settings: IngressSettings) -> dict[str, Any]:
     blocks: dict[str, Any] = {}
     if mcp_served(settings):
         blocks["mcp"] = {"path": MCP_PATH, "transport": "streamable-http", "tools": "agents"}
+        if settings.mcp.tools:
+            # Each as `<agent>__<tool>` for the agents that have it (only to callers who may use them).
+            blocks["mcp"]["appTools"] = list(settings.mcp.tools)
     if agui_served(settings):
         blocks["agUi"] = {"path": AGUI_PATH + "/{agent}", "protocolVersion": "1.0", "interrupts": True}
     if a2a_served(settings):

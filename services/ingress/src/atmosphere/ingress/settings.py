@@ -8,12 +8,16 @@ Atmosphere's own keys keep their names as flat variables: `atmosphere.ai.openai.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
 from atmosphere.config import ServiceSettings, TokenGrant
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A tool name `ATMOSPHERE_MCP__TOOLS` may list."""
 
 
 class IngressOptions(BaseModel):
@@ -81,6 +85,27 @@ class McpOptions(BaseModel):
     enabled: bool = True
     """Serve the MCP door (with the same token grants as the agent endpoints); it is served only
     where the `mcp` SDK is installed (ingress's `mcp` extra), which the info says."""
+    tools: Annotated[tuple[str, ...], NoDecode] = ()
+    """The app's `@tool`s the door also exposes, each as the MCP tool `<agent>__<tool>` of every agent
+    that has it: tool names (a JSON list, or comma-separated), `*` for all; none when empty."""
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        # `read_note,delete_note` or `*` reads better in an environment than JSON.
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [n.strip() for n in text.split(",") if n.strip()]
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if name != "*" and not TOOL_NAME.fullmatch(name):
+                msg = f"{name!r} is no tool name (1-64 letters, digits, '_' or '-'; or '*' for every tool)"
+                raise ValueError(msg)
+        return value
 
 
 class AgUiOptions(BaseModel):

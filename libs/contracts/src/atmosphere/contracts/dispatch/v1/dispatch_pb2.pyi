@@ -264,6 +264,7 @@ class AgentDescriptor(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     RUNTIME_STATE_FIELD_NUMBER: _builtins.int
+    APP_TOOLS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """The endpoint path, e.g. "/atmosphere/agent/echo"."""
@@ -294,6 +295,13 @@ class AgentDescriptor(_message.Message):
     def workspace(self) -> _tool_pb2.WorkspaceScope:
         """Where its plans and files live (category and owner), when planning or files attached."""
 
+    @_builtins.property
+    def app_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The agent's own `@tool` functions (served by the sandbox; `tools` also names its harness's
+        and a hosted object's tools): the ones a door may expose to be called directly, each call a
+        run of that one tool (the MCP door's app tools).
+        """
+
     def __init__(
         self,
         *,
@@ -308,10 +316,11 @@ class AgentDescriptor(_message.Message):
         workspace: _tool_pb2.WorkspaceScope | None = ...,
         pool: _builtins.str = ...,
         runtime_state: _builtins.str = ...,
+        app_tools: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "pool", b"pool", "runtime", b"runtime", "runtime_state", b"runtime_state", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_tools", b"app_tools", "capabilities", b"capabilities", "description", b"description", "harness", b"harness", "kind", b"kind", "name", b"name", "path", b"path", "pool", b"pool", "runtime", b"runtime", "runtime_state", b"runtime_state", "tools", b"tools", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
