@@ -20,6 +20,7 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from atmosphere.sdk import McpServer
 
@@ -164,6 +165,9 @@ class McpConnection:
             msg = f"tools/list took over {self._timings.listing:g}s"
             raise McpUnavailableError(msg) from None
         except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                await self._broken(client)
+                raise McpUnavailableError("connection closed") from None
             raise McpUnavailableError(f"tools/list refused: {exc.message}") from None
         except Exception as exc:
             await self._broken(client)
@@ -179,6 +183,11 @@ class McpConnection:
         except TimeoutError:
             raise
         except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise TimeoutError from None
+            if exc.code == CONNECTION_CLOSED:  # the server's process ended, or its connection broke
+                await self._broken(client)
+                raise McpUnavailableError("connection closed") from None
             raise McpRefusedError(exc.message) from None
         except Exception as exc:
             await self._broken(client)

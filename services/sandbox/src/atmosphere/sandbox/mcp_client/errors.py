@@ -24,7 +24,7 @@ def server_refused(server: str, tool: str, message: str) -> str:
 
 def tool_failed(tool: str, text: str) -> str:
     """The tool ran and reported a failure (`isError`): its own words."""
-    return text if text.startswith("Error") else f"Error: {tool} failed: {text or 'no details given'}"
+    return text if text.startswith("Error: ") else f"Error: {tool} failed: {text or 'no details given'}"
 
 
 def not_its_tool(server: str, name: str) -> str:
