@@ -30,10 +30,10 @@ from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run import Run, end_unknown_agent
 from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
-from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
+from atmosphere.dispatch.sandbox_tools import SandboxTools, mcp_tools_of, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.errors import UserError
-from atmosphere.sdk.host import AgentSpec
+from atmosphere.sdk.host import AgentSpec, mcp_governed_name
 from atmosphere.sdk.runtime import AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -310,11 +310,23 @@ class RunExecutor:
         await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
-        """The agent's binding, its tools joined by what the sandboxes offer now (`code_exec`, `eval`)."""
+        """The agent's binding, its tools joined by what the sandboxes offer now.
+
+        That is `code_exec` and `eval` when a sandbox serves them, and the tools its MCP servers
+        list now (a server that does not answer lists none). Its own tool of the same name wins.
+        """
         binding = self._agents.get(agent)
         if binding is None:
             return None
-        offered = await self._sandbox_tools.offered()
-        if not offered:
+        offered = dict(await self._sandbox_tools.offered())
+        mcp: dict[str, ToolSpec] = {}
+        if binding.spec.mcp_servers:
+            listed = mcp_tools_of(binding.spec, await self._sandbox_tools.mcp_offered())
+            mcp = {name: spec for name, spec in listed.items() if name not in binding.tools}
+        if not offered and not mcp:
             return binding
-        return dataclasses.replace(binding, tools=with_sandbox_tools(binding.tools, offered))
+        return dataclasses.replace(
+            binding,
+            tools=with_sandbox_tools(binding.tools, {**offered, **mcp}),
+            mcp_tools={name: mcp_governed_name(name) for name in mcp},
+        )

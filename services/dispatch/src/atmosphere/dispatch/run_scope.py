@@ -74,6 +74,8 @@ class AgentBinding:
     harness: AgentHarness
     tools: Mapping[str, ToolSpec]
     instance: Any
+    mcp_tools: Mapping[str, str] = field(default_factory=dict)
+    """Its MCP servers' tools among `tools`: model-facing name → the name governance sees (`docs.search`)."""
 
 
 @dataclass(frozen=True)
