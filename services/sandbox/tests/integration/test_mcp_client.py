@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -27,10 +28,15 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
+from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolKind, ToolReply
+from atmosphere.sandbox import mcp_hosting
+from atmosphere.sandbox.app import serve
 from atmosphere.sandbox.mcp_client.connection import McpTimings
 from atmosphere.sandbox.mcp_client.servers import PROVIDER, McpServers
+from atmosphere.sandbox.settings import SandboxOptions, SandboxSettings
 from atmosphere.sdk import McpServer
+from atmosphere.testing import running_service
 
 STDIO_SERVER = Path(__file__).with_name("mcp") / "stdio_server.py"
 TIMINGS = McpTimings(connect=20.0, listing=10.0)
@@ -253,3 +259,64 @@ async def test_withdrawing_deletes_what_this_sandbox_published(port: int) -> Non
     finally:
         await mcp.close()
     assert await published(bus) == {}
+
+
+WIRED_APP = "sandbox_mcp_wiring_app"
+WIRED_SOURCE = """
+import sys
+
+from atmosphere.sdk import App, McpServer, agent
+
+FILES = McpServer.stdio("files", [sys.executable, {server!r}])
+
+
+@agent(name="reader", mcp_servers=[FILES], harness=[])
+class Reader:
+    '''Reads files over MCP.'''
+
+
+app = App(agents=[Reader])
+"""
+
+
+@pytest.fixture
+def wired_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "app"
+    directory.mkdir()
+    (directory / f"{WIRED_APP}.py").write_text(WIRED_SOURCE.format(server=str(STDIO_SERVER)))
+    monkeypatch.syspath_prepend(str(directory))
+    monkeypatch.delitem(sys.modules, WIRED_APP, raising=False)
+    return directory
+
+
+def wired_settings(app_dir: Path) -> SandboxSettings:
+    options = SandboxOptions(tool_workers=0, mcp_connect_timeout_seconds=60, mcp_list_timeout_seconds=60)
+    return SandboxSettings(
+        app=f"{WIRED_APP}:app",
+        app_dir=app_dir,
+        data_dir=app_dir / "data",
+        probe_host="127.0.0.1",
+        probe_port=0,
+        sandbox=options,
+    )
+
+
+async def test_serve_lists_the_apps_servers_before_ready_and_withdraws_them_at_stop(wired_app: Path) -> None:
+    bus = await provisioned_bus()
+    settings = wired_settings(wired_app)
+    async with running_service("sandbox", functools.partial(serve, bus=bus), settings, bus=bus, start_timeout=60):
+        listed = await published(bus)
+        reply = await bus.request(subjects.service_info("sandbox"), ServiceInfoRequest(), ServiceInfoResponse)
+        read = await call(bus, "files", "files__read_file", {"path": "x"})
+    assert sorted(listed) == ["files__crash", "files__parent_pid", "files__read_file"]
+    assert json.loads(reply.info_json)["sandbox"]["mcp"] == {"files": "ACTIVE(3 tools)"}
+    assert (read.is_error, read.content) == (False, "contents of x")
+    assert await published(bus) == {}  # stopped: nothing it no longer answers for stays listed
+
+
+def test_without_the_sdk_declared_servers_are_reported_inactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcp_hosting, "mcp_sdk_installed", lambda: False)
+    files = McpServer.stdio("files", [sys.executable, str(STDIO_SERVER)])
+    hosting = mcp_hosting.McpHosting({"files": files}, SandboxOptions())
+    assert hosting.info() == {"files": "INACTIVE(no MCP client here: the sandbox's mcp extra is not installed)"}
+    assert mcp_hosting.McpHosting({}, SandboxOptions()).info() == {}
