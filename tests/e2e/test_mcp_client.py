@@ -27,6 +27,7 @@ import websockets
 
 from atmosphere.bus import NatsBus, subjects
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.sandbox.settings import SandboxOptions
@@ -144,3 +145,6 @@ async def test_an_agent_calls_mcp_tools_over_http_and_stdio_and_a_policy_denies_
     assert mcp == {"docs": "ACTIVE(2 tools)", "files": "ACTIVE(1 tools)"}
     listed = await nats_bus.kv_items(subjects.TOOLS_BUCKET, ToolDescriptor)
     assert sorted(name for name, d in listed.items() if d.provider == "mcp") == offered
+    descriptor = await nats_bus.kv_get(subjects.AGENTS_BUCKET, "librarian", AgentDescriptor)
+    assert descriptor is not None
+    assert sorted(descriptor.tools) == offered  # the agent's listing: what its servers answer with

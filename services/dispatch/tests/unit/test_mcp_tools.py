@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 
 from atmosphere.bus import MessageContext, Router, subjects
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
+from atmosphere.dispatch.descriptors import publish_descriptors
 from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.sdk import App, McpServer, agent
 from atmosphere.sdk.host import APPROVED_ARGUMENT
@@ -173,3 +175,23 @@ async def test_no_sandbox_connected_to_the_server_is_a_clear_error(harness: Harn
     assert failure == "Error: no sandbox is connected to the MCP server 'docs' right now; docs__search did not run"
     errors = [e.tool_error for e in harness.events() if e.WhichOneof("kind") == "tool_error"]
     assert [e.error for e in errors] == [failure]
+
+
+async def test_the_agent_descriptor_lists_its_mcp_tools_only_while_a_sandbox_lists_them(harness: Harness) -> None:
+    executor = harness.executor(APP, sandbox_tools_refresh=0)
+    base = [AgentDescriptor(name="reader", tools=[]), AgentDescriptor(name="plain", tools=["own"])]
+
+    async def descriptor(name: str) -> list[str]:
+        found = await harness.bus.kv_get(subjects.AGENTS_BUCKET, name, AgentDescriptor)
+        assert found is not None
+        return list(found.tools)
+
+    await list_tools(harness, "docs__search", "files__read_file")
+    await publish_descriptors(harness.bus, base, executor.listed_mcp_tools)
+    assert await descriptor("reader") == ["docs__search", "files__read_file"]
+    assert await descriptor("plain") == ["own"]
+
+    await harness.bus.kv_delete(subjects.TOOLS_BUCKET, "docs__search")  # docs stopped answering
+    await publish_descriptors(harness.bus, base, executor.listed_mcp_tools)
+    assert await descriptor("reader") == ["files__read_file"]
+    assert list(base[0].tools) == []  # the declared descriptor itself is left as it was

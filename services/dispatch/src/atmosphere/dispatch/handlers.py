@@ -131,9 +131,18 @@ class RunExecutor:
             name: _binding(spec, harnesses.get(name) or AgentHarness(), model_side.runtime)
             for name, spec in specs.items()
         }
-        self._sandbox_tools = SandboxTools(bus)
+        self._sandbox_tools = SandboxTools(bus, refresh=self._options.sandbox_tools_refresh)
         self._in_hand: dict[str, asyncio.Event] = {}
         """The runs this worker executes now, by id (a redelivery of one waits for it)."""
+
+    async def listed_mcp_tools(self) -> dict[str, list[str]]:
+        """Each agent's MCP servers' tools listed now (for its descriptor), by agent."""
+        listed = await self._sandbox_tools.mcp_offered()
+        return {
+            name: sorted(mcp_tools_of(binding.spec, listed))
+            for name, binding in self._agents.items()
+            if binding.spec.mcp_servers
+        }
 
     async def on_work(self, item: WorkItem[RunSubmission]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
