@@ -142,7 +142,7 @@ async def test_an_agent_calls_mcp_tools_over_http_and_stdio_and_a_policy_denies_
     # Runtime truth: the sandbox reports what answered, and the listing is what dispatch offered.
     info = await nats_bus.request(subjects.service_info("sandbox"), ServiceInfoRequest(), ServiceInfoResponse)
     mcp = json.loads(info.info_json)["sandbox"]["mcp"]
-    assert mcp == {"docs": "ACTIVE(2 tools)", "files": "ACTIVE(1 tools)"}
+    assert mcp == {"docs": "ACTIVE(2 tools)", "files": "ACTIVE(1 tool)"}
     listed = await nats_bus.kv_items(subjects.TOOLS_BUCKET, ToolDescriptor)
     assert sorted(name for name, d in listed.items() if d.provider == "mcp") == offered
     descriptor = await nats_bus.kv_get(subjects.AGENTS_BUCKET, "librarian", AgentDescriptor)

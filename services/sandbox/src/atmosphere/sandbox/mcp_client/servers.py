@@ -121,9 +121,10 @@ class McpServers:
         try:
             tools = await connection.list_tools()
         except McpUnavailableError as exc:
-            if self._state[name].startswith("ACTIVE") or self._listed[name]:
-                log.warning("MCP server %s stopped answering (%s); its tools are withdrawn", name, exc.why)
-            self._state[name] = f"INACTIVE({exc.why})"
+            state = f"INACTIVE({exc.why})"
+            if self._state[name] != state:  # once per change, not once per refresh
+                log.warning("MCP server %s is not answering (%s); none of its tools is offered", name, exc.why)
+            self._state[name] = state
             await self._publish(bus, name, {})
             return
         offered: dict[str, ToolDescriptor] = {}
@@ -137,7 +138,7 @@ class McpServers:
             log.warning("MCP server %s lists %d tools; the first %d are offered", name, len(tools), self._max_tools)
         if not self._state[name].startswith("ACTIVE"):
             log.info("MCP server %s answers: %d tool(s)", name, len(offered))
-        self._state[name] = f"ACTIVE({len(offered)} tools)"
+        self._state[name] = f"ACTIVE({len(offered)} tool{'' if len(offered) == 1 else 's'})"
         await self._publish(bus, name, offered)
 
     async def _publish(self, bus: Bus, name: str, offered: dict[str, ToolDescriptor]) -> None:
