@@ -320,3 +320,31 @@ def test_without_the_sdk_declared_servers_are_reported_inactive(monkeypatch: pyt
     hosting = mcp_hosting.McpHosting({"files": files}, SandboxOptions())
     assert hosting.info() == {"files": "INACTIVE(no MCP client here: the sandbox's mcp extra is not installed)"}
     assert mcp_hosting.McpHosting({}, SandboxOptions()).info() == {}
+
+
+async def test_a_server_that_never_opens_a_session_is_not_answering_within_the_bounds() -> None:
+    # A child that never answers the handshake: the connect timeout, then the call's own, bound it.
+    mute = [sys.executable, "-c", "import time; time.sleep(600)"]
+    bus = await provisioned_bus()
+    quick_connect = McpServers(
+        {"mute": McpServer.stdio("mute", mute, timeout=30)}, timings=McpTimings(connect=0.3, listing=10)
+    )
+    quick_call = McpServers(
+        {"mute": McpServer.stdio("mute", mute, timeout=0.3)}, timings=McpTimings(connect=30, listing=10)
+    )
+    try:
+        await quick_connect.refresh(bus)
+        async with bus.serve(quick_connect.router(), queue="sandbox"):
+            unopened = await call(bus, "mute", "mute__anything")
+        async with bus.serve(quick_call.router(), queue="sandbox"):
+            slow = await call(bus, "mute", "mute__anything")
+    finally:
+        await quick_connect.close()
+        await quick_call.close()
+    assert quick_connect.info() == {"mute": "INACTIVE(no session within 0.3s)"}
+    assert await published(bus) == {}
+    assert unopened.content == (
+        "Error: the MCP server 'mute' is not answering (no session within 0.3s); mute.anything did not run."
+        " Try again later."
+    )
+    assert slow.content == "Error: the MCP server 'mute' did not finish mute.anything within 0.3s"

@@ -118,7 +118,7 @@ class McpConnection:
                 async with asyncio.timeout(self._timings.connect):
                     self._client = await asyncio.shield(ready)
             except (TimeoutError, asyncio.CancelledError, McpUnavailableError) as exc:
-                await self._drop()
+                await self._abandon()
                 if isinstance(exc, McpUnavailableError):
                     raise
                 if isinstance(exc, TimeoutError):
@@ -127,6 +127,14 @@ class McpConnection:
                 raise
             log.info("MCP server %s (%s): session open", self.server.name, self.server.describe())
             return self._client
+
+    async def _abandon(self) -> None:
+        """Stop a session that never opened: its opening is cancelled (a stdio child is stopped, bounded)."""
+        holder, self._holder, self._client = self._holder, None, None
+        if holder is not None:
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await holder
 
     async def _drop(self) -> None:
         """Let the session go (its child process stopped): the next use opens a new one."""
@@ -175,11 +183,18 @@ class McpConnection:
         return tools
 
     async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """The server's result of one call (raises `McpUnavailableError`, `McpRefusedError`, or `TimeoutError`)."""
-        client = await self._session()
+        """The server's result of one call (raises `McpUnavailableError`, `McpRefusedError`, or `TimeoutError`).
+
+        The server's `timeout` bounds the whole call, a session opened for it included: dispatch
+        waits that long (and a little more) for the answer.
+        """
+        async with asyncio.timeout(self.server.timeout):
+            client = await self._session()
+            return await self._called(client, tool, arguments)
+
+    async def _called(self, client: Client, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         try:
-            async with asyncio.timeout(self.server.timeout):
-                return await client.call_tool(tool, arguments)
+            return await client.call_tool(tool, arguments)
         except TimeoutError:
             raise
         except MCPError as exc:
