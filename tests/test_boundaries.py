@@ -57,6 +57,19 @@ def test_only_the_bus_imports_nats() -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports nats directly: {bad}"
 
 
+def test_mcp_clients_live_in_the_sandbox_only() -> None:
+    # Dispatch runs on the pinned environment too (CrewAI pins `mcp < 2`), and a stdio MCP server
+    # is a child of whoever talks to it: MCP client traffic is the sandbox's alone. The SDK and
+    # dispatch only name servers and tools (`atmosphere.sdk._mcp`); ingress's MCP door is a server.
+    client = ROOT / "services" / "sandbox" / "src" / "atmosphere" / "sandbox" / "mcp_client"
+    roots = [ROOT / "libs", *(ROOT / "services" / s / "src" for s in SERVICES if s not in {"ingress"})]
+    for path in python_files(*roots):
+        if client in path.parents or "tests" in path.parts:
+            continue
+        bad = {m for m in imports(path) if m.split(".")[0] in {"mcp", "mcp_types"}}
+        assert not bad, f"{path.relative_to(ROOT)} imports the MCP SDK: {bad}"
+
+
 def test_handlers_hold_logic_without_transport_imports() -> None:
     for path in ROOT.glob("services/*/src/atmosphere/*/handlers.py"):
         bad = {m for m in imports(path) if m.split(".")[0] in {"nats", "fastapi", "starlette", "uvicorn", "grpc"}}

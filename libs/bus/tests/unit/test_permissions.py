@@ -85,6 +85,7 @@ def test_only_dispatch_publishes_run_events_but_for_the_submitters_run_id_event(
 def test_only_dispatch_calls_tools() -> None:
     for subject in (
         subjects.tool("search"),
+        subjects.mcp_tool("docs"),
         subjects.memory_tool("write_todos"),
         subjects.sandbox_session_tool("i1", "code_exec"),
         subjects.sandbox_release("i1"),
@@ -95,6 +96,7 @@ def test_only_dispatch_calls_tools() -> None:
 def test_only_the_service_that_serves_a_subject_subscribes_to_it() -> None:
     served = {
         subjects.tool("search"): Role.SANDBOX,
+        subjects.mcp_tool("docs"): Role.SANDBOX,
         subjects.sandbox_session_tool("i1", "code_exec"): Role.SANDBOX,
         subjects.sandbox_release("i1"): Role.SANDBOX,
         subjects.memory("history.load"): Role.MEMORY,

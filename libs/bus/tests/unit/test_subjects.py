@@ -15,6 +15,8 @@ def test_builders_produce_the_documented_layout() -> None:
     assert subjects.run_events_all() == "atmo.run.*.evt"
     assert subjects.run_control("r1") == "atmo.run.r1.ctl"
     assert subjects.tool("get_weather") == "atmo.tool.get_weather"
+    assert subjects.mcp_tool("docs") == "atmo.tool.mcp:docs"
+    assert subjects.matches("atmo.tool.*", subjects.mcp_tool("docs"))
     assert subjects.governance("admit") == "atmo.gov.admit"
     assert subjects.memory("history.load") == "atmo.mem.history.load"
     assert subjects.tape("steps") == "atmo.tape.steps"

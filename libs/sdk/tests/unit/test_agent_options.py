@@ -15,6 +15,7 @@ from atmosphere.sdk import (
     AiBudget,
     AiInterceptor,
     Harness,
+    McpServer,
     PermissionMode,
     PromptCache,
     RetryPolicy,
@@ -45,6 +46,7 @@ class Answer(BaseModel):
 LOOP = ToolLoopPolicy.strict(3)
 RETRY = RetryPolicy(max_retries=1)
 BUDGET = AiBudget(max_steps=4)
+DOCS = McpServer.http("docs", "http://127.0.0.1:9/mcp")
 
 
 def declared(spec: AgentSpec) -> dict[str, object]:
@@ -61,6 +63,7 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         system_prompt="Be brief.",
         description="Does it all.",
         tools=[lookup],
+        mcp_servers=[DOCS],
         interceptors=[Shout],
         tool_loop=LOOP,
         retry=RETRY,
@@ -85,6 +88,7 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         "system_prompt": "Be brief.",
         "description": "Does it all.",
         "tools": (lookup,),
+        "mcp_servers": (DOCS,),
         "fleet": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,
@@ -114,6 +118,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         fleet=[Member, "other"],
         system_prompt="Delegate.",
         tools=[lookup],
+        mcp_servers=[DOCS],
         interceptors=[Shout()],
         tool_loop=LOOP,
         retry=RETRY,
@@ -136,6 +141,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         "system_prompt": "Delegate.",
         "description": "Runs the fleet.",
         "tools": (lookup,),
+        "mcp_servers": (DOCS,),
         "fleet": ("member", "other"),
         "interceptors": [Shout],
         "tool_loop": LOOP,
@@ -161,6 +167,7 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         system_prompt="Answer.",
         description="Asks.",
         tools=[lookup],
+        mcp_servers=[DOCS],
         interceptors=[Shout],
         tool_loop=LOOP,
         retry=RETRY,
@@ -185,6 +192,7 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         "system_prompt": "Answer.",
         "description": "Asks.",
         "tools": (lookup,),
+        "mcp_servers": (DOCS,),
         "fleet": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,

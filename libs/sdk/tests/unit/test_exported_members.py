@@ -20,6 +20,7 @@ USER_SURFACE = [
     "CacheHint",
     "ChatMessage",
     "Harness",
+    "McpServer",
     "ModelRetry",
     "OnMaxIterations",
     "PermissionMode",
@@ -45,6 +46,7 @@ USER_SURFACE = [
 HOST_SURFACE = [
     "APPROVED_ARGUMENT",
     "DEFAULT_TOOL_TIMEOUT",
+    "MCP_SEPARATOR",
     "RETRY_SUFFIX",
     "AgentSpec",
     "AiCapability",
@@ -55,6 +57,9 @@ HOST_SURFACE = [
     "ToolArgumentsError",
     "ToolSignal",
     "load_app",
+    "mcp_governed_name",
+    "mcp_server_of",
+    "mcp_tool_name",
     "render_result",
     "spec_of",
 ]

@@ -39,6 +39,8 @@ class Policy:
 
     admit: bool = True
     tools: bool = True
+    denied_tools: frozenset[str] = frozenset()
+    """Tool names (as governance sees them) denied even when `tools` allows the rest."""
     reason: str = "not allowed here"
     check_delay: float = 0.0
     """Seconds the tool check takes (longer than the timeout: governance "does not answer")."""
@@ -76,7 +78,8 @@ def governance_router(policy: Policy) -> Router:
         policy.checks.append(request)
         if policy.check_delay:
             await asyncio.sleep(policy.check_delay)
-        return Decision(allowed=policy.tools, policy="test-policy", reason=policy.reason)
+        allowed = policy.tools and request.tool_name not in policy.denied_tools
+        return Decision(allowed=allowed, policy="test-policy", reason=policy.reason)
 
     router.add(subjects.governance("admit"), AdmitRequest, admit)
     router.add(subjects.governance("check_tool"), CheckToolCallRequest, check)

@@ -167,6 +167,14 @@ def tool(name: str) -> str:
     return f"{ROOT}.tool.{token(name, what='tool name')}"
 
 
+def mcp_tool(server: str) -> str:
+    """Where a `ToolCall` of any tool of the MCP server `server` is sent (the sandbox holds its session).
+
+    One token, `mcp:<server>` (no `@tool` name has a colon), so it is a tool subject like the others.
+    """
+    return f"{ROOT}.tool.mcp:{token(server, what='MCP server name')}"
+
+
 def sandbox_session_tool(instance: str, name: str) -> str:
     """Where a run's further calls of a tool go once a sandbox instance holds its session.
 

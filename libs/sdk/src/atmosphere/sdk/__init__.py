@@ -14,6 +14,7 @@ from atmosphere.sdk._agent import agent, ai_endpoint, coordinator, prompt
 from atmosphere.sdk._app import App
 from atmosphere.sdk._harness import Harness, PromptCache
 from atmosphere.sdk._hosted import hosted_agent
+from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage, MessageToolCall
@@ -30,6 +31,7 @@ __all__ = [
     "CacheHint",
     "ChatMessage",
     "Harness",
+    "McpServer",
     "MessageToolCall",
     "ModelRetry",
     "OnMaxIterations",

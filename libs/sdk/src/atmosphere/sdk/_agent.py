@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor
@@ -55,6 +56,7 @@ def agent(
     system_prompt: str = "",
     description: str = "",
     tools: Sequence[Tool[Any, Any]] = (),
+    mcp_servers: Sequence[McpServer] = (),
     interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
     retry: RetryPolicy = RetryPolicy.DEFAULT,
@@ -74,11 +76,14 @@ def agent(
     Without a `@prompt` method, each prompt is answered with `session.stream(message)`. The full
     harness is on unless `harness=` says otherwise (`harness=[]` is a bare loop).
     `permission_mode` gates its tool calls (`PermissionMode`; default: each tool as it declares).
+    `mcp_servers` adds the tools of MCP servers (`McpServer.http`, `McpServer.stdio`), named
+    `<server>__<tool>` for the model and `<server>.<tool>` for governance, offered while they answer.
     """
     options = AgentOptions(
         system_prompt=system_prompt,
         description=description,
         tools=tools,
+        mcp_servers=mcp_servers,
         interceptors=interceptors,
         tool_loop=tool_loop,
         retry=retry,
@@ -108,6 +113,7 @@ def coordinator(
     system_prompt: str = "",
     description: str = "",
     tools: Sequence[Tool[Any, Any]] = (),
+    mcp_servers: Sequence[McpServer] = (),
     interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
     retry: RetryPolicy = RetryPolicy.DEFAULT,
@@ -128,6 +134,7 @@ def coordinator(
         system_prompt=system_prompt,
         description=description,
         tools=tools,
+        mcp_servers=mcp_servers,
         interceptors=interceptors,
         tool_loop=tool_loop,
         retry=retry,
@@ -154,6 +161,7 @@ def ai_endpoint(
     system_prompt: str = "",
     description: str = "",
     tools: Sequence[Tool[Any, Any]] = (),
+    mcp_servers: Sequence[McpServer] = (),
     interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = (),
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT,
     retry: RetryPolicy = RetryPolicy.DEFAULT,
@@ -180,6 +188,7 @@ def ai_endpoint(
         system_prompt=system_prompt,
         description=description,
         tools=tools,
+        mcp_servers=mcp_servers,
         interceptors=interceptors,
         tool_loop=tool_loop,
         retry=retry,

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._spec import AgentSpec, spec_of
 from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
@@ -45,6 +46,7 @@ class App:
                 if self._tools.setdefault(item.name, item) is not item:
                     msg = f"two different tools are named {item.name!r}"
                     raise UserError(msg)
+        self._mcp_servers = _mcp_servers(self._agents.values())
         for spec in self._agents.values():
             missing = [m for m in spec.fleet if m not in self._agents]
             if missing:
@@ -66,6 +68,11 @@ class App:
         return dict(self._tools)
 
     @property
+    def mcp_servers(self) -> Mapping[str, McpServer]:
+        """Every MCP server any of its agents declares, by name (one name, one server)."""
+        return dict(self._mcp_servers)
+
+    @property
     def pools(self) -> tuple[str, ...]:
         """The runtime pools its agents are pinned to (`@agent(runtime=...)`), by name; not the default pool."""
         return tuple(sorted({spec.pool for spec in self._agents.values()} - {""}))
@@ -79,7 +86,19 @@ class App:
         view.policies = self.policies
         view._agents = {name: spec for name, spec in self._agents.items() if spec.pool == pool}
         view._tools = {t.name: t for spec in view._agents.values() for t in spec.tools}
+        view._mcp_servers = _mcp_servers(view._agents.values())
         return view
+
+
+def _mcp_servers(agents: Iterable[AgentSpec]) -> dict[str, McpServer]:
+    """The MCP servers of `agents` by name; two agents may share a server only by declaring the same one."""
+    servers: dict[str, McpServer] = {}
+    for spec in agents:
+        for server in spec.mcp_servers:
+            if servers.setdefault(server.name, server) != server:
+                msg = f"two different MCP servers are named {server.name!r}"
+                raise UserError(msg)
+    return servers
 
 
 def load_app(reference: str, *, app_dir: str | Path | None = None) -> App:

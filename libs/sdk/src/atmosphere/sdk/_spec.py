@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 
 from atmosphere.sdk._harness import Harness, PromptCache
+from atmosphere.sdk._mcp import McpServer, mcp_servers_by_name
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiInterceptor
@@ -47,6 +48,8 @@ class AgentSpec:
     system_prompt: str = ""
     description: str = ""
     tools: tuple[Tool[Any, Any], ...] = ()
+    mcp_servers: tuple[McpServer, ...] = ()
+    """The MCP servers whose tools its model may call (`<server>__<tool>`), while they answer."""
     fleet: tuple[str, ...] = ()
     """Coordinator only: the agents it may delegate to."""
     interceptors: tuple[AiInterceptor, ...] = ()
@@ -132,6 +135,7 @@ class AgentOptions:
     description: str = ""
     """Empty: the class's docstring."""
     tools: Sequence[Tool[Any, Any]] = ()
+    mcp_servers: Sequence[McpServer] = ()
     fleet: Sequence[type[Any] | str] = ()
     """`@coordinator` only: the agents it may delegate to, as classes or names."""
     interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = ()
@@ -187,6 +191,7 @@ def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOption
         system_prompt=options.system_prompt,
         description=options.description or inspect.getdoc(cls) or "",
         tools=tools,
+        mcp_servers=mcp_servers_by_name(options.mcp_servers, owner),
         fleet=fleet,
         interceptors=_interceptors(options.interceptors, owner),
         tool_loop=options.tool_loop,

@@ -12,6 +12,7 @@ harness's built-in tool schemas and compaction are `atmosphere.sdk.builtin_tools
 from atmosphere.sdk._app import load_app
 from atmosphere.sdk._capability import AiCapability
 from atmosphere.sdk._harness import HarnessSwitch
+from atmosphere.sdk._mcp import MCP_SEPARATOR, mcp_governed_name, mcp_server_of, mcp_tool_name
 from atmosphere.sdk._policies import BudgetReason
 from atmosphere.sdk._session import EventSink, SessionHost
 from atmosphere.sdk._spec import AgentSpec, spec_of
@@ -21,6 +22,7 @@ from atmosphere.sdk.errors import RETRY_SUFFIX, ToolSignal
 __all__ = [
     "APPROVED_ARGUMENT",
     "DEFAULT_TOOL_TIMEOUT",
+    "MCP_SEPARATOR",
     "RETRY_SUFFIX",
     "AgentSpec",
     "AiCapability",
@@ -31,6 +33,9 @@ __all__ = [
     "ToolArgumentsError",
     "ToolSignal",
     "load_app",
+    "mcp_governed_name",
+    "mcp_server_of",
+    "mcp_tool_name",
     "render_result",
     "spec_of",
 ]

@@ -250,8 +250,9 @@ class Dispatch:
             runtime_state=str(self.runtime_block["state"]),
         )
         max_age = self.settings.jetstream.agents_max_age
-        await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age))
         executor = self.executor(bus, model_side)
+        listed = executor.listed_mcp_tools if any(spec.mcp_servers for spec in self.app.agents.values()) else None
+        await stack.enter_async_context(live_descriptors(bus, self.descriptors, max_age=max_age, listed=listed))
         extractor = FactExtractor(self.app, self.harnesses, memory, self.runtime, model_call_timeout=model_call_timeout)
         # One instance of each pool hears of each closed conversation; only its agents' pool acts on it.
         closed = _closed_conversations(extractor, self.extractions)

@@ -30,10 +30,10 @@ from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.resume import CapturedEvents, DeliveredEvents
 from atmosphere.dispatch.run import Run, end_unknown_agent
 from atmosphere.dispatch.run_scope import AgentBinding, ExecutorOptions, RunScope, RunServices
-from atmosphere.dispatch.sandbox_tools import SandboxTools, with_sandbox_tools
+from atmosphere.dispatch.sandbox_tools import SandboxTools, mcp_tools_of, with_sandbox_tools
 from atmosphere.sdk import App
 from atmosphere.sdk.errors import UserError
-from atmosphere.sdk.host import AgentSpec
+from atmosphere.sdk.host import AgentSpec, mcp_governed_name
 from atmosphere.sdk.runtime import AgentRuntime, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -132,9 +132,18 @@ class RunExecutor:
             name: _binding(spec, harnesses.get(name) or AgentHarness(), model_side.runtime)
             for name, spec in specs.items()
         }
-        self._sandbox_tools = SandboxTools(bus)
+        self._sandbox_tools = SandboxTools(bus, refresh=self._options.sandbox_tools_refresh)
         self._in_hand: dict[str, asyncio.Event] = {}
         """The runs this worker executes now, by id (a redelivery of one waits for it)."""
+
+    async def listed_mcp_tools(self) -> dict[str, list[str]]:
+        """Each agent's MCP servers' tools listed now (for its descriptor), by agent."""
+        listed = await self._sandbox_tools.mcp_offered()
+        return {
+            name: sorted(mcp_tools_of(binding.spec, listed))
+            for name, binding in self._agents.items()
+            if binding.spec.mcp_servers
+        }
 
     async def on_work(self, item: WorkItem[RunSubmission]) -> None:
         """Work-queue entry point: run the request carried by `item`."""
@@ -311,11 +320,23 @@ class RunExecutor:
         await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
-        """The agent's binding, its tools joined by what the sandboxes offer now (`code_exec`, `eval`)."""
+        """The agent's binding, its tools joined by what the sandboxes offer now.
+
+        That is `code_exec` and `eval` when a sandbox serves them, and the tools its MCP servers
+        list now (a server that does not answer lists none). Its own tool of the same name wins.
+        """
         binding = self._agents.get(agent)
         if binding is None:
             return None
-        offered = await self._sandbox_tools.offered()
-        if not offered:
+        offered = dict(await self._sandbox_tools.offered())
+        mcp: dict[str, ToolSpec] = {}
+        if binding.spec.mcp_servers:
+            listed = mcp_tools_of(binding.spec, await self._sandbox_tools.mcp_offered())
+            mcp = {name: spec for name, spec in listed.items() if name not in binding.tools}
+        if not offered and not mcp:
             return binding
-        return dataclasses.replace(binding, tools=with_sandbox_tools(binding.tools, offered))
+        return dataclasses.replace(
+            binding,
+            tools=with_sandbox_tools(binding.tools, {**offered, **mcp}),
+            mcp_tools={name: mcp_governed_name(name) for name in mcp},
+        )

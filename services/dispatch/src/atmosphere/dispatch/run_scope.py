@@ -53,6 +53,9 @@ class ExecutorOptions:
     agent_pools: Mapping[str, str] = field(default_factory=dict)
     """The dispatch pool of every agent of the app (its pinned runtime, "" the default pool),
     not only of those this pool serves: where a delegated sub-run is queued."""
+    sandbox_tools_refresh: float = 5.0
+    """Seconds the sandboxes' offer (`code_exec`, `eval`, MCP servers' tools) is read from
+    `ATMO_TOOLS` at most once: a tool withdrawn there leaves new runs within this time."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class AgentBinding:
     harness: AgentHarness
     tools: Mapping[str, ToolSpec]
     instance: Any
+    mcp_tools: Mapping[str, str] = field(default_factory=dict)
+    """Its MCP servers' tools among `tools`: model-facing name → the name governance sees (`docs.search`)."""
 
 
 @dataclass(frozen=True)

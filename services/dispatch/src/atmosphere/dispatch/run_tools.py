@@ -28,6 +28,7 @@ def tool_gateway(
         emit=emit,
         # The model's tools, and the stores a native plan or file surface writes through.
         tools={**agent.tools, **harness.store_tools},
+        mcp_tools=agent.mcp_tools,
         control=control,
         governance=scope.services.governance,
         approval_timeout=options.approval_timeout,

@@ -126,8 +126,20 @@ def size_failure(name: str, exc: BusError) -> str | None:
     return None
 
 
-def delivery_failure(name: str, timeout: float, exc: BusError, *, memory_tool: bool) -> str:
-    """What the model learns when the bus could not deliver a tool call (`timeout`: the tool's deadline)."""
+def _not_served(name: str, *, memory_tool: bool, mcp_server: str) -> str:
+    """Nobody subscribes to the call's subject."""
+    if memory_tool:
+        return f"Error: the memory service is not serving {name} right now"
+    if mcp_server:
+        return f"Error: no sandbox is connected to the MCP server '{mcp_server}' right now; {name} did not run"
+    return f"Error: no sandbox serves the tool {name} right now"
+
+
+def delivery_failure(name: str, timeout: float, exc: BusError, *, memory_tool: bool, mcp_server: str = "") -> str:
+    """What the model learns when the bus could not deliver a tool call (`timeout`: the tool's deadline).
+
+    `mcp_server`: the call is of that MCP server's tool (a sandbox holds its session).
+    """
     if isinstance(exc, RequestTimeoutError):
         seconds = int(timeout) if timeout == int(timeout) else timeout
         return _text(
@@ -142,9 +154,7 @@ def delivery_failure(name: str, timeout: float, exc: BusError, *, memory_tool: b
     if too_large is not None:
         return too_large
     if isinstance(exc, NoRespondersError):
-        if memory_tool:
-            return f"Error: the memory service is not serving {name} right now"
-        return f"Error: no sandbox serves the tool {name} right now"
+        return _not_served(name, memory_tool=memory_tool, mcp_server=mcp_server)
     if isinstance(exc, RemoteError):
         return f"Error: {exc.message}"
     return f"Error: the tool call failed ({exc})"

@@ -29,6 +29,11 @@ outcome committed just before it is reported. A result too large for one bus mes
 whole all the same: the sandbox stores it as an object and names it in its reply
 (`SandboxPort.stored_result`); what reaches the model and the client is cut, with a marker, to
 what one run event can carry.
+
+An MCP server's tool (the agent declares the server; a sandbox holds its session) is one more tool
+here, with two names: the model calls it `<server>__<tool>`, and governance's check, the
+operator's permissions and the logs see it as `<server>.<tool>` (`mcp_tools`), so a policy
+denying `call_tool:docs.delete_page` refuses it; its call goes to `atmo.tool.mcp:<server>`.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from atmosphere.dispatch.tool_offload import Offload
 from atmosphere.dispatch.tool_screen import screen_result
 from atmosphere.dispatch.tool_stops import CallAnswered, CallFailed, CallRefused
 from atmosphere.sdk import PermissionMode
-from atmosphere.sdk.host import APPROVED_ARGUMENT
+from atmosphere.sdk.host import APPROVED_ARGUMENT, mcp_server_of
 from atmosphere.sdk.runtime import ToolCallRequest, ToolSpec
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -129,6 +134,9 @@ class ToolGateway:
     """Where calls that do not run in this process go (by default the sandbox and memory on `bus`)."""
     client_tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     """The caller's own functions (an OpenAI door's `tools`): checked here, run by the caller (`pass_to_client`)."""
+    mcp_tools: Mapping[str, str] = field(default_factory=dict)
+    """The MCP servers' tools among `tools`: model-facing name (`docs__search`) → the name governance,
+    permissions and logs see (`docs.search`). Each call goes to its server's sandbox subject."""
 
     def __post_init__(self) -> None:
         """The stages' collaborators: governance over the run's bus and the sandbox on it, unless given."""
@@ -242,10 +250,14 @@ class ToolGateway:
             await self.emit(RunEvent(tool_result=ToolResult(tool_name=call.name, call_id=call.call_id, result=text)))
         return ToolOutcome(text, is_error=is_error)
 
+    def _governed(self, name: str) -> str:
+        """The name policies and permissions know the tool by: `<server>.<tool>` for an MCP tool, else `name`."""
+        return self.mcp_tools.get(name, name)
+
     async def _govern(self, call: ToolCallRequest) -> None:
         """Governance's check (fail-closed), then the tool's required roles (server-set, never metadata)."""
         try:
-            decision = await self._governance.check_tool(self.run, call.name, call.arguments_json)
+            decision = await self._governance.check_tool(self.run, self._governed(call.name), call.arguments_json)
         except PayloadTooLargeError as exc:
             raise CallFailed(tool_errors.governance_check_too_large(call.name, exc)) from None
         except RemoteError as exc:
@@ -263,7 +275,7 @@ class ToolGateway:
 
     async def _approve(self, call: ToolCallRequest, spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
         """The permission mode and configured permission, then the approval gate: the arguments to run."""
-        verdict = gate(self.permission_mode, self.permissions.of(call.name), spec)
+        verdict = gate(self.permission_mode, self.permissions.of(self._governed(call.name)), spec)
         if verdict.refusal is not None:
             log.info("run %s: %s refused: %s", self.run.run_id, call.name, verdict.refusal)
             raise CallFailed(verdict.refusal)
@@ -288,7 +300,9 @@ class ToolGateway:
             principal=self.run.principal,
         )
         subject = subjects.tool(call.name)
-        if call.name in self.memory_tools:
+        if call.name in self.mcp_tools:
+            subject = subjects.mcp_tool(mcp_server_of(call.name))
+        elif call.name in self.memory_tools:
             subject = subjects.memory_tool(call.name)
             if self.workspace is not None:
                 request.workspace.CopyFrom(self.workspace)
@@ -297,7 +311,10 @@ class ToolGateway:
             reply = await self._sandbox.call(subject, request, spec)
         except BusError as exc:
             memory_tool = call.name in self.memory_tools
-            failure = tool_errors.delivery_failure(call.name, spec.timeout, exc, memory_tool=memory_tool)
+            server = mcp_server_of(call.name) if call.name in self.mcp_tools else ""
+            failure = tool_errors.delivery_failure(
+                call.name, spec.timeout, exc, memory_tool=memory_tool, mcp_server=server
+            )
             raise CallFailed(failure) from None
         asked = _approval_asked(reply)
         if asked is not None:
@@ -318,6 +335,8 @@ class ToolGateway:
         """`arguments` telling a sandbox tool that the user approved the call (`tool_call_approved()`)."""
         if call.name in self.memory_tools or call.name in (self.local_tools or {}) or call.local is not None:
             return arguments  # only the SDK's `Tool.invoke` reads the mark (a framework's tool would refuse it)
+        if call.name in self.mcp_tools:
+            return arguments  # an MCP server knows nothing of the mark (and may refuse unknown arguments)
         return {**arguments, APPROVED_ARGUMENT: True}
 
     async def _rerun_approved(

@@ -43,14 +43,21 @@ DEFAULT_MAX_RESULT_BYTES: Final = 16 * 1024 * 1024
 """The largest result passed on whole (`ATMOSPHERE_SANDBOX__MAX_RESULT_BYTES`); a longer one is cut."""
 
 
-def runtime_info(tools: Mapping[str, Tool[Any, Any]], builtins: Mapping[str, str] | None = None) -> dict[str, Any]:
+def runtime_info(
+    tools: Mapping[str, Tool[Any, Any]],
+    builtins: Mapping[str, str] | None = None,
+    mcp: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Sandbox's runtime-truth fragment: the app's tools it serves, and its own tools' state.
 
     `builtins` is what the sandbox's own tools report (`{"code_exec": "ACTIVE(bwrap)", "eval":
-    "INACTIVE(disabled)"}`), listed even when the app has no tools.
+    "INACTIVE(disabled)"}`), listed even when the app has no tools; `mcp` what each declared MCP
+    server answered at its last listing (`{"docs": "ACTIVE(2 tools)"}`), when the app has any.
     """
     fragment: dict[str, Any] = {"tools": sorted(tools)} if tools else {}
     fragment.update(builtins or {})
+    if mcp:
+        fragment["mcp"] = dict(mcp)
     return {"sandbox": fragment} if fragment else {}
 
 
@@ -115,12 +122,15 @@ class ToolHost:
 
     async def call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolReply:
         """Run one call within the tool's deadline; a result too large for the reply is stored."""
-        result = await self._call(tool, call)
+        return await self.fitted(await self._call(tool, call), tool.name)
+
+    async def fitted(self, result: ToolReply, tool: str) -> ToolReply:
+        """`result` as one reply carries it: whole, stored as an object, or cut (an MCP tool's too)."""
         if utf8_len(result.content) <= self._inline_bytes:
             return result
         if result.is_error or self._objects is None:
-            return _cut(result, tool.name, self._inline_bytes)
-        return await self._stored(result, tool.name, self._objects)
+            return _cut(result, tool, self._inline_bytes)
+        return await self._stored(result, tool, self._objects)
 
     async def _stored(self, result: ToolReply, tool: str, objects: Bus) -> ToolReply:
         """`result` with its content moved to an object (cut first if over `max_result_bytes`)."""

@@ -34,6 +34,16 @@ class SandboxOptions(BaseModel):
     tool_worker_grace_seconds: float = Field(default=1.0, gt=0, le=60)
     """Seconds past a tool's timeout before its worker counts as wedged and is killed (a worker
     answers a timeout itself; this is for a tool that blocks the whole worker)."""
+    mcp_connect_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    """Seconds to open a session with a declared MCP server (spawn or connect, then the handshake);
+    past it the server counts as not answering."""
+    mcp_list_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    """Seconds an MCP server has to list its tools at a refresh; past it its tools are withdrawn."""
+    mcp_refresh_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """Seconds between two listings of every MCP server: a server that stops answering drops out of
+    the tools offered within about this time (plus the list timeout), and comes back as quickly."""
+    mcp_max_tools: int = Field(default=128, ge=1, le=1024)
+    """The most tools one MCP server may offer (the first ones it lists)."""
 
 
 class SandboxSettings(WorkerSettings):
