@@ -21,6 +21,7 @@ USER_SURFACE = [
     "ChatMessage",
     "Harness",
     "McpServer",
+    "MessageToolCall",
     "ModelRetry",
     "OnMaxIterations",
     "PermissionMode",
