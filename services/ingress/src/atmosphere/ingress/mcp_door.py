@@ -178,8 +178,13 @@ class McpDoor:
         )
         limit = state.settings.ingress.max_message_bytes
         # A message of the largest size admitted, escaped as JSON (at most six bytes a byte), fits.
+        options = state.settings.mcp
         self.manager = StreamableHTTPSessionManager(
-            app=self.server, max_request_body_size=6 * limit + ENVELOPE_BYTES, security_settings=None
+            app=self.server,
+            max_request_body_size=6 * limit + ENVELOPE_BYTES,
+            security_settings=None,
+            max_sessions=options.max_sessions,
+            session_idle_timeout=options.session_idle_seconds,
         )
 
     @contextlib.asynccontextmanager

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
 from pydantic_settings import NoDecode
 
 from atmosphere.config import ServiceSettings, TokenGrant
@@ -85,6 +85,11 @@ class McpOptions(BaseModel):
     enabled: bool = True
     """Serve the MCP door (with the same token grants as the agent endpoints); it is served only
     where the `mcp` SDK is installed (ingress's `mcp` extra), which the info says."""
+    max_sessions: PositiveInt = 1000
+    """Stateful MCP sessions (the 2025 protocol era) one ingress process keeps at once: a client
+    opening one more gets a 503 until a session ends or idles out (each holds memory until then)."""
+    session_idle_seconds: PositiveFloat = 600.0
+    """A stateful session with no request in flight for this long is closed (its id then answers 404)."""
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     """The app's `@tool`s the door also exposes, each as the MCP tool `<agent>__<tool>` of every agent
     that has it: tool names (a JSON list, or comma-separated), `*` for all; none when empty."""
