@@ -28,7 +28,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from atmosphere.testing import ToolCallScript, Turn
 
-from .doors_stack import ADA, World, doors_world
+from .doors_stack import ADA, BOB, World, doors_world
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -62,8 +62,8 @@ async def fresh_script(world: World) -> AsyncIterator[None]:
         await HTTP.pop().aclose()
 
 
-def client(world: World) -> openai.AsyncOpenAI:
-    opened = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=ADA, max_retries=0)
+def client(world: World, token: str = ADA) -> openai.AsyncOpenAI:
+    opened = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=token, max_retries=0)
     OPENED.append(opened)
     return opened
 
@@ -262,6 +262,11 @@ async def test_a_response_hands_its_function_call_back_and_continues_after_it(wo
     assert (call.call_id, call.name, json.loads(call.arguments)) == ("call_r", "lookup", {"q": "atlas"})
     assert world.ran() == []
 
+    outputs = [{"type": "function_call_output", "call_id": "call_r", "output": "Atlas: a book of maps"}]
+    with pytest.raises(openai.NotFoundError):  # another user's response: as if it did not exist
+        await client(world, BOB).responses.create(
+            model="keeper", previous_response_id=first.id, tools=[FUNCTION], input=outputs
+        )
     second = await client(world).responses.create(
         model="keeper",
         previous_response_id=first.id,
