@@ -17,6 +17,7 @@ from atmosphere.sdk import (
     Harness,
     PermissionMode,
     PromptCache,
+    RemoteAgent,
     RetryPolicy,
     ToolLoopPolicy,
     agent,
@@ -45,6 +46,7 @@ class Answer(BaseModel):
 LOOP = ToolLoopPolicy.strict(3)
 RETRY = RetryPolicy(max_retries=1)
 BUDGET = AiBudget(max_steps=4)
+REMOTE = RemoteAgent("scout", "https://b.example/atmosphere/a2a/scout")
 
 
 def declared(spec: AgentSpec) -> dict[str, object]:
@@ -86,6 +88,7 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         "description": "Does it all.",
         "tools": (lookup,),
         "fleet": (),
+        "remotes": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,
@@ -111,7 +114,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
 
     @coordinator(
         name="boss",
-        fleet=[Member, "other"],
+        fleet=[Member, "other", REMOTE],
         system_prompt="Delegate.",
         tools=[lookup],
         interceptors=[Shout()],
@@ -137,6 +140,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         "description": "Runs the fleet.",
         "tools": (lookup,),
         "fleet": ("member", "other"),
+        "remotes": (REMOTE,),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,
@@ -186,6 +190,7 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         "description": "Asks.",
         "tools": (lookup,),
         "fleet": (),
+        "remotes": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,

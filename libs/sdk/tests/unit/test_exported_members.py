@@ -24,6 +24,7 @@ USER_SURFACE = [
     "OnMaxIterations",
     "PermissionMode",
     "PromptCache",
+    "RemoteAgent",
     "RetryPolicy",
     "SdkError",
     "StreamingSession",
