@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,7 +56,9 @@ REMOTE_METADATA_KEY = "fleet.dispatch.remote"
 
 def missing_client() -> str | None:
     """Why remote delegation cannot work in this process (the `a2a` extra is absent), or None."""
-    if importlib.util.find_spec("a2a") is None or importlib.util.find_spec("a2a.client") is None:
+    try:
+        import a2a.client  # noqa: F401, PLC0415 - only whether it imports
+    except ImportError:
         return f"the A2A client is not installed here (install {EXTRA})"
     return None
 
