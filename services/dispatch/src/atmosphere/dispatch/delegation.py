@@ -8,7 +8,7 @@ the client sees what each sub-agent does while it does it. Only the sub-run's an
 comes back to the model as the tool result.
 
 `delegate_task` to a coordinator's `RemoteAgent` goes to another A2A server instead
-(`remote_delegation`): the same edge — governance admits it as it admits a sub-run (the parent
+(`remote_fleet`, `remote_delegation`): the same edge — governance admits it as it admits a sub-run (the parent
 run, the member's name, its URL in the metadata) and its end is reported — and its text
 forwarded tagged the same way; only declared members, by name or declared URL, are reachable.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError
-from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError, ServiceError, plain_reason
+from atmosphere.bus.errors import GovernanceDeniedError, ServiceError, plain_reason
 from atmosphere.bus.runs import (
     RUN_ID_METADATA_KEY,
     SERVER_SIDE_KINDS,
@@ -51,14 +51,8 @@ from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.effects import current_call_key
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.remote_delegation import (
-    REMOTE_METADATA_KEY,
-    RemoteCall,
-    RemoteLimits,
-    RemoteMember,
-    RemoteOutcome,
-    missing_client,
-)
+from atmosphere.dispatch.remote_delegation import RemoteLimits, RemoteMember
+from atmosphere.dispatch.remote_fleet import RemoteFleet
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -145,9 +139,9 @@ class Delegation:
         self._memory = memory
         self._timeout = timeout
         self._spawns = 0
-        self._remotes = dict(remotes or {})
-        self._governance = governance
-        self._remote_limits = remote_limits or RemoteLimits()
+        self._remotes = RemoteFleet(
+            remotes or {}, governance=governance, limits=remote_limits or RemoteLimits(), emit=emit
+        )
 
     def _child(
         self,
@@ -180,16 +174,22 @@ class Delegation:
 
     async def delegate_task(self, arguments: dict[str, Any]) -> str:
         """Route a subtask to a fleet member, local or remote; its reply text, or a failure text."""
-        if not self._fleet and not self._remotes:
+        if not self._fleet and not self._remotes.names:
             return "delegate_task unavailable: no agent fleet is bound to this session."
-        available = f"Available agents: [{', '.join([*self._fleet, *self._remotes])}]"
+        available = f"Available agents: [{', '.join([*self._fleet, *self._remotes.names])}]"
         agent = str(arguments.get("agent") or "").strip()
         if not agent:
             return f"delegate_task failed: 'agent' is required. {available}"
         message = str(arguments.get("message") or "")
-        remote = self._remote(agent)
+        remote = self._remotes.find(agent)
         if remote is not None:
-            return await self._delegate_remote(remote, message)
+            child = self._child(
+                remote.name,
+                message,
+                conversation_id=f"{self._parent.conversation_id}--{remote.name}",
+                metadata=RemoteFleet.metadata(remote),
+            )
+            return await self._remotes.delegate(remote, child)
         if agent not in self._fleet:
             return f"delegate_task failed: unknown agent '{agent}'. {available}"
         return await self._delegate_local(agent, message)
@@ -213,69 +213,6 @@ class Delegation:
         if outcome.error is not None:
             detail = outcome.error.error.message or "no error detail"
             return f"delegate_task to '{agent}' failed: {detail}"
-        return outcome.text
-
-    def _remote(self, agent: str) -> RemoteMember | None:
-        """The remote member `agent` names, by its name or by its declared URL (never any other URL)."""
-        if agent in self._remotes:
-            return self._remotes[agent]
-        url = agent.rstrip("/")
-        return next((m for m in self._remotes.values() if m.url and m.url.rstrip("/") == url), None)
-
-    def _remote_refusal(self, member: RemoteMember) -> str | None:
-        """Why a call to `member` cannot be made from here at all, or None."""
-        missing = missing_client()
-        if missing is not None:
-            return f"Error: delegate_task cannot reach the remote agent '{member.name}': {missing}"
-        failed = f"delegate_task to '{member.name}' failed"
-        if not member.url:
-            return f"{failed}: no URL is configured for it (its url in ATMOSPHERE_DELEGATION__REMOTES)"
-        if self._governance is None:
-            return f"{failed}: governance is unavailable (fail-closed)"
-        return None
-
-    async def _delegate_remote(self, member: RemoteMember, message: str) -> str:
-        """Send the subtask to a remote A2A member, through the same governed edge as a local sub-run."""
-        refusal = self._remote_refusal(member)
-        if refusal is not None:
-            return refusal
-        assert self._governance is not None  # `_remote_refusal` refuses without it
-        failed = f"delegate_task to '{member.name}' failed"
-        # The edge as governance sees a local sub-run's: an admission with the parent run, the
-        # member's name as the agent, its URL in the metadata; a policy may rewrite the message.
-        child = self._child(
-            member.name,
-            message,
-            conversation_id=f"{self._parent.conversation_id}--{member.name}",
-            metadata={
-                "fleet.dispatch.agent": member.name,
-                "fleet.dispatch.skill": "default",
-                REMOTE_METADATA_KEY: member.url,
-            },
-        )
-        try:
-            decision = await self._governance.admission(child)
-        except (GovernanceDeniedError, GovernanceUnavailableError) as exc:
-            return f"{failed}: {exc.message}"
-        outcome = RemoteOutcome(error="the remote call did not end")
-        try:
-            call = RemoteCall(member, child, self._emit, self._remote_limits)
-            outcome = await call.run(decision.rewritten_message or message)
-        finally:
-            # What admission took (a concurrency slot) is freed on every path, as a sub-run's end does.
-            report = self._governance.run_ended(
-                child,
-                usage=[],
-                model="",
-                response_chars=len(outcome.text),
-                succeeded=outcome.error is None and not outcome.timed_out,
-            )
-            with contextlib.suppress(Exception):
-                await asyncio.shield(report)
-        if outcome.timed_out:
-            return f"{failed}: no reply within {self._remote_limits.timeout:g} seconds"
-        if outcome.error is not None:
-            return f"{failed}: {outcome.error}"
         return outcome.text
 
     def _task_refusal(self, arguments: dict[str, Any]) -> str | None:
