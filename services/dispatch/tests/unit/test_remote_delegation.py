@@ -18,7 +18,13 @@ import pytest
 from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
-from atmosphere.contracts.governance.v1.governance_pb2 import AdmitRequest, Decision, RunEndedAck, RunEndedReport
+from atmosphere.contracts.governance.v1.governance_pb2 import (
+    AdmitRequest,
+    CheckOutputRequest,
+    Decision,
+    RunEndedAck,
+    RunEndedReport,
+)
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.dispatch.delegation import Delegation
 from atmosphere.dispatch.governance_client import GovernanceClient
@@ -178,7 +184,10 @@ class Gate:
 
     allow: bool = True
     rewrite: str = ""
+    judge_output: str | None = None
+    """A word no answer may hold (admission then says answers are checked); None: answers are not judged."""
     admissions: list[AdmitRequest] = field(default_factory=list)
+    output_checks: list[CheckOutputRequest] = field(default_factory=list)
     ended: list[RunEndedReport] = field(default_factory=list)
 
 
@@ -229,7 +238,13 @@ async def world() -> AsyncIterator[World]:
         gate.admissions.append(request)
         if not gate.allow:
             return Decision(allowed=False, policy="no-remote", reason="remote delegation is off")
-        return Decision(allowed=True, rewritten_message=gate.rewrite)
+        return Decision(allowed=True, rewritten_message=gate.rewrite, check_output=gate.judge_output is not None)
+
+    async def check_output(request: CheckOutputRequest, _ctx: MessageContext) -> Decision:
+        gate.output_checks.append(request)
+        if gate.judge_output and gate.judge_output in request.response:
+            return Decision(allowed=False, policy="no-words", reason=f"'{gate.judge_output}' is not said here")
+        return Decision(allowed=True)
 
     async def ended(report: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
         gate.ended.append(report)
@@ -238,6 +253,7 @@ async def world() -> AsyncIterator[World]:
     router = Router()
     router.add(subjects.governance("admit"), AdmitRequest, admit)
     router.add(subjects.governance("run_ended"), RunEndedReport, ended)
+    router.add(subjects.governance("check_output"), CheckOutputRequest, check_output)
     async with bus.serve(router), serving(Remote()) as remote:
         yield World(bus, remote, gate)
 
@@ -292,6 +308,20 @@ async def test_a_rewritten_message_is_what_the_remote_gets(world: World) -> None
     world.gate.rewrite = "hello"
     await world.delegation().delegate_task({"agent": "researcher", "message": "hello jane.doe@example.com"})
     assert world.remote.messages == ["hello"]
+
+
+async def test_under_output_policies_the_whole_answer_is_checked_before_anything_of_it_shows(world: World) -> None:
+    world.gate.judge_output = "afar"
+    result = await world.delegation().delegate_task({"agent": "researcher", "message": "hello"})
+    assert result == "delegate_task to 'researcher' failed: Response blocked: 'afar' is not said here"
+    assert [(c.response, c.final) for c in world.gate.output_checks] == [("Hello from afar", True)]
+    assert world.forwarded("text_delta") == []
+    assert [r.succeeded for r in world.gate.ended] == [False]
+
+    world.gate.judge_output = "nowhere"
+    result = await world.delegation().delegate_task({"agent": "researcher", "message": "hello"})
+    assert result == "Hello from afar"
+    assert world.forwarded("text_delta") == []
 
 
 async def test_without_governance_nothing_is_sent(world: World) -> None:
@@ -404,5 +434,5 @@ def test_the_deployment_moves_a_declared_member_and_gives_its_token() -> None:
     assert remote_fleets(app, {"intruder": RemoteOverride(url="https://evil.example/a2a")}) == {
         "lead": {"researcher": RemoteMember("researcher", "https://declared.example/a2a")}
     }
-    assert remote_info(moved) == {"researcher": "ACTIVE(a2a https://moved.example)"}
+    assert remote_info(moved) == {"researcher": "ACTIVE(a2a https://moved.example:443)"}
     assert remote_info({"lead": {"r": RemoteMember("r", "")}}) == {"r": "INACTIVE(no-url)"}

@@ -184,16 +184,31 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
+    """`scheme://host:port` of `url`, the port spelled out (`https://a` and `https://a:443` are one origin)."""
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        port = parts.port or DEFAULT_PORTS.get(scheme, 0)
+    except ValueError:
+        return ""
+    return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
 class RemoteCall:
     """One `delegate_task` to a remote member: its events forwarded through `emit`, tagged as `child`'s."""
 
-    def __init__(self, member: RemoteMember, child: RunSubmission, emit: Emit, limits: RemoteLimits) -> None:
-        """Call `member` on behalf of `child` (the delegation edge governance admitted)."""
+    def __init__(
+        self, member: RemoteMember, child: RunSubmission, emit: Emit, limits: RemoteLimits, *, stream_text: bool = True
+    ) -> None:
+        """Call `member` on behalf of `child` (the delegation edge governance admitted).
+
+        `stream_text` false: the task's text is not forwarded as it grows (only status messages are).
+        """
+        self._stream_text = stream_text
         self._member = member
         self._child = child
         self._emit = emit
@@ -304,7 +319,7 @@ class RemoteCall:
         after = before + text if append else text
         self._artifacts[artifact_id] = after
         new = after[len(before) :] if after.startswith(before) else ""
-        if new:
+        if new and self._stream_text:
             await self._forward(RunEvent(text_delta=TextDelta(text=new)))
 
     async def _status(self, status: TaskStatus) -> RemoteOutcome | None:
