@@ -32,6 +32,7 @@ import httpx
 from atmosphere.bus import PayloadTooLargeError
 from atmosphere.bus.sizes import clip
 from atmosphere.contracts.run.v1.run_pb2 import Progress, RunEvent, RunSubmission, TextDelta
+from atmosphere.dispatch.output_guard import Blocked, OutputGuard
 from atmosphere.sdk import App
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
@@ -202,18 +203,27 @@ class RemoteCall:
     """One `delegate_task` to a remote member: its events forwarded through `emit`, tagged as `child`'s."""
 
     def __init__(
-        self, member: RemoteMember, child: RunSubmission, emit: Emit, limits: RemoteLimits, *, stream_text: bool = True
+        self,
+        member: RemoteMember,
+        child: RunSubmission,
+        emit: Emit,
+        limits: RemoteLimits,
+        *,
+        guard: OutputGuard | None = None,
     ) -> None:
         """Call `member` on behalf of `child` (the delegation edge governance admitted).
 
-        `stream_text` false: the task's text is not forwarded as it grows (only status messages are).
+        `guard` (when a policy judges answers): the task's text reaches the client only as its
+        checks pass, as a local sub-run's does, and the whole answer is checked before it is returned.
         """
-        self._stream_text = stream_text
+        self._guard = guard
         self._member = member
         self._child = child
         self._emit = emit
         self._limits = limits
         self._artifacts: dict[str, str] = {}
+        self._streamed = ""
+        """The text forwarded so far (what the guard has seen)."""
         self._task_id = ""
         self._finished = False
 
@@ -235,6 +245,8 @@ class RemoteCall:
             return RemoteOutcome(self.answer(), timed_out=True)
         except RemoteCallError as exc:
             return RemoteOutcome(self.answer(), error=str(exc))
+        except Blocked as exc:
+            return RemoteOutcome(error=exc.reason)
         except Exception as exc:  # the SDK's and httpx's failures, in words for the model
             return RemoteOutcome(self.answer(), error=_failure_text(exc))
 
@@ -295,7 +307,8 @@ class RemoteCall:
         kind = reply.WhichOneof("payload")
         if kind == "message":  # an answer without a task
             self._finished = True
-            return RemoteOutcome(_text(reply.message.parts))
+            await self._artifact("message", _text(reply.message.parts), append=False)
+            return await self._done(RemoteOutcome(self.answer()))
         if kind == "task":
             task = reply.task
             self._task_id = self._task_id or task.id
@@ -319,7 +332,8 @@ class RemoteCall:
         after = before + text if append else text
         self._artifacts[artifact_id] = after
         new = after[len(before) :] if after.startswith(before) else ""
-        if new and self._stream_text:
+        if new:
+            self._streamed += new
             await self._forward(RunEvent(text_delta=TextDelta(text=new)))
 
     async def _status(self, status: TaskStatus) -> RemoteOutcome | None:
@@ -329,7 +343,7 @@ class RemoteCall:
         state = status.state
         if state == TaskState.TASK_STATE_COMPLETED:
             self._finished = True
-            return RemoteOutcome(self.answer() or said)
+            return await self._done(RemoteOutcome(self.answer() or said))
         if state in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED):
             self._finished = True
             return RemoteOutcome(self.answer(), error=said or "the remote task failed")
@@ -349,17 +363,46 @@ class RemoteCall:
         """The task's text so far: its artifacts' texts, in the order they came."""
         return "\n".join(text for text in self._artifacts.values() if text)
 
+    async def _done(self, outcome: RemoteOutcome) -> RemoteOutcome:
+        """A completed task's outcome, once the output check (if any) passed the whole answer.
+
+        Raises:
+            Blocked: the answer may not reach the client (nor the model).
+        """
+        guard = self._guard
+        if guard is not None:
+            await self._send(await guard.before(final=True))
+            if outcome.text != self._streamed:  # an answer not (all) streamed: checked whole too
+                await guard.whole_text(outcome.text)
+        return outcome
+
     async def _forward(self, event: RunEvent) -> None:
+        """Forward one event of the remote task, tagged; its text through the guard, when there is one.
+
+        Raises:
+            Blocked: the answer so far may not reach the client.
+        """
         event.run_id = self._child.run_id
         event.agent = self._member.name
         event.origin_run_id = self._child.run_id
         event.origin_agent = self._member.name
-        if event.HasField("text_delta"):
-            event.text_delta.text = clip(event.text_delta.text, FORWARDED_CHUNK_BYTES, "a remote text chunk")
-        try:
-            await self._emit(event)
-        except PayloadTooLargeError as exc:
-            log.warning("run %s: an event of %s not forwarded (%s)", self._child.parent_run_id, self._member.name, exc)
+        if self._guard is None:
+            await self._send([event])
+        elif event.HasField("text_delta"):
+            await self._send(await self._guard.text(event))
+        else:  # what the guard holds goes first: order is kept
+            await self._send([*await self._guard.before(final=False), event])
+
+    async def _send(self, events: list[RunEvent]) -> None:
+        for event in events:
+            if event.HasField("text_delta"):
+                event.text_delta.text = clip(event.text_delta.text, FORWARDED_CHUNK_BYTES, "a remote text chunk")
+            try:
+                await self._emit(event)
+            except PayloadTooLargeError as exc:
+                log.warning(
+                    "run %s: an event of %s not forwarded (%s)", self._child.parent_run_id, self._member.name, exc
+                )
 
 
 def _text(parts: object) -> str:

@@ -3,21 +3,23 @@
 The edge is governed as a local sub-run's: governance admits it (`atmo.gov.admit` with the parent
 run, the member's name as the agent, its URL in the metadata; a policy may deny it or rewrite the
 message) before anything is sent, and its end is reported (`atmo.gov.run_ended`: the slot admission
-took is freed) on every path. When a policy judges answers, the remote's whole answer passes the
-output check before it is returned (and its text is not streamed ahead of that check). The call
-itself is `remote_delegation.RemoteCall`.
+took is freed) on every path. When a policy judges answers, the remote's text passes the output
+guard a local sub-run's passes (held until a check covers it) and the whole answer a final check
+before it is returned. The call itself is `remote_delegation.RemoteCall`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Mapping
 
-from atmosphere.bus import BusError
 from atmosphere.bus.errors import GovernanceDeniedError, GovernanceUnavailableError
+from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
-from atmosphere.dispatch.governance_client import OUTPUT_UNAVAILABLE, RESPONSE_BLOCKED, GovernanceClient
+from atmosphere.dispatch.governance_client import GovernanceClient
+from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.remote_delegation import (
     REMOTE_METADATA_KEY,
     Emit,
@@ -89,13 +91,12 @@ class RemoteFleet:
             return f"{failed}: {exc.message}"
         outcome = RemoteOutcome(error="the remote call did not end")
         try:
-            # When a policy judges answers, the remote's text is not streamed to the client as it
-            # comes (nothing here checks it piecemeal, as a local sub-run's output guard does): the
-            # whole answer is checked once it is in, and only then returned.
-            call = RemoteCall(member, child, self._emit, self._limits, stream_text=not decision.check_output)
+            # When a policy judges answers, the remote's text reaches the client only as checks pass
+            # (the output guard a local sub-run has), and the whole answer is checked at the end.
+            check = functools.partial(_check, governance, child)
+            guard = OutputGuard(check, run_id=child.run_id) if decision.check_output else None
+            call = RemoteCall(member, child, self._emit, self._limits, guard=guard)
             outcome = await call.run(decision.rewritten_message or child.message)
-            if decision.check_output and outcome.error is None and not outcome.timed_out:
-                outcome = await self._checked(governance, child, outcome)
         finally:
             # What admission took (a concurrency slot) is freed on every path, as a sub-run's end does.
             report = governance.run_ended(
@@ -113,13 +114,6 @@ class RemoteFleet:
             return f"{failed}: {outcome.error}"
         return outcome.text
 
-    @staticmethod
-    async def _checked(governance: GovernanceClient, child: RunSubmission, outcome: RemoteOutcome) -> RemoteOutcome:
-        """The answer as the output policies let it through: itself, or why it was stopped (fail-closed)."""
-        try:
-            decision = await governance.check_output(child, outcome.text, length=len(outcome.text), final=True)
-        except BusError:
-            return RemoteOutcome(error=OUTPUT_UNAVAILABLE)
-        if not decision.allowed:
-            return RemoteOutcome(error=RESPONSE_BLOCKED + decision.reason)
-        return outcome
+
+async def _check(governance: GovernanceClient, child: RunSubmission, tail: str, length: int, final: bool) -> Decision:
+    return await governance.check_output(child, tail, length=length, final=final)
