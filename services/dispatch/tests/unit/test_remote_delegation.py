@@ -91,6 +91,12 @@ class Scripted(AgentExecutor):
         elif text == "hang":
             await updater.add_artifact([new_text_part("partial")], artifact_id="answer", name="answer")
             await asyncio.Event().wait()  # until the SDK cancels the executor, or the server stops
+        elif text == "flood":  # more than the call may read, then no end
+            for i in range(40):
+                await updater.add_artifact(
+                    [new_text_part("y" * 5000)], artifact_id="answer", name="answer", append=i > 0
+                )
+            await asyncio.Event().wait()
         elif text == "big":
             await updater.add_artifact([new_text_part("x" * 200_000)], artifact_id="answer", name="answer")
             await updater.complete()
@@ -377,6 +383,13 @@ async def test_what_a_remote_sends_is_bounded(world: World) -> None:
     limits = RemoteLimits(timeout=CAP, max_bytes=100_000)
     result = await world.delegation(limits=limits).delegate_task({"agent": "researcher", "message": "big"})
     assert result == "delegate_task to 'researcher' failed: the remote agent sent more than 100000 bytes"
+
+
+async def test_a_remote_flooding_a_call_has_its_task_cancelled(world: World) -> None:
+    limits = RemoteLimits(timeout=CAP, max_bytes=100_000)
+    result = await world.delegation(limits=limits).delegate_task({"agent": "researcher", "message": "flood"})
+    assert result == "delegate_task to 'researcher' failed: the remote agent sent more than 100000 bytes"
+    await asyncio.wait_for(world.remote.cancelled.wait(), CAP)
 
 
 async def test_a_card_pointing_elsewhere_is_refused(world: World) -> None:

@@ -47,6 +47,8 @@ Emit = Callable[[RunEvent], Awaitable[None]]
 EXTRA = "atmosphere-ai-dispatch[a2a]"
 CANCEL_TIMEOUT = 5.0
 """Seconds the remote task's cancel may take (it is sent once, whatever ended the call)."""
+CANCEL_REPLY_BYTES = 64 * 1024
+"""Bytes the cancel's answer may take, whatever the call had read before."""
 PROGRESS_CHARS = 2000
 """Characters of a remote status message forwarded as progress."""
 FORWARDED_CHUNK_BYTES = 64 * 1024
@@ -226,13 +228,13 @@ class RemoteCall:
         """The text forwarded so far (what the guard has seen)."""
         self._task_id = ""
         self._finished = False
+        self._budget = _Budget(limits.max_bytes)
 
     async def run(self, message: str) -> RemoteOutcome:
         """Send `message`; the answer, or how the call ended."""
-        budget = _Budget(self._limits.max_bytes)
         timeout = httpx.Timeout(self._limits.timeout, connect=self._limits.connect_timeout)
         headers = {"Authorization": f"Bearer {self._member.token}"} if self._member.token else {}
-        transport = _BoundedTransport(httpx.AsyncHTTPTransport(), budget)
+        transport = _BoundedTransport(httpx.AsyncHTTPTransport(), self._budget)
         try:
             async with (
                 httpx.AsyncClient(
@@ -290,6 +292,8 @@ class RemoteCall:
     async def _cancel(self, client: Client) -> None:
         from a2a.types import CancelTaskRequest  # noqa: PLC0415 - the optional extra
 
+        # Room to read the cancel's answer, even when the call ended for having read too much.
+        self._budget.left = max(self._budget.left, CANCEL_REPLY_BYTES)
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT):
                 await client.cancel_task(CancelTaskRequest(id=self._task_id))
