@@ -10,9 +10,11 @@ says so, and then B never hears of it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from atmosphere.bus import connect
 from atmosphere.config import TokenGrant
 from atmosphere.dispatch.settings import DelegationOptions, RemoteAgentSetting
 from atmosphere.ingress.settings import A2aOptions, IngressOptions
-from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, run_stack
+from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, run_stack, wait_until
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
 from .conftest import service_map
@@ -168,6 +170,37 @@ async def test_governance_denies_the_edge_and_the_remote_never_hears_of_it(stack
         "classified work stays here"
     ]
     assert stacks.b_model.requests == []
+
+
+async def test_cancelling_the_coordinators_run_cancels_the_remote_task(stacks: Stacks) -> None:
+    stacks.a_model.script(
+        Turn.tool_calls(ToolCallScript("delegate_task", {"agent": "researcher", "message": "Dig deep."})),
+    )
+    # B's agent starts answering, then would say nothing for longer than the test may take.
+    stacks.b_model.script(Turn.stalled("Digging ", seconds=600))
+    async with websockets.connect(ws_url(stacks.a_url, "lead")) as ws, httpx.AsyncClient() as http:
+        await ws.send("Research everything")
+        run_id = ""
+        while True:  # until A's client hears B took the task (A knows the task, so it can cancel it)
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            run_id = run_id or frame.get("value", "")
+            if frame.get("type") == "progress" and frame.get("agent") == "researcher":
+                break
+        # B's model is under way too (the stall keeps it so).
+        await wait_until(_has_requests(stacks.b_model), timeout=60, what="B's model call")
+        cancel = await http.post(f"{stacks.a_url}/atmosphere/runs/{run_id}/cancel")
+        assert cancel.json()["accepted"] is True
+        frames = await read_run(ws, timeout=60)
+    assert frames[-1]["type"] == "error", frames[-1]
+    # A's cancel reached B: its run stopped, and with it the model call it was waiting on.
+    await asyncio.wait_for(stacks.b_model.disconnected.wait(), 60)
+
+
+def _has_requests(model: ScriptedModel) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return bool(model.requests)
+
+    return check
 
 
 async def test_the_info_says_the_remote_member_is_reachable(stacks: Stacks) -> None:

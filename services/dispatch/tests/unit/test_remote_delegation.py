@@ -31,6 +31,7 @@ from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.remote_delegation import (
     REMOTE_METADATA_KEY,
+    STARTED,
     RemoteLimits,
     RemoteMember,
     RemoteOverride,
@@ -203,13 +204,13 @@ class World:
     remote: Remote
     gate: Gate
     events: list[RunEvent] = field(default_factory=list)
-    streaming: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the first text of the remote task reached the parent (its task id is known by then)."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the parent heard the remote task began (its id known: it can be cancelled)."""
 
     async def emit(self, event: RunEvent) -> None:
         self.events.append(event)
-        if event.HasField("text_delta"):
-            self.streaming.set()
+        if event.progress.message.startswith(STARTED):
+            self.started.set()
 
     def delegation(self, **kw: Any) -> Delegation:
         member = kw.pop("member", RemoteMember("researcher", self.remote.url, TOKEN))
@@ -277,7 +278,9 @@ async def test_the_remote_answer_comes_back_and_its_text_streams_tagged(world: W
     admitted = world.gate.admissions[0]
     assert {e.origin_agent for e in world.events} == {"researcher"}
     assert {e.origin_run_id for e in world.events} == {admitted.run_id}
-    assert [e.progress.message for e in world.forwarded("progress")] == ["Looking it up"]
+    progress = [e.progress.message for e in world.forwarded("progress")]
+    assert progress[1:] == ["Looking it up"]
+    assert progress[0].startswith("The remote agent took the task (task ")
     # The edge, as governance sees a sub-run's: the parent, the member, its URL.
     assert admitted.parent_run_id == "parent-1"
     assert admitted.agent == "researcher"
@@ -362,14 +365,14 @@ async def test_the_deadline_cancels_the_remote_task(world: World) -> None:
         {"agent": "researcher", "message": "hang"}
     )
     assert result == "delegate_task to 'researcher' failed: no reply within 2 seconds"
-    if world.streaming.is_set():  # the task's id had come (always, unless the machine took 2 s for that)
+    if world.started.is_set():  # the task's id had come (always, unless the machine took 2 s for that)
         await asyncio.wait_for(world.remote.cancelled.wait(), CAP)
     assert [r.succeeded for r in world.gate.ended] == [False]
 
 
 async def test_cancelling_the_parent_cancels_the_remote_task(world: World) -> None:
     call = asyncio.create_task(world.delegation().delegate_task({"agent": "researcher", "message": "hang"}))
-    await asyncio.wait_for(world.streaming.wait(), CAP)  # the remote task is under way, its id known
+    await asyncio.wait_for(world.started.wait(), CAP)  # the remote task is under way, its id known
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -49,6 +49,8 @@ CANCEL_TIMEOUT = 5.0
 """Seconds the remote task's cancel may take (it is sent once, whatever ended the call)."""
 CANCEL_REPLY_BYTES = 64 * 1024
 """Bytes the cancel's answer may take, whatever the call had read before."""
+STARTED = "The remote agent took the task"
+"""The progress message forwarded when the remote task is known (and so can be cancelled)."""
 PROGRESS_CHARS = 2000
 """Characters of a remote status message forwarded as progress."""
 FORWARDED_CHUNK_BYTES = 64 * 1024
@@ -315,20 +317,27 @@ class RemoteCall:
             return await self._done(RemoteOutcome(self.answer()))
         if kind == "task":
             task = reply.task
-            self._task_id = self._task_id or task.id
+            await self._started(task.id)
             for artifact in task.artifacts:
                 await self._artifact(artifact.artifact_id, _text(artifact.parts), append=False)
             return await self._status(task.status)
         if kind == "artifact_update":
             update = reply.artifact_update
-            self._task_id = self._task_id or update.task_id
+            await self._started(update.task_id)
             artifact = update.artifact
             await self._artifact(artifact.artifact_id, _text(artifact.parts), append=update.append)
             return None
         if kind == "status_update":
-            self._task_id = self._task_id or reply.status_update.task_id
+            await self._started(reply.status_update.task_id)
             return await self._status(reply.status_update.status)
         return None
+
+    async def _started(self, task_id: str) -> None:
+        """The remote task's id, once known: from then on it can be cancelled, and the client hears it began."""
+        if self._task_id or not task_id:
+            return
+        self._task_id = task_id
+        await self._forward(RunEvent(progress=Progress(message=f"{STARTED} (task {task_id[:64]})")))
 
     async def _artifact(self, artifact_id: str, text: str, *, append: bool) -> None:
         """An artifact's text grew (or was replaced): what is new goes to the client as text."""
