@@ -48,14 +48,16 @@ UNTESTED_EXTRAS = {
     "atmosphere-ai-cli": {"local-model"},
     "atmosphere-ai-ingress": {"mcp", "a2a", "ag-ui"},
     "atmosphere-ai-sandbox": {"mcp"},
+    "atmosphere-ai-dispatch": {"a2a"},
 }
 """Extras left out of the lane: `local-model` compiles llama.cpp from source (minutes) and holds a
 model file; no test of the lane imports it (the model server's own tests run in `.venv`). Ingress's
-protocol doors (`mcp`, `a2a`, `ag-ui`): their SDKs need newer pydantic, starlette and anyio than
-the platform's floors (as the runtime adapters' frameworks do), so installing them here would lift
-the platform past its floors; ingress without them serves no door (and says so), which is what
-this lane tests, and the doors' own tests run on uv.lock's versions in the suite. The sandbox's MCP
-client (`mcp`), for the same reason: without it declared servers are INACTIVE."""
+protocol doors (`mcp`, `a2a`, `ag-ui`), the sandbox's MCP client (`mcp`) and dispatch's A2A client
+(`a2a`, remote delegation): their SDKs need newer pydantic, starlette and anyio than the platform's
+floors (as the runtime adapters' frameworks do), so installing them here would lift the platform
+past its floors; ingress without them serves no door (and says so), the sandbox reports declared
+MCP servers INACTIVE, dispatch refuses a remote delegation naming the extra, which is what this
+lane tests, and their own tests run on uv.lock's versions in the suite."""
 
 
 def _project(pyproject: Path) -> dict[str, Any]:

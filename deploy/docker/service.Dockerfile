@@ -28,8 +28,9 @@ WORKDIR /app
 RUN if [ -n "$RUNTIME" ] && [ "$SERVICE" != "dispatch" ]; then \
         echo "RUNTIME=$RUNTIME: a runtime pool is a dispatch (SERVICE=dispatch), not $SERVICE" >&2; exit 1; \
     fi
-# Ingress's protocol doors (MCP, A2A, AG-UI) and the sandbox's MCP client are extras of their
-# distributions: their images install them all.
+# Ingress's protocol doors (MCP, A2A, AG-UI), the sandbox's MCP client and dispatch's A2A client
+# (remote delegation) are extras of their distributions: those images install them all (a pinned
+# pool's does not).
 # Third-party dependencies first, in a layer of their own: it changes only with a lock or a
 # member's declared dependencies.
 COPY pyproject.toml uv.lock ./
@@ -40,7 +41,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         uv sync --frozen --no-install-local --project envs/pinned --no-default-groups --group ${RUNTIME}; \
     else \
         uv sync --frozen --no-dev --no-install-workspace --package atmosphere-ai-${SERVICE} \
-            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}} $(case "$SERVICE" in (ingress|sandbox) echo --all-extras;; esac); \
+            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}} $(case "$SERVICE" in (ingress|sandbox|dispatch) echo --all-extras;; esac); \
     fi
 # Then the workspace itself: a code change rebuilds only this.
 COPY libs libs
@@ -50,7 +51,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         uv sync --frozen --no-editable --project envs/pinned --no-default-groups --group ${RUNTIME}; \
     else \
         uv sync --frozen --no-dev --no-editable --package atmosphere-ai-${SERVICE} \
-            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}} $(case "$SERVICE" in (ingress|sandbox) echo --all-extras;; esac); \
+            ${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}} $(case "$SERVICE" in (ingress|sandbox|dispatch) echo --all-extras;; esac); \
     fi
 
 FROM python:${PYTHON_VERSION}-slim

@@ -18,6 +18,7 @@ from atmosphere.sdk import (
     McpServer,
     PermissionMode,
     PromptCache,
+    RemoteAgent,
     RetryPolicy,
     ToolLoopPolicy,
     agent,
@@ -47,6 +48,7 @@ LOOP = ToolLoopPolicy.strict(3)
 RETRY = RetryPolicy(max_retries=1)
 BUDGET = AiBudget(max_steps=4)
 DOCS = McpServer.http("docs", "http://127.0.0.1:9/mcp")
+REMOTE = RemoteAgent("scout", "https://b.example/atmosphere/a2a/scout")
 
 
 def declared(spec: AgentSpec) -> dict[str, object]:
@@ -90,6 +92,7 @@ def test_agent_hands_every_keyword_to_its_spec() -> None:
         "tools": (lookup,),
         "mcp_servers": (DOCS,),
         "fleet": (),
+        "remotes": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,
@@ -115,7 +118,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
 
     @coordinator(
         name="boss",
-        fleet=[Member, "other"],
+        fleet=[Member, "other", REMOTE],
         system_prompt="Delegate.",
         tools=[lookup],
         mcp_servers=[DOCS],
@@ -143,6 +146,7 @@ def test_coordinator_hands_every_keyword_to_its_spec() -> None:
         "tools": (lookup,),
         "mcp_servers": (DOCS,),
         "fleet": ("member", "other"),
+        "remotes": (REMOTE,),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,
@@ -194,6 +198,7 @@ def test_ai_endpoint_hands_every_keyword_to_its_spec() -> None:
         "tools": (lookup,),
         "mcp_servers": (DOCS,),
         "fleet": (),
+        "remotes": (),
         "interceptors": [Shout],
         "tool_loop": LOOP,
         "retry": RETRY,

@@ -26,6 +26,7 @@ USER_SURFACE = [
     "OnMaxIterations",
     "PermissionMode",
     "PromptCache",
+    "RemoteAgent",
     "RetryPolicy",
     "SdkError",
     "StreamingSession",

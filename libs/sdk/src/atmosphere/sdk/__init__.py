@@ -2,9 +2,10 @@
 
     from atmosphere.sdk import App, StreamingSession, agent, prompt, tool
 
-Declarations (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `tool`), the `App` that lists
-them, the `StreamingSession` a prompt answers through, the harness, policy and permission knobs, the
-interceptor API, and the exceptions a tool raises to steer its call. This surface is pinned
+Declarations (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `tool`; a coordinator's
+`RemoteAgent` fleet members), the `App` that lists them, the `StreamingSession` a prompt answers
+through, the harness, policy and permission knobs, the interceptor API, and the exceptions a tool
+raises to steer its call. This surface is pinned
 (`tests/unit/test_exported_members.py`); what the platform's services share lives in
 `atmosphere.sdk.host`; an agent's tests run it on the services with `atmosphere.testing`
 (the `atmosphere-ai-testing` distribution).
@@ -17,6 +18,7 @@ from atmosphere.sdk._hosted import hosted_agent
 from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, ToolLoopPolicy
+from atmosphere.sdk._remote import RemoteAgent
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage, MessageToolCall
 from atmosphere.sdk._session import StreamingSession, TokenUsage
 from atmosphere.sdk._tool import Tool, ToolKind, tool, tool_call_approved
@@ -37,6 +39,7 @@ __all__ = [
     "OnMaxIterations",
     "PermissionMode",
     "PromptCache",
+    "RemoteAgent",
     "RetryPolicy",
     "SdkError",
     "StreamingSession",

@@ -17,6 +17,7 @@ from atmosphere.sdk._harness import Harness, PromptCache
 from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
+from atmosphere.sdk._remote import AGENT_NAME, RemoteAgent
 from atmosphere.sdk._request import AiInterceptor
 from atmosphere.sdk._spec import PROMPT_ATTR, AgentOptions, record_spec
 from atmosphere.sdk._tool import Tool
@@ -26,7 +27,7 @@ T = TypeVar("T", bound=type[Any])
 F = TypeVar("F", bound=Callable[..., Any])
 
 AGENT_PATH_PREFIX = "/atmosphere/agent/"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
+_NAME = AGENT_NAME
 _PATH = re.compile(r"(/[A-Za-z0-9_\-.]+)+")
 
 
@@ -109,7 +110,7 @@ def agent(
 def coordinator(
     *,
     name: str | None = None,
-    fleet: Sequence[type[Any] | str] = (),
+    fleet: Sequence[type[Any] | str | RemoteAgent] = (),
     system_prompt: str = "",
     description: str = "",
     tools: Sequence[Tool[Any, Any]] = (),
@@ -125,7 +126,7 @@ def coordinator(
     permission_mode: PermissionMode | str = PermissionMode.DEFAULT,
     runtime: str | None = None,
 ) -> Callable[[T], T]:
-    """Declare an agent that delegates to a `fleet` of other agents (classes or names).
+    """Declare an agent that delegates to a `fleet` of other agents (classes or names, or `RemoteAgent`s).
 
     With the DELEGATION feature (on by default) it gets `delegate_task` and `task`.
     """

@@ -52,6 +52,12 @@ class App:
             if missing:
                 msg = f"coordinator {spec.name!r} has fleet members that are not in the app: {missing}"
                 raise UserError(msg)
+            # A remote member's name is how the model reaches it: an agent of the app with the same
+            # name could not be told apart from it.
+            shadowing = [r.name for r in spec.remotes if r.name in self._agents]
+            if shadowing:
+                msg = f"coordinator {spec.name!r} has remote fleet members named like agents of the app: {shadowing}"
+                raise UserError(msg)
 
     @property
     def agents(self) -> Mapping[str, AgentSpec]:

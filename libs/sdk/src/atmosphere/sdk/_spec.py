@@ -22,6 +22,7 @@ from atmosphere.sdk._harness import Harness, PromptCache
 from atmosphere.sdk._mcp import McpServer, mcp_servers_by_name
 from atmosphere.sdk._permission import PermissionMode
 from atmosphere.sdk._policies import AiBudget, RetryPolicy, ToolLoopPolicy
+from atmosphere.sdk._remote import RemoteAgent
 from atmosphere.sdk._request import AiInterceptor
 from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
@@ -51,7 +52,9 @@ class AgentSpec:
     mcp_servers: tuple[McpServer, ...] = ()
     """The MCP servers whose tools its model may call (`<server>__<tool>`), while they answer."""
     fleet: tuple[str, ...] = ()
-    """Coordinator only: the agents it may delegate to."""
+    """Coordinator only: the agents of the app it may delegate to."""
+    remotes: tuple[RemoteAgent, ...] = ()
+    """Coordinator only: the remote A2A agents it may delegate to (its fleet's `RemoteAgent`s)."""
     interceptors: tuple[AiInterceptor, ...] = ()
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
     retry: RetryPolicy = RetryPolicy.DEFAULT
@@ -136,8 +139,8 @@ class AgentOptions:
     """Empty: the class's docstring."""
     tools: Sequence[Tool[Any, Any]] = ()
     mcp_servers: Sequence[McpServer] = ()
-    fleet: Sequence[type[Any] | str] = ()
-    """`@coordinator` only: the agents it may delegate to, as classes or names."""
+    fleet: Sequence[type[Any] | str | RemoteAgent] = ()
+    """`@coordinator` only: the agents it may delegate to, as classes or names, and remote A2A agents."""
     interceptors: Sequence[AiInterceptor | type[AiInterceptor]] = ()
     """Instances, or classes built once with no arguments."""
     tool_loop: ToolLoopPolicy = ToolLoopPolicy.DEFAULT
@@ -159,8 +162,8 @@ class AgentOptions:
 
 def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOptions) -> T:
     """Check `options` against `cls` and record its `AgentSpec` on it; `UserError` names the misuse."""
-    fleet = tuple(m if isinstance(m, str) else spec_of(m).name for m in options.fleet)
     owner = cls.__qualname__
+    fleet, remotes = _fleet(options.fleet, owner)
     try:
         inspect.signature(cls).bind()
     except TypeError as exc:
@@ -193,6 +196,7 @@ def record_spec(cls: T, *, name: str, kind: str, path: str, options: AgentOption
         tools=tools,
         mcp_servers=mcp_servers_by_name(options.mcp_servers, owner),
         fleet=fleet,
+        remotes=remotes,
         interceptors=_interceptors(options.interceptors, owner),
         tool_loop=options.tool_loop,
         retry=options.retry,
@@ -225,6 +229,25 @@ def spec_of(cls: type[Any]) -> AgentSpec:
 def _require(holds: bool, message: str) -> None:
     if not holds:
         raise UserError(message)
+
+
+def _fleet(
+    members: Iterable[type[Any] | str | RemoteAgent], owner: str
+) -> tuple[tuple[str, ...], tuple[RemoteAgent, ...]]:
+    """The local members' names and the remote members, each name once across both."""
+    local: list[str] = []
+    remotes: list[RemoteAgent] = []
+    for member in members:
+        if isinstance(member, RemoteAgent):
+            remotes.append(member)
+        else:
+            local.append(member if isinstance(member, str) else spec_of(member).name)
+    names = [*local, *(r.name for r in remotes)]
+    twice = sorted({n for n in names if names.count(n) > 1} & {r.name for r in remotes})
+    _require(not twice, f"{owner}: the fleet names {twice} twice (a remote agent's name must be its own)")
+    urls = [r.url for r in remotes if r.url]
+    _require(len(set(urls)) == len(urls), f"{owner}: two remote fleet members share a URL")
+    return tuple(local), tuple(remotes)
 
 
 def _tools(values: Iterable[object], owner: str) -> tuple[Tool[Any, Any], ...]:

@@ -27,6 +27,7 @@ from atmosphere.dispatch.handlers import RunExecutor, agent_descriptors, hosted_
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig, resolve_app, runtime_state
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import NO_RUNTIME, ModelSide
+from atmosphere.dispatch.remote_delegation import RemoteLimits, RemoteMember, RemoteOverride, remote_fleets, remote_info
 from atmosphere.dispatch.run_scope import ExecutorOptions
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime, is_http_url
 from atmosphere.dispatch.runtime_config import runtime_config
@@ -157,6 +158,8 @@ class Dispatch:
     runtime_block: dict[str, Any]
     agent_pools: dict[str, str] = field(default_factory=dict)
     """The pool of every agent of the app (`app` holds only this pool's): where sub-runs go."""
+    remote_fleets: dict[str, dict[str, RemoteMember]] = field(default_factory=dict)
+    """This pool's coordinators' remote A2A members, as the deployment reaches them."""
     descriptors: list[AgentDescriptor] = field(default_factory=list)
     grpc_port: int = 0
     extractions: set[asyncio.Task[int]] = field(default_factory=set)
@@ -187,7 +190,12 @@ class Dispatch:
         )
         block = runtime_info(runtime, runtimes, base_url=settings.llm.base_url, wanted=wanted)
         pools = {name: spec.pool for name, spec in whole.agents.items()}
-        return cls(settings, app, runtimes, runtime, config, harnesses, block, agent_pools=pools)
+        overrides = {
+            name: RemoteOverride(url=remote.url, token=remote.token.get_secret_value())
+            for name, remote in settings.delegation.remotes.items()
+        }
+        remotes = remote_fleets(app, overrides)
+        return cls(settings, app, runtimes, runtime, config, harnesses, block, agent_pools=pools, remote_fleets=remotes)
 
     def unavailable(self) -> str:
         """What runs are told when this instance has no runtime: the pool's own reason, else how to set one up."""
@@ -211,6 +219,8 @@ class Dispatch:
             # Only when some agent genuinely has a browsable plan or file workspace.
             **({"hasWorkspace": True} if any(h.attached() and h.tools for h in self.harnesses.values()) else {}),
             **permissions_info(self.app, self.settings.tools.policy),
+            # Only when a coordinator declares remote members: can this process reach each one?
+            **({"remoteAgents": remote_info(self.remote_fleets)} if self.remote_fleets else {}),
         }
 
     def executor(self, bus: Bus, model_side: ModelSide) -> RunExecutor:
@@ -232,6 +242,12 @@ class Dispatch:
                 ack_wait=self.settings.dispatch.run_ack_wait,
                 tool_permissions=self.settings.tools.policy,
                 agent_pools=self.agent_pools,
+                remote_fleets=self.remote_fleets,
+                remote_limits=RemoteLimits(
+                    timeout=self.settings.delegation.remote_timeout,
+                    connect_timeout=self.settings.delegation.remote_connect_timeout,
+                    max_bytes=self.settings.delegation.remote_max_bytes,
+                ),
             ),
             harnesses=self.harnesses,
         )

@@ -7,6 +7,11 @@ parent's stream tagged with the sub-run's id and agent (`origin_run_id`, `origin
 the client sees what each sub-agent does while it does it. Only the sub-run's answer text
 comes back to the model as the tool result.
 
+`delegate_task` to a coordinator's `RemoteAgent` goes to another A2A server instead
+(`remote_fleet`, `remote_delegation`): the same edge — governance admits it as it admits a sub-run (the parent
+run, the member's name, its URL in the metadata) and its end is reported — and its text
+forwarded tagged the same way; only declared members, by name or declared URL, are reachable.
+
 `task` spawns the ephemeral general-purpose sub-agent: a fresh conversation, only
 `write_todos` and the file tools, its own workspace (removed on every exit path), nesting
 depth and spawn count bounded, a deadline.
@@ -44,7 +49,10 @@ from atmosphere.bus.sizes import data_budget
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.effects import current_call_key
+from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.memory_client import MemoryClient
+from atmosphere.dispatch.remote_delegation import RemoteLimits, RemoteMember
+from atmosphere.dispatch.remote_fleet import RemoteFleet
 from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -108,11 +116,16 @@ class Delegation:
         memory: MemoryClient,
         timeout: float = DELEGATION_TIMEOUT,
         permission_mode: str = "",
+        remotes: Mapping[str, RemoteMember] | None = None,
+        governance: GovernanceClient | None = None,
+        remote_limits: RemoteLimits | None = None,
     ) -> None:
         """Delegate on behalf of `parent`, forwarding sub-run events through `emit`.
 
         `fleet` names the agents `delegate_task` may reach, each with its dispatch pool (where its
         sub-runs are queued); a `task` sub-agent runs in the parent's own pool, on its runtime.
+        `remotes` are the remote A2A members it may reach too, each call admitted by `governance`
+        as a sub-run's is (without it a remote call is refused: fail-closed).
 
         `permission_mode` (the parent's, when stricter than DEFAULT) travels to every sub-run as its
         requested mode: a sub-run may only be stricter than what it asks, so a PLAN parent's
@@ -126,6 +139,9 @@ class Delegation:
         self._memory = memory
         self._timeout = timeout
         self._spawns = 0
+        self._remotes = RemoteFleet(
+            remotes or {}, governance=governance, limits=remote_limits or RemoteLimits(), emit=emit
+        )
 
     def _child(
         self,
@@ -157,16 +173,29 @@ class Delegation:
         )
 
     async def delegate_task(self, arguments: dict[str, Any]) -> str:
-        """Route a subtask to a fleet member; its reply text, or a failure text."""
-        if not self._fleet:
+        """Route a subtask to a fleet member, local or remote; its reply text, or a failure text."""
+        if not self._fleet and not self._remotes.names:
             return "delegate_task unavailable: no agent fleet is bound to this session."
-        available = f"Available agents: [{', '.join(self._fleet)}]"
+        available = f"Available agents: [{', '.join([*self._fleet, *self._remotes.names])}]"
         agent = str(arguments.get("agent") or "").strip()
         if not agent:
             return f"delegate_task failed: 'agent' is required. {available}"
+        message = str(arguments.get("message") or "")
+        remote = self._remotes.find(agent)
+        if remote is not None:
+            child = self._child(
+                remote.name,
+                message,
+                conversation_id=f"{self._parent.conversation_id}--{remote.name}",
+                metadata=RemoteFleet.metadata(remote),
+            )
+            return await self._remotes.delegate(remote, child)
         if agent not in self._fleet:
             return f"delegate_task failed: unknown agent '{agent}'. {available}"
-        message = str(arguments.get("message") or "")
+        return await self._delegate_local(agent, message)
+
+    async def _delegate_local(self, agent: str, message: str) -> str:
+        """Run the subtask as a sub-run of the fleet member `agent` on the bus."""
         child = self._child(
             agent,
             message,

@@ -22,6 +22,7 @@ from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.dispatch.model_side import ModelSide
 from atmosphere.dispatch.permissions import ToolPermissions, run_mode
+from atmosphere.dispatch.remote_delegation import RemoteLimits, RemoteMember
 from atmosphere.sdk import PermissionMode
 from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import ToolSpec
@@ -56,6 +57,10 @@ class ExecutorOptions:
     sandbox_tools_refresh: float = 5.0
     """Seconds the sandboxes' offer (`code_exec`, `eval`, MCP servers' tools) is read from
     `ATMO_TOOLS` at most once: a tool withdrawn there leaves new runs within this time."""
+    remote_fleets: Mapping[str, Mapping[str, RemoteMember]] = field(default_factory=dict)
+    """Each coordinator's remote A2A members (coordinator → name → member), as the deployment reaches them."""
+    remote_limits: RemoteLimits = field(default_factory=RemoteLimits)
+    """The bounds of every remote delegation (`ATMOSPHERE_DELEGATION__*`)."""
 
 
 @dataclass(frozen=True)

@@ -51,15 +51,18 @@ def _delegation_tools(scope: RunScope, emit: Emit) -> dict[str, LocalTool]:
     harness = scope.agent.harness
     if not harness.tools.keys() & {"delegate_task", "task"}:
         return {}
-    mode = scope.mode
+    mode, options = scope.mode, scope.services.options
     delegation = Delegation(
         scope.services.bus,
         scope.request,
         emit,
-        fleet={member: scope.services.options.agent_pools.get(member, "") for member in scope.spec.fleet},
+        fleet={member: options.agent_pools.get(member, "") for member in scope.spec.fleet},
         memory=scope.services.memory,
         # Only a stricter mode travels (PLAN, DENY_ALL): a looser one would be ignored anyway.
         permission_mode=mode.name if PermissionMode.DEFAULT.stricter(mode) is not PermissionMode.DEFAULT else "",
+        remotes=options.remote_fleets.get(scope.spec.name, {}),
+        governance=scope.services.governance,
+        remote_limits=options.remote_limits,
     )
     local: dict[str, LocalTool] = {"delegate_task": delegation.delegate_task, "task": delegation.task}
     return {name: handler for name, handler in local.items() if name in harness.tools}

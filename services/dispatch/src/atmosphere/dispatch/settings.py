@@ -12,13 +12,15 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from atmosphere.config import AuthOptions, WorkerSettings
 from atmosphere.dispatch.harness import DEFAULT_OFFLOAD_THRESHOLD, SurfaceMode
 from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.sdk import PromptCache
+from atmosphere.sdk._remote import AGENT_NAME, url_problem
+from atmosphere.sdk.builtin_tools import DELEGATION_TIMEOUT
 from atmosphere.sdk.compaction import DEFAULT_STRATEGY, Strategy, parse_strategy
 from atmosphere.sdk.host import HarnessSwitch
 from atmosphere.sdk.runtime import RUNTIME_NAME
@@ -130,6 +132,55 @@ class ToolOptions(BaseModel):
     def policy(self) -> ToolPermissions:
         """The permissions as the choke point reads them."""
         return ToolPermissions(self.permissions)
+
+
+class RemoteAgentSetting(BaseModel):
+    """Where the deployment reaches one remote fleet member, and how it logs in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    url: str = ""
+    """Its A2A base URL, replacing the one the app declared (empty: the declared one)."""
+    token: SecretStr = SecretStr("")
+    """Sent as `Authorization: Bearer <token>` to it (card and messages); empty: none."""
+
+    @field_validator("url")
+    @classmethod
+    def _plain_http(cls, value: str) -> str:
+        problem = url_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+class DelegationOptions(BaseModel):
+    """`ATMOSPHERE_DELEGATION__*`: `delegate_task` to remote A2A agents (a coordinator's `RemoteAgent`s)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    remotes: dict[str, RemoteAgentSetting] = Field(default_factory=dict)
+    """JSON object of remote member name to `{"url"?, "token"?}`, e.g. `{"researcher": {"url":
+    "https://b.example/atmosphere/a2a/researcher", "token": "..."}}`: where the deployment reaches
+    a `RemoteAgent` the app declared and the bearer token it sends it. It may move a declared
+    member, never add one: a name no coordinator declares is ignored (logged)."""
+    remote_timeout: float = Field(default=DELEGATION_TIMEOUT, gt=0, le=DELEGATION_TIMEOUT)
+    """Seconds one remote delegation may take in all (card, message, answer); then its task is
+    cancelled. At most 120, the deadline of every `delegate_task` call."""
+    remote_connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    """Seconds to open a connection to a remote agent."""
+    remote_max_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    """Bytes one remote delegation may read (its Agent Card and its whole event stream); beyond,
+    the call fails and the remote task is cancelled. The answer the model gets is cut further, to
+    what one run event carries, as every tool result is."""
+
+    @field_validator("remotes")
+    @classmethod
+    def _agent_names(cls, value: dict[str, RemoteAgentSetting]) -> dict[str, RemoteAgentSetting]:
+        for name in value:
+            if not AGENT_NAME.fullmatch(name):
+                msg = f"a remote agent's name is 1-64 letters, digits, '_' or '-', got {name!r}"
+                raise ValueError(msg)
+        return value
 
 
 def _number(name: str, value: object) -> float | None:
@@ -280,6 +331,7 @@ class DispatchSettings(WorkerSettings):
     """The agent endpoints' token grants (`ATMOSPHERE_INGRESS__AUTH_TOKENS`): gRPC accepts the same tokens."""
     llm: LlmSettings = Field(default_factory=LlmSettings)
     tools: ToolOptions = ToolOptions()
+    delegation: DelegationOptions = DelegationOptions()
     ai_harness_enabled: bool | None = None
     """App-wide harness switch: unset (declarations decide), `true`, or anything else = the kill switch."""
     ai_harness_exclude_paths: Annotated[frozenset[str], NoDecode] = frozenset()
