@@ -163,7 +163,7 @@ def test_dockerfile_builds_any_service_with_the_pinned_uv() -> None:
         assert "--package atmosphere-ai-${SERVICE}" in sync
         assert "${RUNTIME:+--package atmosphere-ai-runtime-${RUNTIME}}" in sync
         # Ingress's protocol doors and dispatch's A2A client (remote delegation) are extras.
-        assert '$(case "$SERVICE" in (ingress|dispatch) echo --all-extras' in sync
+        assert '$(case "$SERVICE" in (ingress|sandbox|dispatch) echo --all-extras' in sync
     # A pinned adapter's pool: its group of the pinned environment (dispatch and the adapter).
     pinned_runtimes = re.search(r'^ARG PINNED_RUNTIMES="([^"]*)"$', dockerfile, re.M)
     assert pinned_runtimes is not None

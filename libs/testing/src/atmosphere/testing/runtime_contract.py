@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -399,7 +399,108 @@ def context(recorder: Recorder, request: AiRequest, **overrides: Any) -> AgentEx
     return AgentExecutionContext(**values)
 
 
-class AgentRuntimeContract(abc.ABC):
+class ClientToolsContract:
+    """The `CLIENT_TOOLS` part of the contract (a model gateway), mixed into `AgentRuntimeContract`.
+
+    Only OpenAI's wire carries a caller's functions so far: these read the chat-completions body itself.
+    """
+
+    if TYPE_CHECKING:
+
+        def require(self, capability: AiCapability) -> None: ...
+
+        async def run(
+            self, provider: ScriptedModel, request: AiRequest, recorder: Recorder | None = None, **overrides: Any
+        ) -> Recorder: ...
+
+    async def test_client_tool_calls_are_handed_back(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(
+            Turn.tool_calls(
+                ToolCallScript("lookup", {"q": "atlas"}, call_id="call_c"),
+                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
+            )
+        )
+        recorder = Recorder()
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find atlas"),
+            recorder,
+            tools=(WEATHER,),
+            client_tools=(LOOKUP,),
+            tool_choice="required",
+            pass_to_client=recorder.pass_to_client,
+        )
+        [sent] = fake_provider.requests  # one round: the caller runs its function, not the runtime
+        assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "lookup"]
+        assert sent["tool_choice"] == "required"
+        assert [c.name for c in recorder.client_calls] == ["lookup"]
+        assert recorder.tool_calls == []  # the agent's own call of that round waits for the next one
+        ending = recorder.terminal().complete
+        assert ending.finish_reason == "tool_calls"
+        [call] = ending.client_tool_calls
+        assert (call.tool_name, call.call_id, json.loads(call.arguments_json)) == ("lookup", "call_c", {"q": "atlas"})
+
+    async def test_a_refused_client_call_goes_back_to_the_model(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(
+            Turn.tool_calls(
+                ToolCallScript("lookup", {"q": "secrets"}, call_id="call_c"),
+                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
+            ),
+            Turn.text("I may not look that up; Oslo is cold."),
+        )
+        recorder = Recorder({"get_weather": "cold"})
+        recorder.client_refusals["lookup"] = "Error: denied by policy"
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find secrets"),
+            recorder,
+            tools=(WEATHER,),
+            client_tools=(LOOKUP,),
+            pass_to_client=recorder.pass_to_client,
+        )
+        second = fake_provider.requests[1]["messages"]
+        answers = {m["tool_call_id"]: m["content"] for m in second if m["role"] == "tool"}
+        assert answers == {"call_c": "Error: denied by policy", "call_o": "cold"}
+        assert recorder.text() == "I may not look that up; Oslo is cold."
+        assert recorder.terminal().complete.finish_reason == "stop"
+        assert not recorder.terminal().complete.client_tool_calls
+
+    async def test_the_client_exchange_continues_where_it_stopped(self, fake_provider: ScriptedModel) -> None:
+        self.require(AiCapability.CLIENT_TOOLS)
+        fake_provider.script(Turn.text('{"title": "Atlas"}'))
+        continuation = (
+            ChatMessage("assistant", "", (MessageToolCall("call_c", "lookup", '{"q": "atlas"}'),)),
+            ChatMessage("tool", "Atlas: a book of maps", tool_call_id="call_c"),
+        )
+        answer_format = {"type": "json_schema", "json_schema": {"name": "book", "schema": {"type": "object"}}}
+        recorder = Recorder()
+        await self.run(
+            fake_provider,
+            AiRequest(message="Find atlas", continuation=continuation, answer_format=answer_format),
+            recorder,
+            client_tools=(LOOKUP,),
+            pass_to_client=recorder.pass_to_client,
+        )
+        [sent] = fake_provider.requests
+        assert sent["messages"][-3:] == [
+            {"role": "user", "content": "Find atlas"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_c", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
+                ],
+            },
+            {"role": "tool", "content": "Atlas: a book of maps", "tool_call_id": "call_c"},
+        ]
+        assert sent["response_format"] == answer_format
+        assert recorder.text() == '{"title": "Atlas"}'
+        assert recorder.terminal().complete.finish_reason == "stop"
+
+
+class AgentRuntimeContract(ClientToolsContract, abc.ABC):
     """Inherit in a test class; set `expected_capabilities` and implement `make_runtime`.
 
     A runtime that does not speak OpenAI's chat completions sets `wire` too (`ANTHROPIC_WIRE`).
@@ -663,95 +764,6 @@ class AgentRuntimeContract(abc.ABC):
         assert instructions.startswith("Be exact.")
         assert "JSON schema" in instructions
         assert recorder.terminal().WhichOneof("kind") == "complete"
-
-    # -- the caller's own functions (a model gateway) -----------------------------------------
-    # Only OpenAI's wire carries them so far: these read the chat-completions body itself.
-
-    async def test_client_tool_calls_are_handed_back(self, fake_provider: ScriptedModel) -> None:
-        self.require(AiCapability.CLIENT_TOOLS)
-        fake_provider.script(
-            Turn.tool_calls(
-                ToolCallScript("lookup", {"q": "atlas"}, call_id="call_c"),
-                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
-            )
-        )
-        recorder = Recorder()
-        await self.run(
-            fake_provider,
-            AiRequest(message="Find atlas"),
-            recorder,
-            tools=(WEATHER,),
-            client_tools=(LOOKUP,),
-            tool_choice="required",
-            pass_to_client=recorder.pass_to_client,
-        )
-        [sent] = fake_provider.requests  # one round: the caller runs its function, not the runtime
-        assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "lookup"]
-        assert sent["tool_choice"] == "required"
-        assert [c.name for c in recorder.client_calls] == ["lookup"]
-        assert recorder.tool_calls == []  # the agent's own call of that round waits for the next one
-        ending = recorder.terminal().complete
-        assert ending.finish_reason == "tool_calls"
-        [call] = ending.client_tool_calls
-        assert (call.tool_name, call.call_id, json.loads(call.arguments_json)) == ("lookup", "call_c", {"q": "atlas"})
-
-    async def test_a_refused_client_call_goes_back_to_the_model(self, fake_provider: ScriptedModel) -> None:
-        self.require(AiCapability.CLIENT_TOOLS)
-        fake_provider.script(
-            Turn.tool_calls(
-                ToolCallScript("lookup", {"q": "secrets"}, call_id="call_c"),
-                ToolCallScript("get_weather", {"city": "Oslo"}, call_id="call_o"),
-            ),
-            Turn.text("I may not look that up; Oslo is cold."),
-        )
-        recorder = Recorder({"get_weather": "cold"})
-        recorder.client_refusals["lookup"] = "Error: denied by policy"
-        await self.run(
-            fake_provider,
-            AiRequest(message="Find secrets"),
-            recorder,
-            tools=(WEATHER,),
-            client_tools=(LOOKUP,),
-            pass_to_client=recorder.pass_to_client,
-        )
-        second = fake_provider.requests[1]["messages"]
-        answers = {m["tool_call_id"]: m["content"] for m in second if m["role"] == "tool"}
-        assert answers == {"call_c": "Error: denied by policy", "call_o": "cold"}
-        assert recorder.text() == "I may not look that up; Oslo is cold."
-        assert recorder.terminal().complete.finish_reason == "stop"
-        assert not recorder.terminal().complete.client_tool_calls
-
-    async def test_the_client_exchange_continues_where_it_stopped(self, fake_provider: ScriptedModel) -> None:
-        self.require(AiCapability.CLIENT_TOOLS)
-        fake_provider.script(Turn.text('{"title": "Atlas"}'))
-        continuation = (
-            ChatMessage("assistant", "", (MessageToolCall("call_c", "lookup", '{"q": "atlas"}'),)),
-            ChatMessage("tool", "Atlas: a book of maps", tool_call_id="call_c"),
-        )
-        answer_format = {"type": "json_schema", "json_schema": {"name": "book", "schema": {"type": "object"}}}
-        recorder = Recorder()
-        await self.run(
-            fake_provider,
-            AiRequest(message="Find atlas", continuation=continuation, answer_format=answer_format),
-            recorder,
-            client_tools=(LOOKUP,),
-            pass_to_client=recorder.pass_to_client,
-        )
-        [sent] = fake_provider.requests
-        assert sent["messages"][-3:] == [
-            {"role": "user", "content": "Find atlas"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": "call_c", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
-                ],
-            },
-            {"role": "tool", "content": "Atlas: a book of maps", "tool_call_id": "call_c"},
-        ]
-        assert sent["response_format"] == answer_format
-        assert recorder.text() == '{"title": "Atlas"}'
-        assert recorder.terminal().complete.finish_reason == "stop"
 
     async def test_models_are_listed(self, fake_provider: ScriptedModel) -> None:
         self.require(AiCapability.MODEL_ENUMERATION)

@@ -164,22 +164,7 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     functions = functions_of(body.get("tools"), _function)
     tool_choice = tool_choice_of(body.get("tool_choice"), functions, nested=False)
     response_format = _text_format(body.get("text"))
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise OpenAiInvalidRequestError("'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls")
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
-        raise OpenAiInvalidRequestError("'model' must be a short string.", param="model")
-    user = body.get("user")
-    if user is not None and (not isinstance(user, str) or len(user) > MAX_MODEL_CHARS):
-        raise OpenAiInvalidRequestError("'user' must be a short string.", param="user")
-    stream = body.get("stream")
-    stream = False if stream is None else stream
-    if not isinstance(stream, bool):
-        raise OpenAiInvalidRequestError("'stream' must be a boolean.", param="stream")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise OpenAiInvalidRequestError("'instructions' must be a string.", param="instructions")
+    model, user, stream, instructions = _scalars(body)
     previous_run = _previous_run(body.get("previous_response_id"))
     items = _items(body.get("input"))
     asked = max((i for i, m in enumerate(items) if m["role"] == "user"), default=None)
@@ -216,6 +201,25 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
             names=frozenset(f.name for f in functions),
         ),
     )
+
+
+def _scalars(body: dict[str, Any]) -> tuple[str | None, str | None, bool, str | None]:
+    """`model`, `user`, `stream` and `instructions`, checked (and `parallel_tool_calls`, ignored)."""
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise OpenAiInvalidRequestError("'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls")
+    for name in ("model", "user"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_MODEL_CHARS):
+            raise OpenAiInvalidRequestError(f"'{name}' must be a short string.", param=name)
+    stream = body.get("stream")
+    stream = False if stream is None else stream
+    if not isinstance(stream, bool):
+        raise OpenAiInvalidRequestError("'stream' must be a boolean.", param="stream")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise OpenAiInvalidRequestError("'instructions' must be a string.", param="instructions")
+    return body.get("model"), body.get("user"), stream, instructions
 
 
 def _function(index: int, tool: Any) -> Function:

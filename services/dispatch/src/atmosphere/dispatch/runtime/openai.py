@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,7 +262,7 @@ class BuiltInAgentRuntime(AgentRuntime):
             iterations += 1
             messages.append(_assistant(result))
             if client & {c.name for c in result.tool_calls}:
-                handed_back, results = await self._pass_to_client(ctx, result.tool_calls, client)
+                handed_back, results = await pass_to_client(ctx, result.tool_calls, client, self._run_tools)
                 if handed_back:
                     return Answer(result, tuple(handed_back))
                 messages.extend(results)  # every call of the caller's was refused: the model hears why
@@ -330,35 +331,6 @@ class BuiltInAgentRuntime(AgentRuntime):
             for i, (c, content) in enumerate(zip(calls, results, strict=True))
         ]
 
-    async def _pass_to_client(
-        self, ctx: AgentExecutionContext, calls: list[ToolCallBuffer], client: set[str]
-    ) -> tuple[list[ToolStart], list[dict[str, Any]]]:
-        """The round's calls of the caller's functions that may go back to it; the model's answers if none may.
-
-        When none passes its checks, the round goes on as if all had run: each refused call gets its
-        refusal, and each call of the agent's own tools runs (through `run_tool`) and gets its result.
-        """
-        gate = ctx.pass_to_client
-        assert gate is not None, "no caller functions are offered without a gate"
-        requests = [
-            ToolCallRequest(call_id=c.call_id or f"call_{i}", name=c.name, arguments_json=c.arguments or "{}")
-            for i, c in enumerate(calls)
-        ]
-        theirs = [r for r in requests if r.name in client]
-        refusals = await asyncio.gather(*(gate(r) for r in theirs))
-        handed_back = [
-            ToolStart(tool_name=r.name, call_id=r.call_id, arguments_json=r.arguments_json)
-            for r, refusal in zip(theirs, refusals, strict=True)
-            if refusal is None
-        ]
-        if handed_back:
-            return handed_back, []
-        answers = {r.call_id: str(refusal) for r, refusal in zip(theirs, refusals, strict=True)}
-        ours = [c for c in calls if c.name not in client]
-        own_results = await self._run_tools(ctx, ours) if ours else []
-        answers.update({m["tool_call_id"]: m["content"] for m in own_results})
-        return [], [{"role": "tool", "tool_call_id": r.call_id, "content": answers[r.call_id]} for r in requests]
-
     async def _structured(self, ctx: AgentExecutionContext, session: StreamingSession, model: type[BaseModel]) -> None:
         """Ask for JSON matching `model`; reprompt up to the retry budget; fail closed.
 
@@ -396,6 +368,39 @@ class BuiltInAgentRuntime(AgentRuntime):
             return
         msg = f"structured output did not match schema after {attempts} attempt(s): {error}"
         raise StructuredOutputInvalidError(msg)
+
+
+async def pass_to_client(
+    ctx: AgentExecutionContext,
+    calls: list[ToolCallBuffer],
+    client: set[str],
+    run_tools: Callable[[AgentExecutionContext, list[ToolCallBuffer]], Awaitable[list[dict[str, Any]]]],
+) -> tuple[list[ToolStart], list[dict[str, Any]]]:
+    """The round's calls of the caller's functions that may go back to it; the model's answers if none may.
+
+    When none passes its checks, the round goes on as if all had run: each refused call gets its
+    refusal, and each call of the agent's own tools runs (`run_tools`) and gets its result.
+    """
+    gate = ctx.pass_to_client
+    assert gate is not None, "no caller functions are offered without a gate"
+    requests = [
+        ToolCallRequest(call_id=c.call_id or f"call_{i}", name=c.name, arguments_json=c.arguments or "{}")
+        for i, c in enumerate(calls)
+    ]
+    theirs = [r for r in requests if r.name in client]
+    refusals = await asyncio.gather(*(gate(r) for r in theirs))
+    handed_back = [
+        ToolStart(tool_name=r.name, call_id=r.call_id, arguments_json=r.arguments_json)
+        for r, refusal in zip(theirs, refusals, strict=True)
+        if refusal is None
+    ]
+    if handed_back:
+        return handed_back, []
+    answers = {r.call_id: str(refusal) for r, refusal in zip(theirs, refusals, strict=True)}
+    ours = [c for c in calls if c.name not in client]
+    own_results = await run_tools(ctx, ours) if ours else []
+    answers.update({m["tool_call_id"]: m["content"] for m in own_results})
+    return [], [{"role": "tool", "tool_call_id": r.call_id, "content": answers[r.call_id]} for r in requests]
 
 
 @dataclass(frozen=True)
