@@ -109,6 +109,19 @@ async def test_text_is_released_at_whitespace_behind_a_hold_back_and_whole_at_th
     assert guard.checks == len("".join(words)) // CHECK_EVERY + 1
 
 
+async def test_a_rounds_whole_text_releases_what_was_held_before_it() -> None:
+    # A round's `text_complete` after its deltas: the held end of the answer goes out ahead of it.
+    guard = OutputGuard(_judge_email, run_id="r")
+    words = "".join(f"w{i:03d} " for i in range(100))
+    released: list[RunEvent] = []
+    for start in range(0, len(words), 5):
+        released += await guard.text(_delta(words[start : start + 5]))
+    assert guard.held_chars > 0
+    released += await guard.whole_text(words)
+    assert _released(released) == words
+    assert guard.held_chars == 0
+
+
 async def test_a_long_unbroken_token_is_released_after_its_check() -> None:
     guard = OutputGuard(_judge_email, run_id="r")
     blob = "A" * 3000

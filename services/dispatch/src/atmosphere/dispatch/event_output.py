@@ -95,8 +95,7 @@ class EventOutput:
             if kind == "text_delta":
                 released = await guard.text(event)
             elif kind == "text_complete":
-                await guard.whole_text(event.text_complete.full_text)
-                released = []
+                released = await guard.whole_text(event.text_complete.full_text)
             elif kind == "error":
                 # The run fails anyway: held text nobody checked is dropped, never sent unchecked.
                 guard.discard()

@@ -97,13 +97,16 @@ class OutputGuard:
             await self._judge(final=final)
         return self._release(self._length)
 
-    async def whole_text(self, text: str) -> None:
+    async def whole_text(self, text: str) -> list[RunEvent]:
         """Check a round's whole text (`text_complete`) unless the answer already ends with it.
+
+        Returns the held text events released by the check of what came before it: they go out
+        ahead of the `text_complete` (dropped, the streamed answer would lose its end).
 
         Raises:
             Blocked: it may not reach the client.
         """
-        await self.before(final=False)
+        released = await self.before(final=False)
         if text and not self._tail().endswith(text):
             self.checks += 1
             whole = (self._tail() + text)[-max(CHECK_WINDOW, len(text)) :]
@@ -113,6 +116,7 @@ class OutputGuard:
                 raise Blocked(OUTPUT_UNAVAILABLE) from exc
             if not decision.allowed:
                 raise Blocked(RESPONSE_BLOCKED + decision.reason, policy=decision.policy, detail=decision.reason)
+        return released
 
     def discard(self) -> int:
         """Drop what is held unreleased (the run ends otherwise); how many characters went."""
