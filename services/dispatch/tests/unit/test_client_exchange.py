@@ -175,3 +175,15 @@ async def test_the_runs_permissions_hold_for_the_callers_functions(bench: Bench)
     assert [e.WhichOneof("kind") for e in bench.events] == ["tool_error", "tool_error"]
     # A confirm asks nobody: nothing runs here, the caller decides whether its function runs.
     assert await bench.gateway(lookup=ToolPermission.CONFIRM).pass_to_client(lookup()) is None
+
+
+def test_a_result_cut_from_its_call_is_left_out_of_a_long_history() -> None:
+    turns = [{"role": "user", "content": f"q{i}"} for i in range(300)] + TURNS
+    # The call is the history's second to last turn: kept; a result whose call was cut away is not.
+    assert [m.role for m in history_of(submission(**{HISTORY_METADATA_KEY: turns}))][-3:] == [
+        "user",
+        "assistant",
+        "tool",
+    ]
+    orphan = [{"role": "tool", "content": "lost", "tool_call_id": "c0"}, *TURNS]
+    assert [m.role for m in history_of(submission(**{HISTORY_METADATA_KEY: orphan}))] == ["user", "assistant", "tool"]

@@ -23,17 +23,31 @@ log = logging.getLogger("atmosphere.dispatch")
 
 MAX_TURNS = 200
 """Most turns read from a history or a continuation (the door admits no more)."""
+MAX_CONTINUATION = 1024
+"""Most turns of a continuation (the OpenAI doors admit no more messages in all)."""
 MAX_CLIENT_TOOLS = 128
 """Most functions a caller may bring (OpenAI's own limit)."""
 TURN_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-def turns_of(raw: Any) -> tuple[ChatMessage, ...]:
-    """Chat turns from their JSON form (`{role, content, tool_calls?, tool_call_id?}`), the last `MAX_TURNS`."""
+def turns_of(raw: Any, *, limit: int = MAX_TURNS, calls: Collection[str] = ()) -> tuple[ChatMessage, ...]:
+    """Chat turns from their JSON form (`{role, content, tool_calls?, tool_call_id?}`), the last `limit`.
+
+    A `tool` turn answering no call made before it (among the kept turns, or `calls`) is left out:
+    cutting a long history can separate a result from its call, and a provider refuses the whole
+    request for one such result.
+    """
     if not isinstance(raw, list):
         return ()
-    turns = [_turn(item) for item in raw[-MAX_TURNS:]]
-    return tuple(turn for turn in turns if turn is not None)
+    kept: list[ChatMessage] = []
+    made = set(calls)
+    for item in raw[-limit:]:
+        turn = _turn(item)
+        if turn is None or (turn.role == "tool" and turn.tool_call_id not in made):
+            continue
+        made.update(c.call_id for c in turn.tool_calls)
+        kept.append(turn)
+    return tuple(kept)
 
 
 def _turn(item: Any) -> ChatMessage | None:
@@ -85,7 +99,8 @@ def client_exchange_of(run: RunSubmission, *, reserved: Collection[str] = ()) ->
         tools=tuple(t for t in _tools(body.get("tools")) if t.name not in reserved),
         tool_choice=choice if isinstance(choice, str | dict) else None,
         answer_format=answer_format if isinstance(answer_format, dict) else None,
-        continuation=turns_of(body.get("continuation")),
+        # Whole (the door admits at most MAX_CONTINUATION): its results answer its own calls.
+        continuation=turns_of(body.get("continuation"), limit=MAX_CONTINUATION),
     )
 
 
