@@ -22,7 +22,6 @@ MAX_FUNCTIONS = 128
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 CLIENT_TOOLS = "CLIENT_TOOLS"
-EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def function(name: Any, description: Any, parameters: Any, *, where: str, param:
     if description is not None and not isinstance(description, str):
         raise OpenAiInvalidRequestError(f"{where}.description must be a string.", param=param)
     if parameters is None:
-        parameters = EMPTY_PARAMETERS
+        parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise OpenAiInvalidRequestError(f"{where}.parameters must be a JSON schema of an object.", param=param)
     for key, kind, said in (("properties", dict, "an object"), ("required", list, "an array")):
