@@ -4,7 +4,9 @@ from collections.abc import Mapping
 import pytest
 
 from atmosphere.contracts.common.v1.common_pb2 import Error
+from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress import openai_wire
+from atmosphere.ingress.client_functions import check_served
 from atmosphere.ingress.errors import OpenAiError
 from atmosphere.ingress.openai_wire import (
     Completion,
@@ -347,3 +349,15 @@ def test_hostile_bodies_are_a_400_never_a_crash(name: str) -> None:
         parse_chat_request(HOSTILE_BODIES[name])
     assert raised.value.status == 400
     assert set(raised.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_only_an_agent_whose_runtime_hands_calls_back_serves_client_tools() -> None:
+    gateway = parse({"messages": USER, "tools": [LOOKUP]}).gateway  # type: ignore[attr-defined]
+    langchain = AgentDescriptor(name="chain", runtime="langchain", capabilities=["TOOL_CALLING"])
+    with pytest.raises(OpenAiError) as refused:
+        check_served(gateway, langchain)
+    assert (refused.value.status, refused.value.code) == (400, "unsupported_parameter")
+    assert "its runtime 'langchain' cannot hand tool calls back" in refused.value.message
+    built_in = AgentDescriptor(name="notes", capabilities=["CLIENT_TOOLS"], tools=["read_note"])
+    check_served(gateway, built_in)
+    check_served(parse({"messages": USER}).gateway, langchain)  # type: ignore[attr-defined]  # nothing asked of it
