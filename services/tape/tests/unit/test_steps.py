@@ -65,7 +65,9 @@ def test_text_is_coalesced_by_lane_and_text_complete_is_the_full_text() -> None:
 
 
 def test_terminals_boundaries_and_skips() -> None:
-    complete = Record("complete", {"summary": "", "finishReason": "", "clientToolCalls": []}, terminal_status="COMPLETED")
+    complete = Record(
+        "complete", {"summary": "", "finishReason": "", "clientToolCalls": []}, terminal_status="COMPLETED"
+    )
     assert classify(event(complete=Complete())) == complete
     cancelled = classify(event(error=Error(code=RunCancelledError.code, message="bye")))
     assert isinstance(cancelled, Record)
