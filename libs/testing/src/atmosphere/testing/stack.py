@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -15,6 +16,8 @@ from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, Servi
 from atmosphere.testing.services import START_TIMEOUT, running_service
 
 Serve = Callable[..., Coroutine[Any, Any, None]]
+LISTEN_PATIENCE = 20.0
+"""Seconds `Stack.ingress_url` waits for an ingress that answers but does not listen yet."""
 
 
 def settings_for(cls: type[ServiceSettings], *, nats_url: str, namespace: str, data_dir: Path, **overrides: Any) -> Any:
@@ -32,9 +35,16 @@ class Stack:
     running: dict[str, Any] = field(default_factory=dict)
 
     async def ingress_url(self) -> str:
-        """The HTTP base URL ingress reports in its info."""
-        reply = await self.bus.request(subjects.service_info("ingress"), ServiceInfoRequest(), ServiceInfoResponse)
-        return str(json.loads(reply.info_json)["ingress"]["http"])
+        """The HTTP base URL ingress reports in its info, once it listens (`TimeoutError` if it does not soon)."""
+        async with asyncio.timeout(LISTEN_PATIENCE):
+            while True:
+                reply = await self.bus.request(
+                    subjects.service_info("ingress"), ServiceInfoRequest(), ServiceInfoResponse
+                )
+                url = str(json.loads(reply.info_json)["ingress"]["http"])
+                if url:
+                    return url
+                await asyncio.sleep(0.05)  # its info answers before its ephemeral port is bound
 
 
 @contextlib.asynccontextmanager

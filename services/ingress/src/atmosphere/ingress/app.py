@@ -152,9 +152,16 @@ def surfaces(settings: IngressSettings) -> dict[str, Any]:
 
 
 def _address(server: uvicorn.Server | None, settings: IngressSettings) -> str:
+    """Where ingress listens: the bound socket's address; empty while an ephemeral port is not bound yet.
+
+    Its info answers from the start of the lifespan, before uvicorn binds: `:0` then would be an
+    address nobody can reach.
+    """
     if server is not None:
         for listener in getattr(server, "servers", []):
             for sock in listener.sockets:
                 host, port = sock.getsockname()[:2]
                 return f"http://{host}:{port}"
+    if settings.ingress.port == 0:
+        return ""
     return f"http://{settings.ingress.host}:{settings.ingress.port}"
