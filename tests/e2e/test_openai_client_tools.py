@@ -355,3 +355,35 @@ async def test_an_earlier_exchange_in_the_history_keeps_its_calls_on_an_agent_wi
 
 
 CALL = {"id": "call_h", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "atlas"}'}}
+
+
+@pytest.mark.parametrize("wire", ["responses", "chat_completions"])
+async def test_an_openai_agents_sdk_agent_with_its_own_tool_works_unchanged(world: World, wire: str) -> None:
+    from agents import Agent as OpenAIAgent
+    from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    looked_up: list[str] = []
+
+    @function_tool
+    def lookup(q: str) -> str:
+        """Search the catalogue."""
+        looked_up.append(q)
+        return f"{q}: a book of maps"
+
+    model_class = OpenAIResponsesModel if wire == "responses" else OpenAIChatCompletionsModel
+    agent = OpenAIAgent(
+        name="client", instructions="Use lookup.", tools=[lookup], model=model_class("keeper", client(world))
+    )
+    world.provider.script(
+        Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_oa")),
+        Turn.text("Atlas is a book of maps."),
+    )
+    result = await Runner.run(agent, "What is atlas?")
+    assert result.final_output == "Atlas is a book of maps."
+    assert looked_up == ["atlas"]
+    assert tool_turns(world.provider.requests[1])[-1] == {
+        "role": "tool",
+        "content": "atlas: a book of maps",
+        "tool_call_id": "call_oa",
+    }
