@@ -8,11 +8,9 @@ test; `files` is started over stdio by the sandbox service as its own child. A p
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +20,6 @@ import pytest
 
 pytest.importorskip("mcp")
 
-import uvicorn
 import websockets
 
 from atmosphere.bus import NatsBus, subjects
@@ -32,6 +29,7 @@ from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.ingress.settings import IngressOptions
 from atmosphere.sandbox.settings import SandboxOptions
 from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, run_stack
+from atmosphere.testing.asgi_server import serving_asgi
 
 from .apps.mcp_app import DOCS_URL_ENV
 from .apps.mcp_servers import docs_server
@@ -52,22 +50,8 @@ policies:
 @contextlib.asynccontextmanager
 async def serving_docs() -> AsyncIterator[str]:
     """The docs server over streamable HTTP on a free port; its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(docs_server().streamable_http_app(), log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+    async with serving_asgi(docs_server().streamable_http_app(), lifespan="on") as port:
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 @pytest.fixture

@@ -39,21 +39,21 @@ from atmosphere.dispatch.remote_delegation import (
     remote_info,
 )
 from atmosphere.sdk import App, RemoteAgent, agent, coordinator
+from atmosphere.testing.asgi_server import serving_asgi
 
 pytest.importorskip("a2a.server", reason="dispatch's `a2a` extra (with the SDK's server) is not installed")
-uvicorn = pytest.importorskip("uvicorn")
 
-from a2a.helpers import new_task_from_user_message, new_text_part  # noqa: E402
-from a2a.server.agent_execution import AgentExecutor, RequestContext  # noqa: E402
-from a2a.server.events import EventQueue  # noqa: E402
-from a2a.server.request_handlers import DefaultRequestHandler  # noqa: E402
-from a2a.server.routes.agent_card_routes import create_agent_card_routes  # noqa: E402
-from a2a.server.routes.jsonrpc_routes import create_jsonrpc_routes  # noqa: E402
-from a2a.server.tasks import InMemoryTaskStore, TaskUpdater  # noqa: E402
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, TaskState  # noqa: E402
-from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, TransportProtocol  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
+from a2a.helpers import new_task_from_user_message, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes.agent_card_routes import create_agent_card_routes
+from a2a.server.routes.jsonrpc_routes import create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, TaskState
+from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, TransportProtocol
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN = "remote-secret"
 CAP = 10.0
@@ -145,12 +145,6 @@ def _card(url: str) -> AgentCard:
     )
 
 
-class _Server(uvicorn.Server):  # type: ignore[misc,name-defined]
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def serving(remote: Remote) -> AsyncIterator[Remote]:
     """The scripted agent at `remote.url` (its card under it) until the context exits."""
@@ -169,20 +163,10 @@ async def serving(remote: Remote) -> AsyncIterator[Remote]:
         *create_jsonrpc_routes(handler, rpc_url="/a2a"),
     ]
     app = _Recording(Starlette(routes=routes), remote)
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    remote.url = f"http://127.0.0.1:{port}/a2a"
-    holder["card"] = _card(remote.interface_url or remote.url)
-    try:
+    async with serving_asgi(app) as port:
+        remote.url = f"http://127.0.0.1:{port}/a2a"
+        holder["card"] = _card(remote.interface_url or remote.url)
         yield remote
-    finally:
-        server.should_exit = True
-        await task
 
 
 @dataclass

@@ -22,7 +22,6 @@ import pytest
 
 pytest.importorskip("mcp")
 
-import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -37,6 +36,7 @@ from atmosphere.sandbox.mcp_client.servers import PROVIDER, McpServers
 from atmosphere.sandbox.settings import SandboxOptions, SandboxSettings
 from atmosphere.sdk import McpServer
 from atmosphere.testing import running_service
+from atmosphere.testing.asgi_server import serving_asgi
 
 STDIO_SERVER = Path(__file__).with_name("mcp") / "stdio_server.py"
 TIMINGS = McpTimings(connect=20.0, listing=10.0)
@@ -77,22 +77,8 @@ def bound_socket() -> socket.socket:
 @contextlib.asynccontextmanager
 async def serving_http(port: int) -> AsyncIterator[None]:
     """The docs server on `port` until the context exits (then nothing listens there)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    config = uvicorn.Config(docs_app().streamable_http_app(), log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+    async with serving_asgi(docs_app().streamable_http_app(), port=port, lifespan="on"):
         yield
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 @pytest.fixture

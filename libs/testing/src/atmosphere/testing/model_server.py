@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from atmosphere.testing.asgi_server import serving_asgi
 from atmosphere.testing.model_stream import Answer, Paced
 from atmosphere.testing.model_turns import Turn
 
@@ -111,33 +112,12 @@ async def _wait_disconnect(receive: Receive) -> bool:
             return True
 
 
-class _QuietServer(uvicorn.Server):
-    """A server that leaves the test's signal handlers alone."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def serving(model: ScriptedModel) -> AsyncIterator[ScriptedModel]:
     """Serve `model` on 127.0.0.1 on a free port (`model.base_url`) until the context exits."""
-    config = uvicorn.Config(
-        ModelServer(model), host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"
-    )
-    server = _QuietServer(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    model.base_url = f"http://127.0.0.1:{port}/v1"
-    try:
+    async with serving_asgi(ModelServer(model)) as port:
+        model.base_url = f"http://127.0.0.1:{port}/v1"
         yield model
-    finally:
-        server.should_exit = True
-        await task
 
 
 def main(argv: list[str] | None = None) -> int:
