@@ -63,6 +63,29 @@ class Gateway:
         }
 
 
+def split_exchange(
+    turns: list[dict[str, Any]],
+    *,
+    functions: tuple[Function, ...],
+    tool_choice: str | dict[str, Any] | None,
+    response_format: dict[str, Any] | None,
+) -> tuple[int | None, Gateway]:
+    """Where the last user message is in `turns` (None: none), and the gateway: the turns after it its continuation.
+
+    Each wire says in its own words what it makes of a missing or empty question.
+    """
+    asked = max((i for i, m in enumerate(turns) if m["role"] == "user"), default=None)
+    gateway = Gateway(
+        functions=functions,
+        tool_choice=tool_choice,
+        response_format=response_format,
+        continuation=tuple(turns[asked + 1 :] if asked is not None else turns),
+        tool_turns=any("tool_calls" in m or m["role"] == "tool" for m in turns),
+        names=frozenset(f.name for f in functions),
+    )
+    return asked, gateway
+
+
 def check_served(gateway: Gateway, agent: AgentDescriptor, *, param: str = "tools") -> None:
     """Refuse a gateway the agent cannot serve: a runtime without `CLIENT_TOOLS`, or a function named as its tool."""
     if not gateway.used:

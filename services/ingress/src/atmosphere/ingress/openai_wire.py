@@ -38,6 +38,7 @@ from atmosphere.ingress.client_functions import (
     chat_function,
     functions_of,
     response_format_of,
+    split_exchange,
     tool_choice_of,
 )
 from atmosphere.ingress.errors import (
@@ -258,21 +259,15 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise OpenAiInvalidRequestError("'stream' must be a boolean.", param="stream")
     include_usage = _include_usage(body.get("stream_options"))
     messages = _messages(body.get("messages"))
-    asked = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    continuation = messages[asked + 1 :] if asked is not None else []
+    asked, gateway = split_exchange(
+        messages, functions=functions, tool_choice=tool_choice, response_format=response_format
+    )
+    continuation = gateway.continuation
     if asked is None or not messages[asked]["content"].strip() or (continuation and continuation[-1]["role"] != "tool"):
         raise OpenAiInvalidRequestError(
             "The last message must be a user message with content, or the results of the tool calls that followed it.",
             param="messages",
         )
-    gateway = Gateway(
-        functions=functions,
-        tool_choice=tool_choice,
-        response_format=response_format,
-        continuation=tuple(continuation),
-        tool_turns=any("tool_calls" in m or m["role"] == "tool" for m in messages),
-        names=frozenset(f.name for f in functions),
-    )
     model = (body.get("model") or "").strip() or None
     user = (body.get("user") or "").strip() or None
     return ChatRequest(

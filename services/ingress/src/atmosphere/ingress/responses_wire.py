@@ -25,6 +25,7 @@ from atmosphere.ingress.client_functions import (
     functions_of,
     json_schema,
     response_format_of,
+    split_exchange,
     tool_choice_of,
 )
 from atmosphere.ingress.errors import OpenAiError, OpenAiInvalidRequestError
@@ -167,8 +168,10 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     model, user, stream, instructions = _scalars(body)
     previous_run = _previous_run(body.get("previous_response_id"))
     items = _items(body.get("input"))
-    asked = max((i for i, m in enumerate(items) if m["role"] == "user"), default=None)
-    continuation = items[asked + 1 :] if asked is not None else items
+    asked, gateway = split_exchange(
+        items, functions=functions, tool_choice=tool_choice, response_format=response_format
+    )
+    continuation = gateway.continuation
     if (asked is not None and not items[asked]["content"].strip()) or (
         continuation and continuation[-1]["role"] != "tool"
     ):
@@ -192,14 +195,7 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
         stream=stream,
         previous_run=previous_run,
         user=user,
-        gateway=Gateway(
-            functions=functions,
-            tool_choice=tool_choice,
-            response_format=response_format,
-            continuation=tuple(continuation),
-            tool_turns=any("tool_calls" in m or m["role"] == "tool" for m in items),
-            names=frozenset(f.name for f in functions),
-        ),
+        gateway=gateway,
     )
 
 
