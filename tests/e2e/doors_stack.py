@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 
 from atmosphere.bus import NatsBus, connect
@@ -51,6 +53,25 @@ class World:
     bus: NatsBus
     provider: ScriptedModel
     calls: Path
+    opened: list[openai.AsyncOpenAI | httpx.AsyncClient] = field(default_factory=list)
+    """Clients a test opened on the stack (`openai`, `http`), closed by `close_clients`."""
+
+    def openai(self, token: str = ADA) -> openai.AsyncOpenAI:
+        """The official `openai` client on the stack's OpenAI API, as `token`'s user (closed after the test)."""
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/atmosphere/v1", api_key=token, max_retries=0)
+        self.opened.append(client)
+        return client
+
+    def http(self) -> httpx.AsyncClient:
+        """A plain HTTP client (closed after the test), for a framework that takes one."""
+        client = httpx.AsyncClient()
+        self.opened.append(client)
+        return client
+
+    async def close_clients(self) -> None:
+        while self.opened:
+            client = self.opened.pop()
+            await (client.close() if isinstance(client, openai.AsyncOpenAI) else client.aclose())
 
     def ran(self) -> list[str]:
         """The tools that ran since the test began."""

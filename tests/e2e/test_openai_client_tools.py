@@ -14,7 +14,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import pytest_asyncio
@@ -48,32 +47,21 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         yield world
 
 
-OPENED: list[openai.AsyncOpenAI] = []
-HTTP: list[httpx.AsyncClient] = []
-
-
 @pytest_asyncio.fixture(autouse=True, loop_scope="module")
 async def fresh_script(world: World) -> AsyncIterator[None]:
     with world.fresh():
         yield
-    while OPENED:
-        await OPENED.pop().close()
-    while HTTP:
-        await HTTP.pop().aclose()
-
-
-def client(world: World, token: str = ADA) -> openai.AsyncOpenAI:
-    opened = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=token, max_retries=0)
-    OPENED.append(opened)
-    return opened
+    await world.close_clients()
 
 
 def chat_model(world: World) -> ChatOpenAI:
     """LangChain's model on the stack, over a client of ours (so it is closed after the test)."""
-    http = httpx.AsyncClient()
-    HTTP.append(http)
     return ChatOpenAI(
-        model="keeper", base_url=f"{world.url}/atmosphere/v1", api_key=ADA, max_retries=0, http_async_client=http
+        model="keeper",
+        base_url=f"{world.url}/atmosphere/v1",
+        api_key=ADA,
+        max_retries=0,
+        http_async_client=world.http(),
     )
 
 
@@ -90,7 +78,7 @@ async def test_a_client_tool_call_round_trips_with_the_official_client(world: Wo
         Turn.text("Atlas is a book of maps."),
     )
     asked = [{"role": "user", "content": "What is atlas?"}]
-    first = await client(world).chat.completions.create(
+    first = await world.openai().chat.completions.create(
         model="keeper", messages=asked, tools=[LOOKUP], tool_choice="auto"
     )
     choice = first.choices[0]
@@ -102,7 +90,7 @@ async def test_a_client_tool_call_round_trips_with_the_official_client(world: Wo
     assert sent["tool_choice"] == "auto"
     assert world.ran() == []  # nothing of the client's runs here
 
-    second = await client(world).chat.completions.create(
+    second = await world.openai().chat.completions.create(
         model="keeper",
         tools=[LOOKUP],
         messages=[
@@ -132,7 +120,7 @@ async def test_streamed_tool_calls_arrive_as_chunks(world: World) -> None:
             ToolCallScript("lookup", {"q": "globe"}, call_id="call_b"),
         )
     )
-    stream = await client(world).chat.completions.create(
+    stream = await world.openai().chat.completions.create(
         model="keeper", messages=[{"role": "user", "content": "Both?"}], tools=[LOOKUP], stream=True
     )
     chunks = [chunk async for chunk in stream]
@@ -150,7 +138,7 @@ async def test_a_client_tool_denied_by_policy_goes_back_to_the_model(world: Worl
         Turn.tool_calls(ToolCallScript("drop_everything", {}, call_id="call_d")),
         Turn.text("I am not allowed to do that."),
     )
-    answer = await client(world).chat.completions.create(
+    answer = await world.openai().chat.completions.create(
         model="keeper", messages=[{"role": "user", "content": "Drop it all"}], tools=[drop]
     )
     assert answer.choices[0].finish_reason == "stop"
@@ -166,7 +154,7 @@ async def test_the_agents_own_tools_still_run_here(world: World) -> None:
         Turn.tool_calls(ToolCallScript("read_note", {"title": "shopping"}, call_id="call_r")),
         Turn.tool_calls(ToolCallScript("lookup", {"q": "milk"}, call_id="call_l")),
     )
-    answer = await client(world).chat.completions.create(
+    answer = await world.openai().chat.completions.create(
         model="notes", messages=[{"role": "user", "content": "Read my note, then look up milk"}], tools=[LOOKUP]
     )
     assert world.ran() == ["read_note shopping"]
@@ -177,7 +165,7 @@ async def test_the_agents_own_tools_still_run_here(world: World) -> None:
 async def test_a_function_named_as_an_agents_tool_is_refused(world: World) -> None:
     clash = {"type": "function", "function": {"name": "read_note", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError) as refused:
-        await client(world).chat.completions.create(
+        await world.openai().chat.completions.create(
             model="notes", messages=[{"role": "user", "content": "hi"}], tools=[clash]
         )
     assert "has the name of one of the agent's own tools" in str(refused.value)
@@ -221,7 +209,7 @@ async def test_langchain_with_structured_output_gets_its_schema_honoured(world: 
 
 
 async def test_a_pydantic_ai_agent_with_its_own_tool_works_unchanged(world: World) -> None:
-    provider = OpenAIProvider(openai_client=client(world))
+    provider = OpenAIProvider(openai_client=world.openai())
     agent = Agent(OpenAIChatModel("keeper", provider=provider), instructions="Use lookup.")
     looked_up: list[str] = []
 
@@ -257,17 +245,17 @@ async def test_a_response_hands_its_function_call_back_and_continues_after_it(wo
         Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_r")),
         Turn.text("Atlas is a book of maps."),
     )
-    first = await client(world).responses.create(model="keeper", input="What is atlas?", tools=[FUNCTION])
+    first = await world.openai().responses.create(model="keeper", input="What is atlas?", tools=[FUNCTION])
     [call] = [item for item in first.output if item.type == "function_call"]
     assert (call.call_id, call.name, json.loads(call.arguments)) == ("call_r", "lookup", {"q": "atlas"})
     assert world.ran() == []
 
     outputs = [{"type": "function_call_output", "call_id": "call_r", "output": "Atlas: a book of maps"}]
     with pytest.raises(openai.NotFoundError):  # another user's response: as if it did not exist
-        await client(world, BOB).responses.create(
+        await world.openai(BOB).responses.create(
             model="keeper", previous_response_id=first.id, tools=[FUNCTION], input=outputs
         )
-    second = await client(world).responses.create(
+    second = await world.openai().responses.create(
         model="keeper",
         previous_response_id=first.id,
         tools=[FUNCTION],
@@ -291,9 +279,9 @@ async def test_a_response_hands_its_function_call_back_and_continues_after_it(wo
 
 async def test_outputs_answering_no_call_of_the_previous_response_are_refused(world: World) -> None:
     world.provider.script(Turn.text("Nothing to call."))
-    first = await client(world).responses.create(model="keeper", input="Hello", tools=[FUNCTION])
+    first = await world.openai().responses.create(model="keeper", input="Hello", tools=[FUNCTION])
     with pytest.raises(openai.BadRequestError) as refused:
-        await client(world).responses.create(
+        await world.openai().responses.create(
             model="keeper",
             previous_response_id=first.id,
             input=[{"type": "function_call_output", "call_id": "call_x", "output": "?"}],
@@ -303,7 +291,7 @@ async def test_outputs_answering_no_call_of_the_previous_response_are_refused(wo
 
 async def test_a_streamed_response_announces_its_function_call(world: World) -> None:
     world.provider.script(Turn.tool_calls(ToolCallScript("lookup", {"q": "globe"}, call_id="call_s")))
-    stream = await client(world).responses.create(model="keeper", input="Globe?", tools=[FUNCTION], stream=True)
+    stream = await world.openai().responses.create(model="keeper", input="Globe?", tools=[FUNCTION], stream=True)
     events = [event async for event in stream]
     done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     assert done == ['{"q": "globe"}']
@@ -315,7 +303,7 @@ async def test_a_streamed_response_announces_its_function_call(world: World) -> 
 
 async def test_a_whole_exchange_in_the_input_needs_no_previous_response(world: World) -> None:
     world.provider.script(Turn.text('{"title": "Atlas"}'))
-    answer = await client(world).responses.create(
+    answer = await world.openai().responses.create(
         model="keeper",
         tools=[FUNCTION],
         text={"format": {"type": "json_schema", "name": "book", "schema": {"type": "object"}}},
@@ -336,7 +324,7 @@ async def test_a_whole_exchange_in_the_input_needs_no_previous_response(world: W
 
 async def test_an_earlier_exchange_in_the_history_keeps_its_calls_on_an_agent_with_memory(world: World) -> None:
     world.provider.script(Turn.text("Globe: a ball of maps."))
-    await client(world).chat.completions.create(
+    await world.openai().chat.completions.create(
         model="keeper",
         tools=[LOOKUP],
         messages=[
@@ -373,7 +361,7 @@ async def test_an_openai_agents_sdk_agent_with_its_own_tool_works_unchanged(worl
 
     model_class = OpenAIResponsesModel if wire == "responses" else OpenAIChatCompletionsModel
     agent = OpenAIAgent(
-        name="client", instructions="Use lookup.", tools=[lookup], model=model_class("keeper", client(world))
+        name="client", instructions="Use lookup.", tools=[lookup], model=model_class("keeper", world.openai())
     )
     world.provider.script(
         Turn.tool_calls(ToolCallScript("lookup", {"q": "atlas"}, call_id="call_oa")),

@@ -28,26 +28,15 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         yield world
 
 
-OPENED: list[openai.AsyncOpenAI] = []
-
-
 @pytest_asyncio.fixture(autouse=True, loop_scope="module")
 async def fresh_script(world: World) -> AsyncIterator[None]:
     with world.fresh():
         yield
-    while OPENED:
-        await OPENED.pop().close()
-
-
-def client(world: World, token: str = ADA) -> openai.AsyncOpenAI:
-    """The official client on the stack, as `token`'s user (closed after the test)."""
-    opened = openai.AsyncOpenAI(base_url=f"{world.url}/atmosphere/v1", api_key=token, max_retries=0)
-    OPENED.append(opened)
-    return opened
+    await world.close_clients()
 
 
 async def test_a_response_is_a_run_of_the_agent(world: World) -> None:
-    response = await client(world).responses.create(model="echo", input="hello brave new world")
+    response = await world.openai().responses.create(model="echo", input="hello brave new world")
     assert response.output_text == "hello brave new world"
     assert response.status == "completed"
     assert response.id.startswith("resp_")
@@ -58,7 +47,7 @@ async def test_a_response_is_a_run_of_the_agent(world: World) -> None:
 
 async def test_a_streamed_response_sends_the_documented_events(world: World) -> None:
     world.provider.script(Turn.text("Bonjour tout le monde", usage=(7, 4)))
-    stream = await client(world).responses.create(model="keeper", input="Say hello in French", stream=True)
+    stream = await world.openai().responses.create(model="keeper", input="Say hello in French", stream=True)
     events = [event async for event in stream]
     types = [event.type for event in events]
     assert types[:4] == [
@@ -83,8 +72,8 @@ async def test_a_streamed_response_sends_the_documented_events(world: World) -> 
 
 async def test_previous_response_id_continues_the_conversation(world: World) -> None:
     world.provider.script(Turn.text("Nice to meet you, Ada."), Turn.text("Your name is Ada."))
-    first = await client(world).responses.create(model="keeper", input="My name is Ada.")
-    second = await client(world).responses.create(
+    first = await world.openai().responses.create(model="keeper", input="My name is Ada.")
+    second = await world.openai().responses.create(
         model="keeper", input="What is my name?", previous_response_id=first.id
     )
     assert second.output_text == "Your name is Ada."
@@ -96,12 +85,12 @@ async def test_previous_response_id_continues_the_conversation(world: World) -> 
 
 async def test_another_users_response_cannot_be_continued(world: World) -> None:
     world.provider.script(Turn.text("Noted."))
-    adas = await client(world).responses.create(model="keeper", input="My PIN is 1234.")
+    adas = await world.openai().responses.create(model="keeper", input="My PIN is 1234.")
     with pytest.raises(openai.NotFoundError) as refused:
-        await client(world, BOB).responses.create(model="keeper", input="What is my PIN?", previous_response_id=adas.id)
+        await world.openai(BOB).responses.create(model="keeper", input="What is my PIN?", previous_response_id=adas.id)
     assert refused.value.code == "not_found"
     with pytest.raises(openai.BadRequestError):
-        await client(world).responses.create(model="echo", input="hi", previous_response_id=adas.id)
+        await world.openai().responses.create(model="echo", input="hi", previous_response_id=adas.id)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +103,7 @@ async def test_another_users_response_cannot_be_continued(world: World) -> None:
 )
 async def test_what_is_not_supported_is_refused_at_once(world: World, extra: dict[str, object], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        await client(world).responses.create(model="echo", input="hi", **extra)  # type: ignore[call-overload]
+        await world.openai().responses.create(model="echo", input="hi", **extra)  # type: ignore[call-overload]
     assert refused.value.code == "unsupported_parameter"
     assert refused.value.param == param
 
@@ -122,7 +111,7 @@ async def test_what_is_not_supported_is_refused_at_once(world: World, extra: dic
 async def test_an_approval_is_refused_at_once_and_the_tool_never_runs(world: World) -> None:
     world.provider.script(Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"})))
     with pytest.raises(openai.UnprocessableEntityError) as refused:
-        await client(world).responses.create(model="notes", input="delete my groceries note")
+        await world.openai().responses.create(model="notes", input="delete my groceries note")
     assert refused.value.code == "approval_required"
     assert world.ran() == []
 
@@ -131,9 +120,9 @@ async def test_an_email_never_reaches_a_responses_client(world: World) -> None:
     leaky = "Here is the account summary you asked for. " * 6 + f"Contact {EMAIL} for refunds. " + "Thanks. " * 30
     world.provider.script(Turn.text(leaky, words=False), Turn.text(leaky, words=False))
     with pytest.raises(openai.PermissionDeniedError) as blocked:
-        await client(world).responses.create(model="notes", input="summarise")
+        await world.openai().responses.create(model="notes", input="summarise")
     assert EMAIL not in str(blocked.value.body)
-    stream = await client(world).responses.create(model="notes", input="summarise", stream=True)
+    stream = await world.openai().responses.create(model="notes", input="summarise", stream=True)
     events = [event async for event in stream]
     assert all(EMAIL not in event.model_dump_json() for event in events)
     assert events[-1].type == "response.failed"
@@ -157,5 +146,5 @@ async def test_the_largest_body_is_served_and_one_byte_more_is_a_413(world: Worl
 
 async def test_a_malformed_previous_response_id_is_a_400(world: World) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        await client(world).responses.create(model="echo", input="hi", previous_response_id="resp_../../x")
+        await world.openai().responses.create(model="echo", input="hi", previous_response_id="resp_../../x")
     assert refused.value.param == "previous_response_id"
