@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import pytest_asyncio
@@ -27,7 +28,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from atmosphere.testing import ToolCallScript, Turn
 
-from .doors_stack import ADA, BOB, World, doors_world
+from .doors_stack import ADA, BOB, MESSAGE_LIMIT, World, doors_world
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -375,3 +376,26 @@ async def test_an_openai_agents_sdk_agent_with_its_own_tool_works_unchanged(worl
         "content": "atlas: a book of maps",
         "tool_call_id": "call_oa",
     }
+
+
+async def test_the_largest_body_with_tools_is_served_and_one_byte_more_is_a_413(world: World) -> None:
+    # The bulk is a function's description: it travels in the run's gateway metadata, not its message.
+    def body(size: int) -> bytes:
+        def shaped(description: str) -> bytes:
+            function = {**LOOKUP["function"], "description": description}  # type: ignore[dict-item]
+            asked = {"model": "keeper", "messages": [{"role": "user", "content": "hi"}]}
+            return json.dumps({**asked, "tools": [{"type": "function", "function": function}]}).encode()
+
+        return shaped("x" * (size - len(shaped(""))))
+
+    world.provider.script(Turn.tool_calls(ToolCallScript("lookup", {"q": "hi"}, call_id="call_big")))
+    headers = {"Authorization": f"Bearer {ADA}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=world.url, timeout=30, headers=headers) as http:
+        served = await http.post("/atmosphere/v1/chat/completions", content=body(MESSAGE_LIMIT))
+        over = await http.post("/atmosphere/v1/chat/completions", content=body(MESSAGE_LIMIT + 1))
+    assert len(body(MESSAGE_LIMIT)) == MESSAGE_LIMIT
+    assert served.status_code == 200
+    assert served.json()["choices"][0]["finish_reason"] == "tool_calls"
+    assert len(world.provider.requests[0]["tools"][0]["function"]["description"]) > MESSAGE_LIMIT - 300
+    assert over.status_code == 413
+    assert over.json()["error"]["type"] == "invalid_request_error"
