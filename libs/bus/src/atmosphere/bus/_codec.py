@@ -9,6 +9,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from google.protobuf.message import Message
 
+from atmosphere.bus import telemetry
 from atmosphere.bus.errors import (
     DecodeError,
     PayloadTooLargeError,
@@ -23,6 +24,8 @@ M = TypeVar("M", bound=Message)
 
 TYPE_HEADER = "atmo-type"
 TRACEPARENT_HEADER = "traceparent"
+RUN_HEADER = "atmo-run"
+AGENT_HEADER = "atmo-agent"
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
@@ -41,6 +44,10 @@ class Headers:
 
     traceparent: str = ""
     """W3C trace context, passed through untouched."""
+    run_id: str = ""
+    """`atmo-run`: the run a request serves (`atmosphere.bus.telemetry`), so its handler's logs name it."""
+    agent: str = ""
+    """`atmo-agent`: that run's agent."""
     msg_id: str = ""
     """`Nats-Msg-Id`: JetStream de-duplicates messages with the same id."""
     expected_last_subject_seq: int | None = None
@@ -64,6 +71,10 @@ class Headers:
             wire[TYPE_HEADER] = message_type
         if self.traceparent:
             wire[TRACEPARENT_HEADER] = self.traceparent
+        if self.run_id:
+            wire[RUN_HEADER] = self.run_id
+            if self.agent:
+                wire[AGENT_HEADER] = self.agent
         if self.msg_id:
             wire[MSG_ID_HEADER] = self.msg_id
         if self.expected_last_subject_seq is not None:
@@ -77,7 +88,26 @@ class Headers:
             return cls()
         return cls(
             traceparent=wire.get(TRACEPARENT_HEADER, ""),
+            run_id=wire.get(RUN_HEADER, ""),
+            agent=wire.get(AGENT_HEADER, ""),
             msg_id=wire.get(MSG_ID_HEADER, ""),
+        )
+
+    def for_request(self) -> Headers:
+        """These headers plus what the current task's run and span put on its requests.
+
+        A value already set is kept (a caller continuing another run's trace says so).
+        """
+        run = telemetry.current_run()
+        tracer = telemetry.tracer()
+        traceparent = self.traceparent or (tracer.traceparent() if tracer is not None else "")
+        if run is None and traceparent == self.traceparent:
+            return self
+        return replace(
+            self,
+            traceparent=traceparent,
+            run_id=self.run_id or (run.run_id if run else ""),
+            agent=self.agent or (run.agent if run else ""),
         )
 
 

@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 
 from atmosphere.bus._api import ConnectionLiveness, Subscription
 from atmosphere.bus._codec import DEFAULT_MAX_PAYLOAD, Headers, check_size, decode, encode, error_reply_too_large
+from atmosphere.bus._observed import observed_request
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import NoRespondersError, PayloadTooLargeError, RequestTimeoutError
@@ -111,29 +112,33 @@ class FakeCore(ConnectionLiveness):
         timeout: float = 5.0,
         headers: Headers | None = None,
     ) -> M:
-        """Send a request to one responder and wait for its typed reply."""
-        data, wire = encode(message, headers)
-        self._check(subject, data, wire)
-        self.published.append((subject, message))
-        inbox = f"_INBOX.fake.{next(self._inbox)}"
-        answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = asyncio.get_running_loop().create_future()
+        """Send a request to one responder and wait for its typed reply (as `NatsBus.request`)."""
 
-        def on_reply(_s: str, payload: bytes, reply_headers: Mapping[str, str] | None, _r: str | None) -> None:
-            if not answer.done():
-                answer.set_result((payload, reply_headers))
+        async def send(sent: Headers) -> M:
+            data, wire = encode(message, sent)
+            self._check(subject, data, wire)
+            self.published.append((subject, message))
+            inbox = f"_INBOX.fake.{next(self._inbox)}"
+            answer: asyncio.Future[tuple[bytes, Mapping[str, str] | None]] = asyncio.get_running_loop().create_future()
 
-        reply_sub = _Sub(inbox, None, on_reply)
-        self._subs.append(reply_sub)
-        try:
-            if self._route(subject, data, wire, inbox) == 0:
-                raise NoRespondersError(subject)
+            def on_reply(_s: str, payload: bytes, reply_headers: Mapping[str, str] | None, _r: str | None) -> None:
+                if not answer.done():
+                    answer.set_result((payload, reply_headers))
+
+            reply_sub = _Sub(inbox, None, on_reply)
+            self._subs.append(reply_sub)
             try:
-                payload, reply_headers = await asyncio.wait_for(answer, timeout)
-            except TimeoutError as exc:
-                raise RequestTimeoutError(subject, timeout) from exc
-        finally:
-            self._subs.remove(reply_sub)
-        return decode(payload, reply_headers, reply_type)
+                if self._route(subject, data, wire, inbox) == 0:
+                    raise NoRespondersError(subject)
+                try:
+                    payload, reply_headers = await asyncio.wait_for(answer, timeout)
+                except TimeoutError as exc:
+                    raise RequestTimeoutError(subject, timeout) from exc
+            finally:
+                self._subs.remove(reply_sub)
+            return decode(payload, reply_headers, reply_type)
+
+        return await observed_request(subject, headers, send)
 
     @contextlib.asynccontextmanager
     async def subscribe(

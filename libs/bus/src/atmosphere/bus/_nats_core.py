@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 
 from atmosphere.bus._api import ConnectionLiveness, Subscription
 from atmosphere.bus._codec import Headers, check_size, decode, encode, error_reply_too_large
+from atmosphere.bus._observed import observed_request
 from atmosphere.bus._router import Route, Router, run_route
 from atmosphere.bus._subscription import QueueSubscription
 from atmosphere.bus.errors import BusError, NoRespondersError, PayloadTooLargeError, RequestTimeoutError
@@ -101,19 +102,23 @@ class NatsCore(ConnectionLiveness):
         timeout: float = 5.0,
         headers: Headers | None = None,
     ) -> M:
-        """Send a request and wait for its typed reply."""
-        data, wire = encode(message, headers)
-        self._checked(subject, data, wire)
-        try:
-            reply = await self._nc.request(self.wire_subject(subject), data, timeout=timeout, headers=wire)
-        except nats.errors.NoRespondersError as exc:
-            raise NoRespondersError(subject) from exc
-        except nats.errors.TimeoutError as exc:
-            raise RequestTimeoutError(subject, timeout) from exc
-        except nats.errors.Error as exc:
-            msg = f"request to {subject!r} failed: {exc}"
-            raise BusError(msg) from exc
-        return decode(reply.data, reply.headers, reply_type)
+        """Send a request and wait for its typed reply (with the current run's and span's headers)."""
+
+        async def send(sent: Headers) -> M:
+            data, wire = encode(message, sent)
+            self._checked(subject, data, wire)
+            try:
+                reply = await self._nc.request(self.wire_subject(subject), data, timeout=timeout, headers=wire)
+            except nats.errors.NoRespondersError as exc:
+                raise NoRespondersError(subject) from exc
+            except nats.errors.TimeoutError as exc:
+                raise RequestTimeoutError(subject, timeout) from exc
+            except nats.errors.Error as exc:
+                msg = f"request to {subject!r} failed: {exc}"
+                raise BusError(msg) from exc
+            return decode(reply.data, reply.headers, reply_type)
+
+        return await observed_request(subject, headers, send)
 
     @contextlib.asynccontextmanager
     async def subscribe(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from atmosphere.bus import telemetry
 from atmosphere.bus._codec import Headers, decode, encode
 from atmosphere.bus.errors import DecodeError, ServiceError, ServiceFailedError, UndecodableMessageError
 
@@ -87,14 +89,21 @@ async def run_route(
         request = decode(data, wire_headers, route.request_type)
     except DecodeError as exc:
         return encode(UndecodableMessageError(str(exc)).to_proto())
-    context = MessageContext(subject=subject, headers=Headers.from_wire(wire_headers))
-    try:
-        reply = await route.handler(request, context)
-    except ServiceError as exc:
-        return encode(exc.to_proto())
-    except Exception:
-        log.exception("handler for %s failed", subject)
-        return encode(ServiceFailedError("internal error").to_proto())
+    headers = Headers.from_wire(wire_headers)
+    context = MessageContext(subject=subject, headers=headers)
+    tracer = telemetry.tracer()
+    # The run the request serves names the handler's log lines; its trace parents the handler's span.
+    with (
+        telemetry.bind_run(headers.run_id, headers.agent),
+        tracer.server_span(subject, headers.traceparent) if tracer is not None else contextlib.nullcontext(),
+    ):
+        try:
+            reply = await route.handler(request, context)
+        except ServiceError as exc:
+            return encode(exc.to_proto())
+        except Exception:
+            log.exception("handler for %s failed", subject)
+            return encode(ServiceFailedError("internal error").to_proto())
     if reply is None:
         return None
     return encode(reply)

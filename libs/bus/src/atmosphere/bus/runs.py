@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import subjects
+from atmosphere.bus import subjects, telemetry
 from atmosphere.bus._api import Bus, PublishAck
 from atmosphere.bus._codec import Headers, wire_size
 from atmosphere.bus._retry import FINAL_ERRORS
@@ -190,6 +190,9 @@ async def submit_run(bus: Bus, request: RunSubmission, *, deadline: float = SUBM
         # could still run after its caller was told it failed.
         msg = f"run {request.run_id} was not submitted: the broker is unreachable"
         raise SubmitError(msg)
+    tracer = telemetry.tracer()
+    if tracer is not None and not request.traceparent:
+        request.traceparent = tracer.traceparent()  # the run's spans join the submitter's trace
     headers = Headers(msg_id=request.run_id)
     # Refused before anything is written: a run-id event must not be left for a run that
     # could never be queued.

@@ -60,6 +60,7 @@ class RunSubmission(_message.Message):
     TRANSPORT_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Assigned by the submitter (ingress, or dispatch for gRPC); unique per run."""
     session_id: _builtins.str
@@ -79,6 +80,10 @@ class RunSubmission(_message.Message):
     pool: _builtins.str
     """The dispatch pool that runs it: the runtime its agent is pinned to (`@agent(runtime=...)`),
     empty for the default pool. It picks the queue (`atmo.submit.pool.<pool>.<agent>`).
+    """
+    traceparent: _builtins.str
+    """W3C trace context of the request that started the run (empty when tracing is off): the
+    run's spans, on whichever worker runs or resumes it, join the caller's trace.
     """
     @_builtins.property
     def principal(self) -> _common_pb2.Principal: ...
@@ -103,10 +108,11 @@ class RunSubmission(_message.Message):
         transport: _builtins.str = ...,
         path: _builtins.str = ...,
         pool: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal", "submitted_at", b"submitted_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "message", b"message", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "path", b"path", "pool", b"pool", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "submitted_at", b"submitted_at", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "message", b"message", "metadata", b"metadata", "parent_run_id", b"parent_run_id", "path", b"path", "pool", b"pool", "principal", b"principal", "run_id", b"run_id", "session_id", b"session_id", "submitted_at", b"submitted_at", "traceparent", b"traceparent", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

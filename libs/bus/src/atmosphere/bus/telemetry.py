@@ -1,0 +1,175 @@
+"""What travels with a request besides its payload: the run it serves and its trace.
+
+A run's calls to other services (governance's checks, memory's reads, a sandbox's tool call)
+are requests; each carries the run's id and agent (`atmo-run`, `atmo-agent` headers) and, when
+tracing is on, the W3C `traceparent` of the span that made it. The service that answers binds
+both around its handler, so its log lines name the run and its spans join the run's trace.
+
+Only requests carry them, never a run's events: the per-token path sends no header block it
+did not send before. The bus itself knows nothing of OpenTelemetry or Prometheus — a service
+installs a `BusTracer` and a `BusObserver` (`atmosphere.service.telemetry`); with none
+installed, the cost is one context-variable read per request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import ContextManager, Protocol
+
+__all__ = [
+    "BusObserver",
+    "BusTracer",
+    "RunTag",
+    "bind_run",
+    "current_run",
+    "install_observer",
+    "install_tracer",
+    "observer",
+    "subject_family",
+    "tracer",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunTag:
+    """The run a piece of work belongs to, as logs and requests name it."""
+
+    run_id: str
+    agent: str = ""
+
+
+_current_run: ContextVar[RunTag | None] = ContextVar("atmosphere_run", default=None)
+
+
+def current_run() -> RunTag | None:
+    """The run the current task works for, if any."""
+    return _current_run.get()
+
+
+@contextlib.contextmanager
+def bind_run(run_id: str, agent: str = "") -> Iterator[RunTag | None]:
+    """Name `run_id` (of `agent`) as the current task's run while the block runs.
+
+    An empty `run_id` leaves the current binding as it is (yields it).
+    """
+    if not run_id:
+        yield _current_run.get()
+        return
+    tag = RunTag(run_id, agent)
+    token: Token[RunTag | None] = _current_run.set(tag)
+    try:
+        yield tag
+    finally:
+        _current_run.reset(token)
+
+
+class BusTracer(Protocol):
+    """Spans around the bus's requests and handlers (OpenTelemetry's, when tracing is on)."""
+
+    def traceparent(self) -> str:
+        """The current span's W3C `traceparent`, or "" when there is none."""
+        ...
+
+    def client_span(self, subject: str) -> ContextManager[None]:
+        """A span around one request sent on `subject` (its reply included)."""
+        ...
+
+    def server_span(self, subject: str, traceparent: str) -> ContextManager[None]:
+        """A span around handling one request on `subject`, continuing `traceparent`."""
+        ...
+
+
+class BusObserver(Protocol):
+    """Counts the bus's requests (Prometheus's, in a service)."""
+
+    def request_done(self, family: str, seconds: float, error: str) -> None:
+        """One request of `family` took `seconds`; `error` is its error code, "" on success."""
+        ...
+
+
+_tracer: BusTracer | None = None
+_observer: BusObserver | None = None
+
+
+def install_tracer(value: BusTracer | None) -> None:
+    """Use `value` for the bus's spans (None: no spans, no `traceparent` sent)."""
+    global _tracer  # noqa: PLW0603 - one tracer per process, set at start-up
+    _tracer = value
+
+
+def tracer() -> BusTracer | None:
+    """The installed tracer, if any."""
+    return _tracer
+
+
+def install_observer(value: BusObserver | None) -> None:
+    """Report every request to `value` (None: nothing is counted)."""
+    global _observer  # noqa: PLW0603 - one observer per process, set at start-up
+    _observer = value
+
+
+def observer() -> BusObserver | None:
+    """The installed observer, if any."""
+    return _observer
+
+
+_VARIABLE_AT = {
+    # subject prefix → how many tokens of it name the family; the rest are ids or user names.
+    "run": 1,  # atmo.run.<run_id>.ctl → run.ctl (the last token is added below)
+    "tool": 1,  # atmo.tool.<tool> → tool
+    "sandbox": 1,  # atmo.sandbox.<instance>.tool.<tool> → sandbox.tool
+    "journal": 1,
+    "submit": 1,
+}
+
+
+def subject_family(subject: str) -> str:
+    """`subject` without its ids and names: a label of bounded cardinality.
+
+    `atmo.gov.check` → `gov.check`, `atmo.mem.tool.read_file` → `mem.tool`, `atmo.tool.weather`
+    → `tool`, `atmo.run.<id>.ctl` → `run.ctl`, `atmo.sandbox.<instance>.tool.<t>` → `sandbox.tool`.
+    A namespace prefix (`team.dev.atmo…`) is not part of the family.
+    """
+    tokens = subject.split(".")
+    try:
+        tokens = tokens[tokens.index("atmo") + 1 :]
+    except ValueError:
+        return "other"
+    if not tokens:
+        return "other"
+    head = tokens[0]
+    if head in {"mem", "gov"} and len(tokens) > 2 and tokens[1] == "tool":
+        return f"{head}.tool"
+    if head == "mem" and len(tokens) > 1 and tokens[1] == "tool":
+        return "mem.tool"
+    if head == "run":
+        return f"run.{tokens[-1]}" if len(tokens) > 2 else "run"
+    if head == "sandbox":
+        return f"sandbox.{tokens[2]}" if len(tokens) > 2 else "sandbox"
+    if head in _VARIABLE_AT:
+        return head
+    if head == "svc" and len(tokens) > 2:
+        return f"svc.{tokens[-1]}"
+    # gov.<op>, gov.admin.<op>, mem.<op>, tape.<op>: operations named by the code, a fixed set.
+    return ".".join(tokens[:3])
+
+
+_ERROR_NAMES = {
+    # The bus's own failures, by what an operator would alert on.
+    "RequestTimeoutError": "timeout",
+    "NoRespondersError": "no_responders",
+    "PayloadTooLargeError": "payload_too_large",
+    "DecodeError": "decode",
+    "ConnectionLostError": "connection_lost",
+}
+
+
+def error_label(exc: BaseException) -> str:
+    """A bounded label for a failed request: the remote error's code, or the bus failure's kind."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        return code
+    return _ERROR_NAMES.get(type(exc).__name__, "bus_error")
