@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import ContextManager, Protocol
+from typing import Protocol
 
 __all__ = [
     "BusObserver",
@@ -116,13 +117,15 @@ def observer() -> BusObserver | None:
     return _observer
 
 
-_VARIABLE_AT = {
-    # subject prefix → how many tokens of it name the family; the rest are ids or user names.
-    "run": 1,  # atmo.run.<run_id>.ctl → run.ctl (the last token is added below)
-    "tool": 1,  # atmo.tool.<tool> → tool
-    "sandbox": 1,  # atmo.sandbox.<instance>.tool.<tool> → sandbox.tool
-    "journal": 1,
-    "submit": 1,
+_FAMILY_TOKENS = {
+    # The subject's first token after `atmo` → which of its tokens name the family; the others
+    # are ids or names of the deployment (a run, a tool, a sandbox instance, a service).
+    "run": (0, -1),  # run.<run_id>.ctl → run.ctl
+    "sandbox": (0, 2),  # sandbox.<instance>.tool.<tool> → sandbox.tool
+    "svc": (0, -1),  # svc.<service>.health → svc.health
+    "tool": (0,),  # tool.<tool> → tool
+    "submit": (0,),
+    "journal": (0,),
 }
 
 
@@ -134,27 +137,16 @@ def subject_family(subject: str) -> str:
     A namespace prefix (`team.dev.atmo…`) is not part of the family.
     """
     tokens = subject.split(".")
-    try:
-        tokens = tokens[tokens.index("atmo") + 1 :]
-    except ValueError:
+    if "atmo" not in tokens[:-1]:
         return "other"
-    if not tokens:
-        return "other"
-    head = tokens[0]
-    if head in {"mem", "gov"} and len(tokens) > 2 and tokens[1] == "tool":
-        return f"{head}.tool"
-    if head == "mem" and len(tokens) > 1 and tokens[1] == "tool":
-        return "mem.tool"
-    if head == "run":
-        return f"run.{tokens[-1]}" if len(tokens) > 2 else "run"
-    if head == "sandbox":
-        return f"sandbox.{tokens[2]}" if len(tokens) > 2 else "sandbox"
-    if head in _VARIABLE_AT:
-        return head
-    if head == "svc" and len(tokens) > 2:
-        return f"svc.{tokens[-1]}"
-    # gov.<op>, gov.admin.<op>, mem.<op>, tape.<op>: operations named by the code, a fixed set.
-    return ".".join(tokens[:3])
+    tokens = tokens[tokens.index("atmo") + 1 :]
+    picked = _FAMILY_TOKENS.get(tokens[0])
+    if picked is None:
+        # gov.<op>, gov.admin.<op>, mem.<op>, mem.tool.<tool>, tape.<op>: operations the code names.
+        picked = (0, 1) if len(tokens) > 1 and tokens[1] == "tool" else (0, 1, 2)
+    count = len(tokens)
+    at = dict.fromkeys(i % count for i in picked if -count <= i < count)  # in order, each token once
+    return ".".join(tokens[i] for i in at)
 
 
 _ERROR_NAMES = {

@@ -12,18 +12,31 @@ from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._spec import AgentSpec, spec_of
 from atmosphere.sdk._tool import Tool
 from atmosphere.sdk.errors import UserError
+from atmosphere.sdk.lifecycle import AgentLifecycleListener
 
 
 class App:
     """The agents of one application, registered explicitly (no import-time globals)."""
 
-    def __init__(self, agents: Iterable[type[Any]] = (), *, policies: Iterable[Any] = ()) -> None:
+    def __init__(
+        self,
+        agents: Iterable[type[Any]] = (),
+        *,
+        policies: Iterable[Any] = (),
+        listeners: Iterable[AgentLifecycleListener] = (),
+    ) -> None:
         """Register `agents` (each an `@agent` class; names must be unique) and governance `policies`.
 
         A policy is any object with an `identity`, `evaluate(context)` and `release(context)`
         (`atmosphere.governance.policies.BasePolicy` is the base to derive from); the governance
-        service installs them after the policy files, in this order.
+        service installs them after the policy files, in this order. `listeners` observe every
+        model call of every agent (`atmosphere.sdk.lifecycle`), in dispatch.
         """
+        self.listeners: tuple[AgentLifecycleListener, ...] = tuple(listeners)
+        for listener in self.listeners:
+            if not isinstance(listener, AgentLifecycleListener):
+                msg = f"{listener!r} is not an AgentLifecycleListener (atmosphere.sdk.lifecycle)"
+                raise UserError(msg)
         self.policies: tuple[Any, ...] = tuple(policies)
         for policy in self.policies:
             if not (hasattr(policy, "identity") and callable(getattr(policy, "evaluate", None))):
@@ -90,6 +103,7 @@ class App:
         """
         view = App.__new__(App)
         view.policies = self.policies
+        view.listeners = self.listeners
         view._agents = {name: spec for name, spec in self._agents.items() if spec.pool == pool}
         view._tools = {t.name: t for spec in view._agents.values() for t in spec.tools}
         view._mcp_servers = _mcp_servers(view._agents.values())

@@ -27,6 +27,7 @@ from atmosphere.sdk._policies import RetryPolicy, ToolLoopPolicy
 from atmosphere.sdk._request import AiRequest
 from atmosphere.sdk._session import StreamingSession, TokenUsage
 from atmosphere.sdk._tool import DEFAULT_TOOL_TIMEOUT, Tool, ToolKind
+from atmosphere.sdk.lifecycle import AgentLifecycleListener
 
 ENTRY_POINT_GROUP = "atmosphere.runtimes"
 
@@ -249,6 +250,9 @@ class AgentExecutionContext:
     tool_choice: str | Mapping[str, Any] | None = None
     """The caller's `tool_choice` (`auto`, `none`, `required` or one function), sent as it is."""
     pass_to_client: ClientCallGate | None = None
+    listeners: tuple[AgentLifecycleListener, ...] = ()
+    """Observers of each model call (`atmosphere.sdk.lifecycle`): the runtime calls
+    `notify_model_start`/`_end`/`_error` around every call it sends (not a replayed round)."""
     rounds: ModelRounds | None = None
     """Present in a durable run: before each model round a runtime asks `rounds.next_round()`;
     a recorded round is replayed (its text sent, its usage reported, its tool calls run through

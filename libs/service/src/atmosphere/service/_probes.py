@@ -1,4 +1,4 @@
-"""`/healthz` and `/readyz` over plain HTTP for Kubernetes probes.
+"""`/healthz`, `/readyz` and `/metrics` over plain HTTP for Kubernetes probes and Prometheus.
 
 A dozen lines of asyncio instead of a web framework: the probes must answer even when the
 service is busy, cost nothing when idle, and accept nothing but a bounded GET.
@@ -13,16 +13,19 @@ from collections.abc import AsyncIterator
 from http import HTTPStatus
 
 from atmosphere.service._health import Health
+from atmosphere.service.telemetry import metrics
 
 _MAX_HEADER_LINES = 64
 _READ_TIMEOUT = 5.0
 
 
-def _response(status: HTTPStatus, body: dict[str, object], *, head: bool = False) -> bytes:
-    payload = json.dumps(body).encode()
+def _response(
+    status: HTTPStatus, body: dict[str, object] | bytes, *, head: bool = False, content_type: str = "application/json"
+) -> bytes:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     lines = [
         f"HTTP/1.1 {status.value} {status.phrase}",
-        "Content-Type: application/json",
+        f"Content-Type: {content_type}",
         f"Content-Length: {len(payload)}",
         "Connection: close",
         "",
@@ -53,6 +56,9 @@ def probe_response(health: Health, method: str, path: str) -> bytes:
         # process that happens to hold the port (`atmosphere dev` counts only its own).
         body = {"ready": ready, "service": health.service, "instance": health.instance}
         return _response(status, body, head=head)
+    if route == "/metrics":
+        # The probe port is the cluster-internal one: a scrape needs no token (ingress's, public, does).
+        return _response(HTTPStatus.OK, metrics.render(), head=head, content_type=metrics.CONTENT_TYPE)
     return _response(HTTPStatus.NOT_FOUND, {"error": f"no route {route}"}, head=head)
 
 

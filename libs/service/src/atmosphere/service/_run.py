@@ -18,6 +18,8 @@ from atmosphere.config import (
     invalid_settings,
 )
 from atmosphere.service._app import EXIT_APP_UNLOADABLE, AppLoadError
+from atmosphere.service._health import process_instance
+from atmosphere.service.telemetry import configure_tracing, shutdown_tracing
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -65,6 +67,7 @@ def run(  # noqa: PLR0911 - one exit code per way to end, as the docstring lists
         _report_invalid_settings(service, exc, load_settings)
         return EXIT_INVALID_SETTINGS
     configure_logging(settings.log, service=service)
+    configure_tracing(service, instance=process_instance())
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -99,6 +102,8 @@ def run(  # noqa: PLR0911 - one exit code per way to end, as the docstring lists
         return EXIT_NOT_PROVISIONED
     except asyncio.CancelledError:
         return 130
+    finally:
+        shutdown_tracing()  # the spans still buffered go out before the process does
     log.info("%s stopped", service)
     return 0
 

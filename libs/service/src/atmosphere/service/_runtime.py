@@ -22,6 +22,7 @@ from atmosphere.bus.permissions import Role, role_layout
 from atmosphere.config import ServiceSettings, WorkerSettings
 from atmosphere.service._health import Health, InfoFragment, health_router
 from atmosphere.service._probes import serve_probes
+from atmosphere.service.telemetry import install_bus_metrics
 
 log = logging.getLogger("atmosphere.service")
 
@@ -90,6 +91,7 @@ async def open_service(
     `bus` replaces the connection to `settings.nats` (a test's `FakeBus`, or a connection the
     caller shares): the composition root runs the same either way, and the caller closes it.
     """
+    install_bus_metrics()
     async with contextlib.AsyncExitStack() as stack:
         if bus is None:
             bus = await stack.enter_async_context(_connected(name, settings))

@@ -14,12 +14,13 @@ from typing import Any
 
 import httpx
 
-from atmosphere.bus import Bus, Consumer, ConsumerSpec, MessageContext, Router, run_queue, subjects
+from atmosphere.bus import Bus, BusError, Consumer, ConsumerSpec, MessageContext, Router, run_queue, subjects
 from atmosphere.bus.run_queue import RunQueueLimits
 from atmosphere.bus.runs import MAX_NESTING
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.memory.v1.memory_pb2 import ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch import metrics
 from atmosphere.dispatch.conversation import ConversationMemory, FactExtractor
 from atmosphere.dispatch.descriptors import live_descriptors, permissions_info
 from atmosphere.dispatch.grpc_api import DispatchServicer, serve_grpc
@@ -90,6 +91,25 @@ def run_queues(options: DispatchOptions) -> list[ConsumerSpec]:
     """The consumers this instance binds to: its own pool's, one per nesting level."""
     own = {run_queue.durable_name(level, options.pool) for level in range(MAX_NESTING + 1)}
     return [spec for spec in provisioned_queues(options) if spec.durable in own]
+
+
+QUEUE_DEPTH_EVERY = 5.0
+"""Seconds between two readings of the run queues' depth (one JetStream API call per level)."""
+
+
+async def sample_queue_depth(
+    bus: Bus, queues: Sequence[ConsumerSpec], *, pool: str, every: float = QUEUE_DEPTH_EVERY
+) -> None:
+    """Keep `atmosphere_run_queue_depth` current for this pool's queues until cancelled."""
+    levels = {run_queue.durable_name(level, pool): str(level) for level in range(MAX_NESTING + 1)}
+    while True:
+        for spec in queues:
+            try:
+                state = await bus.consumer_state(spec.stream, spec.durable)
+            except BusError:
+                continue  # the broker is away: the last reading stands until it is back
+            metrics.RUN_QUEUE_DEPTH.labels(pool or "default", levels.get(spec.durable, "")).set(state.pending)
+        await asyncio.sleep(every)
 
 
 def choose_runtime(runtimes: Sequence[AgentRuntime], name: str) -> AgentRuntime | None:
@@ -248,6 +268,7 @@ class Dispatch:
                     connect_timeout=self.settings.delegation.remote_connect_timeout,
                     max_bytes=self.settings.delegation.remote_max_bytes,
                 ),
+                listeners=self.app.listeners,
             ),
             harnesses=self.harnesses,
         )
@@ -274,11 +295,14 @@ class Dispatch:
         closed = _closed_conversations(extractor, self.extractions)
         await stack.enter_async_context(bus.serve(closed, queue=run_queue.durable_name(0, self.settings.dispatch.pool)))
         options = self.settings.dispatch
+        queues = run_queues(options)
+        sampler = asyncio.create_task(sample_queue_depth(bus, queues, pool=options.pool))
+        stack.callback(sampler.cancel)
         return [
             await stack.enter_async_context(
                 bus.consume(consumer, RunSubmission, executor.on_work, max_inflight=options.max_concurrent_runs)
             )
-            for consumer in run_queues(options)
+            for consumer in queues
         ]
 
     async def serve_grpc(self, stack: contextlib.AsyncExitStack, service: ServiceRuntime) -> None:

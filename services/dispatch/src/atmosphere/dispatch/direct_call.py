@@ -29,13 +29,12 @@ from atmosphere.dispatch.budget import budget_breach
 from atmosphere.dispatch.durability import Durability
 from atmosphere.dispatch.event_output import EventOutput
 from atmosphere.dispatch.run_scope import RunScope
+from atmosphere.dispatch.tool_errors import ERROR_PREFIX
 from atmosphere.dispatch.tools import ToolGateway, ToolOutcome
 from atmosphere.sdk.host import BudgetReason
 from atmosphere.sdk.runtime import ToolCallRequest
 
 __all__ = ["DirectCall", "call_directly", "is_direct_call", "outcome_error", "requested_call", "rewrite_refusal"]
-
-ERROR_PREFIX = "Error: "
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from atmosphere.dispatch.budget import BudgetMeter
 from atmosphere.dispatch.durability import EventSink, Fence
 from atmosphere.dispatch.output_guard import Blocked, OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
+from atmosphere.dispatch.run_telemetry import RunTelemetry
 
 BeforeTerminal = Callable[[RunEvent], Awaitable[None]]
 
@@ -41,14 +42,19 @@ class EventOutput:
         meter: BudgetMeter | None = None,
         delivered: DeliveredEvents | None = None,
         fence: Fence | None = None,
+        observer: RunTelemetry | None = None,
     ) -> None:
-        """Write to `sink`; `stop` stops the model call under way when the run ends from here."""
+        """Write to `sink`; `stop` stops the model call under way when the run ends from here.
+
+        `observer` sees the answer's text deltas, the usage and the terminal event as they go out.
+        """
         self.sink = sink
         self._before_terminal = before_terminal
         self._stop = stop
         self._meter = meter
         self._delivered = delivered
         self._fence = fence
+        self._observer = observer
         self._gate = TerminalGate(run_id)
         self.guard: OutputGuard | None = None
         """Holds the answer until governance has checked it (set at admission when policies judge answers)."""
@@ -132,16 +138,24 @@ class EventOutput:
         if not self._gate.admit(event):
             return None
         kind = event.WhichOneof("kind")
-        if is_terminal(event):
+        terminal = is_terminal(event)
+        if terminal:
             self.succeeded = kind == "complete"
             if self._before_terminal is not None:
                 await self._before_terminal(event)
         for outgoing in [event] if self._delivered is None else self._delivered.admit(event):
             await self.sink.emit(outgoing)
+        observer = self._observer
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)
+            if observer is not None:
+                observer.text()
         elif kind == "usage":
             self.usage.append(event.usage)
+            if observer is not None:
+                observer.usage(event.usage)
             if self._meter is not None and not self.breached:
                 return self._meter.add(event.usage)
+        elif terminal and observer is not None:
+            observer.ended(event)
         return None

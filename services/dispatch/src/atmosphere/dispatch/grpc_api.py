@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from atmosphere.bus import Bus, BusError, PayloadTooLargeError, subjects
 from atmosphere.bus.runs import (
@@ -71,6 +72,7 @@ from atmosphere.service import (
     StreamSlots,
     client_key,
     scoped_conversation,
+    telemetry,
 )
 
 log = logging.getLogger("atmosphere.dispatch")
@@ -527,7 +529,12 @@ async def serve_grpc(
     in progress get `stop_grace` seconds to finish; the runs of `Run` calls cut after that go on
     (their clients `Follow` them on another replica).
     """
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)])
+    # With tracing on, each call is a span continuing the client's `traceparent` metadata, and the
+    # runs it submits join that trace (`submit_run` stamps the current span on them).
+    interceptors = [aio_server_interceptor()] if telemetry.active() else None
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", max_message_bytes)], interceptors=interceptors
+    )
     server.add_generic_rpc_handlers((_handlers(servicer),))
     health_servicer = BusHealth(ready)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

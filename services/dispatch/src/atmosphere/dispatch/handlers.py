@@ -19,6 +19,7 @@ from atmosphere.bus.runs import (
 )
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission
+from atmosphere.dispatch import metrics
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
 from atmosphere.dispatch.durability import Durability, Journaled, Live, Replaying
 from atmosphere.dispatch.governance_client import GovernanceClient
@@ -193,6 +194,9 @@ class RunExecutor:
             await journal.close(succeeded=False)
             return
         if item.delivered > 1:
+            metrics.REDELIVERIES.inc()
+            if self._options.durable and journal.entries:
+                metrics.JOURNAL_RESUMES.inc()  # its committed effects replay instead of running again
             log.info(
                 "run %s redelivered (delivery %d); re-driving from seq %d", request.run_id, item.delivered, first_seq
             )

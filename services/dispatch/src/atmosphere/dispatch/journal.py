@@ -46,6 +46,7 @@ from atmosphere.contracts.journal.v1.journal_pb2 import (
     Lease,
     Terminal,
 )
+from atmosphere.dispatch import metrics
 
 log = logging.getLogger("atmosphere.dispatch.journal")
 
@@ -347,6 +348,7 @@ class RunJournal:
             raise RunTakenOverError(self.run_id) from None
         self._last = ack.seq
         self._last_record = record
+        metrics.JOURNAL_APPENDS.labels(record.WhichOneof("record") or "").inc()
 
     async def _stored_after_all(self, record: JournalRecord) -> bool:
         """Whether the subject moved because of our own earlier write (acknowledged too late).

@@ -47,6 +47,7 @@ from atmosphere.bus.errors import (
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ
 from atmosphere.bus.sizes import data_budget
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
@@ -62,6 +63,7 @@ from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_input import input_event
 from atmosphere.dispatch.run_scope import RunScope, RunServices
+from atmosphere.dispatch.run_telemetry import RunTelemetry
 from atmosphere.dispatch.run_tools import tool_gateway
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
 from atmosphere.dispatch.turns import Turns
@@ -106,6 +108,14 @@ class Run:
         self.control = RunControl(request.run_id, owner=request.principal.user_id)
         self.effects = durability.effects(scope)
         budget = scope.spec.budget
+        self.telemetry = RunTelemetry(
+            agent=scope.spec.name,
+            runtime=scope.services.model_side.runtime,
+            model=scope.model,
+            run_id=request.run_id,
+            traceparent=request.traceparent,
+        )
+        """The run's metrics and spans (`run_telemetry.py`)."""
         self.output = EventOutput(
             request.run_id,
             durability.sink(scope.services.bus, request, first_seq),
@@ -114,6 +124,7 @@ class Run:
             meter=BudgetMeter(budget) if budget and budget.enforced else None,
             delivered=delivered,
             fence=durability.fence(self._stop_model_call),
+            observer=self.telemetry,
         )
         self.emit = self.output.emit
         """Write an event (`EventOutput.emit`): the session's, the gateway's and the steps' one way out."""
@@ -154,15 +165,20 @@ class Run:
         is acked). Cancellation from outside (the worker stopping) propagates, so the item is
         handed to another worker.
         """
-        try:
-            if self.first_seq > WORKER_FIRST_SEQ:
-                await self.emit(_resumed(self.first_seq))
-            async with self.durability.serving(self.scope.services.bus, self.control):
-                await self._until_done_or_cancelled()
-            await self.finish()
-            await self.durability.close(succeeded=self.output.succeeded, retain=self.scope.settings.retain_on_success)
-        finally:
-            await self.output.sink.close()
+        request = self.scope.request
+        # Its log lines and its requests name the run; its span is the current one of its steps.
+        with bind_run(request.run_id, request.agent), self.telemetry.running():
+            try:
+                if self.first_seq > WORKER_FIRST_SEQ:
+                    await self.emit(_resumed(self.first_seq))
+                async with self.durability.serving(self.scope.services.bus, self.control):
+                    await self._until_done_or_cancelled()
+                await self.finish()
+                await self.durability.close(
+                    succeeded=self.output.succeeded, retain=self.scope.settings.retain_on_success
+                )
+            finally:
+                await self.output.sink.close()
 
     async def _until_done_or_cancelled(self) -> None:
         agent = asyncio.create_task(self.run_agent())
@@ -263,6 +279,7 @@ class Run:
         model = request.model or runtime.config.model
         turn = self.turns.begin(message, model=model, staged=bool(staged))
         handed_over = False
+        self.telemetry.prompted()
         try:
             await self.call_model(runtime, self._context(request, exchange))
         except asyncio.CancelledError:
@@ -295,6 +312,7 @@ class Run:
             client_tools=exchange.tools,
             tool_choice=exchange.tool_choice,
             pass_to_client=self.gateway.pass_to_client if exchange.tools else None,
+            listeners=(*scope.services.options.listeners, self.telemetry.model_listener()),
         )
 
     async def call_model(self, runtime: AgentRuntime, ctx: AgentExecutionContext) -> None:
@@ -349,7 +367,7 @@ class Run:
 
     async def call_tool(self, call: ToolCallRequest) -> str:
         """One tool call of the model, through the governed choke point; the text the model gets."""
-        return await self.gateway.run_tool(call)
+        return await self.telemetry.tool_call(call, self.gateway.run_tool)
 
     async def _post_process(self, request: AiRequest) -> None:
         text = "".join(self.output.answer)

@@ -25,6 +25,7 @@ from atmosphere.dispatch.permissions import ToolPermissions, run_mode
 from atmosphere.dispatch.remote_delegation import RemoteLimits, RemoteMember
 from atmosphere.sdk import PermissionMode
 from atmosphere.sdk.host import AgentSpec
+from atmosphere.sdk.lifecycle import AgentLifecycleListener
 from atmosphere.sdk.runtime import ToolSpec
 
 
@@ -61,6 +62,8 @@ class ExecutorOptions:
     """Each coordinator's remote A2A members (coordinator → name → member), as the deployment reaches them."""
     remote_limits: RemoteLimits = field(default_factory=RemoteLimits)
     """The bounds of every remote delegation (`ATMOSPHERE_DELEGATION__*`)."""
+    listeners: tuple[AgentLifecycleListener, ...] = ()
+    """The app's observers of model calls (`App(listeners=...)`, `atmosphere.sdk.lifecycle`)."""
 
 
 @dataclass(frozen=True)

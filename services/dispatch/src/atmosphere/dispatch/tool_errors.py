@@ -36,6 +36,9 @@ INTERRUPTED = (
     " so it may or may not have taken effect. It was not run again; check before repeating it."
 )
 """What the model gets for a non-idempotent call that was under way when its worker died."""
+ERROR_PREFIX = "Error: "
+"""How a tool result the model gets says the call failed (the seed's `Error: ...` tool result)."""
+
 NO_TOOL_RUNNER = "Error: no tool runner is attached to this run"
 """A runtime was asked for tools by the model on a run that cannot run any."""
 TOOL_LIMIT_REACHED = "Error: the tool-call limit for this request was reached; answer with what you have"

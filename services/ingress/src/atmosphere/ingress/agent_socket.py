@@ -26,6 +26,7 @@ from atmosphere.ingress.connection import ClientGoneError, Closed, Connection
 from atmosphere.ingress.errors import MalformedRequestError
 from atmosphere.ingress.http import message_limit_of, state_of
 from atmosphere.ingress.inbound import close_reason
+from atmosphere.ingress.metrics import OPEN_WEBSOCKETS
 from atmosphere.ingress.run_access import stored_run
 from atmosphere.ingress.state import IngressState
 from atmosphere.ingress.stream_limits import address_of
@@ -84,7 +85,7 @@ async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None)
         return
     close = functools.partial(_close_socket, websocket)
     try:
-        with state.drain.tracking(connection):
+        with state.drain.tracking(connection), OPEN_WEBSOCKETS.track_inprogress():
             await connection.serve(
                 _receiver(websocket, connection), functools.partial(_send_frame, websocket), close, resume=resume
             )

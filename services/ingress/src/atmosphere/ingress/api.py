@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
@@ -27,6 +28,7 @@ from atmosphere.ingress import (
     agent_sse,
     docs,
     governance_admin,
+    metrics,
     openai_api,
     responses_api,
     run_control,
@@ -53,7 +55,7 @@ from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.protocol_doors import door_routers, mcp_served, running_doors, serve_mcp_at
 from atmosphere.ingress.settings import IngressSettings
 from atmosphere.ingress.state import IngressState
-from atmosphere.service import open_service
+from atmosphere.service import open_service, telemetry
 
 log = logging.getLogger("atmosphere.ingress")
 
@@ -175,6 +177,7 @@ def create_app(
         responses=BEFORE_ROUTING,
     )
     _allow_cors(app, settings)
+    _trace_requests(app)
     _answer_errors_in_json(app)
     _add_probes(app)
     fixed = _include_routers(app, settings)
@@ -202,6 +205,7 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_service("ingress", settings, info=info, stop=stop, bus=bus) as runtime:
             app.state.ingress = state = IngressState.build(settings, runtime, drain=drain)
+            metrics.observe(state)
             sweeping = asyncio.Event()
             sweeper = asyncio.create_task(state.conversations.run_sweeper(sweeping))
             if settings.ai_openai_enabled and not settings.ai_openai_api_key and not state.authenticator.enabled:
@@ -219,6 +223,17 @@ def _lifespan(
                 await state.completions.close()
 
     return lifespan
+
+
+def _trace_requests(app: FastAPI) -> None:
+    """With tracing on, a span per HTTP request and WebSocket connection, continuing its `traceparent`.
+
+    Not one per WebSocket or SSE message (`exclude_spans`): a stream's frames are its run's,
+    traced where the run is made. Probes and scrapes are no trace.
+    """
+    if not telemetry.active():
+        return
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics", exclude_spans=["receive", "send"])
 
 
 def _allow_cors(app: FastAPI, settings: IngressSettings) -> None:
@@ -279,6 +294,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     app.include_router(governance_admin.router)
     app.include_router(workspace_api.router)
     app.include_router(admin_api.router)
+    app.include_router(metrics.router)
     # From the routers themselves: FastAPI wraps included routers in objects of its own.
     openai_routes = [*openai_api.router.routes, *responses_api.router.routes] if settings.ai_openai_enabled else []
     return [
@@ -291,6 +307,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
             *governance_admin.router.routes,
             *workspace_api.router.routes,
             *admin_api.router.routes,
+            *metrics.router.routes,
             *docs.router.routes,
         )
         if isinstance(r, Route) and "{path:path}" not in r.path

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from atmosphere.dispatch.runtime.provider import (
 from atmosphere.dispatch.tool_errors import NO_TOOL_RUNNER, TOOL_LIMIT_REACHED
 from atmosphere.sdk import ChatMessage, OnMaxIterations, StreamingSession
 from atmosphere.sdk.host import AiCapability
+from atmosphere.sdk.lifecycle import ModelCall, notify_model_end, notify_model_error, notify_model_start
 from atmosphere.sdk.runtime import (
     AgentExecutionContext,
     AgentRuntime,
@@ -277,7 +279,22 @@ class BuiltInAgentRuntime(AgentRuntime):
         if journaled is not None and journaled.recorded is not None:
             return await _replay(session, journaled.recorded, forward_text=forward_text)
         pieces: list[StreamedPiece] = []
-        result = await self._live_round(ctx, session, body, forward_text=forward_text, pieces=pieces)
+        call = ModelCall(
+            run_id=ctx.run_id,
+            agent=ctx.agent,
+            model=str(body.get("model", "")),
+            provider=self.name,
+            message_count=len(body.get("messages", ())),
+            tool_count=len(body.get("tools", ())),
+        )
+        notify_model_start(ctx.listeners, call)
+        started = time.perf_counter()
+        try:
+            result = await self._live_round(ctx, session, body, forward_text=forward_text, pieces=pieces)
+        except BaseException as exc:  # a cancelled call ends too, so that no observer waits for it
+            notify_model_error(ctx.listeners, call, exc)
+            raise
+        notify_model_end(ctx.listeners, call, result.usage, (time.perf_counter() - started) * 1000)
         if journaled is not None:
             await journaled.commit(_recorded(result, pieces))
         if result.usage is not None:

@@ -1,0 +1,209 @@
+"""What one run tells operators: its metrics, its trace's spans, and the model-call observer.
+
+A `RunTelemetry` is made with each `Run` and fed by its one event path (`EventOutput`): the
+first text delta is the TTFT, usage events count tokens, the terminal event ends the response
+and the run's span. With tracing on, the run's span (`invoke_agent <agent>`) continues the
+`traceparent` the run was submitted with; each model call of the built-in runtime is a
+`chat <model>` span (from the model-lifecycle hooks, `atmosphere.sdk.lifecycle`), each tool call an
+`execute_tool <tool>` span, and the bus's requests (governance, memory, the sandbox) children of
+whichever is current. Off, the per-token cost is one counter increment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import urlsplit
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from atmosphere.contracts.common.v1.common_pb2 import Usage
+from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.dispatch import metrics
+from atmosphere.dispatch.tool_errors import ERROR_PREFIX
+from atmosphere.sdk import TokenUsage
+from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
+from atmosphere.sdk.runtime import AgentRuntime, ToolCallRequest
+from atmosphere.service import telemetry
+
+ERROR_TYPES = {
+    # The seed's error types (`atmosphere.ai.errors.total`), from the codes runs end with.
+    "provider.rate_limited": "rate_limit",
+    "provider.timeout": "timeout",
+    "provider.error": "server_error",
+    "provider.unavailable": "unavailable",
+    "runtime.unavailable": "unavailable",
+    "provider.misconfigured": "auth",
+    "provider.too_large": "context_length",
+    "governance.response_blocked": "content_filter",
+    "provider.rejected": "invalid_request",
+    "provider.malformed": "stream_error",
+    "provider.empty_answer": "stream_error",
+}
+_CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+
+
+def error_type(error_code: str, provider_code: str = "") -> str:
+    """The seed's error type of a run that ended with `error_code` (`unknown` for the others)."""
+    if provider_code in _CONTEXT_LENGTH_CODES:
+        return "context_length"
+    if provider_code == "content_filter":
+        return "content_filter"
+    return ERROR_TYPES.get(error_code, "unknown")
+
+
+def provider_of(runtime: AgentRuntime | None) -> str:
+    """Where `runtime` sends its model calls: its base URL's host, else the runtime's name."""
+    if runtime is None:
+        return ""
+    base_url = runtime.config.base_url or ""
+    return urlsplit(base_url).netloc or runtime.name
+
+
+class RunTelemetry:
+    """One run's metrics and spans (see the module)."""
+
+    def __init__(self, *, agent: str, runtime: AgentRuntime | None, model: str, run_id: str, traceparent: str) -> None:
+        """Count under `agent`/`runtime`/`model`; the span continues `traceparent` when tracing is on."""
+        self.agent = agent
+        self.runtime_name = runtime.name if runtime is not None else ""
+        self.run_id = run_id
+        self._traceparent = traceparent
+        self._labels = (agent, self.runtime_name, provider_of(runtime), model)
+        self._texts = metrics.STREAMING_TEXTS.labels(*self._labels)
+        self._started = time.perf_counter()
+        self._first_text = False
+        self._input_tokens = 0
+        self._output_tokens = 0
+        self.span: Span | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The run's lifetime: an active session, and its span (the current one while it runs)."""
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.agent,
+            "gen_ai.provider.name": self.runtime_name,
+            "atmosphere.run.id": self.run_id,
+        }
+        with (
+            metrics.ACTIVE_SESSIONS.labels(self.agent).track_inprogress(),
+            telemetry.span(f"invoke_agent {self.agent}", attributes=attributes, traceparent=self._traceparent) as span,
+        ):
+            self.span = span
+            yield
+
+    def prompted(self) -> None:
+        """A model exchange begins."""
+        metrics.PROMPTS.labels(*self._labels).inc()
+
+    def text(self) -> None:
+        """A text delta of the answer went out (the first one is the TTFT)."""
+        self._texts.inc()
+        if not self._first_text:
+            self._first_text = True
+            metrics.PROMPT_DURATION.labels(*self._labels).observe(time.perf_counter() - self._started)
+
+    def usage(self, usage: Usage) -> None:
+        """A usage event: the provider's token counts."""
+        for kind, count in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cached_input", usage.cached_input_tokens),
+        ):
+            if count:  # the cached series is absent when the provider reports no cache hits
+                metrics.TOKENS.labels(*self._labels, kind).inc(count)
+        self._input_tokens += usage.input_tokens
+        self._output_tokens += usage.output_tokens
+        if self.span is not None:  # the run's totals, over all its model calls
+            self.span.set_attribute("gen_ai.usage.input_tokens", self._input_tokens)
+            self.span.set_attribute("gen_ai.usage.output_tokens", self._output_tokens)
+
+    def ended(self, event: RunEvent) -> None:
+        """The terminal event went out: the response's duration, the outcome, the span's status."""
+        metrics.RESPONSE_DURATION.labels(*self._labels).observe(time.perf_counter() - self._started)
+        if event.WhichOneof("kind") == "complete":
+            metrics.RUNS.labels(self.agent, "complete").inc()
+            if self.span is not None and event.complete.finish_reason:
+                self.span.set_attribute("gen_ai.response.finish_reasons", [event.complete.finish_reason])
+            return
+        code = event.error.code or "unknown"
+        metrics.RUNS.labels(self.agent, code).inc()
+        metrics.ERRORS.labels(*self._labels, error_type(code, event.error.details.get("provider_code", ""))).inc()
+        if self.span is not None:
+            self.span.set_status(Status(StatusCode.ERROR, code))
+            self.span.set_attribute("error.type", code)
+
+    async def tool_call(self, call: ToolCallRequest, run: Callable[[ToolCallRequest], Awaitable[str]]) -> str:
+        """`run` one tool call: its duration and outcome (an `Error: ...` result is an error), its span."""
+        started = time.perf_counter()
+        outcome = "error"
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.call_id,
+        }
+        try:
+            with telemetry.span(f"execute_tool {call.name}", attributes=attributes) as span:
+                result = await run(call)
+                if not result.startswith(ERROR_PREFIX):
+                    outcome = "ok"
+                elif span is not None:
+                    span.set_status(Status(StatusCode.ERROR, "the tool answered an error"))
+            return result
+        finally:
+            metrics.TOOL_DURATION.labels(self.agent, call.name, outcome).observe(time.perf_counter() - started)
+
+    def model_listener(self) -> AgentLifecycleListener:
+        """The observer of this run's model calls: GenAI metrics, and a `chat` span per call."""
+        return _ModelCalls(self)
+
+
+class _ModelCalls(AgentLifecycleListener):
+    """`chat <model>` spans and the GenAI client metrics, from the built-in runtime's hooks."""
+
+    def __init__(self, run: RunTelemetry) -> None:
+        self._run = run
+        self._spans: dict[int, Span] = {}
+
+    def on_model_start(self, call: ModelCall) -> None:
+        if self._run.span is None:
+            return
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": call.provider,
+            "gen_ai.system": call.provider,
+            "gen_ai.request.model": call.model,
+            "gen_ai.agent.name": call.agent,
+        }
+        span = telemetry.start_span(f"chat {call.model}", kind=SpanKind.CLIENT, attributes=attributes)
+        if span is not None:
+            self._spans[id(call)] = span
+
+    def on_model_end(self, call: ModelCall, usage: TokenUsage | None, duration_ms: float) -> None:
+        labels = ("chat", call.provider, call.model)
+        metrics.GEN_AI_OPERATION_DURATION.labels(*labels).observe(duration_ms / 1000)
+        if usage is not None:
+            for kind, count in (("input", usage.input), ("output", usage.output), ("cached_input", usage.cached_input)):
+                if count:
+                    metrics.GEN_AI_TOKEN_USAGE.labels(*labels, kind).observe(count)
+        span = self._spans.pop(id(call), None)
+        if span is None:
+            return
+        if usage is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", usage.input)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.output)
+            span.set_attribute("gen_ai.usage.total_tokens", usage.total or usage.input + usage.output)
+            if usage.model:  # runtime truth: no placeholder when the provider named none
+                span.set_attribute("gen_ai.response.model", usage.model)
+        span.end()
+
+    def on_model_error(self, call: ModelCall, error: BaseException) -> None:
+        span = self._spans.pop(id(call), None)
+        if span is None:
+            return
+        code = getattr(error, "code", "") or type(error).__name__
+        span.set_status(Status(StatusCode.ERROR, str(code)))
+        span.set_attribute("error.type", str(code))
+        span.end()
