@@ -6,7 +6,7 @@ import importlib
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from atmosphere.sdk._mcp import McpServer
 from atmosphere.sdk._spec import AgentSpec, spec_of
@@ -32,11 +32,12 @@ class App:
         service installs them after the policy files, in this order. `listeners` observe every
         model call of every agent (`atmosphere.sdk.lifecycle`), in dispatch.
         """
-        self.listeners: tuple[AgentLifecycleListener, ...] = tuple(listeners)
-        for listener in self.listeners:
+        given: tuple[object, ...] = tuple(listeners)  # checked: an app without mypy may pass anything
+        for listener in given:
             if not isinstance(listener, AgentLifecycleListener):
                 msg = f"{listener!r} is not an AgentLifecycleListener (atmosphere.sdk.lifecycle)"
                 raise UserError(msg)
+        self.listeners = cast("tuple[AgentLifecycleListener, ...]", given)
         self.policies: tuple[Any, ...] = tuple(policies)
         for policy in self.policies:
             if not (hasattr(policy, "identity") and callable(getattr(policy, "evaluate", None))):
