@@ -41,8 +41,15 @@ def test_the_admin_token_reaches_ingress_and_the_banner(tmp_path: Path) -> None:
     ingress = child_specs(options)[-1]
     assert ingress.env["ATMOSPHERE_ADMIN_TOKEN"] == "s3cret-token"
     assert ingress.env["ATMOSPHERE_AI_OPENAI_ENABLED"] == "false"
-    assert "Authorization: Bearer s3cret-token" in banner(options)
+    assert "Authorization: Bearer s3cret-token" in banner(options)  # made for this run: shown, or nobody knows it
     assert "/atmosphere/v1" not in banner(options)
+
+
+def test_the_operators_own_admin_token_is_never_printed(tmp_path: Path) -> None:
+    options = DevOptions(app="a:b", home=tmp_path, no_model=True, admin_token="s3cret-token", admin_token_given=True)
+    assert child_specs(options)[-1].env["ATMOSPHERE_ADMIN_TOKEN"] == "s3cret-token"
+    assert "s3cret-token" not in banner(options)
+    assert "Authorization: Bearer $ATMOSPHERE_ADMIN_TOKEN" in banner(options)
 
 
 def test_the_banner_says_why_there_is_no_model(tmp_path: Path) -> None:

@@ -217,6 +217,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         not in ("false", "0", "no", "off"),
         # A token made per run unless one is given: admin reads are never open by accident.
         admin_token=os.environ.get("ATMOSPHERE_ADMIN_TOKEN") or secrets.token_urlsafe(18),
+        admin_token_given=bool(os.environ.get("ATMOSPHERE_ADMIN_TOKEN")),
         default_runtime=os.environ.get("ATMOSPHERE_DISPATCH__RUNTIME") or "built-in",
         pool_python=tuple(args.pool_python),
     )

@@ -91,6 +91,8 @@ class DevOptions:
     """Serve the OpenAI-compatible API (`ATMOSPHERE_AI_OPENAI_ENABLED`, on unless set false)."""
     admin_token: str = ""
     """The token of `/api/admin/*`: `ATMOSPHERE_ADMIN_TOKEN`, else one made for this run."""
+    admin_token_given: bool = False
+    """Whether `admin_token` is the operator's (`ATMOSPHERE_ADMIN_TOKEN`): never printed then."""
     cluster: int = 1
     """nats-server nodes: 1 runs one process per service; more (3) a JetStream cluster and two
     replicas of every service, ingress on `http_port` and the next, dispatch's gRPC likewise."""
@@ -115,6 +117,19 @@ class DevOptions:
     def local_model(self) -> bool:
         """Whether the stack runs its own model child."""
         return not self.llm_base_url and not self.no_model and llama_available() and smollm2_path() is not None
+
+
+def _admin_token_shown(options: DevOptions) -> str:
+    """The admin token as the banner shows it: one made for this run, never one the operator set.
+
+    A token from `ATMOSPHERE_ADMIN_TOKEN` is the operator's secret, and the banner is output a
+    log collector may keep: it names the variable instead.
+    """
+    if not options.admin_token:
+        return "<unset>"
+    if options.admin_token_given:
+        return "$ATMOSPHERE_ADMIN_TOKEN"
+    return options.admin_token
 
 
 def _probe_ports(options: DevOptions) -> dict[str, int]:
@@ -303,7 +318,7 @@ def banner(options: DevOptions) -> str:
         *([f"  openai     {http}/atmosphere/v1   (model = agent name)"] if options.openai_enabled else []),
         *([f"  responses  {http}/atmosphere/v1/responses   (the Responses API)"] if options.openai_enabled else []),
         f"  console    {http}/api/console/info   (what is served: runtimes, doors)",
-        f"  admin      {http}/api/admin/...   (Authorization: Bearer {options.admin_token or '<unset>'})",
+        f"  admin      {http}/api/admin/...   (Authorization: Bearer {_admin_token_shown(options)})",
         f"  openapi    {http}/docs",
         f"  grpc       {options.host}:{options.grpc_port}   (atmosphere.contracts.dispatch.v1.DispatchService)",
         f"  model      {model}",
@@ -333,7 +348,7 @@ def _cluster_banner(options: DevOptions, layout: DevLayout, model: str) -> str:
         *([f"  openai     {http}/atmosphere/v1   (model = agent name)"] if options.openai_enabled else []),
         *([f"  responses  {http}/atmosphere/v1/responses   (the Responses API)"] if options.openai_enabled else []),
         f"  console    {http}/api/console/info   (what is served: runtimes, doors)",
-        f"  admin      {http}/api/admin/...   (Authorization: Bearer {options.admin_token or '<unset>'})",
+        f"  admin      {http}/api/admin/...   (Authorization: Bearer {_admin_token_shown(options)})",
         f"  openapi    {http}/docs",
         f"  grpc       {grpc}   (atmosphere.contracts.dispatch.v1.DispatchService)",
         f"  model      {model}",

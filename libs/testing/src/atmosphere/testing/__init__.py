@@ -11,6 +11,7 @@ served `ScriptedModel`).
 from atmosphere.testing.agents import AgentTestEnv, run_agent
 from atmosphere.testing.model_turns import ModelRequest, ToolCallScript, Turn
 from atmosphere.testing.nats_server import NatsServer, NatsServerError
+from atmosphere.testing.otlp import OtlpReceiver, ReceivedSpan
 from atmosphere.testing.ports import free_port, free_port_block
 from atmosphere.testing.results import RunResult
 from atmosphere.testing.scripted_model import ScriptedModel
@@ -22,6 +23,8 @@ __all__ = [
     "ModelRequest",
     "NatsServer",
     "NatsServerError",
+    "OtlpReceiver",
+    "ReceivedSpan",
     "RunResult",
     "ScriptedModel",
     "Stack",

@@ -1,0 +1,264 @@
+"""What an operator sees of one run, from outside: metrics, one trace across the services, and logs.
+
+`atmosphere dev` runs every service as its own process, exporting traces to a real OTLP
+receiver (the collector's protocol, `atmosphere.testing.OtlpReceiver`) and writing JSON logs.
+A run enters on HTTP (the OpenAI endpoint) with a W3C `traceparent`, and its agent calls a tool;
+then every service's `/metrics` is read with Prometheus's own text parser, the receiver's spans
+are checked for one trace covering every hop, and the logs for the run's ids and for secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from atmosphere.testing import (
+    OtlpReceiver,
+    ReceivedSpan,
+    ScriptedModel,
+    ToolCallScript,
+    Turn,
+    free_port,
+    free_port_block,
+    wait_until,
+)
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.timeout(240)
+
+WORKERS = ("dispatch", "governance", "memory", "sandbox", "tape")
+"""The services with a probe port, in the order `atmosphere dev` numbers them from the base."""
+
+TRACE_ID = secrets.token_hex(16)
+PARENT_SPAN = secrets.token_hex(8)
+USER_TOKEN = "user-" + secrets.token_hex(12)
+ADMIN_TOKEN = "admin-" + secrets.token_hex(12)
+
+
+@contextmanager
+def dev_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], Path, dict[str, int]]]:
+    """`atmosphere dev` with the governed test app on free ports; its output in a file."""
+    ports = {"nats": free_port(), "http": free_port(), "probe": free_port_block(len(WORKERS)), "grpc": free_port()}
+    argv = [
+        str(Path(sys.executable).parent / "atmosphere"),
+        "dev",
+        "--app",
+        "tests.e2e.apps.governed_app:app",
+        "--home",
+        str(tmp_path / "home"),
+        "--nats-port",
+        str(ports["nats"]),
+        "--http-port",
+        str(ports["http"]),
+        "--probe-base-port",
+        str(ports["probe"]),
+        "--grpc-port",
+        str(ports["grpc"]),
+        "--no-model",
+    ]
+    log = tmp_path / "dev.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        yield process, log, ports
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a `/metrics` body, parsed by Prometheus's own parser (which fails on bad text)."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(value for (sample, have), value in parsed.items() if sample == name and wanted <= have)
+
+
+async def scrape(ports: dict[str, int]) -> dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]]:
+    """Every service's parsed `/metrics`: the workers' probe ports, ingress's HTTP port (admin token)."""
+    scraped = {}
+    async with httpx.AsyncClient(timeout=10) as client:
+        for offset, name in enumerate(WORKERS):
+            reply = await client.get(f"http://127.0.0.1:{ports['probe'] + offset}/metrics")
+            assert reply.status_code == 200, (name, reply.text)
+            assert reply.headers["content-type"].startswith("text/plain"), reply.headers
+            scraped[name] = samples(reply.text)
+        ingress = f"http://127.0.0.1:{ports['http']}/metrics"
+        refused = await client.get(ingress)
+        assert refused.status_code == 401, refused.text  # the admin token is set: ingress's port is public
+        assert refused.json()["code"] == "admin.unauthorized"
+        reply = await client.get(ingress, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert reply.status_code == 200, reply.text
+        scraped["ingress"] = samples(reply.text)
+    return scraped
+
+
+def spans_by_service(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
+    by: dict[str, list[ReceivedSpan]] = {}
+    for span in spans:
+        by.setdefault(span.service, []).append(span)
+    return by
+
+
+async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: Path) -> None:
+    provider = ScriptedModel().script(
+        Turn.tool_calls(ToolCallScript("read_record", {"record_id": "r-7"}, call_id="call_read")),
+        Turn.text("Record r-7 is active.", usage=(40, 6)),
+    )
+    receiver = OtlpReceiver()
+    async with provider.serving(), receiver.serving():
+        env = {
+            **os.environ,
+            "LLM_BASE_URL": provider.base_url,
+            "LLM_API_KEY": "sk-provider-" + "k" * 16,
+            "GOVERNED_APP_CALLS": str(tmp_path / "calls.txt"),
+            "ATMOSPHERE_ADMIN_TOKEN": ADMIN_TOKEN,
+            "ATMOSPHERE_INGRESS__AUTH_TOKENS": json.dumps([{"token": USER_TOKEN, "user_id": "alice"}]),
+            "ATMOSPHERE_LOG__JSON": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",  # milliseconds: spans reach the receiver at once
+        }
+        with dev_stack(tmp_path, env) as (process, log, ports):
+
+            async def banner() -> bool:
+                assert process.poll() is None, log.read_text()
+                return "Ctrl-C stops everything" in log.read_text()
+
+            await wait_until(banner, timeout=120, interval=0.2, what="the dev stack banner")
+            before = await scrape(ports)
+
+            url = f"http://127.0.0.1:{ports['http']}"
+            traceparent = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                reply = await client.post(
+                    "/atmosphere/v1/chat/completions",
+                    json={"model": "records", "messages": [{"role": "user", "content": "Is record r-7 active?"}]},
+                    headers={"Authorization": f"Bearer {USER_TOKEN}", "traceparent": traceparent},
+                )
+                # A rejected token is refused, and must not reach any log either.
+                rejected = await client.post(
+                    "/atmosphere/v1/chat/completions",
+                    json={"model": "records", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"Authorization": "Bearer wrong-" + USER_TOKEN},
+                )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"] == "Record r-7 is active."
+            assert rejected.status_code == 401, rejected.text
+            run_id = reply.headers["x-atmosphere-run-id"]
+
+            # Metrics: each service's series parse, and the named ones moved with this run.
+            after = await scrape(ports)
+
+            def moved(service: str, name: str, **labels: str) -> float:
+                return total(after[service], name, **labels) - total(before[service], name, **labels)
+
+            assert moved("dispatch", "atmosphere_ai_prompts_total", agent="records") == 1
+            assert moved("dispatch", "atmosphere_runs_total", agent="records", outcome="complete") == 1
+            assert moved("dispatch", "atmosphere_ai_prompt_duration_seconds_count", agent="records") == 1
+            assert moved("dispatch", "atmosphere_ai_response_duration_seconds_count", agent="records") == 1
+            assert moved("dispatch", "atmosphere_ai_streaming_texts_total", agent="records") >= 1
+            assert moved("dispatch", "atmosphere_ai_tool_duration_seconds_count", tool="read_record", outcome="ok") == 1
+            assert moved("dispatch", "atmosphere_ai_tokens_total", type="input") == 10 + 40
+            assert moved("dispatch", "atmosphere_ai_tokens_total", type="output") == 5 + 6
+            assert (
+                moved("dispatch", "gen_ai_client_operation_duration_seconds_count", gen_ai_operation_name="chat") == 2
+            )
+            assert moved("dispatch", "gen_ai_client_token_usage_count", gen_ai_token_type="input") == 2
+            assert moved("dispatch", "atmosphere_bus_request_duration_seconds_count", family="tool") == 1
+            assert moved("dispatch", "atmosphere_bus_request_duration_seconds_count", family="gov.admit") >= 1
+            for service in (*WORKERS, "ingress"):
+                assert total(after[service], "process_cpu_seconds_total") > 0, service
+            assert "atmosphere_ingress_run_streams" in {name for name, _ in after["ingress"]}
+
+            # Traces: one trace, the caller's, across ingress, dispatch, the model, the tool,
+            # governance, memory and the sandbox.
+            async def whole_trace() -> bool:
+                services = spans_by_service(receiver.trace(TRACE_ID))
+                names = {span.name for span in receiver.trace(TRACE_ID)}
+                return (
+                    {"atmosphere-ingress", "atmosphere-dispatch", "atmosphere-governance"} <= services.keys()
+                    and {
+                        "atmosphere-memory",
+                        "atmosphere-sandbox",
+                    }
+                    <= services.keys()
+                    and "execute_tool read_record" in names
+                )
+
+            await wait_until(whole_trace, timeout=30, interval=0.2, what="the run's spans at the receiver")
+            spans = receiver.trace(TRACE_ID)
+            by_service = spans_by_service(spans)
+            by_id = {span.span_id: span for span in spans}
+            # Every span descends from the caller's span: one tree, rooted at the traceparent.
+            for span in spans:
+                seen = span
+                while seen.parent_span_id in by_id:
+                    seen = by_id[seen.parent_span_id]
+                assert seen.parent_span_id == PARENT_SPAN, (span, seen)
+            run = next(s for s in by_service["atmosphere-dispatch"] if s.name == "invoke_agent records")
+            assert run.attributes["atmosphere.run.id"] == run_id
+            assert run.attributes["gen_ai.usage.input_tokens"] == 50
+            assert run.attributes["gen_ai.response.finish_reasons"] == ["stop"]
+            chats = [s for s in by_service["atmosphere-dispatch"] if s.name.startswith("chat ")]
+            assert len(chats) == 2, chats
+            for chat in chats:
+                assert chat.attributes["gen_ai.operation.name"] == "chat"
+                assert chat.attributes["gen_ai.provider.name"] == "built-in"
+                assert chat.attributes["gen_ai.request.model"]
+                assert chat.parent_span_id == run.span_id
+            assert sorted(c.attributes["gen_ai.usage.output_tokens"] for c in chats) == [5, 6]
+            tool = next(s for s in spans if s.name == "execute_tool read_record")
+            assert tool.attributes["gen_ai.tool.call.id"] == "call_read"
+            sandbox = [s for s in by_service["atmosphere-sandbox"] if s.name == "handle tool"]
+            assert sandbox and all(by_id[s.parent_span_id].parent_span_id == tool.span_id for s in sandbox), sandbox
+            assert any(s.name.startswith("handle gov.") for s in by_service["atmosphere-governance"])
+            assert any(s.name.startswith("handle mem.") for s in by_service["atmosphere-memory"])
+            assert any(s.kind == 2 for s in by_service["atmosphere-ingress"])  # SERVER: the HTTP request
+
+            os.killpg(process.pid, signal.SIGINT)
+            assert process.wait(60) == 0, log.read_text()[-4000:]
+
+    # Logs: JSON lines naming their service; the run's lines on each service carry its run id
+    # and trace id; no token of this test appears anywhere.
+    text = log.read_text()
+    for secret in (USER_TOKEN, ADMIN_TOKEN, env["LLM_API_KEY"]):
+        assert secret not in text
+    lines = []
+    for raw in text.splitlines():
+        _, _, body = raw.partition("| ")
+        if body.startswith("{"):
+            lines.append(json.loads(body))
+    assert {line["service"] for line in lines} >= {*WORKERS, "ingress"}
+    assert all(line.get("replica") for line in lines)
+    for service in ("ingress", "dispatch"):
+        of_run = [line for line in lines if line["service"] == service and line.get("run_id") == run_id]
+        assert of_run, f"no log line of {service} names run {run_id}"
+        assert any(line.get("trace_id") == TRACE_ID for line in of_run), of_run
+    assert re.search(rf'"trace_id": "{TRACE_ID}"', text)
