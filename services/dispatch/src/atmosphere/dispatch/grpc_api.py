@@ -531,7 +531,8 @@ async def serve_grpc(
     """
     # With tracing on, each call is a span continuing the client's `traceparent` metadata, and the
     # runs it submits join that trace (`submit_run` stamps the current span on them).
-    interceptors = [aio_server_interceptor()] if telemetry.active() else None  # type: ignore[no-untyped-call]
+    provider = telemetry.provider()
+    interceptors = None if provider is None else [aio_server_interceptor(tracer_provider=provider)]  # type: ignore[no-untyped-call]
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", max_message_bytes)], interceptors=interceptors
     )

@@ -231,9 +231,15 @@ def _trace_requests(app: FastAPI) -> None:
     Not one per WebSocket or SSE message (`exclude_spans`): a stream's frames are its run's,
     traced where the run is made. Probes and scrapes are no trace.
     """
-    if not telemetry.active():
+    provider = telemetry.provider()
+    if provider is None:
         return
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics", exclude_spans=["receive", "send"])
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=provider,
+        excluded_urls="healthz,readyz,metrics",
+        exclude_spans=["receive", "send"],
+    )
 
 
 def _allow_cors(app: FastAPI, settings: IngressSettings) -> None:

@@ -34,6 +34,8 @@ __all__ = [
     "active",
     "configure_tracing",
     "format_traceparent",
+    "install_provider",
+    "provider",
     "shutdown_tracing",
     "span",
     "start_span",
@@ -82,7 +84,6 @@ def configure_tracing(service: str, *, instance: str = "", env: Mapping[str, str
 
     Call once per process, before the service starts; `shutdown_tracing` flushes what is left.
     """
-    global _provider  # noqa: PLW0603 - one provider per process
     if _provider is not None or not tracing_requested(env):
         return _provider is not None
     attributes: dict[str, Any] = {}
@@ -98,21 +99,35 @@ def configure_tracing(service: str, *, instance: str = "", env: Mapping[str, str
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         else:
             log.warning("OTEL_TRACES_EXPORTER names %r, which this service does not ship; ignored", name)
-    trace.set_tracer_provider(provider)
-    _provider = provider
-    telemetry.install_tracer(_BusTracer())
+    trace.set_tracer_provider(provider)  # for the instrumentations that read the global one
+    install_provider(provider)
     log.info("%s: tracing on (exporters: %s)", service, ", ".join(_exporters_named(env)))
     return True
 
 
+def install_provider(provider: TracerProvider | None) -> None:
+    """Record spans with `provider` in this process (None: tracing off).
+
+    `configure_tracing` calls it; a test passes a provider with an in-memory exporter, and None
+    afterwards (OpenTelemetry's global provider can be set only once per process: ours is not it).
+    """
+    global _provider  # noqa: PLW0603 - one provider per process
+    _provider = provider
+    telemetry.install_tracer(_BusTracer() if provider is not None else None)
+
+
+def provider() -> TracerProvider | None:
+    """The provider spans are recorded with, None when tracing is off."""
+    return _provider
+
+
 def shutdown_tracing() -> None:
     """Export the spans still buffered and stop (the process is about to exit)."""
-    global _provider  # noqa: PLW0603
-    if _provider is None:
+    installed = _provider
+    if installed is None:
         return
-    telemetry.install_tracer(None)
-    _provider.shutdown()
-    _provider = None
+    install_provider(None)
+    installed.shutdown()
 
 
 def active() -> bool:
@@ -151,7 +166,7 @@ def span(
     else:
         yield None
         return
-    tracer = trace.get_tracer(_INSTRUMENTATION)
+    tracer = _provider.get_tracer(_INSTRUMENTATION)
     with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=dict(attributes or {})) as started:
         yield started
 
@@ -165,7 +180,7 @@ def start_span(
     """
     if _provider is None or not trace.get_current_span().get_span_context().is_valid:
         return None
-    return trace.get_tracer(_INSTRUMENTATION).start_span(name, kind=kind, attributes=dict(attributes or {}))
+    return _provider.get_tracer(_INSTRUMENTATION).start_span(name, kind=kind, attributes=dict(attributes or {}))
 
 
 class _BusTracer:
