@@ -12,6 +12,7 @@ import atmosphere.sdk
 import atmosphere.sdk.host
 
 USER_SURFACE = [
+    "AgentLifecycleListener",
     "AiBudget",
     "AiInterceptor",
     "AiRequest",
@@ -22,6 +23,7 @@ USER_SURFACE = [
     "Harness",
     "McpServer",
     "MessageToolCall",
+    "ModelCall",
     "ModelRetry",
     "OnMaxIterations",
     "PermissionMode",
