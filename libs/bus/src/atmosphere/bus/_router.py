@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -97,13 +98,23 @@ async def run_route(
         telemetry.bind_run(headers.run_id, headers.agent),
         tracer.server_span(subject, headers.traceparent) if tracer is not None else contextlib.nullcontext(),
     ):
+        started = time.perf_counter()
         try:
             reply = await route.handler(request, context)
         except ServiceError as exc:
+            _handled(subject, started, exc.code)
             return encode(exc.to_proto())
         except Exception:
             log.exception("handler for %s failed", subject)
             return encode(ServiceFailedError("internal error").to_proto())
+        _handled(subject, started, "")
     if reply is None:
         return None
     return encode(reply)
+
+
+def _handled(subject: str, started: float, error: str) -> None:
+    """One DEBUG line per handled request of a run: which, how long, how it ended (its run is bound)."""
+    if telemetry.current_run() is not None and log.isEnabledFor(logging.DEBUG):
+        elapsed = (time.perf_counter() - started) * 1000
+        log.debug("handled %s in %.1f ms%s", telemetry.subject_family(subject), elapsed, f" ({error})" if error else "")
