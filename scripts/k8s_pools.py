@@ -7,7 +7,9 @@ pool-<runtime>). What keeps it working, and apart:
   provisioner makes the queues of those it names, and a pool whose queue is missing never starts
   (one named but not deployed leaves its agents' runs waiting for nobody); no pod overrides it;
 - each is `atmosphere-dispatch-<runtime>`, runs its own image `atmosphere-dispatch-<runtime>`
-  (its framework is in no other) and logs in as the `dispatch` role;
+  (its framework is in no other) and logs in as the `dispatch` role; but where every Atmosphere
+  container runs one image, an app's own (deploy/k8s/components/app-image), a pool runs it too:
+  the app chose which frameworks it holds;
 - nothing may reach it (its gRPC is not exposed: the default pool's serves every agent), and it
   may reach what the default pool may, and nothing more: NATS, DNS and the model provider.
 """
@@ -67,14 +69,26 @@ def _egress(labels: dict[str, str], policies: list[Document]) -> set[tuple[Any, 
     return {key(a) for a in allowances(labels, policies, "Egress")}
 
 
+def one_image(documents: list[Document]) -> str | None:
+    """The image every Atmosphere container runs, when they all run the same one (an app's own)."""
+    images = {
+        str(container.get("image", ""))
+        for name, workload in workloads(documents).items()
+        if name.startswith("atmosphere-")
+        for container in pod_spec(workload)["containers"]
+    }
+    return images.pop() if len(images) == 1 else None
+
+
 def _pool_problems(name: str, pool: str, documents: list[Document]) -> list[str]:
     workload = workloads(documents)[name]
     found = []
     if name != f"{DISPATCH}-{pool}":
         found.append(f"{name} serves the pool {pool}: name it {DISPATCH}-{pool}")
+    shared = one_image(documents)
     for container in pod_spec(workload)["containers"]:
         image = str(container.get("image", "")).split(":", 1)[0].rsplit("/", 1)[-1]
-        if image != f"{DISPATCH}-{pool}":
+        if image != f"{DISPATCH}-{pool}" and container.get("image") != shared:
             found.append(f"{name} runs {container.get('image')}, not its own image {DISPATCH}-{pool}")
         refs = [s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s]
         if not any(r.startswith(DISPATCH_LOGIN) for r in refs):

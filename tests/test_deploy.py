@@ -29,7 +29,7 @@ from scripts.strict_yaml import strict_load, strict_load_all
 from scripts.validate_compose import InterpolationError, interpolate, load, schema_errors
 from scripts.validate_k8s import rendered
 from tests.test_k8s_drain import container_environment, settings_class
-from tests.test_k8s_overlays import PROVIDERS
+from tests.test_k8s_overlays import PROVIDERS, workspace_version
 from tests.test_runtime_adapters import PINNED_RUNTIMES
 
 Document = dict[str, Any]
@@ -201,8 +201,23 @@ def test_interpolation_reads_variables_as_compose_does() -> None:
             interpolate(unsupported, environment)
 
 
+def test_one_variable_runs_every_atmosphere_container_in_an_app_image() -> None:
+    # An app's own image (`atmosphere new`) holds every service: ATMOSPHERE_IMAGE names it for all.
+    image = "registry.example.com/team/my-agents:1.2.3"
+    compose = load({"ATMOSPHERE_IMAGE": image, "ATMOSPHERE_APP": "my_agents.agents:app"})
+    assert schema_errors(compose) == []
+    atmosphere = {"provision", *SERVICES, *POOL_SERVICES}
+    assert {n: s.get("image") for n, s in compose["services"].items() if n in atmosphere} == dict.fromkeys(
+        atmosphere, image
+    )
+    assert {n for n, s in compose["services"].items() if s.get("image") == image} == atmosphere
+    apps = {n: s["environment"]["ATMOSPHERE_APP"] for n, s in compose["services"].items() if n in atmosphere}
+    assert apps == dict.fromkeys(atmosphere, "my_agents.agents:app")
+
+
 def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -> None:
     services: dict[str, Any] = compose["services"]
+    version = workspace_version()
     assert set(services) == {"nats-volumes", *NODES, "provision", *SERVICES, *POOL_SERVICES}
     brokers = {node: {"condition": "service_healthy"} for node in NODES}
     for name in (*SERVICES, *POOL_SERVICES):
@@ -211,10 +226,16 @@ def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -
         # A pool's image is dispatch's with its runtime (RUNTIME); a service's has none.
         wanted = {"SERVICE": "dispatch", "RUNTIME": POOL_SERVICES[name]} if name in POOL_SERVICES else {"SERVICE": name}
         assert build["args"] == wanted, name
+        # Named as the manifests name it (its `build:` tags it so), each running its service by its
+        # command: any image holding the services runs it, an app's own too (ATMOSPHERE_IMAGE).
+        image = f"atmosphere-{name}:{version}"
+        assert services[name]["image"] == image, name
+        assert services[name]["command"] == ["python", "-m", f"atmosphere.{ROLES[name]}"], name
         # Every service starts once the layout is provisioned (no service's login may make it).
         assert services[name]["depends_on"] == {**brokers, "provision": {"condition": "service_completed_successfully"}}
     assert services["provision"]["depends_on"] == brokers
     assert services["provision"]["build"]["args"] == {"SERVICE": "dispatch"}
+    assert services["provision"]["image"] == f"atmosphere-dispatch:{version}"
 
 
 def test_compose_provisions_as_the_production_overlays_job(compose: Document, production: list[Document]) -> None:
@@ -258,6 +279,8 @@ def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(
         assert env_files(service) == wanted, name
         assert probed(service["healthcheck"]) == readiness(container)
         assert seconds(service["stop_grace_period"]) == pod_spec(workload)["terminationGracePeriodSeconds"]
+        # The same image and command.
+        assert (service["image"], service["command"]) == (container["image"], container["command"]), name
         assert any(t.startswith("/tmp:") for t in service["tmpfs"])
         assert any(v.endswith(":/data") for v in service.get("volumes", [])) == (name in STATEFUL)
 

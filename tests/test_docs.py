@@ -55,6 +55,7 @@ MENTION = re.compile(r"\b((?:ATMOSPHERE|LLM)_[A-Z0-9_]*[A-Z0-9_])(\*?)")
 # Words that look like settings but are not read by any service's settings class.
 NOT_SETTINGS = {
     "ATMOSPHERE_TEST_NATS_URL": "the pytest plugin's existing server (atmosphere.testing)",
+    "ATMOSPHERE_IMAGE": "the image of every Atmosphere container in docker-compose.yml (an app's own)",
     "LLM_CLASSIFIER": "a value of ATMOSPHERE_AI_INJECTION_SCREEN_TIER",
     "LLM_ROUND": "a kind of durable runs' journal records (EFFECT_KIND_LLM_ROUND)",
 }
@@ -176,6 +177,7 @@ def test_what_is_not_a_setting_is_what_the_docs_say() -> None:
     tier = settings_classes()["governance"].model_fields["ai_injection_screen_tier"].annotation
     assert "LLM_CLASSIFIER" in typing.get_args(tier)
     assert "EFFECT_KIND_LLM_ROUND" in text_of(ROOT / "proto/atmosphere/contracts/journal/v1/journal.proto")
+    assert "image: ${ATMOSPHERE_IMAGE:-" in text_of(ROOT / "docker-compose.yml")
 
 
 def test_the_settings_page_states_every_bound_the_code_enforces() -> None:

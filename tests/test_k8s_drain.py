@@ -36,6 +36,9 @@ from scripts.validate_k8s import rendered
 
 MARGIN = 10
 """Seconds past the drain: the signal reaching the process, the last log lines, the exit."""
+PRE_STOP_DELAY = 5
+"""Seconds the endpoints of a stopping pod take to reach every proxy, at the least (kube-proxy,
+ingress controllers): what ingress's pre-stop delay must cover in the manifests."""
 FETCH_EXPIRY = 1.0
 """A batch consumer's fetch in progress ends within this (`NatsBus.consume_batches` waits for it)."""
 
@@ -70,8 +73,9 @@ def drain_seconds(service: str, settings: Any) -> float:
     """How long `service` may take from SIGTERM to exit, when everything in flight takes its longest."""
     closing = default(connect, "drain_timeout")  # the NATS connection's drain, last of all
     if service == "ingress":
-        # The drain grace bounds ingress's whole stop, closing the bus included.
-        return float(settings.ingress.drain_grace)
+        # It first goes on serving for the pre-stop delay (while the endpoints forget the pod);
+        # then the drain grace bounds the rest of its stop, closing the bus included.
+        return float(settings.ingress.pre_stop_delay + settings.ingress.drain_grace)
     if service == "dispatch":
         # gRPC calls first; then each nesting level's queue lets its runs in hand finish, one
         # queue after the other (the rest are handed back to ATMO_RUNS).
@@ -114,6 +118,16 @@ def test_every_service_pod_waits_for_its_drain_and_a_margin(overlay: str) -> Non
         assert grace == wanted, f"{overlay}: atmosphere-dispatch-{pool} waits {grace} s; its drain needs {wanted} s"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ingress_goes_on_serving_while_its_endpoints_are_removed(overlay: str) -> None:
+    # Kubernetes takes a stopping pod out of its endpoints as it signals it; proxies hear of it
+    # seconds later and still send new clients meanwhile, whom a closed listener would refuse.
+    settings = settings_of("ingress", container_environment(rendered()[overlay], "ingress"))
+    assert settings.ingress.pre_stop_delay >= PRE_STOP_DELAY
+    # Its default is none: `atmosphere dev` and the tests stop at once.
+    assert settings_of("ingress", {}).ingress.pre_stop_delay == 0
+
+
 def test_nats_waits_for_its_lame_duck_period_and_a_margin() -> None:
     config = (BASE / "nats" / "nats.conf").read_text()
     seconds = {key: int(value) for key, value in re.findall(r"^(lame_duck_\w+): (\d+)s$", config, re.MULTILINE)}
@@ -126,6 +140,8 @@ def test_nats_waits_for_its_lame_duck_period_and_a_margin() -> None:
 def test_the_drain_follows_the_settings_a_manifest_would_change() -> None:
     # The derivation reads the container's settings: a manifest that changes one changes the drain.
     assert drain_seconds("ingress", settings_of("ingress", {"ATMOSPHERE_INGRESS__DRAIN_GRACE": "45"})) == 45
+    delayed = {"ATMOSPHERE_INGRESS__DRAIN_GRACE": "45", "ATMOSPHERE_INGRESS__PRE_STOP_DELAY": "5"}
+    assert drain_seconds("ingress", settings_of("ingress", delayed)) == 50
     plain = settings_of("sandbox", {"ATMOSPHERE_APP": "examples.assistant:app"})
     graceful = settings_of(
         "sandbox", {"ATMOSPHERE_APP": "examples.assistant:app", "ATMOSPHERE_SANDBOX__TOOL_WORKER_GRACE_SECONDS": "9"}

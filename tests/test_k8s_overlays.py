@@ -281,7 +281,7 @@ def test_every_runtime_adapter_has_a_pool_component_that_both_overlays_include()
     # The image is built with `--package atmosphere-ai-runtime-${RUNTIME}`: the distribution is named so.
     adapters = workspace_adapters()
     assert adapters == {pool: f"atmosphere-ai-runtime-{pool}" for pool in POOLS}
-    assert {p.name for p in COMPONENTS.iterdir()} == {f"pool-{pool}" for pool in POOLS}
+    assert {p.name for p in COMPONENTS.glob("pool-*")} == {f"pool-{pool}" for pool in POOLS}
     for pool in POOLS:
         component = strict_load((COMPONENTS / f"pool-{pool}" / "kustomization.yaml").read_text())
         assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
@@ -289,6 +289,24 @@ def test_every_runtime_adapter_has_a_pool_component_that_both_overlays_include()
     for overlay in OVERLAYS:
         kustomization = strict_load((ROOT / "deploy/k8s/overlays" / overlay / "kustomization.yaml").read_text())
         assert kustomization["components"] == [f"../../components/pool-{pool}" for pool in POOLS], overlay
+
+
+def test_the_app_image_component_renames_every_image_the_base_and_the_pools_name() -> None:
+    # An app's own image (`atmosphere new`) holds every service: one name, `atmosphere-app`, for all.
+    component = strict_load((COMPONENTS / "app-image" / "kustomization.yaml").read_text())
+    assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
+    names = [*(f"atmosphere-{s}" for s in SERVICES), *(f"atmosphere-dispatch-{pool}" for pool in POOLS)]
+    assert component["images"] == [{"name": name, "newName": "atmosphere-app"} for name in names]
+    assert {p.name for p in COMPONENTS.iterdir()} == {"app-image", *(f"pool-{pool}" for pool in POOLS)}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_atmosphere_container_names_its_service_in_its_command(overlay: str) -> None:
+    # So that one image holding every service (an app's own) runs each of them.
+    documents = rendered()[overlay]
+    for service in (*SERVICES, *pool_services()):
+        module = "dispatch" if service.startswith("dispatch") else service
+        assert container(documents, service)["command"] == ["python", "-m", f"atmosphere.{module}"], service
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -30,12 +30,21 @@ def test_new_writes_a_project_whose_own_test_passes(
     target = tmp_path / "p-starter-demo"
     assert main(["new", str(target)]) == 0
     assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == [
+        ".dockerignore",
+        ".gitignore",
+        "Dockerfile",
         "README.md",
+        "deploy/compose.env",
+        "deploy/k8s/kustomization.yaml",
+        "deploy/k8s/namespace.yaml",
         "p_starter_demo/__init__.py",
         "p_starter_demo/agents.py",
         "pyproject.toml",
         "tests/test_agents.py",
     ]
+    # Without --image, the image is named after the directory, at the starter's version.
+    assert "ATMOSPHERE_IMAGE=p-starter-demo:0.1.0\n" in (target / "deploy" / "compose.env").read_text()
+    assert "ATMOSPHERE_APP=p_starter_demo.agents:app " in (target / "Dockerfile").read_text()
     assert "--app p_starter_demo.agents:app" in (target / "README.md").read_text()
     project = tomllib.loads((target / "pyproject.toml").read_text())
     assert project["project"]["name"] == "p-starter-demo"
@@ -69,3 +78,6 @@ def test_new_never_overwrites_and_refuses_a_bad_package_name(
     assert not (tmp_path / "demo").exists()
     assert main(["new", str(tmp_path / "x"), "--package", "class"]) == 1
     assert "'class' is not a valid Python package name" in capsys.readouterr().err
+    assert main(["new", str(tmp_path / "y"), "--image", "Registry/Team:1.2.3"]) == 1
+    assert "'Registry/Team:1.2.3' is not an image name" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()

@@ -171,9 +171,16 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     dev = _add_dev_command(commands)
-    new = commands.add_parser("new", help="write a starter project: one agent, its test, a README")
+    new = commands.add_parser(
+        "new", help="write a starter project: one agent, its test, a README, its image and deployment"
+    )
     new.add_argument("directory", type=Path, help="where to write it (created when missing)")
     new.add_argument("--package", help="the Python package of the agents (default: from the directory name)")
+    new.add_argument(
+        "--image",
+        help="the project's image, which compose and kustomize run (default: <directory name>:0.1.0), "
+        "e.g. registry.example.com/team/my-agents:1.2.3",
+    )
     add_tape_commands(commands)
     add_credentials_command(commands)
     add_provision_command(commands)
@@ -186,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _new(args: argparse.Namespace) -> int:
     try:
-        written = new_project(args.directory, package=args.package)
+        written = new_project(args.directory, package=args.package, image=args.image)
     except NewProjectError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

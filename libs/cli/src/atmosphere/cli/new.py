@@ -1,7 +1,9 @@
-"""`atmosphere new <dir>`: a starter project with one agent, its in-process test, a pyproject and a README.
+"""`atmosphere new <dir>`: a starter project: one agent, its test, a pyproject, a README, a deployment.
 
-The agent and the test are the ones of the guide `docs/your-own-project.md` (a test keeps them
-equal), so the starter and the documentation cannot tell two different stories.
+The deployment is an image of the project's own, which Atmosphere's compose file and kustomize
+base run (`new_templates`). The agent and the test are the ones of the guide
+`docs/your-own-project.md` (a test keeps them equal), so the starter and the documentation cannot
+tell two different stories.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import keyword
 import re
 import sys
 from pathlib import Path
+
+from atmosphere.cli.new_templates import DEFAULT_TAG, image_problem, kube_name, template_files
 
 AGENTS = '''\
 # {package}/agents.py
@@ -74,29 +78,6 @@ pythonpath = ["."]
 testpaths = ["tests"]
 """
 
-README = """\
-# {name}
-
-An Atmosphere app: the `counter` agent in `{package}/agents.py`, with one tool.
-
-Install it into a virtualenv that has the Atmosphere distributions (`atmosphere-ai-*`: built into
-`dist/` of an Atmosphere checkout, see its `docs/your-own-project.md`):
-
-    python3.11 -m venv .venv
-    .venv/bin/pip install --find-links /path/to/atmosphere/dist -e '.[test]'
-
-Test it on the platform's own services, inside the test's process (no NATS, a scripted model):
-
-    .venv/bin/python -m pytest -q tests
-
-Serve it (tool calls need a model that supports them, behind any OpenAI-compatible API):
-
-    LLM_BASE_URL=https://api.openai.com/v1 LLM_MODEL=gpt-4o-mini LLM_API_KEY=sk-... \\
-      .venv/bin/atmosphere dev --app {package}.agents:app
-
-then talk to `ws://127.0.0.1:8080/atmosphere/agent/counter`.
-"""
-
 
 class NewProjectError(ValueError):
     """The starter project cannot be written as asked."""
@@ -117,14 +98,22 @@ def project_name(directory: Path) -> str:
     return name or "atmosphere-agents"
 
 
-def starter_files(directory: Path, package: str) -> dict[Path, str]:
+def image_name(directory: Path, image: str | None) -> str:
+    """`image`, else one named after the directory (`my-agents:0.1.0`), a local name to tag and push."""
+    name = image if image is not None else f"{kube_name(directory)}:{DEFAULT_TAG}"
+    if problem := image_problem(name):
+        raise NewProjectError(problem)
+    return name
+
+
+def starter_files(directory: Path, package: str, image: str) -> dict[Path, str]:
     """Each file of the starter project and its text."""
     return {
         directory / package / "__init__.py": "",
         directory / package / "agents.py": AGENTS.format(package=package),
         directory / "tests" / "test_agents.py": TEST.format(package=package),
         directory / "pyproject.toml": PYPROJECT.format(name=project_name(directory), package=package),
-        directory / "README.md": README.format(name=directory.resolve().name, package=package),
+        **template_files(directory, distribution=project_name(directory), package=package, image=image),
     }
 
 
@@ -148,13 +137,14 @@ def next_steps(directory: Path, package: str) -> str:
             f"  LLM_BASE_URL=https://api.openai.com/v1 LLM_MODEL=gpt-4o-mini LLM_API_KEY=sk-... "
             f"{atmosphere} dev --app {package}.agents:app",
             f"  # then talk to ws://127.0.0.1:8080/atmosphere/agent/counter; the guide: {directory / 'README.md'}",
+            "  # deploy it in an image of its own, with docker compose or kubectl: the README's Deploy section",
         ]
     )
 
 
-def new_project(directory: Path, *, package: str | None = None) -> list[Path]:
+def new_project(directory: Path, *, package: str | None = None, image: str | None = None) -> list[Path]:
     """Write the starter project into `directory` (created if needed); never overwrite a file."""
-    files = starter_files(directory, package_name(directory, package))
+    files = starter_files(directory, package_name(directory, package), image_name(directory, image))
     if existing := [str(path) for path in files if path.exists()]:
         msg = f"not overwriting {', '.join(existing)}"
         raise NewProjectError(msg)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from atmosphere.bus import Bus, ConnectionLostError
 from atmosphere.ingress.api import create_app
@@ -76,6 +77,7 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     if server.started:
+        await _pre_stop(app, serving, options.pre_stop_delay)
         log.info("ingress stopping: draining open streams (grace %.0f s)", options.drain_grace)
         _stop_listening(server)
         drain.start()
@@ -89,6 +91,22 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
         # The lifespan already logged it; exit non-zero so that the supervisor starts afresh.
         msg = "ingress: the NATS connection closed for good"
         raise ConnectionLostError(msg)
+
+
+async def _pre_stop(app: FastAPI, serving: asyncio.Task[None], delay: float) -> None:
+    """Go on serving for `delay` seconds, reporting not ready, before the listener closes.
+
+    An orchestrator signals a stopping replica and takes it out of its endpoints at the same
+    time, and proxies hear of the removal a little later: until then they still send new
+    clients here, whom a listener closed at once would refuse. Nothing waits when the bus is
+    gone for good (nothing could be served) or the server already ended.
+    """
+    state = getattr(app.state, "ingress", None)
+    if delay <= 0 or state is None or state.bus.lost:
+        return
+    state.runtime.health.mark_not_ready()
+    log.info("ingress stopping: not ready, still accepting for %.1f s (pre-stop delay)", delay)
+    await asyncio.wait({serving}, timeout=delay)
 
 
 def _stop_listening(server: uvicorn.Server) -> None:

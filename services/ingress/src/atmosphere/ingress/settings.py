@@ -63,7 +63,12 @@ class IngressOptions(BaseModel):
     sse_keep_alive: float = Field(default=15.0, gt=0, le=3600)
     """Seconds an SSE stream may stay quiet before a `: keep-alive` comment, so proxies keep it open."""
     drain_grace: float = Field(default=20.0, ge=2, le=600)
-    """Seconds a stopping ingress (SIGTERM) gives open streams to end before it exits (below Kubernetes' 30 s)."""
+    """Seconds a stopping ingress (SIGTERM) gives open streams to end before it exits, after its
+    pre-stop delay (the two below the orchestrator's grace: 35 s in the manifests)."""
+    pre_stop_delay: float = Field(default=0.0, ge=0, le=300)
+    """Seconds a stopping ingress (SIGTERM) first goes on serving, new connections included, with
+    `/readyz` answering 503, before it stops accepting and drains: the time an orchestrator takes
+    to take it out of its endpoints (Kubernetes: a few seconds). 0: stop accepting at once."""
     max_streams_per_client: int = Field(default=256, ge=1)
     """Runs one client follows at once (WebSocket runs and resumes, SSE streams and resumes, long-poll
     waits); beyond it 429. A client is a token's user, or an anonymous caller's address."""
