@@ -28,6 +28,15 @@ def _version(service: str) -> str:
         return "0+unknown"
 
 
+def process_instance() -> str:
+    """`host:pid`: which process this is (in Kubernetes the host is the pod's name).
+
+    `/readyz` and the health answer report it as `instance`, and every log line as `replica`,
+    so an operator finds the process a line or an answer came from.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class Health:
     """Liveness and readiness of one service instance.
 
@@ -38,7 +47,7 @@ class Health:
     def __init__(self, service: str, bus: Bus) -> None:
         """Track `service`'s readiness over `bus`."""
         self.service = service
-        self.instance = f"{socket.gethostname()}:{os.getpid()}"
+        self.instance = process_instance()
         """`host:pid`: which process answers (`/readyz` reports it, so that a supervisor counts its own)."""
         self.version = _version(service)
         self._bus = bus
