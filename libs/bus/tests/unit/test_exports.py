@@ -52,6 +52,7 @@ def test_public_api_is_pinned() -> None:
         "sizes",
         "subjects",
         "text",
+        "without_login",
     ]
     for name in atmosphere.bus.__all__:
         assert getattr(atmosphere.bus, name) is not None

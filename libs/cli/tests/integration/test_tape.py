@@ -98,6 +98,23 @@ def test_unreachable_nats_is_a_clear_failure(capsys: pytest.CaptureFixture[str])
     assert printed.rstrip().endswith("is the stack running?")
 
 
+def test_neither_a_password_nor_a_login_in_a_url_is_ever_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Invalid settings name the variable and what it must be, never the value pydantic repeats.
+    monkeypatch.setenv("ATMOSPHERE_NATS__PASSWORD", "hunter2-hunter2")
+    assert cli_main.main(["tape", "follow", "r1"]) == 2
+    printed = capsys.readouterr().err
+    assert "ATMOSPHERE_NATS__*: a password without a user" in printed
+    assert "hunter2" not in printed
+    # A server named with a login (user:password@) is named without it.
+    monkeypatch.delenv("ATMOSPHERE_NATS__PASSWORD")
+    assert cli_main.main(["tape", "follow", "r1", "--server", "nats://observer:s3cret-pass@127.0.0.1:1"]) == 1
+    printed = capsys.readouterr().err
+    assert "error: cannot connect to NATS at nats://127.0.0.1:1 (" in printed
+    assert "s3cret-pass" not in printed
+
+
 # -- follow ------------------------------------------------------------------------------------
 
 

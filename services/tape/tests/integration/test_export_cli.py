@@ -107,6 +107,16 @@ def test_settings_that_do_not_validate_are_a_usage_error(monkeypatch: pytest.Mon
     err = io.StringIO()
     assert export_cli.main([str(tmp_path / "out.jsonl")], exporter=StandIn(), err=err) == 2
     assert err.getvalue().startswith("error: invalid settings in the environment:\n")
+    assert "ATMOSPHERE_TAPE__MAX_BATCH: must be a whole number" in err.getvalue()
+    assert "none" not in err.getvalue()  # the value itself is never repeated
+
+
+def test_invalid_settings_never_print_a_password(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ATMOSPHERE_NATS__PASSWORD", "hunter2-hunter2")
+    err = io.StringIO()
+    assert export_cli.main([str(tmp_path / "out.jsonl")], exporter=StandIn(), err=err) == 2
+    assert "ATMOSPHERE_NATS__*: a password without a user" in err.getvalue()
+    assert "hunter2" not in err.getvalue()
 
 
 def test_with_db_given_the_settings_are_not_read(monkeypatch: pytest.MonkeyPatch, db: Path, tmp_path: Path) -> None:

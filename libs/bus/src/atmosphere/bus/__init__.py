@@ -17,7 +17,7 @@ from atmosphere.bus._api import (
     WorkItem,
 )
 from atmosphere.bus._codec import Headers
-from atmosphere.bus._connect import connect, reconnect_delay
+from atmosphere.bus._connect import connect, reconnect_delay, without_login
 from atmosphere.bus._jetstream import (
     BucketSpec,
     ConsumerSpec,
@@ -99,4 +99,5 @@ __all__ = [
     "sizes",
     "subjects",
     "text",
+    "without_login",
 ]

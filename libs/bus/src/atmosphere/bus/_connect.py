@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -26,6 +27,14 @@ from atmosphere.bus.permissions import inbox_prefix
 from atmosphere.bus.subjects import validate_namespace
 
 log = logging.getLogger("atmosphere.bus")
+
+
+_LOGIN = re.compile(r"(^|//)[^/@\s]*@")
+
+
+def without_login(url: str) -> str:
+    """`url` without the user and password it may carry (`nats://user:pass@host` → `nats://host`): fit for a message."""
+    return _LOGIN.sub(r"\1", url)
 
 
 def reconnect_delay(attempt: int, *, base: float = 0.1, cap: float = 5.0) -> float:
@@ -172,7 +181,7 @@ async def _first_connect(
         await asyncio.wait({connecting, refused}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         refused.cancel()
-    where = ", ".join(urls)
+    where = ", ".join(map(without_login, urls))
     if not connecting.done() or watch.refused.is_set():
         connecting.cancel()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError, OSError, nats.errors.Error):

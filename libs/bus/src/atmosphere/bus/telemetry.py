@@ -74,11 +74,11 @@ class BusTracer(Protocol):
         """The current span's W3C `traceparent`, or "" when there is none."""
         ...
 
-    def client_span(self, subject: str) -> ContextManager[None]:
+    def client_span(self, subject: str) -> contextlib.AbstractContextManager[None]:
         """A span around one request sent on `subject` (its reply included)."""
         ...
 
-    def server_span(self, subject: str, traceparent: str) -> ContextManager[None]:
+    def server_span(self, subject: str, traceparent: str) -> contextlib.AbstractContextManager[None]:
         """A span around handling one request on `subject`, continuing `traceparent`."""
         ...
 
@@ -129,7 +129,7 @@ _FAMILY_TOKENS = {
 }
 
 
-def subject_family(subject: str) -> str:
+def subject_family(subject: str) -> str:  # noqa: PLR0911 - one return per family shape, as listed
     """`subject` without its ids and names: a label of bounded cardinality.
 
     `atmo.gov.check` → `gov.check`, `atmo.mem.tool.read_file` → `mem.tool`, `atmo.tool.weather`

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from google.protobuf.json_format import MessageToDict
 from pydantic import ValidationError
 
-from atmosphere.bus import Bus, BusError, ConnectError, subjects
+from atmosphere.bus import Bus, BusError, ConnectError, subjects, without_login
 from atmosphere.bus import connect as connect_bus
 from atmosphere.bus.runs import (
     ANSWER_REWOUND_METADATA_KEY,
@@ -37,7 +37,7 @@ from atmosphere.bus.runs import (
     UnknownRunError,
     follow_run,
 )
-from atmosphere.config import NatsSettings, ServiceSettings
+from atmosphere.config import NatsSettings, ServiceSettings, invalid_settings
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 
 EXIT_FAILED = 1
@@ -109,7 +109,9 @@ def run_tape(args: argparse.Namespace) -> int:
     try:
         options = FollowOptions.resolve(args)
     except ValidationError as exc:
-        print(f"error: invalid settings in the environment:\n{exc}", file=sys.stderr)
+        # Never `str(exc)`: pydantic repeats every rejected input, a password or a token included.
+        problems = "".join(f"\n  {line}" for line in invalid_settings(exc, ServiceSettings))
+        print(f"error: invalid settings in the environment:{problems}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return asyncio.run(follow(options))
@@ -214,7 +216,7 @@ async def follow(
                     printer.show(event)
     except ConnectError as exc:
         # A refused login is not a stack that is down: the broker's own words say which.
-        print(f"error: cannot connect to NATS at {', '.join(options.servers)} ({exc}); is the stack running?", file=err)
+        print(f"error: cannot connect to NATS at {_shown(options.servers)} ({exc}); is the stack running?", file=err)
         return EXIT_FAILED
     except (StreamGapError, BusError) as exc:
         print(f"error: following stopped: {exc}", file=err)
@@ -224,11 +226,16 @@ async def follow(
     return 0
 
 
+def _shown(servers: list[str]) -> str:
+    """The servers as a message may name them: without a login a URL may carry."""
+    return ", ".join(map(without_login, servers))
+
+
 def _hint(err: TextIO, options: FollowOptions) -> Callable[[], None]:
     def hint() -> None:
         where = f"namespace {options.namespace!r}" if options.namespace else "no namespace"
         print(
-            f"nothing is stored for run {options.run_id} yet ({where}, {', '.join(options.servers)}); "
+            f"nothing is stored for run {options.run_id} yet ({where}, {_shown(options.servers)}); "
             "still waiting for it, Ctrl-C to stop. A mistyped id, or another --namespace?",
             file=err,
             flush=True,

@@ -2,7 +2,7 @@
 
 from atmosphere.config._auth import AuthOptions, TokenGrant
 from atmosphere.config._errors import SETTINGS_ERRORS, InvalidSettingsError, invalid_settings
-from atmosphere.config._logging import configure_logging
+from atmosphere.config._logging import LogContext, configure_logging, log_handler, secret_values
 from atmosphere.config._settings import (
     JetStreamSettings,
     LogSettings,
@@ -17,6 +17,7 @@ __all__ = [
     "AuthOptions",
     "InvalidSettingsError",
     "JetStreamSettings",
+    "LogContext",
     "LogSettings",
     "NatsSettings",
     "ServiceSettings",
@@ -25,4 +26,6 @@ __all__ = [
     "configure_logging",
     "env_names",
     "invalid_settings",
+    "log_handler",
+    "secret_values",
 ]

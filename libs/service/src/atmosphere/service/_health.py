@@ -29,7 +29,11 @@ def _version(service: str) -> str:
 
 
 def process_instance() -> str:
-    """`host:pid`: this process among its replicas (in Kubernetes the host is the pod's name)."""
+    """`host:pid`: which process this is (in Kubernetes the host is the pod's name).
+
+    `/readyz` and the health answer report it as `instance`, and every log line as `replica`,
+    so an operator finds the process a line or an answer came from.
+    """
     return f"{socket.gethostname()}:{os.getpid()}"
 
 

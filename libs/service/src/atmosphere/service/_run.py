@@ -16,9 +16,11 @@ from atmosphere.config import (
     ServiceSettings,
     configure_logging,
     invalid_settings,
+    secret_values,
 )
 from atmosphere.service._app import EXIT_APP_UNLOADABLE, AppLoadError
 from atmosphere.service._health import process_instance
+from atmosphere.service.log_context import log_context
 from atmosphere.service.telemetry import configure_tracing, shutdown_tracing
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -66,7 +68,7 @@ def run(  # noqa: PLR0911 - one exit code per way to end, as the docstring lists
     except SETTINGS_ERRORS as exc:
         _report_invalid_settings(service, exc, load_settings)
         return EXIT_INVALID_SETTINGS
-    configure_logging(settings.log, service=service)
+    _log_as(service, settings)
     configure_tracing(service, instance=process_instance())
 
     async def main() -> None:
@@ -106,6 +108,15 @@ def run(  # noqa: PLR0911 - one exit code per way to end, as the docstring lists
         shutdown_tracing()  # the spans still buffered go out before the process does
     log.info("%s stopped", service)
     return 0
+
+
+def _log_as(service: str, settings: ServiceSettings) -> None:
+    """Log to stderr, every line naming this process (and the run and span of the code logging it).
+
+    The service's own secrets are cut out of every line, whatever logged them.
+    """
+    secrets = secret_values(settings)
+    configure_logging(settings.log, service=service, replica=process_instance(), context=log_context, redact=secrets)
 
 
 def _report_invalid_settings(

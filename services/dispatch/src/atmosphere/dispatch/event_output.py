@@ -10,10 +10,14 @@ stream already holds go out no second time (`delivered`).
 Each event is written once, by one call: a budget breach counted from a `usage` event, or a
 block of the guard, ends the run from here with its error, written directly — never through
 `emit` again.
+
+A run that ends with an error logs one line as its error event goes out, `run <id> failed:
+<code>` (`log_failed`): the code and nothing of the message, which may quote the user.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from atmosphere.bus.errors import BudgetExceededError, ResponseBlockedError, ServiceError
@@ -27,6 +31,16 @@ from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_telemetry import RunTelemetry
 
 BeforeTerminal = Callable[[RunEvent], Awaitable[None]]
+
+log = logging.getLogger("atmosphere.dispatch")
+
+
+def log_failed(run_id: str, code: str, *, level: int = logging.WARNING, why: str = "") -> None:
+    """The one line a failed run logs: `run <id> failed: <code>`, and `why` (words of ours, never the user's)."""
+    if why:
+        log.log(level, "run %s failed: %s (%s)", run_id, code, why)
+    else:
+        log.log(level, "run %s failed: %s", run_id, code)
 
 
 class EventOutput:
@@ -55,6 +69,7 @@ class EventOutput:
         self._delivered = delivered
         self._fence = fence
         self._observer = observer
+        self._run_id = run_id
         self._gate = TerminalGate(run_id)
         self.guard: OutputGuard | None = None
         """Holds the answer until governance has checked it (set at admission when policies judge answers)."""
@@ -145,6 +160,8 @@ class EventOutput:
                 await self._before_terminal(event)
         for outgoing in [event] if self._delivered is None else self._delivered.admit(event):
             await self.sink.emit(outgoing)
+        if kind == "error":  # terminal: admitted once
+            log_failed(self._run_id, event.error.code)
         observer = self._observer
         if kind == "text_delta" and not event.origin_run_id:  # a sub-agent's text is not the answer
             self.answer.append(event.text_delta.text)

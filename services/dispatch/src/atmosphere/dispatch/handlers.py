@@ -17,11 +17,13 @@ from atmosphere.bus.runs import (
     is_terminal,
     stored_events,
 )
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch import metrics
 from atmosphere.dispatch.delegation import SUBAGENT, SUBAGENT_SYSTEM_PROMPT
 from atmosphere.dispatch.durability import Durability, Journaled, Live, Replaying
+from atmosphere.dispatch.event_output import log_failed
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness, subagent_harness
 from atmosphere.dispatch.interrupted import interrupted_error, started_calls
@@ -167,7 +169,8 @@ class RunExecutor:
             return
         done = self._in_hand[request.run_id] = asyncio.Event()
         try:
-            await self._run(item, taken_at)
+            with bind_run(request.run_id, request.agent):  # every line of its delivery names the run
+                await self._run(item, taken_at)
         finally:
             del self._in_hand[request.run_id]
             done.set()
@@ -248,10 +251,10 @@ class RunExecutor:
         if not unsafe:
             return False
         error = interrupted_error(unsafe)
-        log.warning("run %s: its worker stopped after starting tool calls; ending it: %s", request.run_id, error)
         # Its first worker was admitted and is gone: the run's end frees what admission took.
         await self._services.governance.run_ended(request, usage=[], model="", response_chars=0, succeeded=False)
         await RunEventWriter(self._bus, request, first_seq=first_seq).emit(RunEvent(error=error.to_proto()))
+        log_failed(request.run_id, error.code, why="its worker stopped after starting tool calls that must not repeat")
         await journal.close(succeeded=False)
         return True
 
@@ -281,15 +284,14 @@ class RunExecutor:
 
     async def _give_up(self, request: RunSubmission, first_seq: int, delivered: int) -> None:
         """End a run that failed or took its worker down on every delivery (poison-run guard)."""
-        log.error(
-            "run %s: delivery %d of at most %d; ending it", request.run_id, delivered, self._options.max_deliveries
-        )
         writer = RunEventWriter(self._bus, request, first_seq=first_seq)
         error = RunAbandonedError(
             f"The run failed on {delivered} attempts and was stopped; send the prompt again",
             details={"deliveries": str(delivered)},
         )
         await writer.emit(RunEvent(error=error.to_proto()))
+        why = f"delivery {delivered} of at most {self._options.max_deliveries}"
+        log_failed(request.run_id, error.code, level=logging.ERROR, why=why)
 
     async def replay(self, request: RunSubmission) -> list[RunEvent]:
         """Re-drive an ended run from its journal alone: the events it produces, nothing sent or called.
@@ -317,11 +319,12 @@ class RunExecutor:
         delivered: DeliveredEvents | None = None,
     ) -> None:
         """Run `request` as `agent` under `durability`; a request for no served agent ends with its error."""
-        if agent is None:
-            await end_unknown_agent(request, self._services, durability, first_seq=first_seq, delivered=delivered)
-            return
-        scope = RunScope.of(request, agent, self._services)
-        await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
+        with bind_run(request.run_id, request.agent):  # its lines and its requests name the run
+            if agent is None:
+                await end_unknown_agent(request, self._services, durability, first_seq=first_seq, delivered=delivered)
+                return
+            scope = RunScope.of(request, agent, self._services)
+            await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
         """The agent's binding, its tools joined by what the sandboxes offer now.

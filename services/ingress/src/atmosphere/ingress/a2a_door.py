@@ -53,6 +53,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.types import Message
 
 from atmosphere.bus.runs import cancel_run
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.agent_prompts import find_agent, known_agent
 from atmosphere.ingress.auth import AuthError, Caller
@@ -186,7 +187,9 @@ class RunExecutor(AgentExecutor):
         self._remember(task_id, run.run_id)
         # The run behind the task, for its owner's other doors (resume, the tape).
         await updater.update_status(TaskState.TASK_STATE_WORKING, metadata={"atmosphere/runId": run.run_id})
-        await self._follow(run, updater, task_id)
+        # Its own task (the A2A server's), not the request's: it binds the run itself.
+        with bind_run(run.run_id, run.agent):
+            await self._follow(run, updater, task_id)
 
     async def _follow(self, run: DoorRun, updater: TaskUpdater, task_id: str) -> None:
         answer = AnswerText()

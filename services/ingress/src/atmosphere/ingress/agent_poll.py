@@ -26,6 +26,7 @@ from atmosphere.bus.runs import (
     stored_events,
     submit_run,
 )
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.agent_prompts import PROMPT_BODY, accept_prompt, find_agent, known_agent, not_submitted
 from atmosphere.ingress.errors import RunNotFoundError
 from atmosphere.ingress.http import error_responses, identified_caller, require_token, state_of
@@ -97,6 +98,7 @@ async def run_poll(
     # before the run is looked up, so a client past its share costs the broker nothing.
     with claim_stream(state.streams, caller.principal, address_of(request)):
         await check_access(state, caller, run_id)
+        note_run(run_id)
         try:
             frames, done = await _poll_frames(state, run_id, after, wait)
         except (UnknownRunError, StreamGapError, BusError):

@@ -16,6 +16,7 @@ from atmosphere.bus import BusError, PayloadTooLargeError, subjects
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.errors import AgentNotFoundError, MalformedRequestError, RequestTooLargeError, UnavailableError
 from atmosphere.ingress.http import agent_principal, bounded_body, identified_caller, message_limit_of, state_of
 from atmosphere.ingress.inbound import ApprovalReply, Prompt, new_run_request, parse_inbound, require_fits
@@ -108,6 +109,7 @@ async def accept_prompt(request: Request, descriptor: AgentDescriptor, *, transp
     )
     require_fits(run, state.bus.max_payload)
     state.conversations.touch(descriptor.name, conversation_id, principal)
+    note_run(run.run_id, run.agent)
     return run
 
 

@@ -22,6 +22,7 @@ from atmosphere.bus.frames import Frame, to_frame
 from atmosphere.bus.runs import StreamGapError, follow_run
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.agent_prompts import PROMPT_BODY, accept_prompt, find_agent, known_agent, not_submitted
 from atmosphere.ingress.errors import EventsUnavailableError, ServerRestartingError, UnavailableError
 from atmosphere.ingress.http import error_responses, identified_caller, require_token, state_of
@@ -102,6 +103,7 @@ async def run_events(
     except BaseException:
         slot.release()
         raise
+    note_run(run_id)
     events = follow_run(state.bus, run_id, after_seq=after)
     return _sse_response(state, run_id, events, slot=slot, after_seq=after, headers=SSE_HEADERS)
 

@@ -1,7 +1,8 @@
 """Ingress's HTTP surface, wired: agent endpoints, the OpenAI API, info and admin, probes.
 
 No `BaseHTTPMiddleware` anywhere (it buffers and costs per request): CORS is Starlette's pure
-ASGI middleware, and streaming routes write straight to the socket.
+ASGI middleware, so is the access log (`access_log.py`), and streaming routes write straight
+to the socket.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from atmosphere.ingress import (
     run_control,
     workspace_api,
 )
+from atmosphere.ingress.access_log import AccessLog
 from atmosphere.ingress.agent_prompts import PROMPT_BODY
 from atmosphere.ingress.agent_sse import start_sse
 from atmosphere.ingress.errors import (
@@ -177,6 +179,9 @@ def create_app(
         responses=BEFORE_ROUTING,
     )
     _allow_cors(app, settings)
+    # Added last, so outermost of the app's own middleware: CORS preflights get their line too.
+    app.add_middleware(AccessLog, enabled=settings.ingress.access_log)
+    # Outside even that (the instrumentation wraps the whole stack): an access line has its trace id.
     _trace_requests(app)
     _answer_errors_in_json(app)
     _add_probes(app)

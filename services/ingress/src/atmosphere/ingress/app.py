@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from atmosphere.bus import Bus, ConnectionLostError
+from atmosphere.ingress.access_log import quiet_uvicorn
 from atmosphere.ingress.api import create_app
 from atmosphere.ingress.limits import HttpLimits, bounded_protocol
 from atmosphere.ingress.pacing import Drain
@@ -45,6 +46,7 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
         return {"ingress": {"http": _address(server, settings)}, **surfaces(settings)}
 
     options = settings.ingress
+    quiet_uvicorn()  # its WebSocket lines would show a query string's token; ours do not
     drain = Drain()
     app = create_app(settings, info=info, stop=stop, drain=drain, bus=bus)
     config = uvicorn.Config(

@@ -30,9 +30,11 @@ from atmosphere.bus.runs import (
     is_terminal,
     last_event,
 )
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.conversations import ConversationTracker
 from atmosphere.ingress.errors import (
     ApprovalRejectedError,
@@ -262,6 +264,8 @@ class Connection:
         except StreamLimitError as exc:
             self._enqueue(_refused(exc, run_id, submit))
             return
+        # Named in the socket's access line; bound in its own task (a socket streams several runs).
+        note_run(run_id, bind=False)
         task = asyncio.create_task(self._pump(run_id, after_seq, submit))
         # Given back when the task ends, even one cancelled before it ran (its `finally` never runs).
         task.add_done_callback(lambda _: self._ended(slot))
@@ -291,6 +295,10 @@ class Connection:
         self._outbound.put_nowait(_Close(IDLE_CLOSE_CODE, close_reason(reason)))
 
     async def _pump(self, run_id: str, after_seq: int, submit: RunSubmission | None) -> None:
+        with bind_run(run_id, self.agent.name):  # every line logged for this run names it
+            await self._stream(run_id, after_seq, submit)
+
+    async def _stream(self, run_id: str, after_seq: int, submit: RunSubmission | None) -> None:
         session_id = submit.session_id if submit is not None else ""
         followed = False
         try:

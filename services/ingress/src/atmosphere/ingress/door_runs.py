@@ -22,6 +22,7 @@ from atmosphere.bus.runs import ANSWER_REWOUND_METADATA_KEY, cancel_run, follow_
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.agent_prompts import conversation_of, not_submitted
 from atmosphere.ingress.auth import Caller
 from atmosphere.ingress.errors import ForbiddenError, RunNotFoundError
@@ -133,6 +134,7 @@ async def start_run(
     except BaseException:
         slot.release()
         raise
+    note_run(run.run_id, run.agent)
     return DoorRun(state, run.run_id, run.agent, run.principal, _starting_with(first, events), slot)
 
 
@@ -151,6 +153,7 @@ async def follow_owned_run(
         slot.release()
         msg = f"Unknown run {run_id}"
         raise RunNotFoundError(msg)
+    note_run(run_id, last.agent)
     return DoorRun(
         state, run_id, last.agent, caller.principal, follow_run(state.bus, run_id, after_seq=after_seq), slot
     )

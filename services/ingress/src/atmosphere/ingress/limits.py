@@ -93,8 +93,14 @@ def parser_reason(exc: httptools.HttpParserError) -> str:
     """
     cause = exc.__cause__ or exc.__context__
     reason = str(cause) if isinstance(exc, httptools.HttpParserCallbackError) and cause is not None else str(exc)
+    # A URL the parser quotes (`invalid url b'/x?access_token=…'`) loses its query: it may hold a token.
+    reason = _QUERY.sub("?…", reason)
     reason = " ".join(reason.split()) or type(exc).__name__
     return reason[:MAX_LOGGED_REASON]
+
+
+_QUERY = re.compile(r"\?[^'\"\s]*")
+"""A query string as a parser's reason quotes it: up to the closing quote or a space."""
 
 
 def refusal(error: IngressError) -> bytes:

@@ -46,6 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from atmosphere.bus import BusError, subjects
 from atmosphere.bus.runs import TOOL_CALL_METADATA_KEY
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.bus.text import has_lone_surrogate
 from atmosphere.contracts.common.v1.common_pb2 import Error
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
@@ -356,6 +357,19 @@ class McpDoor:
         replaying: bool = False,
     ) -> types.CallToolResult | types.InputRequiredResult:
         """Follow `run` to its end: its text as progress, its answer (or error) as the result."""
+        # A call runs in a task of the MCP session's, not the request's: it binds the run itself.
+        with bind_run(run.run_id, run.agent):
+            return await self._follow(ctx, run, answer, answered=answered, replaying=replaying)
+
+    async def _follow(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        run: DoorRun,
+        answer: AnswerText,
+        *,
+        answered: str,
+        replaying: bool,
+    ) -> types.CallToolResult | types.InputRequiredResult:
         cancel: str | None = "the MCP client cancelled the call"
         try:
             async for event in run:

@@ -45,6 +45,7 @@ from atmosphere.bus.runs import (
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission, ToolStart
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.auth import AuthError, Caller
 from atmosphere.ingress.bodies import BodyError, read_body
 from atmosphere.ingress.client_functions import check_served
@@ -474,6 +475,7 @@ async def serve_answer(
     A response that streams takes `active` over (it closes it when the stream ends); any other
     outcome closes it here, cancelling the run unless it finished.
     """
+    note_run(active.run.run_id, active.run.agent)
     handed_over = False
     try:
         response = await answer_unless_gone(state.drain, request, answering)

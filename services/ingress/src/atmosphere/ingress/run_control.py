@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from atmosphere.bus.runs import cancel_run
+from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.http import bounded_text, error_responses, message_limit_of, require_token, state_of
 from atmosphere.ingress.inbound import parse_approval, send_approval
 from atmosphere.ingress.run_access import RunId, authorize_run
@@ -44,6 +45,7 @@ async def run_cancel(request: Request, run_id: RunId) -> ControlResult:
     state = state_of(request)
     require_token(run_id, what="run id", message="Malformed run id")
     principal = await authorize_run(state, request, run_id)
+    note_run(run_id)
     return ControlResult(accepted=await cancel_run(state.bus, run_id, "cancelled by the client", principal=principal))
 
 
@@ -60,6 +62,7 @@ async def run_approval(request: Request, run_id: RunId) -> ControlResult:
     require_token(run_id, what="run id", message="Malformed run id")
     # Who asks, and whether the run is theirs, is settled before the body is read at all.
     principal = await authorize_run(state, request, run_id)
+    note_run(run_id)
     reply = parse_approval(await bounded_text(request, limit=message_limit_of(state)))
     ack = await send_approval(state.bus, run_id, reply, principal=principal)
     return ControlResult(accepted=ack.accepted, detail=ack.detail)

@@ -80,6 +80,9 @@ class IngressOptions(BaseModel):
     """Seconds between WebSocket pings to each client (keeps proxies from cutting a quiet socket)."""
     ws_ping_timeout: float = Field(default=20.0, gt=0, le=3600)
     """Seconds a client has to answer a ping before its socket counts as dead and is closed."""
+    access_log: bool = True
+    """One line per HTTP request and per WebSocket connection (method, path without its query,
+    status, duration, the run) on the `atmosphere.ingress.access` logger at INFO."""
 
 
 class McpOptions(BaseModel):

@@ -21,6 +21,7 @@ from typing import Protocol, TextIO
 
 from pydantic import ValidationError
 
+from atmosphere.config import invalid_settings
 from atmosphere.tape.dataset import ExportReport, Progress, TapeFileError, export_jsonl
 from atmosphere.tape.settings import TapeSettings
 
@@ -95,7 +96,10 @@ def export(
         # The settings are read only without --db: a bad setting that does not matter stops nothing.
         db_path = db or read_settings().db_path
     except ValidationError as exc:
-        print(f"error: invalid settings in the environment:\n{exc}", file=err)
+        # Never `str(exc)`: pydantic repeats every rejected input, a password or a token included.
+        settings = read_settings if isinstance(read_settings, type) else TapeSettings
+        problems = "".join(f"\n  {line}" for line in invalid_settings(exc, settings))
+        print(f"error: invalid settings in the environment:{problems}", file=err)
         return EXIT_USAGE
     if not db_path.is_file():
         print(f"error: no tape database at {db_path} (pass --db, or set ATMOSPHERE_DATA_DIR)", file=err)
