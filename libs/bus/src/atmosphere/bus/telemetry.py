@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from contextlib import AbstractContextManager as ContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Protocol
@@ -129,7 +128,7 @@ _FAMILY_TOKENS = {
 }
 
 
-def subject_family(subject: str) -> str:  # noqa: PLR0911 - one return per family shape, as listed
+def subject_family(subject: str) -> str:
     """`subject` without its ids and names: a label of bounded cardinality.
 
     `atmo.gov.check` → `gov.check`, `atmo.mem.tool.read_file` → `mem.tool`, `atmo.tool.weather`
@@ -153,7 +152,7 @@ _ERROR_NAMES = {
     # The bus's own failures, by what an operator would alert on.
     "RequestTimeoutError": "timeout",
     "NoRespondersError": "no_responders",
-    "PayloadTooLargeError": "payload_too_large",
+    "PayloadTooLargeError": "too_large",
     "DecodeError": "decode",
     "ConnectionLostError": "connection_lost",
 }

@@ -323,8 +323,9 @@ class RunExecutor:
             if agent is None:
                 await end_unknown_agent(request, self._services, durability, first_seq=first_seq, delivered=delivered)
                 return
-            scope = RunScope.of(request, agent, self._services)
-            await Run(scope, durability, first_seq=first_seq, delivered=delivered).execute()
+            run = Run(RunScope.of(request, agent, self._services), durability, first_seq=first_seq, delivered=delivered)
+            with run.telemetry.running():  # the run's span is the current one of all its steps
+                await run.execute()
 
     async def _binding(self, agent: str) -> AgentBinding | None:
         """The agent's binding, its tools joined by what the sandboxes offer now.

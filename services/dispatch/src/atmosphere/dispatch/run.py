@@ -47,7 +47,6 @@ from atmosphere.bus.errors import (
 )
 from atmosphere.bus.runs import RESUMED_METADATA_KEY, WORKER_FIRST_SEQ
 from atmosphere.bus.sizes import data_budget
-from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
@@ -73,7 +72,7 @@ from atmosphere.sdk.runtime import AgentExecutionContext, AgentRuntime, ToolCall
 
 log = logging.getLogger("atmosphere.dispatch")
 
-__all__ = ["Run", "end_unknown_agent"]
+__all__ = ["Run", "end_unknown_agent", "report_end"]
 
 CLIENT_TOOLS_UNSUPPORTED = (
     "The runtime '{runtime}' cannot offer a caller's own functions or answer format "
@@ -108,14 +107,7 @@ class Run:
         self.control = RunControl(request.run_id, owner=request.principal.user_id)
         self.effects = durability.effects(scope)
         budget = scope.spec.budget
-        self.telemetry = RunTelemetry(
-            agent=scope.spec.name,
-            runtime=scope.services.model_side.runtime,
-            model=scope.model,
-            run_id=request.run_id,
-            traceparent=request.traceparent,
-        )
-        """The run's metrics and spans (`run_telemetry.py`)."""
+        self.telemetry = RunTelemetry.of(scope)  # its metrics and spans; `execute` runs in its span
         self.output = EventOutput(
             request.run_id,
             durability.sink(scope.services.bus, request, first_seq),
@@ -165,20 +157,15 @@ class Run:
         is acked). Cancellation from outside (the worker stopping) propagates, so the item is
         handed to another worker.
         """
-        request = self.scope.request
-        # Its log lines and its requests name the run; its span is the current one of its steps.
-        with bind_run(request.run_id, request.agent), self.telemetry.running():
-            try:
-                if self.first_seq > WORKER_FIRST_SEQ:
-                    await self.emit(_resumed(self.first_seq))
-                async with self.durability.serving(self.scope.services.bus, self.control):
-                    await self._until_done_or_cancelled()
-                await self.finish()
-                await self.durability.close(
-                    succeeded=self.output.succeeded, retain=self.scope.settings.retain_on_success
-                )
-            finally:
-                await self.output.sink.close()
+        try:
+            if self.first_seq > WORKER_FIRST_SEQ:
+                await self.emit(_resumed(self.first_seq))
+            async with self.durability.serving(self.scope.services.bus, self.control):
+                await self._until_done_or_cancelled()
+            await self.finish()
+            await self.durability.close(succeeded=self.output.succeeded, retain=self.scope.settings.retain_on_success)
+        finally:
+            await self.output.sink.close()
 
     async def _until_done_or_cancelled(self) -> None:
         agent = asyncio.create_task(self.run_agent())
@@ -389,19 +376,19 @@ class Run:
         await self.turns.before_terminal(terminal)
         # So a client that starts its next run on seeing this one end finds the cost accounted
         # (a tenant's ceiling stops that next run).
-        await self._report_end()
+        await report_end(self.scope, self.output)
         await self.gateway.release_sessions()
 
-    async def _report_end(self) -> None:
-        """Tell governance the run ended (its cost, its answer's length); never fails the run."""
-        output = self.output
-        await self.scope.services.governance.run_ended(
-            self.scope.request,
-            usage=output.usage,
-            model=self.scope.model or "",
-            response_chars=sum(len(piece) for piece in output.answer),
-            succeeded=output.succeeded,
-        )
+
+async def report_end(scope: RunScope, output: EventOutput) -> None:
+    """Tell governance the run ended (its cost, its answer's length); never fails the run."""
+    await scope.services.governance.run_ended(
+        scope.request,
+        usage=output.usage,
+        model=scope.model or "",
+        response_chars=sum(len(piece) for piece in output.answer),
+        succeeded=output.succeeded,
+    )
 
 
 async def end_unknown_agent(

@@ -18,9 +18,24 @@ from urllib.parse import urlsplit
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from atmosphere.bus.errors import (
+    ProviderEmptyAnswerError,
+    ProviderError,
+    ProviderMalformedError,
+    ProviderMisconfiguredError,
+    ProviderRateLimitedError,
+    ProviderRejectedError,
+    ProviderTimeoutError,
+    ProviderTooLargeError,
+    ProviderUnavailableError,
+    ResponseBlockedError,
+    RuntimeUnavailableError,
+)
 from atmosphere.contracts.common.v1.common_pb2 import Usage
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.dispatch import metrics
+from atmosphere.dispatch.errors import CONTEXT_OVERFLOW
+from atmosphere.dispatch.run_scope import RunScope
 from atmosphere.dispatch.tool_errors import ERROR_PREFIX
 from atmosphere.sdk import TokenUsage
 from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
@@ -29,24 +44,23 @@ from atmosphere.service import telemetry
 
 ERROR_TYPES = {
     # The seed's error types (`atmosphere.ai.errors.total`), from the codes runs end with.
-    "provider.rate_limited": "rate_limit",
-    "provider.timeout": "timeout",
-    "provider.error": "server_error",
-    "provider.unavailable": "unavailable",
-    "runtime.unavailable": "unavailable",
-    "provider.misconfigured": "auth",
-    "provider.too_large": "context_length",
-    "governance.response_blocked": "content_filter",
-    "provider.rejected": "invalid_request",
-    "provider.malformed": "stream_error",
-    "provider.empty_answer": "stream_error",
+    ProviderRateLimitedError.code: "rate_limit",
+    ProviderTimeoutError.code: "timeout",
+    ProviderError.code: "server_error",
+    ProviderUnavailableError.code: "unavailable",
+    RuntimeUnavailableError.code: "unavailable",
+    ProviderMisconfiguredError.code: "auth",
+    ProviderTooLargeError.code: "context_length",
+    ResponseBlockedError.code: "content_filter",
+    ProviderRejectedError.code: "invalid_request",
+    ProviderMalformedError.code: "stream_error",
+    ProviderEmptyAnswerError.code: "stream_error",
 }
-_CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 
 
 def error_type(error_code: str, provider_code: str = "") -> str:
     """The seed's error type of a run that ended with `error_code` (`unknown` for the others)."""
-    if provider_code in _CONTEXT_LENGTH_CODES:
+    if provider_code == CONTEXT_OVERFLOW:
         return "context_length"
     if provider_code == "content_filter":
         return "content_filter"
@@ -77,6 +91,19 @@ class RunTelemetry:
         self._input_tokens = 0
         self._output_tokens = 0
         self.span: Span | None = None
+
+    @classmethod
+    def of(cls, scope: RunScope) -> RunTelemetry:
+        """The telemetry of the run `scope` describes."""
+        request = scope.request
+        runtime = scope.services.model_side.runtime
+        return cls(
+            agent=scope.spec.name,
+            runtime=runtime,
+            model=scope.model,
+            run_id=request.run_id,
+            traceparent=request.traceparent,
+        )
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
