@@ -120,6 +120,14 @@ async def scrape(ports: dict[str, int]) -> dict[str, dict[tuple[str, frozenset[t
     return scraped
 
 
+def root_of(span: ReceivedSpan, spans: list[ReceivedSpan]) -> ReceivedSpan:
+    """The span's farthest ancestor among `spans` (the caller's span is its parent when the tree is whole)."""
+    by_id = {s.span_id: s for s in spans}
+    while span.parent_span_id in by_id:
+        span = by_id[span.parent_span_id]
+    return span
+
+
 def spans_by_service(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
     by: dict[str, list[ReceivedSpan]] = {}
     for span in spans:
@@ -142,6 +150,7 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             "ATMOSPHERE_ADMIN_TOKEN": ADMIN_TOKEN,
             "ATMOSPHERE_INGRESS__AUTH_TOKENS": json.dumps([{"token": USER_TOKEN, "user_id": "alice"}]),
             "ATMOSPHERE_LOG__JSON": "true",
+            "ATMOSPHERE_LOG__LEVEL": "DEBUG",  # each service's line per request it handles for a run
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
             "OTEL_BSP_SCHEDULE_DELAY": "100",  # milliseconds: spans reach the receiver at once
         }
@@ -199,29 +208,22 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
 
             # Traces: one trace, the caller's, across ingress, dispatch, the model, the tool,
             # governance, memory and the sandbox.
+            everywhere = {f"atmosphere-{name}" for name in ("ingress", "dispatch", "governance", "memory", "sandbox")}
+
             async def whole_trace() -> bool:
-                services = spans_by_service(receiver.trace(TRACE_ID))
-                names = {span.name for span in receiver.trace(TRACE_ID)}
+                spans = receiver.trace(TRACE_ID)
+                # Whole: every service's part, and every span's parent too (the HTTP request's span ends
+                # last); then each descends from the caller's span: one tree, rooted at the traceparent.
                 return (
-                    {"atmosphere-ingress", "atmosphere-dispatch", "atmosphere-governance"} <= services.keys()
-                    and {
-                        "atmosphere-memory",
-                        "atmosphere-sandbox",
-                    }
-                    <= services.keys()
-                    and "execute_tool read_record" in names
+                    everywhere <= spans_by_service(spans).keys()
+                    and "execute_tool read_record" in {span.name for span in spans}
+                    and all(root_of(span, spans).parent_span_id == PARENT_SPAN for span in spans)
                 )
 
-            await wait_until(whole_trace, timeout=30, interval=0.2, what="the run's spans at the receiver")
+            await wait_until(whole_trace, timeout=30, interval=0.2, what="the run's whole trace at the receiver")
             spans = receiver.trace(TRACE_ID)
             by_service = spans_by_service(spans)
             by_id = {span.span_id: span for span in spans}
-            # Every span descends from the caller's span: one tree, rooted at the traceparent.
-            for span in spans:
-                seen = span
-                while seen.parent_span_id in by_id:
-                    seen = by_id[seen.parent_span_id]
-                assert seen.parent_span_id == PARENT_SPAN, (span, seen)
             run = next(s for s in by_service["atmosphere-dispatch"] if s.name == "invoke_agent records")
             assert run.attributes["atmosphere.run.id"] == run_id
             assert run.attributes["gen_ai.usage.input_tokens"] == 50
@@ -252,6 +254,7 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
     text = log.read_text()
     for secret in (USER_TOKEN, ADMIN_TOKEN, env["LLM_API_KEY"]):
         assert secret not in text
+    assert "Is record r-7 active?" not in text  # nor the prompt, even at DEBUG
     lines = []
     for raw in text.splitlines():
         _, _, body = raw.partition("| ")
@@ -259,8 +262,9 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             lines.append(json.loads(body))
     assert {line["service"] for line in lines} >= {*WORKERS, "ingress"}
     assert all(line.get("replica") for line in lines)
-    for service in ("ingress", "dispatch"):
+    for service in ("ingress", "dispatch", "governance", "memory", "sandbox", "tape"):
         of_run = [line for line in lines if line["service"] == service and line.get("run_id") == run_id]
         assert of_run, f"no log line of {service} names run {run_id}"
-        assert any(line.get("trace_id") == TRACE_ID for line in of_run), of_run
+        if service != "tape":  # the tape reads the run's events, which carry no trace (per-token cost)
+            assert any(line.get("trace_id") == TRACE_ID for line in of_run), of_run
     assert re.search(rf'"trace_id": "{TRACE_ID}"', text)

@@ -163,6 +163,9 @@ def log_handler(
     return handler
 
 
+_NOISY_AT_DEBUG = ("aiosqlite", "httpcore", "urllib3", "a2a", "grpc", "mcp", "websockets", "asyncio")
+
+
 def configure_logging(
     settings: LogSettings,
     *,
@@ -186,6 +189,13 @@ def configure_logging(
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     # httpx logs every request at INFO with its whole URL, whose query may hold a key.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # At DEBUG these libraries dump what they carry: aiosqlite every statement with its
+    # parameters (prompts, answers, files), the HTTP clients every connection (the OTLP exporter's
+    # too), a2a every task event. `ATMOSPHERE_LOG__LEVEL=DEBUG` is for our own lines; theirs stay at
+    # INFO and above.
+    for noisy in _NOISY_AT_DEBUG:
+        logger = logging.getLogger(noisy)
+        logger.setLevel(max(logging.INFO, logging.getLevelNamesMapping()[settings.level]))
 
 
 SECRET_NAME = re.compile(r"(?:^|_)(?:token|password|passwd|secret|api_?key|private_key|secret_access_key)$", re.I)

@@ -21,9 +21,9 @@ from atmosphere.sdk._policies import AiBudget, OnMaxIterations, RetryPolicy, Too
 from atmosphere.sdk._remote import RemoteAgent
 from atmosphere.sdk._request import AiInterceptor, AiRequest, CacheHint, ChatMessage, MessageToolCall
 from atmosphere.sdk._session import StreamingSession, TokenUsage
-from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
 from atmosphere.sdk._tool import Tool, ToolKind, tool, tool_call_approved
 from atmosphere.sdk.errors import ApprovalRequired, ModelRetry, SdkError, ToolError, UserError
+from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
 
 __all__ = [
     "AgentLifecycleListener",

@@ -12,6 +12,7 @@ whichever is current. Off, the per-token cost is one counter increment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
@@ -41,6 +42,8 @@ from atmosphere.sdk import TokenUsage
 from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
 from atmosphere.sdk.runtime import AgentRuntime, ToolCallRequest
 from atmosphere.service import telemetry
+
+log = logging.getLogger("atmosphere.dispatch")
 
 ERROR_TYPES = {
     # The seed's error types (`atmosphere.ai.errors.total`), from the codes runs end with.
@@ -149,7 +152,10 @@ class RunTelemetry:
 
     def ended(self, event: RunEvent) -> None:
         """The terminal event went out: the response's duration, the outcome, the span's status."""
-        metrics.RESPONSE_DURATION.labels(*self._labels).observe(time.perf_counter() - self._started)
+        elapsed = time.perf_counter() - self._started
+        metrics.RESPONSE_DURATION.labels(*self._labels).observe(elapsed)
+        # A failed run has its WARNING line (`log_failed`); each run's end is there at DEBUG.
+        log.debug("run %s ended (%s) in %.0f ms", self.run_id, event.WhichOneof("kind"), elapsed * 1000)
         if event.WhichOneof("kind") == "complete":
             metrics.RUNS.labels(self.agent, "complete").inc()
             if self.span is not None and event.complete.finish_reason:

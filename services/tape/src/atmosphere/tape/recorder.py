@@ -23,6 +23,7 @@ from typing import Any
 
 import aiosqlite
 
+from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.tape.agents import UNKNOWN, AgentDirectory, AgentFacts
 from atmosphere.tape.redact import Redactor
@@ -117,6 +118,15 @@ def _loaded(row: Sequence[Any]) -> RunState:
     return state
 
 
+def _log_ends(by_run: dict[str, list[RunEvent]]) -> None:
+    """One DEBUG line per run whose end this batch recorded, naming the run (and its agent)."""
+    for run_id, run_events in by_run.items():
+        ended = next((terminal_status(e) for e in run_events if terminal_status(e)), None)
+        if ended:
+            with bind_run(run_id, run_events[0].agent):
+                log.debug("recorded run %s's end (%s, %d events in this batch)", run_id, ended, len(run_events))
+
+
 def _new_run(event: RunEvent, facts: AgentFacts) -> RunState:
     return RunState(
         run_id=event.run_id,
@@ -191,6 +201,8 @@ class Recorder:
             await self._write(db, writes)
             totals = await self.retention.enforce(db, self.retention.totals.plus(writes.added_runs, writes.added_bytes))
         self.retention.totals = totals
+        if log.isEnabledFor(logging.DEBUG):
+            _log_ends(by_run)
 
     # -- loading -----------------------------------------------------------------------------
 
