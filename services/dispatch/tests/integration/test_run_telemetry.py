@@ -11,9 +11,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import REGISTRY
 
 from atmosphere.bus import telemetry as bus_telemetry
-from atmosphere.dispatch.run_telemetry import error_type
+from atmosphere.dispatch.run_telemetry import error_type, provider_of
+from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.sdk import App, TokenUsage, agent, tool
 from atmosphere.sdk.lifecycle import AgentLifecycleListener, ModelCall
+from atmosphere.sdk.runtime import RuntimeConfig
 from atmosphere.service import telemetry
 from atmosphere.testing import AgentTestEnv, ScriptedModel, ToolCallScript, Turn
 
@@ -158,3 +160,14 @@ async def test_with_tracing_off_nothing_is_traced_and_the_run_goes_on(spans: InM
 )
 def test_a_failed_runs_error_type_is_the_seeds(code: str, provider_code: str, kind: str) -> None:
     assert error_type(code, provider_code) == kind
+
+
+def test_the_provider_label_names_the_host_never_a_login() -> None:
+
+    def label(base_url: str | None) -> str:
+        return provider_of(BuiltInAgentRuntime(RuntimeConfig(base_url=base_url)))
+
+    assert label("https://user:sk-secret@api.example.com/v1") == "api.example.com"
+    assert label("http://127.0.0.1:8090/v1") == "127.0.0.1:8090"
+    assert label(None) == "built-in"
+    assert provider_of(None) == ""

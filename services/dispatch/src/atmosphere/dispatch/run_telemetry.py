@@ -74,8 +74,11 @@ def provider_of(runtime: AgentRuntime | None) -> str:
     """Where `runtime` sends its model calls: its base URL's host, else the runtime's name."""
     if runtime is None:
         return ""
-    base_url = runtime.config.base_url or ""
-    return urlsplit(base_url).netloc or runtime.name
+    url = urlsplit(runtime.config.base_url or "")
+    if not url.hostname:
+        return runtime.name
+    # The host and port only: a URL's login (`https://user:key@host`) is never a label.
+    return f"{url.hostname}:{url.port}" if url.port else url.hostname
 
 
 class RunTelemetry:
