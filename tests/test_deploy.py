@@ -51,6 +51,17 @@ POOL_SERVICES = {f"dispatch-{pool}": pool for pool in POOLS}
 """The runtime pools as compose names them (the manifests: `atmosphere-dispatch-<runtime>`)."""
 ROLES = {**{s: s for s in SERVICES}, **dict.fromkeys(POOL_SERVICES, "dispatch")}
 """Whose settings and NATS login each compose service has: a pool is a dispatch."""
+OBSERVABILITY = ("prometheus", "grafana", "otel-collector", "jaeger")
+"""The services of the `observability` profile (tests/test_observability.py); the others run always."""
+TRACING = {"OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+"""What every service of compose sets for traces by default (x-config): none are made."""
+
+
+def untraced(environment: Document) -> Document:
+    """`environment` without its tracing variables, which must be their defaults (tracing off)."""
+    tracing = {k: environment.pop(k) for k in list(environment) if k.startswith("OTEL_")}
+    assert tracing == TRACING
+    return environment
 
 
 def known(service: str) -> set[str]:
@@ -216,9 +227,10 @@ def test_one_variable_runs_every_atmosphere_container_in_an_app_image() -> None:
 
 
 def test_compose_runs_every_service_from_the_one_dockerfile(compose: Document) -> None:
-    services: dict[str, Any] = compose["services"]
+    services: dict[str, Any] = {n: s for n, s in compose["services"].items() if "profiles" not in s}
     version = workspace_version()
     assert set(services) == {"nats-volumes", *NODES, "provision", *SERVICES, *POOL_SERVICES}
+    assert set(compose["services"]) - set(services) == set(OBSERVABILITY)
     brokers = {node: {"condition": "service_healthy"} for node in NODES}
     for name in (*SERVICES, *POOL_SERVICES):
         build = services[name]["build"]
@@ -248,7 +260,7 @@ def test_compose_provisions_as_the_production_overlays_job(compose: Document, pr
     assert env_files(service) == {(f"{CREDENTIALS}/provisioner.env", True)}
     # The shared settings only (dispatch's own included), as the Job's envFrom gives it.
     pod_env = container_environment(production, "provision")
-    compose_env = dict(service["environment"])
+    compose_env = untraced(dict(service["environment"]))
     assert compose_env.pop("ATMOSPHERE_NATS__URL") == ",".join(f"nats://{node}:4222" for node in NODES)
     assert compose_env == {k: v for k, v in pod_env.items() if k != "ATMOSPHERE_NATS__URL"}
     # It runs to its end: restarted only on failure, as the Job's pod.
@@ -265,7 +277,7 @@ def test_compose_gives_each_service_what_the_production_overlay_gives_its_pod(
         service = compose["services"][name]
         workload = workloads(production)[f"atmosphere-{name}"]
         [container] = pod_spec(workload)["containers"]
-        pod_env, compose_env = container_environment(production, name), dict(service["environment"])
+        pod_env, compose_env = container_environment(production, name), untraced(dict(service["environment"]))
         # The same variables with the same values, but the address of NATS.
         assert compose_env.pop("ATMOSPHERE_NATS__URL") == ",".join(f"nats://{node}:4222" for node in NODES)
         assert compose_env == {k: v for k, v in pod_env.items() if k != "ATMOSPHERE_NATS__URL"}, name
@@ -320,7 +332,9 @@ def test_compose_nats_nodes_run_the_manifests_configuration(compose: Document, p
 
 
 def test_compose_keeps_the_sandbox_off_the_network_and_publishes_only_ingress(compose: Document) -> None:
-    services, networks = compose["services"], compose["networks"]
+    # The observability profile's own reach is held in tests/test_observability.py.
+    networks = compose["networks"]
+    services = {n: s for n, s in compose["services"].items() if n not in OBSERVABILITY}
     assert networks["bus"] == {"internal": True}
     assert services["sandbox"]["networks"] == ["bus"]
     outside = {n for n, s in services.items() if set(s.get("networks", [])) - {"bus"}}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from atmosphere.bus import JetStreamLayout, subjects
 from atmosphere.bus.testing import FakeBus
@@ -399,6 +400,27 @@ async def test_an_exit_of_the_worker_is_an_error(app_dir: Path, tools: Tools) ->
             "Error: the tool worker running exit_now exited unexpectedly (exit status 3); the call was not completed"
         )
         assert await run(workers, tools, "add", a=1, b=0) == "1"
+
+
+async def test_a_workers_end_is_counted_by_reason_and_its_calls_outcomes_named(app_dir: Path, tools: Tools) -> None:
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    live = sample("atmosphere_sandbox_workers", kind="tool")
+    before = {r: sample("atmosphere_sandbox_kills_total", kind="tool", reason=r) for r in ("timeout", "crashed")}
+    async with pool(app_dir, count=1) as workers:
+        assert sample("atmosphere_sandbox_workers", kind="tool") == live + 1
+        call = ToolCall(call_id="c", run_id="r", name="block_the_loop", arguments_json="{}")
+        wedged = await workers.run(tools["block_the_loop"], call, {}, LIMITS)
+        call = ToolCall(call_id="c", run_id="r", name="exit_now", arguments_json='{"status": 3}')
+        exited = await workers.run(tools["exit_now"], call, {"status": 3}, LIMITS)
+        assert (wedged.timed_out, wedged.killed) == (True, True)  # the culprit of its worker's deadline
+        assert (exited.timed_out, exited.killed) == (False, True)
+        await eventually(lambda: len(workers.ready_pids()) == 1, "the worker replaced")
+        assert sample("atmosphere_sandbox_workers", kind="tool") == live + 1
+    after = {r: sample("atmosphere_sandbox_kills_total", kind="tool", reason=r) for r in ("timeout", "crashed")}
+    assert {r: after[r] - before[r] for r in after} == {"timeout": 1, "crashed": 1}
+    assert sample("atmosphere_sandbox_workers", kind="tool") == live  # closing is no kill, and leaves none
 
 
 async def test_concurrent_calls_spread_over_the_workers(app_dir: Path, tools: Tools) -> None:

@@ -14,7 +14,8 @@ one (whoever may create a consumer chooses where it delivers: `atmosphere.bus.pe
 replica that restarts on the same volume goes on where it stopped; a new volume is a new
 replica that applies the stream from its start. It hears of new messages by polling the
 stream's last sequence and, where the writers are its own service, by a subscription to the
-stream's subject that wakes it at once (`doorbell`).
+stream's subject that wakes it at once (`doorbell`). How far it is behind is a gauge
+(`replica_metrics`), set from the stream's last sequence it reads at every look.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from google.protobuf.message import Message
 
 from atmosphere.bus import Bus, BusError, Headers, PayloadTooLargeError, Subscription, WorkItem
 from atmosphere.bus.errors import ReplicaBehindError
+from atmosphere.service import replica_metrics
 from atmosphere.service.tasks import stop_tasks
 
 M = TypeVar("M", bound=Message)
@@ -158,6 +160,10 @@ class StreamReplica(Generic[M]):
         self._barrier_timeout = barrier_timeout
         self.applied_seq = position.load()
         """Every message of the filter up to this stream sequence is applied here."""
+        self._newest = self.applied_seq
+        """The stream's last sequence at the last look (what the lag is measured against)."""
+        self._lag = replica_metrics.LAG.labels(stream)
+        self._applied = replica_metrics.APPLIED.labels(stream)
         self._progress = asyncio.Condition()
         self._wake = asyncio.Event()
         self._eager = 0
@@ -189,7 +195,7 @@ class StreamReplica(Generic[M]):
         failures = 0
         while True:
             try:
-                newest = await self._bus.stream_last_seq(self.stream)
+                newest = await self._stream_end()
                 if newest < self.applied_seq:
                     await self._restart(newest)
                 if newest > self.applied_seq:
@@ -202,6 +208,7 @@ class StreamReplica(Generic[M]):
                         await asyncio.sleep(self._linger)
                 failures = 0
             except BusError as exc:
+                replica_metrics.READ_FAILURES.labels(self.stream, "unreachable").inc()
                 failures += 1
                 # Once per outage, not every second of it: the broker restarting is no news.
                 (log.warning if failures == 1 else log.debug)(
@@ -210,10 +217,18 @@ class StreamReplica(Generic[M]):
                 await asyncio.sleep(RETRY_DELAY)
                 continue
             except Exception:
+                replica_metrics.READ_FAILURES.labels(self.stream, "apply").inc()
                 log.exception("%s: applying failed; reading it again in %gs", self.stream, RETRY_DELAY)
                 await asyncio.sleep(RETRY_DELAY)
                 continue
             await self._idle()
+
+    async def _stream_end(self) -> int:
+        """The stream's last sequence now; the lag is measured against it until the next look."""
+        newest = await self._bus.stream_last_seq(self.stream)
+        self._newest = newest
+        self._lag.set(max(newest - self.applied_seq, 0))
+        return newest
 
     async def _restart(self, newest: int) -> None:
         # A stream's sequences only grow, so one that ends before what was applied here was
@@ -254,10 +269,12 @@ class StreamReplica(Generic[M]):
     async def _settle(self, batch: list[WorkItem[M]], through: int) -> None:
         if batch:
             await self._apply_batch(batch)
+            self._applied.inc(len(batch))
         self._position.save(through)
         async with self._progress:
             self.applied_seq = max(self.applied_seq, through)
             self._progress.notify_all()
+        self._lag.set(max(self._newest - self.applied_seq, 0))
 
     async def reach(self, seq: int, *, timeout: float) -> bool:
         """Wait until this replica applied through `seq`; False when it did not within `timeout`."""
@@ -280,7 +297,7 @@ class StreamReplica(Generic[M]):
         try:
             # Under a steady stream of writes "nothing left" may never be seen: the target is
             # what the stream held at the call.
-            target = await self._bus.stream_last_seq(self.stream)
+            target = await self._stream_end()
         except BusError as exc:
             msg = f"this replica cannot tell how far {self.stream} goes now: try again"
             raise ReplicaBehindError(msg) from exc

@@ -11,6 +11,7 @@ from functools import partial
 from atmosphere.bus import Bus, ServiceError, subjects
 from atmosphere.bus.errors import ReplicaBehindError
 from atmosphere.contracts.governance.v1.governance_pb2 import GovernanceLogEntry
+from atmosphere.governance import metrics
 from atmosphere.governance.handlers import GovernanceHandlers, MemorySafety, runtime_info
 from atmosphere.governance.injection import Breach
 from atmosphere.governance.plane import GovernancePlane, load_policies
@@ -88,6 +89,7 @@ async def serve(settings: GovernanceSettings, *, stop: asyncio.Event, bus: Bus |
     screening = build_screening(settings)
     # Before anything is served: a policy file that does not parse stops governance (fail-closed).
     plane = build_plane(settings)
+    metrics.observe(plane)
     retention = Retention(settings.governance.decision_log_max_rows, settings.governance.decision_log_max_age_days)
     async with (
         DecisionLog.open(settings.db_path, retention) as decisions,

@@ -28,6 +28,7 @@ from typing import Any
 from atmosphere.bus import Bus, MessageContext, Router, subjects
 from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.code import make_backend
 from atmosphere.sandbox.code.availability import Availability
 from atmosphere.sandbox.code.availability import probe as probe_code
@@ -157,6 +158,7 @@ async def sandbox_builtins(
             stack.callback(_remove_empty, root)
             sessions = CodeSessions(make_backend(settings.code, code, root), settings.code)
             stack.push_async_callback(sessions.close)
+            metrics.observe_code_sessions(sessions)
             builtins.sessions = sessions
             builtins.code_offer = code_exec_descriptor(settings.code, sessions.languages())
         if settings.eval.enabled:

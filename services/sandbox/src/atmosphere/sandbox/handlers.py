@@ -19,12 +19,14 @@ what the agent test kit uses with `tool_workers=0`), and in `serve()` in worker 
 (`atmosphere.sandbox.workers.ToolWorkers`), so that a tool that crashes the interpreter, hangs in
 sync code or allocates without bound costs its worker, not the service. Both run a call through
 `atmosphere.sandbox.outcome.run_tool`, so a call's reply is the same either way; a worker cuts a
-result to the host's limits itself (`ResultLimits`) before it sends it.
+result to the host's limits itself (`ResultLimits`) before it sends it. Each call is counted by
+its outcome and timed here, whichever executor ran it (`atmosphere.sandbox.metrics`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
@@ -34,6 +36,7 @@ from atmosphere.bus.sizes import DEFAULT_MAX_PAYLOAD, clip, data_budget, utf8_le
 from atmosphere.contracts.run.v1.run_pb2 import ApprovalRequired as ApprovalRequest
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolReply
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.outcome import ResultLimits, ToolOutcome, parse_arguments, run_tool
 from atmosphere.sdk import Tool
 
@@ -150,11 +153,13 @@ class ToolHost:
         return result
 
     async def _call(self, tool: Tool[Any, Any], call: ToolCall) -> ToolReply:
+        started = time.perf_counter()
         arguments = parse_arguments(call.arguments_json)
         if isinstance(arguments, ToolOutcome):
             outcome = arguments
         else:
             outcome = await self._executor.run(tool, call, arguments, self._limits)
+        metrics.executed("tool", outcome_label(outcome), started)
         if outcome.kind == "approval":
             return _approval_request(call, outcome.text)
         return ToolReply(
@@ -167,6 +172,17 @@ class ToolHost:
         for tool in self._tools.values():
             router.add(subjects.tool(tool.name), ToolCall, self._handler(tool))
         return router
+
+
+def outcome_label(outcome: ToolOutcome) -> str:
+    """How `atmosphere_sandbox_executions_total` names `outcome` (`metrics.OUTCOMES`)."""
+    if outcome.kind == "approval":
+        return "approval"
+    if outcome.timed_out:
+        return "timeout"
+    if outcome.killed:
+        return "killed"
+    return "error" if outcome.kind == "error" else "ok"
 
 
 def _approval_request(call: ToolCall, message: str) -> ToolReply:

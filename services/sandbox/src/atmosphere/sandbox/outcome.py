@@ -35,6 +35,8 @@ class ToolOutcome:
     """`text` was cut (it ends with the marker of `atmosphere.bus.sizes.clip`)."""
     timed_out: bool = False
     """The tool did not finish within its timeout (a sync one may still be running in its thread)."""
+    killed: bool = False
+    """The worker running the call ended under it (`worker_stops`): the call was not completed."""
 
     @classmethod
     def error(cls, text: str) -> ToolOutcome:

@@ -100,7 +100,13 @@ class _Worker:
             outcome = await self._outcome(tool, header, decode_text(body))
             # A sync tool's thread cannot be stopped: it keeps running past its timeout.
             recycle = outcome.timed_out and not inspect.iscoroutinefunction(tool.func)
-        reply = {"op": "done", "id": header["id"], "kind": outcome.kind, "truncated": outcome.truncated}
+        reply = {
+            "op": "done",
+            "id": header["id"],
+            "kind": outcome.kind,
+            "truncated": outcome.truncated,
+            "timed_out": outcome.timed_out,
+        }
         self._replies.write(pack({**reply, "recycle": recycle}, encode_text(outcome.text)))
         await self._replies.drain()
 

@@ -19,11 +19,12 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.frames import (
     HEADER_ROOM,
     FrameError,
@@ -43,6 +44,13 @@ from atmosphere.sdk import Tool
 log = logging.getLogger("atmosphere.sandbox")
 
 _KINDS: Final = frozenset({"result", "error", "approval"})
+_KILL_REASONS: Final[dict[type[Stop], str]] = {
+    Deadline: "timeout",
+    OverMemory: "memory",
+    Crashed: "crashed",
+    Protocol: "protocol",
+}
+"""How `atmosphere_sandbox_kills_total` names a worker's end (closing and recycling are no kills)."""
 _READ_AFTER_EXIT: Final = 1.0
 """Seconds to keep reading a dead worker's pipes (what it wrote just before it ended)."""
 _REPORTED: set[str] = set()
@@ -309,10 +317,15 @@ class WorkerProcess:
                 await asyncio.shield(replies)  # answers it sent just before it ended
         replies.cancel()
         why = self._stop
+        if reason := _KILL_REASONS.get(type(why)):
+            metrics.killed("tool", reason)
         in_flight = len(self._pending)
         for call_id, pending in self._pending.items():
             if not pending.future.done():
-                pending.future.set_result(ToolOutcome.error(why.text(pending.tool, call_id, in_flight)))
+                # The call whose deadline stopped the worker timed out; the others were killed with it.
+                culprit = isinstance(why, Deadline) and call_id == why.call_id
+                told = ToolOutcome.error(why.text(pending.tool, call_id, in_flight))
+                pending.future.set_result(replace(told, killed=True, timed_out=culprit))
         await self._close()
         self.ended.set_result(why)
 
@@ -337,7 +350,13 @@ class WorkerProcess:
         pending = self._pending.get(int(header.get("id", 0)))
         if pending is None or pending.future.done():
             return  # a call given up meanwhile (cancelled)
-        pending.future.set_result(ToolOutcome(kind, decode_text(body), truncated=bool(header.get("truncated"))))
+        outcome = ToolOutcome(
+            kind,
+            decode_text(body),
+            truncated=bool(header.get("truncated")),
+            timed_out=bool(header.get("timed_out")),
+        )
+        pending.future.set_result(outcome)
         if header.get("recycle"):
             log.warning("%s: %s timed out in a thread that cannot be stopped; recycling it", self.label, pending.tool)
             self.retire()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.outcome import ResultLimits, ToolOutcome
 from atmosphere.sandbox.settings import SandboxSettings
 from atmosphere.sandbox.worker_memory import remove_stale_cgroups
@@ -134,12 +135,17 @@ class ToolWorkers:
         self._serial += 1
         worker = await WorkerProcess.start(self._spec, f"tool worker {slot.index}.{self._serial}")
         self._workers.add(worker)
-        worker.ended.add_done_callback(lambda _: self._workers.discard(worker))
+        metrics.WORKERS.labels("tool").inc()
+        worker.ended.add_done_callback(lambda _: self._forget(worker))
         slot.worker, slot.start_error = worker, ""
         log.info("%s started (pid %d, tools: %s)", worker.label, worker.pid, ", ".join(sorted(worker.tools)))
         async with self._changed:
             self._changed.notify_all()
         return worker
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        self._workers.discard(worker)
+        metrics.WORKERS.labels("tool").dec()
 
     async def _supervise(self, slot: _Slot) -> None:
         """Replace the slot's worker whenever it ends or retires, until the pool closes."""

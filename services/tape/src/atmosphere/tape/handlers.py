@@ -9,6 +9,7 @@ newest runs that fit (`truncated`), and a replay shrinks what would not fit (`re
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 from atmosphere.bus import MessageContext, Router, WorkItem, subjects
@@ -24,6 +25,7 @@ from atmosphere.contracts.tape.v1.tape_pb2 import (
     TapeRun,
     TapeStep,
 )
+from atmosphere.tape import metrics
 from atmosphere.tape.errors import TapeBadRequestError
 from atmosphere.tape.recorder import MAX_SEQ, Recorder
 from atmosphere.tape.replay import reconstruct_tree
@@ -95,7 +97,12 @@ class TapeHandlers:
         The batch is acked only after the commit, so an event is never acked before it is on
         disk; a failed commit redelivers the whole batch.
         """
+        started = time.perf_counter()
         await self._recorder.record(item.envelope.message for item in items)
+        # After the commit: a batch that failed is read again, and counted then.
+        metrics.RECORD_DURATION.observe(time.perf_counter() - started)
+        metrics.BATCH_SIZE.observe(len(items))
+        metrics.EVENTS_RECORDED.inc(len(items))
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
         """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped), as many as fit in one reply."""

@@ -25,6 +25,7 @@ import aiosqlite
 
 from atmosphere.bus.telemetry import bind_run
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent
+from atmosphere.tape import metrics
 from atmosphere.tape.agents import UNKNOWN, AgentDirectory, AgentFacts
 from atmosphere.tape.redact import Redactor
 from atmosphere.tape.retention import Bounds, Retention
@@ -184,6 +185,7 @@ class Recorder:
             if event.run_id and 1 <= event.seq <= MAX_SEQ:
                 by_run.setdefault(event.run_id, []).append(event)
             else:
+                metrics.EVENTS_SKIPPED.labels("unrecordable").inc()
                 log.warning("an event of run %r with seq %d is not recordable; skipped", event.run_id[:128], event.seq)
         if not by_run:
             return
@@ -255,6 +257,7 @@ class Recorder:
         except Exception:
             # One event that cannot become a step must not hold back the batch (it would be
             # redelivered with it forever): it is logged and left out.
+            metrics.EVENTS_SKIPPED.labels("failed").inc()
             log.exception("run %s: event %d cannot be recorded; skipped", event.run_id[:128], event.seq)
 
     def _entry(self, event: RunEvent) -> tuple[Entry, str]:

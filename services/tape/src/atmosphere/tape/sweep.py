@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atmosphere.tape import metrics
 from atmosphere.tape.retention import Retention
 from atmosphere.tape.store import TapeStore
 
@@ -35,4 +36,7 @@ async def sweep(store: TapeStore, retention: Retention, *, idle_timeout_ms: int,
         totals = await retention.expire(db, retention.totals, now_ms=now_ms)
         totals = await retention.enforce(db, totals)
     retention.totals = totals
-    return SweepResult(abandoned=max(0, abandoned), expired=retention.evicted - evicted_before)
+    result = SweepResult(abandoned=max(0, abandoned), expired=retention.evicted - evicted_before)
+    metrics.RUNS_SWEPT.labels("abandoned").inc(result.abandoned)
+    metrics.RUNS_SWEPT.labels("expired").inc(result.expired)
+    return result

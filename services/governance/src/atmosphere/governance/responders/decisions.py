@@ -4,13 +4,15 @@ Admissions, tool calls and answers are decided by the policy plane (`plane.py`).
 names its policy (name, source, version, digest) and is logged with its evaluation time and
 context snapshot — of an answer's checks, the final one and any that stopped it (a streamed
 answer is checked every 200 characters). A run's end feeds cost accounting and frees its
-concurrency slot.
+concurrency slot. Each decision is counted and timed here, by the replica that took the request
+(`metrics.py`).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 
 from atmosphere.bus import MessageContext
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -25,10 +27,14 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     RunEndedReport,
     RunSettled,
 )
+from atmosphere.governance import metrics
 from atmosphere.governance.plane import GovernancePlane, decision_of, outcome_of, snapshot
 from atmosphere.governance.policies import Evaluation, PolicyContext, Prefer
 from atmosphere.governance.replication import GovernanceJournal
 from atmosphere.governance.responders.common import check_fields, check_principal, now, principal_name
+
+MAX_REPORTED_RUNS = 10_000
+"""Recent run ends remembered so that a retried report's cost is not observed twice."""
 
 
 class DecisionResponders:
@@ -38,6 +44,19 @@ class DecisionResponders:
         """Decide with `plane`; log decisions and runs' ends through `journal`."""
         self._plane = plane
         self._journal = journal
+        self._reported: OrderedDict[str, None] = OrderedDict()
+
+    def _first_report(self, run_id: str) -> bool:
+        """Whether this replica hears of `run_id`'s end for the first time lately.
+
+        A report retried (dispatch heard no answer) is the same run: its cost is observed once.
+        """
+        if run_id in self._reported:
+            return False
+        self._reported[run_id] = None
+        while len(self._reported) > MAX_REPORTED_RUNS:
+            self._reported.popitem(last=False)
+        return True
 
     async def _answer(
         self,
@@ -87,6 +106,7 @@ class DecisionResponders:
 
     async def admit(self, request: AdmitRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.admit`: may this run start? A sub-run's admission is its delegation edge."""
+        started = time.perf_counter()
         check_fields(
             run_id=request.run_id,
             agent=request.agent,
@@ -112,14 +132,16 @@ class DecisionResponders:
             self._plane.settle(request.run_id)
             raise
         decision.check_output = self._plane.judges_output
+        metrics.decided("admit", decision, started)
         return decision
 
     async def check_tool(self, request: CheckToolCallRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.check_tool`: may this tool call run?"""
+        started = time.perf_counter()
         check_fields(run_id=request.run_id, agent=request.agent, tool_name=request.tool_name)
         check_principal(request.principal)
         context, evaluation, counts = await self._plane.check_tool(request)
-        return await self._answer(
+        decision = await self._answer(
             context,
             evaluation,
             counts,
@@ -128,13 +150,16 @@ class DecisionResponders:
             subject=request.tool_name,
             principal=request.principal,
         )
+        metrics.decided("check_tool", decision, started)
+        return decision
 
     async def check_output(self, request: CheckOutputRequest, _ctx: MessageContext) -> Decision:
         """`atmo.gov.check_output`: may the answer so far reach the client?"""
+        started = time.perf_counter()
         check_fields(run_id=request.run_id, agent=request.agent)
         check_principal(request.principal)
         context, evaluation, counts = await self._plane.check_output(request)
-        return await self._answer(
+        decision = await self._answer(
             context,
             evaluation,
             counts,
@@ -145,6 +170,9 @@ class DecisionResponders:
             subject=request.agent,
             principal=request.principal,
         )
+        # Every check of a streamed answer counts (one each 200 characters), logged or not.
+        metrics.decided("check_output", decision, started)
+        return decision
 
     async def run_ended(self, request: RunEndedReport, _ctx: MessageContext) -> RunEndedAck:
         """`atmo.gov.run_ended`: account the run's cost and free its concurrency slot."""
@@ -157,4 +185,6 @@ class DecisionResponders:
             run_id=request.run_id, tenant=tenant, cost_usd=charge.usd, accounted_at_ms=int(time.time() * 1000)
         )
         await self._journal.settle(settled)
+        if self._first_report(request.run_id):
+            metrics.priced(request.agent, request.model, charge.usd, complete=charge.priced)
         return RunEndedAck(cost_usd=charge.usd, tenant=tenant, priced=charge.priced)

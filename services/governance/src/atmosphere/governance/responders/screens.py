@@ -19,6 +19,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
     ScreenRequest,
     ScreenResponse,
 )
+from atmosphere.governance import metrics
 from atmosphere.governance.errors import GovernanceBadRequestError
 from atmosphere.governance.injection import Breach, ScreenOutcome, screen_fact
 from atmosphere.governance.replication import GovernanceJournal
@@ -59,6 +60,7 @@ class ScreenResponders:
         except ValueError as exc:
             raise GovernanceBadRequestError(str(exc)[:MAX_FIELD_CHARS]) from None
         for text in response.texts:
+            metrics.screened(request.kind, text.verdict)  # the kind is one the screen knows (else it raised)
             if text.verdict != "SAFE":
                 await self._journal.decided(
                     DecisionRecord(
@@ -124,6 +126,7 @@ class ScreenResponders:
             return ScreenedFact(store=True, text=fact, verdict="SAFE", reason="screen disabled"), None
         outcome = screen_fact(fact, self._safety.breach, fail_open=self._safety.fail_open)
         verdict = outcome.classification
+        metrics.screened("fact", verdict.verdict.value)
         answer = ScreenedFact(
             store=outcome.store,
             text=outcome.text or "",

@@ -15,6 +15,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     SaveFactsRequest,
     SaveFactsResponse,
 )
+from atmosphere.memory import metrics
 from atmosphere.memory.errors import MemoryBadRequestError
 from atmosphere.memory.replication import MemoryJournal
 from atmosphere.memory.responders.sizing import ENTRY_OVERHEAD
@@ -61,6 +62,7 @@ class FactResponders:
         # Screened once, here; what passed is stored as one write that every replica applies.
         screened_facts = SaveFactsRequest(user_id=request.user_id, facts=keep)
         stored = await self._journal.write(MemoryWrite(store_facts=screened_facts))
+        metrics.facts_saved(offered=len(facts), kept=len(keep), flagged=flagged)
         return SaveFactsResponse(stored=stored, dropped=len(facts) - len(keep), flagged=flagged)
 
     def _screen_batches(self, facts: list[str], request: SaveFactsRequest) -> list[ScreenFactsRequest]:
@@ -82,6 +84,7 @@ class FactResponders:
         if not request.user_id.strip():
             return GetFactsResponse()
         await self._journal.caught_up()
+        metrics.FACT_RECALLS.inc()
         facts = await self._store.get_facts(request.user_id, request.max_facts or 20)
         room = self._reply_bytes
         kept = 0

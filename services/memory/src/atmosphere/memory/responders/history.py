@@ -15,6 +15,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
     ReplaceHistoryRequest,
     ReplaceHistoryResponse,
 )
+from atmosphere.memory import metrics
 from atmosphere.memory.errors import MemoryBadRequestError
 from atmosphere.memory.replication import MemoryJournal, request_digest
 from atmosphere.memory.store import MemoryStore, StalePageTokenError
@@ -41,6 +42,7 @@ class HistoryResponders:
             raise HistoryChangedError(str(exc), retryable=True) from exc
         except ValueError as exc:
             raise MemoryBadRequestError(str(exc)) from exc
+        metrics.HISTORY_READS.inc()
         return LoadHistoryResponse(
             messages=[ChatMessage(role=m.role, content=m.content, partial=m.partial) for m in page.messages],
             next_page_token=page.next_token,
@@ -52,9 +54,11 @@ class HistoryResponders:
         # is the run and the request's content, so two different turns of one run both count.
         key = f"turn:{request.run_id}:{request_digest(request)}" if request.run_id else ""
         result: AppendTurnResponse = await self._journal.write(MemoryWrite(append_turn=request), key)
+        metrics.HISTORY_WRITES.labels("append").inc()
         return result
 
     async def replace_history(self, request: ReplaceHistoryRequest, _ctx: MessageContext) -> ReplaceHistoryResponse:
         """`atmo.mem.history.replace`: a summarized history, staged turns, or empty to clear."""
         result: ReplaceHistoryResponse = await self._journal.write(MemoryWrite(replace_history=request))
+        metrics.HISTORY_WRITES.labels("replace").inc()
         return result

@@ -14,10 +14,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from typing import Any, Final
 
 from atmosphere.contracts.run.v1.run_pb2 import AgentStep, Content, RunEvent, TextDelta
 from atmosphere.contracts.tool.v1.tool_pb2 import TOOL_KIND_EXECUTE, ToolCall, ToolDescriptor, ToolReply
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.code.results import ExecResult, Language, SessionUnavailableError
 from atmosphere.sandbox.code.sessions import CodeSessions
 from atmosphere.sandbox.code.settings import CodeSettings
@@ -80,32 +82,50 @@ def _failure(call: ToolCall, message: str) -> ToolReply:
 
 async def run_code_exec(sessions: CodeSessions, call: ToolCall) -> ToolReply:
     """Answer one `code_exec` call: bad arguments and an unavailable sandbox are `Error: ...` replies."""
+    started = time.perf_counter()
+    reply, result = await _code_exec(sessions, call)
+    if result is None:
+        metrics.executed(CODE_EXEC_TOOL, "error", started)
+        return reply
+    # The code's own failure (a non-zero exit) is an error; a limit the sandbox enforced is a kill.
+    stopped_by = "timeout" if result.timed_out else result.limit
+    if stopped_by is None:
+        outcome = "ok" if result.exit_code == 0 else "error"
+    else:
+        metrics.killed(CODE_EXEC_TOOL, stopped_by)
+        outcome = "timeout" if stopped_by == "timeout" else "killed"
+    metrics.executed(CODE_EXEC_TOOL, outcome, started)
+    return reply
+
+
+async def _code_exec(sessions: CodeSessions, call: ToolCall) -> tuple[ToolReply, ExecResult | None]:
+    """The reply to one call, and what the code came to (None: it did not run)."""
     try:
         arguments = json.loads(call.arguments_json or "{}")
     except (ValueError, RecursionError):
-        return _failure(call, "Error: the arguments are not valid JSON")
+        return _failure(call, "Error: the arguments are not valid JSON"), None
     if not isinstance(arguments, dict):
-        return _failure(call, "Error: the arguments must be a JSON object")
+        return _failure(call, "Error: the arguments must be a JSON object"), None
     code = arguments.get("code")
     if not isinstance(code, str) or not code.strip():
-        return _failure(call, "Error: code is required: the program to run, as a string")
+        return _failure(call, "Error: code is required: the program to run, as a string"), None
     language = language_of(arguments.get("language"))
     available = sessions.languages()
     if language not in available:
         others = ", ".join(available) or "none"
-        return _failure(
-            call, f"Error: {language} is not available here ({_INTERPRETER[language]} is not installed); use {others}"
-        )
+        missing = f"Error: {language} is not available here ({_INTERPRETER[language]} is not installed); use {others}"
+        return _failure(call, missing), None
     # A call outside a run gets a sandbox of its own, gone after the call.
     session_id = call.run_id or f"call-{call.call_id}"
     try:
         result = await sessions.exec(session_id, language, code)
     except SessionUnavailableError as exc:
-        return _failure(call, f"{UNAVAILABLE} {exc}".strip())
+        return _failure(call, f"{UNAVAILABLE} {exc}".strip()), None
     finally:
         if not call.run_id:
             await sessions.release(session_id)
-    return ToolReply(call_id=call.call_id, content=result_content(result), events=result_events(language, result))
+    reply = ToolReply(call_id=call.call_id, content=result_content(result), events=result_events(language, result))
+    return reply, result
 
 
 def result_content(result: ExecResult) -> str:

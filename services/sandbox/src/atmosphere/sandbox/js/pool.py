@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.js.availability import EvalAvailability
 from atmosphere.sandbox.js.child import REAP_TIMEOUT, WorkerProcess, WorkerStartError, last_words, worker_environment
 from atmosphere.sandbox.js.protocol import MAX_CODE_CHARS, FrameError, Reply, reply_limit
@@ -211,6 +212,7 @@ class EvalPool:
             raise WorkerStartError(f"the JavaScript worker could not be started: {exc}") from exc
         worker = WorkerProcess(process)
         self._workers.add(worker)
+        metrics.WORKERS.labels("eval").inc()  # and one less once reaped (`_discard`)
         if self.closed:  # `close` began while the process was being created
             self._discard(worker)
             raise WorkerStartError("eval is shutting down")
@@ -281,7 +283,9 @@ class EvalPool:
 
         def forget(task: asyncio.Task[int]) -> None:
             self._reapers.discard(task)
-            self._workers.discard(worker)
+            if worker in self._workers:  # discarded twice (`close` again), reaped once
+                self._workers.discard(worker)
+                metrics.WORKERS.labels("eval").dec()
 
         reaper.add_done_callback(forget)
 

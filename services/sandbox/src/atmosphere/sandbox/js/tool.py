@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Final
 
 from atmosphere.bus.text import replace_lone_surrogates
 from atmosphere.contracts.tool.v1.tool_pb2 import TOOL_KIND_EXECUTE, ToolCall, ToolDescriptor, ToolReply
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.js.pool import EvalPool, longest_call_seconds
 from atmosphere.sandbox.js.settings import EvalSettings
 
@@ -16,6 +18,10 @@ TRUNCATION_MARKER: Final = "\n…(output truncated)"
 """Ends a value cut to `max_output_chars` (the original's marker, exactly)."""
 TIMEOUT_MARGIN: Final = 1.0
 """Seconds the descriptor's timeout adds to the longest evaluation, for the reply to travel."""
+_OUTCOMES: Final = {"result": "ok", "timeout": "timeout", "oom": "killed", "stopped": "killed"}
+"""An evaluation's outcome as `atmosphere_sandbox_executions_total` names it (the others: `error`)."""
+_STOPPED_BY: Final = {"timeout": "timeout", "oom": "memory", "stopped": "crashed"}
+"""Evaluations V8 or the pool stopped, by reason (`stopped`: the worker died or broke the protocol)."""
 
 _PARAMETERS: Final = {
     "type": "object",
@@ -52,11 +58,16 @@ def eval_descriptor(settings: EvalSettings) -> ToolDescriptor:
 
 async def run_eval(pool: EvalPool, call: ToolCall) -> ToolReply:
     """Answer one `eval` call: the value as text, or an `Error: ...` (`is_error`)."""
+    started = time.perf_counter()
     try:
         code = _code(call.arguments_json)
     except _BadArgumentsError as exc:
+        metrics.executed(EVAL_TOOL, "error", started)
         return ToolReply(call_id=call.call_id, content=str(exc), is_error=True)
     outcome = await pool.evaluate(code)
+    if stopped_by := _STOPPED_BY.get(outcome.kind):
+        metrics.killed(EVAL_TOOL, stopped_by)
+    metrics.executed(EVAL_TOOL, _OUTCOMES.get(outcome.kind, "error"), started)
     content = outcome.text + TRUNCATION_MARKER if outcome.truncated else outcome.text
     # V8 strings may hold lone surrogates, which a protobuf string cannot carry.
     return ToolReply(

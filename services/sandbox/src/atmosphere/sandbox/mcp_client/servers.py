@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -26,6 +27,7 @@ import mcp_types as types
 
 from atmosphere.bus import Bus, BusError, MessageContext, Router, subjects
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolDescriptor, ToolKind, ToolReply
+from atmosphere.sandbox import metrics
 from atmosphere.sandbox.mcp_client import errors
 from atmosphere.sandbox.mcp_client.connection import McpConnection, McpRefusedError, McpTimings, McpUnavailableError
 from atmosphere.sandbox.outcome import parse_arguments
@@ -192,21 +194,30 @@ class McpServers:
     async def _run(
         self, connection: McpConnection, call: ToolCall, tool: str, governed: str, arguments: dict[str, Any]
     ) -> ToolReply:
+        started = time.perf_counter()
+        reply, outcome = await self._attempt(connection, call, tool, governed, arguments)
+        metrics.executed("mcp", outcome, started)
+        return reply
+
+    async def _attempt(
+        self, connection: McpConnection, call: ToolCall, tool: str, governed: str, arguments: dict[str, Any]
+    ) -> tuple[ToolReply, str]:
+        """The reply to one call of the server's `tool`, and its outcome (`metrics.OUTCOMES`)."""
         server = connection.server
         try:
             result = await connection.call_tool(tool, arguments)
         except McpUnavailableError as exc:
             log.warning("run %s: MCP server %s did not answer %s (%s)", call.run_id, server.name, governed, exc.why)
-            return _error(call, errors.server_unavailable(server.name, governed, exc.why))
+            return _error(call, errors.server_unavailable(server.name, governed, exc.why)), "error"
         except McpRefusedError as exc:
-            return _error(call, errors.server_refused(server.name, governed, exc.message))
+            return _error(call, errors.server_refused(server.name, governed, exc.message)), "error"
         except TimeoutError:
             log.warning("run %s: %s took over %gs", call.run_id, governed, server.timeout)
-            return _error(call, errors.timed_out(server.name, governed, server.timeout))
+            return _error(call, errors.timed_out(server.name, governed, server.timeout)), "timeout"
         text = result_text(result)
         if result.is_error:
-            return _error(call, errors.tool_failed(governed, text))
-        return ToolReply(call_id=call.call_id, content=text)
+            return _error(call, errors.tool_failed(governed, text)), "error"
+        return ToolReply(call_id=call.call_id, content=text), "ok"
 
     async def close(self) -> None:
         """End every session (stdio children stopped)."""
