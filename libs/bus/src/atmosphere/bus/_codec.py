@@ -103,11 +103,13 @@ class Headers:
         traceparent = self.traceparent or (tracer.traceparent() if tracer is not None else "")
         if run is None and traceparent == self.traceparent:
             return self
-        return replace(
-            self,
+        # Built directly, not with `replace` (several times slower): this runs for every request.
+        return Headers(
             traceparent=traceparent,
             run_id=self.run_id or (run.run_id if run else ""),
             agent=self.agent or (run.agent if run else ""),
+            msg_id=self.msg_id,
+            expected_last_subject_seq=self.expected_last_subject_seq,
         )
 
 

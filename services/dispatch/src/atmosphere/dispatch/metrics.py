@@ -10,6 +10,9 @@ their buckets, over any window and across replicas).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from atmosphere.service.telemetry import LATENCY_BUCKETS
@@ -68,3 +71,62 @@ RUN_QUEUE_DEPTH = Gauge(
 )
 JOURNAL_APPENDS = Counter("atmosphere_journal_appends", "Records appended to durable runs' journals", ("kind",))
 JOURNAL_RESUMES = Counter("atmosphere_journal_resumes", "Durable runs resumed from their journal by another delivery")
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """The series one run counts in, resolved once per label set.
+
+    `labels()` costs microseconds (validation, a lock); a run touches a dozen series, so each
+    label set's children are looked up once for the process (`run_series`) instead of per run.
+    """
+
+    agent: str
+    labels: tuple[str, str, str, str]
+    prompts: Counter
+    streaming_texts: Counter
+    prompt_duration: Histogram
+    response_duration: Histogram
+    input_tokens: Counter
+    output_tokens: Counter
+    active_sessions: Gauge
+    complete: Counter
+
+    def cached_input_tokens(self) -> Counter:
+        """The cached-input tokens' series (made only when a provider reports cache hits)."""
+        return TOKENS.labels(*self.labels, "cached_input")
+
+    def failed(self, code: str, error_type: str) -> None:
+        """Count a run ended by the error `code`, of the seed's `error_type`."""
+        RUNS.labels(self.agent, code).inc()
+        ERRORS.labels(*self.labels, error_type).inc()
+
+
+@cache
+def run_series(agent: str, runtime: str, provider: str, model: str) -> RunSeries:
+    """The series of runs of `agent` on `runtime`, `provider` and `model` (deployment-named: bounded)."""
+    labels = (agent, runtime, provider, model)
+    return RunSeries(
+        agent=agent,
+        labels=labels,
+        prompts=PROMPTS.labels(*labels),
+        streaming_texts=STREAMING_TEXTS.labels(*labels),
+        prompt_duration=PROMPT_DURATION.labels(*labels),
+        response_duration=RESPONSE_DURATION.labels(*labels),
+        input_tokens=TOKENS.labels(*labels, "input"),
+        output_tokens=TOKENS.labels(*labels, "output"),
+        active_sessions=ACTIVE_SESSIONS.labels(agent),
+        complete=RUNS.labels(agent, "complete"),
+    )
+
+
+@cache
+def gen_ai_duration(operation: str, provider: str, model: str) -> Histogram:
+    """`gen_ai_client_operation_duration_seconds` of one operation, provider and model (resolved once)."""
+    return GEN_AI_OPERATION_DURATION.labels(operation, provider, model)
+
+
+@cache
+def gen_ai_tokens(operation: str, provider: str, model: str, token_type: str) -> Histogram:
+    """`gen_ai_client_token_usage` of one operation, provider, model and token type (resolved once)."""
+    return GEN_AI_TOKEN_USAGE.labels(operation, provider, model, token_type)

@@ -90,10 +90,9 @@ class RunTelemetry:
         self.runtime_name = runtime.name if runtime is not None else ""
         self.run_id = run_id
         self._traceparent = traceparent
-        self._labels = (agent, self.runtime_name, provider_of(runtime), model)
-        self._texts = metrics.STREAMING_TEXTS.labels(*self._labels)
+        self._series = metrics.run_series(agent, self.runtime_name, provider_of(runtime), model)
         self._started = time.perf_counter()
-        self._first_text = False
+        self._texts = 0
         self._input_tokens = 0
         self._output_tokens = 0
         self.span: Span | None = None
@@ -114,39 +113,47 @@ class RunTelemetry:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """The run's lifetime: an active session, and its span (the current one while it runs)."""
-        attributes = {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": self.agent,
-            "gen_ai.provider.name": self.runtime_name,
-            "atmosphere.run.id": self.run_id,
-        }
-        with (
-            metrics.ACTIVE_SESSIONS.labels(self.agent).track_inprogress(),
-            telemetry.span(f"invoke_agent {self.agent}", attributes=attributes, traceparent=self._traceparent) as span,
-        ):
-            self.span = span
-            yield
+        active = self._series.active_sessions
+        active.inc()
+        try:
+            if not telemetry.active():  # the common case: no span to make, not even a no-op one
+                yield
+                return
+            attributes = {
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": self.agent,
+                "gen_ai.provider.name": self.runtime_name,
+                "atmosphere.run.id": self.run_id,
+            }
+            name = f"invoke_agent {self.agent}"
+            with telemetry.span(name, attributes=attributes, traceparent=self._traceparent) as span:
+                self.span = span
+                yield
+        finally:
+            active.dec()
 
     def prompted(self) -> None:
         """A model exchange begins."""
-        metrics.PROMPTS.labels(*self._labels).inc()
+        self._series.prompts.inc()
 
     def text(self) -> None:
-        """A text delta of the answer went out (the first one is the TTFT)."""
-        self._texts.inc()
-        if not self._first_text:
-            self._first_text = True
-            metrics.PROMPT_DURATION.labels(*self._labels).observe(time.perf_counter() - self._started)
+        """A text delta of the answer went out: counted here, added to the series when the run ends.
+
+        The first one is the TTFT. Per token, that is the whole cost of the run's telemetry.
+        """
+        self._texts += 1
+        if self._texts == 1:
+            self._series.prompt_duration.observe(time.perf_counter() - self._started)
 
     def usage(self, usage: Usage) -> None:
         """A usage event: the provider's token counts."""
-        for kind, count in (
-            ("input", usage.input_tokens),
-            ("output", usage.output_tokens),
-            ("cached_input", usage.cached_input_tokens),
-        ):
-            if count:  # the cached series is absent when the provider reports no cache hits
-                metrics.TOKENS.labels(*self._labels, kind).inc(count)
+        series = self._series
+        if usage.input_tokens:
+            series.input_tokens.inc(usage.input_tokens)
+        if usage.output_tokens:
+            series.output_tokens.inc(usage.output_tokens)
+        if usage.cached_input_tokens:  # the series is absent when the provider reports no cache hits
+            series.cached_input_tokens().inc(usage.cached_input_tokens)
         self._input_tokens += usage.input_tokens
         self._output_tokens += usage.output_tokens
         if self.span is not None:  # the run's totals, over all its model calls
@@ -154,19 +161,22 @@ class RunTelemetry:
             self.span.set_attribute("gen_ai.usage.output_tokens", self._output_tokens)
 
     def ended(self, event: RunEvent) -> None:
-        """The terminal event went out: the response's duration, the outcome, the span's status."""
+        """The terminal event went out: the texts, the response's duration, the outcome, the span's status."""
+        series = self._series
         elapsed = time.perf_counter() - self._started
-        metrics.RESPONSE_DURATION.labels(*self._labels).observe(elapsed)
+        if self._texts:  # nothing is written after the terminal event: the count is whole
+            series.streaming_texts.inc(self._texts)
+        series.response_duration.observe(elapsed)
+        kind = event.WhichOneof("kind")
         # A failed run has its WARNING line (`log_failed`); each run's end is there at DEBUG.
-        log.debug("run %s ended (%s) in %.0f ms", self.run_id, event.WhichOneof("kind"), elapsed * 1000)
-        if event.WhichOneof("kind") == "complete":
-            metrics.RUNS.labels(self.agent, "complete").inc()
+        log.debug("run %s ended (%s) in %.0f ms", self.run_id, kind, elapsed * 1000)
+        if kind == "complete":
+            series.complete.inc()
             if self.span is not None and event.complete.finish_reason:
                 self.span.set_attribute("gen_ai.response.finish_reasons", [event.complete.finish_reason])
             return
         code = event.error.code or "unknown"
-        metrics.RUNS.labels(self.agent, code).inc()
-        metrics.ERRORS.labels(*self._labels, error_type(code, event.error.details.get("provider_code", ""))).inc()
+        series.failed(code, error_type(code, event.error.details.get("provider_code", "")))
         if self.span is not None:
             self.span.set_status(Status(StatusCode.ERROR, code))
             self.span.set_attribute("error.type", code)
@@ -218,12 +228,11 @@ class _ModelCalls(AgentLifecycleListener):
             self._spans[id(call)] = span
 
     def on_model_end(self, call: ModelCall, usage: TokenUsage | None, duration_ms: float) -> None:
-        labels = ("chat", call.provider, call.model)
-        metrics.GEN_AI_OPERATION_DURATION.labels(*labels).observe(duration_ms / 1000)
+        metrics.gen_ai_duration("chat", call.provider, call.model).observe(duration_ms / 1000)
         if usage is not None:
             for kind, count in (("input", usage.input), ("output", usage.output), ("cached_input", usage.cached_input)):
                 if count:
-                    metrics.GEN_AI_TOKEN_USAGE.labels(*labels, kind).observe(count)
+                    metrics.gen_ai_tokens("chat", call.provider, call.model, kind).observe(count)
         span = self._spans.pop(id(call), None)
         if span is None:
             return

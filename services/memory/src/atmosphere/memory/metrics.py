@@ -14,6 +14,9 @@ HISTORY_READS = Counter("atmosphere_memory_history_reads", "Pages of conversatio
 HISTORY_WRITES = Counter(
     "atmosphere_memory_history_writes", "Conversation history writes, by op (append: a turn; replace)", ("op",)
 )
+HISTORY_APPENDS = HISTORY_WRITES.labels("append")
+"""The turns appended (a child resolved once: `labels()` costs microseconds on every run)."""
+HISTORY_REPLACES = HISTORY_WRITES.labels("replace")
 FACTS = Counter(
     "atmosphere_memory_facts",
     "Facts offered to long-term memory, by outcome (stored; flagged: stored with the screen's warning; "

@@ -54,11 +54,11 @@ class HistoryResponders:
         # is the run and the request's content, so two different turns of one run both count.
         key = f"turn:{request.run_id}:{request_digest(request)}" if request.run_id else ""
         result: AppendTurnResponse = await self._journal.write(MemoryWrite(append_turn=request), key)
-        metrics.HISTORY_WRITES.labels("append").inc()
+        metrics.HISTORY_APPENDS.inc()
         return result
 
     async def replace_history(self, request: ReplaceHistoryRequest, _ctx: MessageContext) -> ReplaceHistoryResponse:
         """`atmo.mem.history.replace`: a summarized history, staged turns, or empty to clear."""
         result: ReplaceHistoryResponse = await self._journal.write(MemoryWrite(replace_history=request))
-        metrics.HISTORY_WRITES.labels("replace").inc()
+        metrics.HISTORY_REPLACES.inc()
         return result
