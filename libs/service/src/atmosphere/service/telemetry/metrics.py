@@ -10,14 +10,14 @@ error kinds are codes; never a run id, a user id or a conversation.
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from atmosphere.bus import telemetry
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "install_bus_metrics", "render"]
 
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-"""The text exposition format every Prometheus server reads."""
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The text exposition format `generate_latest` writes and every Prometheus server reads (spelled
+here: prometheus-client names it differently across the versions this library accepts)."""
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Seconds, from a bus hop (a millisecond) to a long model answer (minutes)."""
