@@ -60,15 +60,32 @@ def imported_modules(src: Path) -> set[str]:
 
 
 @functools.cache
-def namespace_owners(top: str) -> dict[str, set[str]]:
-    """For a namespace package several distributions share (`google`): who installs each subpackage."""
-    owners: dict[str, set[str]] = {}
+def namespace_files(top: str) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """For a namespace package several distributions share (`google`, `opentelemetry`): every
+    module path under it (`("opentelemetry", "exporter", "otlp", "proto", "http")`) and its distribution."""
+    found: set[tuple[tuple[str, ...], str]] = set()
     for dist in distributions():
         for file in dist.files or ():
             parts = file.parts
-            if len(parts) >= 2 and parts[0] == top and not parts[1].endswith(".pyc"):
-                owners.setdefault(parts[1].removesuffix(".py"), set()).add(canonicalize_name(dist.metadata["Name"]))
-    return owners
+            if len(parts) >= 2 and parts[0] == top and parts[-1].endswith(".py"):
+                module = (*parts[:-1], parts[-1].removesuffix(".py"))
+                found.add((module, canonicalize_name(dist.metadata["Name"])))
+    return tuple(found)
+
+
+def namespace_owners(module: str) -> set[str]:
+    """Who installs `module` of a shared namespace: the distributions of its deepest known package.
+
+    `opentelemetry.exporter.otlp.proto.http.trace_exporter` is the HTTP exporter's alone, though
+    four distributions install something under `opentelemetry.exporter`.
+    """
+    wanted = tuple(module.split("."))
+    files = namespace_files(wanted[0])
+    for depth in range(len(wanted), 1, -1):
+        owners = {dist for path, dist in files if path[:depth] == wanted[:depth]}
+        if owners:
+            return owners
+    return set()
 
 
 def required_distributions(modules: set[str]) -> set[str]:
@@ -86,7 +103,7 @@ def required_distributions(modules: set[str]) -> set[str]:
             continue
         found = owners.get(top, [top])
         if len(found) > 1 and rest:  # a shared namespace: the subpackage says whose (google.protobuf)
-            found = sorted(namespace_owners(top).get(rest.split(".")[0], found))
+            found = sorted(namespace_owners(module) or found)
         needed |= {canonicalize_name(d) for d in found}
     return needed
 

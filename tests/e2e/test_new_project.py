@@ -44,8 +44,11 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 120
 
 def build_and_install(project: Path, site: Path, env: dict[str, str]) -> Path:
     """The project's wheel, built as its README says (pip, setuptools from PyPI), installed into `site`."""
-    python = shutil.which("python3.11", path=env["PATH"])
-    assert python, "building the starter's wheel needs python3.11 (with pip) on PATH"
+    # A virtualenv of its own, with pip (ensurepip, offline): the `python3.11` first on PATH may be
+    # a uv-made one without pip (`make test` runs inside this workspace's virtualenv).
+    builder = project.parent / "builder"
+    run([sys.executable, "-m", "venv", str(builder)], cwd=project, env=env)
+    python = str(builder / "bin" / "python")
     quiet = ["--disable-pip-version-check", "-q"]
     run([python, "-m", "pip", "wheel", *quiet, "--no-deps", "-w", "dist", "."], cwd=project, env=env)
     [wheel] = (project / "dist").glob("my_agents-0.1.0-*.whl")

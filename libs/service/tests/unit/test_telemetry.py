@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from atmosphere.bus.testing import FakeBus
 from atmosphere.service import Health
 from atmosphere.service._probes import probe_response
 from atmosphere.service.telemetry import configure_tracing, install_provider, span, tracing_requested
-
-PROBED = Counter("atmosphere_test_probed", "A series of this test, to find in the scrape", ["kind"])
 
 
 @pytest.mark.parametrize(
@@ -38,13 +36,18 @@ def test_without_the_variables_nothing_is_installed() -> None:
 
 
 def test_the_probe_port_serves_every_series_in_prometheus_text() -> None:
-    PROBED.labels("probe").inc()
-    reply = probe_response(Health("memory", FakeBus()), "GET", "/metrics")
+    # Registered for this test only: the process's registry is what the docs' table is checked against.
+    probed = Counter("test_probed", "A series of this test, to find in the scrape", ["kind"])
+    try:
+        probed.labels("probe").inc()
+        reply = probe_response(Health("memory", FakeBus()), "GET", "/metrics")
+    finally:
+        REGISTRY.unregister(probed)
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert b"Content-Type: text/plain; version=0.0.4" in head
     families = {family.name: family for family in text_string_to_metric_families(body.decode())}
-    assert families["atmosphere_test_probed"].samples[0].value >= 1
+    assert families["test_probed"].samples[0].value >= 1
     assert "process_cpu_seconds" in families  # the process's own series come with it
     assert probe_response(Health("memory", FakeBus()), "HEAD", "/metrics").endswith(b"\r\n\r\n")
 
