@@ -202,8 +202,19 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             assert moved("dispatch", "gen_ai_client_token_usage_count", gen_ai_token_type="input") == 2
             assert moved("dispatch", "atmosphere_bus_request_duration_seconds_count", family="tool") == 1
             assert moved("dispatch", "atmosphere_bus_request_duration_seconds_count", family="gov.admit") >= 1
+            # Each worker service's own series moved with the run, a counter and a histogram each.
+            check_tool = {"kind": "check_tool", "outcome": "admit"}
+            assert moved("governance", "atmosphere_governance_decisions_total", **check_tool) == 1
+            assert moved("governance", "atmosphere_governance_decision_duration_seconds_count", kind="admit") == 1
+            assert moved("sandbox", "atmosphere_sandbox_executions_total", kind="tool", outcome="ok") == 1
+            assert moved("sandbox", "atmosphere_sandbox_execution_duration_seconds_count", kind="tool") == 1
+            assert moved("memory", "atmosphere_memory_history_writes_total", op="append") >= 1
+            assert moved("tape", "atmosphere_tape_events_recorded_total") >= 5  # run id, tool start/result, text...
+            assert moved("tape", "atmosphere_tape_batch_size_count") >= 1
             for service in (*WORKERS, "ingress"):
                 assert total(after[service], "process_cpu_seconds_total") > 0, service
+            for store in ("memory", "governance"):  # the replicated stores caught up with their logs
+                assert total(after[store], "atmosphere_replica_lag") == 0, store
             assert "atmosphere_ingress_run_streams" in {name for name, _ in after["ingress"]}
 
             # Traces: one trace, the caller's, across ingress, dispatch, the model, the tool,
