@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, wait_until
-
 from .conftest import ROOT
-from .test_own_project import port_args, started
-from .wsclient import ask
+from .dev_process import serves_the_counter
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,29 +74,5 @@ async def test_a_new_project_outside_the_repository_is_tested_built_and_served_f
 
     # Served by `atmosphere dev` from a directory that holds nothing of it: every service imports
     # the installed app; a scripted model calls the project's tool.
-    provider = ScriptedModel().script(
-        Turn.tool_calls(ToolCallScript("word_count", {"text": "one two three"}, call_id="call_count")),
-        Turn.text("Three words."),
-    )
-    async with provider.serving():
-        ports = port_args()
-        argv = [atmosphere, "dev", "--app", APP, "--app-dir", str(elsewhere), "--home", str(tmp_path / "home")]
-        log = tmp_path / "dev.log"
-        with started(
-            [*argv, *ports, "--no-model"], cwd=elsewhere, env={**served, "LLM_BASE_URL": provider.base_url}, log=log
-        ) as process:
-
-            async def banner() -> bool:
-                assert process.poll() is None, log.read_text()
-                return "Ctrl-C stops everything" in log.read_text()
-
-            await wait_until(banner, timeout=120, interval=0.2, what="the dev stack banner")
-            http = f"http://127.0.0.1:{ports[ports.index('--http-port') + 1]}"
-            frames = await ask(http, "counter", "How many words in 'one two three'?")
-            results = [f["data"] for f in frames if f.get("event") == "tool-result"]
-            assert [(r["toolName"], str(r["result"])) for r in results] == [("word_count", "3")], frames
-            assert frames[-1]["type"] == "complete", frames
-            assert "".join(str(f["data"]) for f in frames if f.get("type") == "streaming-text") == "Three words."
-            os.killpg(process.pid, signal.SIGINT)
-            assert process.wait(60) == 0, log.read_text()
-    assert provider.requests[0]["tools"][0]["function"]["name"] == "word_count"
+    argv = [atmosphere, "dev", "--app", APP, "--app-dir", str(elsewhere), "--home", str(tmp_path / "home")]
+    await serves_the_counter(argv, cwd=elsewhere, env=served, log=tmp_path / "dev.log")

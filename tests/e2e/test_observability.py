@@ -30,12 +30,11 @@ from atmosphere.testing import (
     ScriptedModel,
     ToolCallScript,
     Turn,
-    free_port,
-    free_port_block,
     wait_until,
 )
 
 from .conftest import ROOT
+from .dev_process import port_args, port_of, started, wait_for_banner
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,39 +50,14 @@ ADMIN_TOKEN = "admin-" + secrets.token_hex(12)
 @contextmanager
 def dev_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], Path, dict[str, int]]]:
     """`atmosphere dev` with the governed test app on free ports; its output in a file."""
-    ports = {"nats": free_port(), "http": free_port(), "probe": free_port_block(len(WORKERS)), "grpc": free_port()}
-    argv = [
-        str(Path(sys.executable).parent / "atmosphere"),
-        "dev",
-        "--app",
-        "tests.e2e.apps.governed_app:app",
-        "--home",
-        str(tmp_path / "home"),
-        "--nats-port",
-        str(ports["nats"]),
-        "--http-port",
-        str(ports["http"]),
-        "--probe-base-port",
-        str(ports["probe"]),
-        "--grpc-port",
-        str(ports["grpc"]),
-        "--no-model",
-    ]
+    args = port_args()
+    ports = {name: port_of(args, f"--{name}-port") for name in ("nats", "http", "grpc")}
+    ports["probe"] = port_of(args, "--probe-base-port")
+    argv = [str(Path(sys.executable).parent / "atmosphere"), "dev", "--app", "tests.e2e.apps.governed_app:app"]
     log = tmp_path / "dev.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
+    home = ["--home", str(tmp_path / "home"), "--no-model"]
+    with started([*argv, *home, *args], cwd=ROOT, env=env, log=log) as process:
         yield process, log, ports
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -155,12 +129,7 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             "OTEL_BSP_SCHEDULE_DELAY": "100",  # milliseconds: spans reach the receiver at once
         }
         with dev_stack(tmp_path, env) as (process, log, ports):
-
-            async def banner() -> bool:
-                assert process.poll() is None, log.read_text()
-                return "Ctrl-C stops everything" in log.read_text()
-
-            await wait_until(banner, timeout=120, interval=0.2, what="the dev stack banner")
+            await wait_for_banner(process, log)
             before = await scrape(ports)
 
             url = f"http://127.0.0.1:{ports['http']}"
@@ -182,8 +151,17 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             assert rejected.status_code == 401, rejected.text
             run_id = reply.headers["x-atmosphere-run-id"]
 
-            # Metrics: each service's series parse, and the named ones moved with this run.
+            # Metrics: each service's series parse, and the named ones moved with this run. The tape
+            # records a little behind the stream: scraped again until it has recorded the run's steps.
             after = await scrape(ports)
+
+            async def tape_has_the_run() -> bool:
+                nonlocal after
+                after = await scrape(ports)
+                name = "atmosphere_tape_events_recorded_total"
+                return total(after["tape"], name) - total(before["tape"], name) >= 5
+
+            await wait_until(tape_has_the_run, timeout=30, interval=0.2, what="the tape to record the run")
 
             def moved(service: str, name: str, **labels: str) -> float:
                 return total(after[service], name, **labels) - total(before[service], name, **labels)

@@ -10,24 +10,18 @@ scripted provider, and `atmosphere dev` gets free ports (a test cannot rely on 8
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from atmosphere.cli.dev_layout import SERVICES
-from atmosphere.testing import ScriptedModel, ToolCallScript, Turn, free_port, free_port_block, wait_until
-
 from .conftest import ROOT
-from .wsclient import ask
+from .dev_process import port_args, serves_the_counter, started
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,33 +75,6 @@ def run_bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> 
     return done.stdout
 
 
-@contextlib.contextmanager
-def started(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def port_args() -> list[str]:
-    return [
-        "--nats-port",
-        str(free_port()),
-        "--http-port",
-        str(free_port()),
-        "--probe-base-port",
-        str(free_port_block(len(SERVICES) - 1)),  # a probe port for each service but ingress
-        "--grpc-port",
-        str(free_port()),
-    ]
-
-
 async def test_a_fresh_virtualenv_installs_tests_and_serves_the_guide_agent(tmp_path: Path) -> None:
     project = tmp_path / "myproject"
     env = user_env()
@@ -137,30 +104,8 @@ async def test_a_fresh_virtualenv_installs_tests_and_serves_the_guide_agent(tmp_
     command = [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]
     assert "LLM_BASE_URL" in assignments, serve
     assert command[:4] == [".venv/bin/atmosphere", "dev", "--app", "mypkg.agents:app"], serve
-    provider = ScriptedModel().script(
-        Turn.tool_calls(ToolCallScript("word_count", {"text": "one two three"}, call_id="call_count")),
-        Turn.text("Three words."),
-    )
-    async with provider.serving():
-        serve_env = {**env, **assignments, "LLM_BASE_URL": provider.base_url}
-        ports = port_args()
-        log = tmp_path / "dev.log"
-        with started([*command, *ports, "--no-model"], cwd=project, env=serve_env, log=log) as process:
-
-            async def banner() -> bool:
-                assert process.poll() is None, log.read_text()
-                return "Ctrl-C stops everything" in log.read_text()
-
-            await wait_until(banner, timeout=120, interval=0.2, what="the dev stack banner")
-            http = f"http://127.0.0.1:{ports[ports.index('--http-port') + 1]}"
-            frames = await ask(http, "counter", "How many words in 'one two three'?")
-            results = [f["data"] for f in frames if f.get("event") == "tool-result"]
-            assert [(r["toolName"], str(r["result"])) for r in results] == [("word_count", "3")], frames
-            assert frames[-1]["type"] == "complete", frames
-            assert "".join(str(f["data"]) for f in frames if f.get("type") == "streaming-text") == "Three words."
-            os.killpg(process.pid, signal.SIGINT)
-            assert process.wait(60) == 0, log.read_text()
-    assert provider.requests[0]["tools"][0]["function"]["name"] == "word_count"
+    env = {**env, **assignments}
+    await serves_the_counter(command, cwd=project, env=env, log=tmp_path / "dev.log")
 
 
 def test_an_app_that_does_not_import_stops_atmosphere_dev_at_once(tmp_path: Path) -> None:
