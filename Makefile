@@ -39,6 +39,7 @@ install: $(UV) ## Install the workspace into .venv, the pinned adapters' environ
 	UV_PROJECT_ENVIRONMENT=$(CURDIR)/$(PINNED) $(UV) sync --frozen --python 3.11 --project envs/pinned
 	@scripts/ensure_bubblewrap.sh
 	@scripts/ensure_node_clients.sh
+	@scripts/ensure_chromium.sh
 
 # The pinned adapters' pools, when an app pins agents to them, run on their environment's interpreter.
 POOL_PYTHONS := $(foreach runtime,crewai semantic-kernel llamaindex,--pool-python $(runtime)=$(PINNED)/bin/python)

@@ -61,6 +61,8 @@ def runtime_info(
     if plane is not None:
         governance["killSwitch"] = plane.kill_switch_state()
         governance["checksOutput"] = plane.judges_output
+        # The table runs are charged with (costs, budgets), so a client can price a run's usage alike.
+        governance["pricing"] = {"unit": "USD per million tokens", "models": plane.pricing.listed()}
     info: dict[str, Any] = {"governance": governance}
     if safety is not None and safety.enabled:
         info["memorySafety"] = {"active": True, "tier": TIER, "breach": safety.breach.value}

@@ -110,6 +110,13 @@ class PricingTable:
     def __len__(self) -> int:
         return len(self._prices)
 
+    def listed(self) -> dict[str, dict[str, float]]:
+        """Every price by model name, USD per million tokens: what the info shows (the console's estimates)."""
+        return {
+            name: {"input": price.input, "cachedInput": price.cached_input, "output": price.output}
+            for name, price in sorted(self._prices.items())
+        }
+
     def price(self, model: str) -> Price | None:
         """The price of `model`, or None when the table has none."""
         name = model.strip().lower()

@@ -27,6 +27,7 @@ from atmosphere.ingress import (
     agent_poll,
     agent_socket,
     agent_sse,
+    console,
     docs,
     governance_admin,
     metrics,
@@ -293,6 +294,7 @@ AGENT_DOORS = (agent_socket.router, agent_sse.router, agent_poll.router, run_con
 def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     """Include every router; the fixed routes they serve (a catch-all hit on their paths is a 405)."""
     app.include_router(docs.router)
+    app.include_router(console.router)
     # In this order, the OpenAPI document lists their routes as it did when they were one router.
     for door in AGENT_DOORS:
         app.include_router(door)
@@ -320,6 +322,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
             *admin_api.router.routes,
             *metrics.router.routes,
             *docs.router.routes,
+            *console.router.routes,
         )
         if isinstance(r, Route) and "{path:path}" not in r.path
     ]

@@ -1,0 +1,401 @@
+"""The console at `/atmosphere/console/`, in a real browser (Playwright driving Debian's Chromium).
+
+One stack for the module (all six services' real `serve()` on a real nats-server, a scripted
+OpenAI-compatible provider, two users' token grants and an admin token, a denying policy). The
+browser's DNS resolves nothing but the loopback address, and every request the page makes is
+recorded: none may leave the stack's origin. A screenshot of each tab is saved under
+`$ATMOSPHERE_ARTIFACTS` (default `.atmosphere/artifacts`), in `console/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, Page, WebSocketRoute, async_playwright, expect
+
+from atmosphere.bus import connect
+from atmosphere.config import AuthOptions, TokenGrant
+from atmosphere.ingress.settings import IngressOptions
+from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
+from atmosphere.testing.pytest_plugin import delete_namespace_streams
+
+from .conftest import ROOT, service_map
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
+
+ADMIN = "console-admin-token-1"
+ADA = "console-ada-token-01"
+BOB = "console-bob-token-01"
+GRANTS = (TokenGrant(token=ADA, user_id="ada", name="Ada"), TokenGrant(token=BOB, user_id="bob", name="Bob"))
+POLICY = """\
+version: "2026-12"
+policies:
+  - name: no-word-counts
+    type: deny-list
+    config:
+      regex: ["^call_tool:word_count"]
+"""
+ARTIFACTS = Path(os.environ.get("ATMOSPHERE_ARTIFACTS", ROOT / ".atmosphere" / "artifacts")) / "console"
+CLOSED_NETWORK = "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+"""Chromium's resolver answers no name but the loopback address: a CDN could not be reached."""
+expect.set_options(timeout=20_000)
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "Debian's chromium is not installed: `make install` installs it (scripts/ensure_chromium.sh)"
+    return found
+
+
+@dataclass
+class World:
+    stack: Stack
+    url: str
+    provider: ScriptedModel
+    browser: Browser
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    data = tmp_path_factory.mktemp("console")
+    policies = data / "policies.yaml"
+    policies.write_text(POLICY)
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    provider = ScriptedModel()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    async with provider.serving(), connect(nats_url, name="console", namespace=namespace) as bus:
+        services = service_map(
+            nats_url,
+            namespace,
+            data / "data",
+            app="tests.e2e.apps.console_app:app",
+            llm_base_url=provider.base_url,
+            ingress={"ingress": IngressOptions(port=0, auth_tokens=GRANTS), "admin_token": ADMIN},
+            dispatch={"ingress": AuthOptions(auth_tokens=GRANTS)},
+            governance={"governance": {"policy_files": [policies]}},
+        )
+        try:
+            async with run_stack(services, bus=bus) as stack, async_playwright() as playwright:
+                browser = await playwright.chromium.launch(
+                    executable_path=chromium(),
+                    args=[f"--host-resolver-rules={CLOSED_NETWORK}", "--disable-dev-shm-usage"],
+                )
+                try:
+                    yield World(stack, await stack.ingress_url(), provider, browser)
+                finally:
+                    await browser.close()
+        finally:
+            await delete_namespace_streams(bus, namespace)
+
+
+@pytest.fixture(autouse=True)
+def fresh_script(world: World) -> Iterator[None]:
+    world.provider.turns.clear()
+    yield
+    assert not world.provider.turns, "the test left scripted replies unused"
+
+
+async def signed_in(world: World, token: str, *, admin: str = "", width: int = 1280) -> Page:
+    """A fresh browser context (its own session storage), signed in; every request it makes recorded."""
+    context = await world.browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+    page = await context.new_page()
+    page.on("request", lambda request: world.requests.append(request.url))
+    page.on("websocket", lambda socket: world.requests.append(socket.url))
+    await page.goto(f"{world.url}/atmosphere/console/")
+    await page.locator("#login-token").fill(token)
+    if admin:
+        await page.locator("#login-admin").fill(admin)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("tab", name="Chat")).to_have_attribute("aria-selected", "true")
+    return page
+
+
+async def tab(page: Page, name: str) -> None:
+    await page.get_by_role("tab", name=name).click()
+    await expect(page.get_by_role("tab", name=name)).to_have_attribute("aria-selected", "true")
+
+
+async def chat(page: Page, agent: str, prompt: str) -> None:
+    await page.locator("#chat-agent").select_option(agent)
+    await page.locator("#chat-input").fill(prompt)
+    await page.keyboard.press("Enter")
+
+
+def last_turn(page: Page) -> Any:
+    return page.locator("#chat-log .turn").last
+
+
+async def shot(page: Page, name: str) -> None:
+    await page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
+
+
+class TestTheConsole:
+    async def test_chat_approval_workspace_tape_and_governance(self, world: World) -> None:
+        page = await signed_in(world, ADA, admin=ADMIN)
+        assert await page.get_by_role("tab").all_inner_texts() == ["Chat", "Workspace", "Tape", "Governance", "Runtime"]
+
+        # Chat: a tool that needs approval; the person approves; the tool card and the answer show.
+        world.provider.script(
+            Turn.tool_calls(ToolCallScript("delete_note", {"title": "groceries"}, call_id="call_del")),
+            Turn.text("Deleted the note groceries."),
+        )
+        await chat(page, "notes", "Delete the note groceries")
+        turn = last_turn(page)
+        approval = turn.get_by_role("group", name="Approval for delete_note")
+        await expect(approval).to_contain_text('"title": "groceries"')
+        await approval.get_by_role("button", name="Approve").click()
+        card = turn.locator('details[data-tool="delete_note"]')
+        await expect(card).to_contain_text("deleted note 'groceries'")
+        await expect(card.locator(".badge")).to_have_text(re.compile(r"^ok · \d+ ms$"))
+        await expect(turn.locator(".answer")).to_have_text("Deleted the note groceries.")
+        await expect(turn.locator(".run-meta .badge")).to_have_text("done")
+        await expect(turn).to_contain_text("tokens in")
+        notes_run = (await turn.locator(".run-meta .mono").get_attribute("title")) or ""
+        assert notes_run
+        await shot(page, "chat")
+
+        # A plan and a file: the chat's live plan, then the Workspace tab's stored plan and files.
+        plan = [
+            {"content": "Write the haiku", "status": "in_progress", "activeForm": "Writing the haiku"},
+            {"content": "Save it", "status": "pending"},
+        ]
+        world.provider.script(
+            Turn.tool_calls(ToolCallScript("write_todos", {"todos": plan, "goal": "A haiku on disk"})),
+            Turn.tool_calls(
+                ToolCallScript("write_file", {"path": "poems/haiku.md", "content": "old pond\nfrog jumps"})
+            ),
+            Turn.tool_calls(ToolCallScript("write_todos", {"todos": [dict(s, status="completed") for s in plan]})),
+            Turn.text("Saved poems/haiku.md."),
+        )
+        await page.get_by_role("button", name="New conversation").click()
+        await chat(page, "coder", "Plan a short task and save the result to a file")
+        await expect(last_turn(page).locator(".run-meta .badge")).to_have_text("done")
+        await expect(page.locator("#chat-plan li")).to_have_count(2)
+        await expect(page.locator("#chat-plan li.completed")).to_have_count(2)
+        await tab(page, "Workspace")
+        await expect(page.locator("#ws-agent")).to_have_value("coder")
+        stored = page.locator("#ws-plan li")
+        await expect(stored).to_have_text(["✓ Write the haiku (completed)", "✓ Save it (completed)"])
+        await expect(page.locator("#ws-live-plan")).to_contain_text("Goal: A haiku on disk")
+        await page.get_by_role("button", name="📁 poems/").click()
+        await page.get_by_role("button", name="📄 haiku.md").click()
+        await expect(page.locator("#ws-file")).to_have_text("old pond\nfrog jumps")
+        await shot(page, "workspace")
+
+        # A denied tool call: the card says so, and the Governance tab's log shows the decision.
+        world.provider.script(
+            Turn.tool_calls(ToolCallScript("word_count", {"text": "one two"}, call_id="call_wc")),
+            Turn.text("Counting words is not allowed here."),
+        )
+        await tab(page, "Chat")
+        await chat(page, "coder", "Count the words of 'one two'")
+        denied = last_turn(page).locator('details[data-tool="word_count"]')
+        await expect(denied.locator(".badge")).to_have_text(re.compile(r"^error"))
+        await expect(last_turn(page).locator(".run-meta .badge")).to_have_text("done")
+        await tab(page, "Governance")
+        await expect(page.locator("#gov-policies tbody")).to_contain_text("no-word-counts")
+        await page.locator("#gov-dec-decision").select_option("deny")
+        await page.get_by_role("button", name="Filter").click()
+        await expect(page.locator("#gov-decisions tbody tr").first).to_contain_text("no-word-counts")
+        await expect(page.locator("#gov-decisions tbody tr").first).to_contain_text("word_count")
+
+        # The kill switch: armed with a reason (a run is then refused), disarmed again.
+        await page.locator("#gov-kill-reason").fill("console drill")
+        await page.get_by_role("button", name="Arm").click()
+        await expect(page.locator("#gov-kill-state")).to_contain_text("ARMED by console: console drill")
+        await shot(page, "governance")
+        async with httpx.AsyncClient(base_url=world.url) as http:
+            health = (await http.get("/api/admin/governance/health", headers=bearer(ADMIN))).json()
+            assert health["killSwitch"]["armed"] is True
+        await page.get_by_role("button", name="Disarm").click()
+        await expect(page.locator("#gov-kill-state")).to_contain_text("Disarmed")
+
+        # The Tape: the approval run is listed, its steps and coordination open, it replays without a model.
+        await tab(page, "Tape")
+        await page.locator("#tape-agent").select_option("notes")
+        await page.get_by_role("button", name="Search").click()
+        row = page.locator(f'#tape-runs tr[data-run="{notes_run}"]')
+        await expect(row).to_contain_text("COMPLETED")
+        await expect(row).to_contain_text("ada")
+        calls_before = len(world.provider.requests)
+        await row.get_by_role("button").click()
+        await expect(page.locator("#tape-steps li").first).to_be_visible()
+        await expect(page.locator("#tape-steps")).to_contain_text("approval")
+        await page.get_by_role("button", name="Replay").click()
+        await expect(page.locator("#tape-replay-body .replayed-output")).to_have_text("Deleted the note groceries.")
+        await expect(page.locator("#tape-replay-body")).to_contain_text("delete_note")
+        async with page.expect_download() as download_info:
+            await page.get_by_role("button", name="Export").click()
+        download = await download_info.value
+        assert download.suggested_filename == f"run-{notes_run}.json"
+        assert len(world.provider.requests) == calls_before  # replaying called no model
+        await shot(page, "tape")
+
+        await tab(page, "Runtime")
+        await expect(page.locator("#info-body")).to_contain_text("Harness primitives")
+        await expect(page.locator("#info-body")).to_contain_text("governance")
+        await shot(page, "runtime")
+        await page.context.close()
+        assert_only_the_stack(world)
+
+    async def test_a_second_user_sees_none_of_the_first_users_runs(self, world: World) -> None:
+        ada_runs = await runs_of(world, ADA)
+        assert ada_runs, "the first test's runs are Ada's"
+        page = await signed_in(world, BOB)
+        # No admin tabs for a user, and the Tape shows only Bob's own runs: none yet.
+        assert await page.get_by_role("tab").all_inner_texts() == ["Chat", "Tape", "Runtime"]
+        await tab(page, "Tape")
+        await expect(page.locator("#tape-runs tbody")).to_contain_text("No recorded runs match.")
+        # Bob's own run shows up; Ada's never do, even asked for by id.
+        world.provider.script(Turn.text("Hello Bob."))
+        await tab(page, "Chat")
+        await chat(page, "notes", "Hello")
+        await expect(last_turn(page).locator(".answer")).to_have_text("Hello Bob.")
+        bob_run = (await last_turn(page).locator(".run-meta .mono").get_attribute("title")) or ""
+
+        async def listed() -> bool:
+            await tab(page, "Tape")
+            return await page.locator(f'#tape-runs tr[data-run="{bob_run}"]').count() == 1
+
+        await wait_until(listed, timeout=15, interval=0.3, what="Bob's run on the tape")
+        shown = await page.locator("#tape-runs tbody tr").evaluate_all("rows => rows.map(r => r.dataset.run)")
+        assert shown == [bob_run]
+        status = await page.evaluate(
+            """async ([id, token]) =>
+                (await fetch(`/api/runs/${id}/steps`, {headers: {Authorization: `Bearer ${token}`}})).status""",
+            [ada_runs[0], BOB],
+        )
+        assert status == 404
+        await shot(page, "second-user-tape")
+        await page.context.close()
+        assert_only_the_stack(world)
+
+    async def test_a_dropped_connection_resumes_the_answer(self, world: World) -> None:
+        page = await signed_in(world, ADA)
+        opened: list[str] = []
+        answer = "one two three four five six seven eight"
+        world.provider.script(Turn.text(answer, chunk_delay=0.15))
+        tasks: list[asyncio.Task[None]] = []
+
+        async def network(socket: WebSocketRoute) -> None:
+            """The first connection drops after three pieces of text; the page's resume goes through."""
+            opened.append(socket.url)
+            server = socket.connect_to_server()
+            if len(opened) > 1:
+                return
+            pieces = 0
+
+            async def drop() -> None:
+                # Not a clean close (1000/1001 would cancel the run): the network was lost.
+                with contextlib.suppress(Exception):
+                    await server.close(code=4000, reason="network lost")
+                with contextlib.suppress(Exception):
+                    await socket.close(code=4000, reason="network lost")
+
+            def from_server(message: str | bytes) -> None:
+                nonlocal pieces
+                if pieces >= 3:
+                    return  # lost with the connection
+                socket.send(message)
+                if '"streaming-text"' in str(message):
+                    pieces += 1
+                    if pieces == 3:
+                        tasks.append(asyncio.get_running_loop().create_task(drop()))
+
+            server.on_message(from_server)
+
+        await page.route_web_socket(re.compile(r".*/atmosphere/agent/.*"), network)
+        await chat(page, "notes", "Count to eight")
+        turn = last_turn(page)
+        await expect(turn.locator(".run-meta .badge")).to_have_text("done")
+        await expect(turn.locator(".answer")).to_have_text(answer)  # every word once, in order
+        await expect(turn.locator(".run-meta")).to_contain_text("resumed from seq")
+        assert len(opened) == 2
+        assert "runId=" in opened[1]
+        assert "lastSeq=" in opened[1]
+        await asyncio.gather(*tasks)
+        await page.context.close()
+
+    async def test_model_text_is_never_markup(self, world: World) -> None:
+        page = await signed_in(world, ADA)
+        hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+        world.provider.script(Turn.text(hostile))
+        await chat(page, "notes", hostile)
+        await expect(last_turn(page).locator(".answer")).to_have_text(hostile)
+        assert await page.evaluate("window.pwned === undefined")
+        assert await page.locator("#chat-log img").count() == 0
+        await page.context.close()
+
+    async def test_keyboard_labels_and_a_narrow_screen(self, world: World) -> None:
+        page = await signed_in(world, ADA, admin=ADMIN, width=390)
+        # Every control has a label a screen reader can read.
+        unlabelled = await page.evaluate(
+            """() => [...document.querySelectorAll('input, select, textarea')]
+                .filter(e => !e.labels?.length && !e.getAttribute('aria-label')).map(e => e.id)"""
+        )
+        assert unlabelled == []
+        # The tabs are a keyboard tablist: arrows move and select.
+        await page.get_by_role("tab", name="Chat").focus()
+        await page.keyboard.press("ArrowRight")
+        await expect(page.get_by_role("tab", name="Workspace")).to_have_attribute("aria-selected", "true")
+        await page.keyboard.press("End")
+        await expect(page.get_by_role("tab", name="Runtime")).to_have_attribute("aria-selected", "true")
+        await page.keyboard.press("Home")
+        await expect(page.get_by_role("tab", name="Chat")).to_have_attribute("aria-selected", "true")
+        # Nothing wider than the screen.
+        assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        await shot(page, "narrow-chat")
+        await page.context.close()
+
+    async def test_the_page_is_served_whole_and_locked_down(self, world: World) -> None:
+        async with httpx.AsyncClient(base_url=world.url) as http:
+            page = await http.get("/atmosphere/console/")
+            assert page.status_code == 200
+            policy = page.headers["content-security-policy"]
+            assert "default-src 'none'" in policy
+            assert "script-src 'self'" in policy
+            assert "frame-ancestors 'none'" in policy
+            assert not re.search(r"(src|href)=\"(https?:)?//", page.text)  # nothing from elsewhere
+            redirect = await http.get("/atmosphere/console")
+            assert (redirect.status_code, redirect.headers["location"]) == (308, "/atmosphere/console/")
+            assets = (("console.js", "text/javascript"), ("console.css", "text/css"), ("favicon.svg", "image/svg+xml"))
+            for name, kind in assets:
+                asset = await http.get(f"/atmosphere/console/{name}")
+                assert asset.status_code == 200
+                assert asset.headers["content-type"].startswith(kind)
+            for name in ("../api.py", "%2e%2e%2fapi.py", "index.html.bak", "console_page"):
+                assert (await http.get(f"/atmosphere/console/{name}")).status_code == 404, name
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def runs_of(world: World, token: str) -> list[str]:
+    async with httpx.AsyncClient(base_url=world.url, headers=bearer(token)) as http:
+        return [run["runId"] for run in (await http.get("/api/runs")).json()]
+
+
+def assert_only_the_stack(world: World) -> None:
+    """Every request the page made went to the stack's own origin (no CDN, no font, no beacon)."""
+    origin = world.url.split("://", 1)[1]
+    outside = [
+        url
+        for url in world.requests
+        if not url.startswith("blob:") and url.split("://", 1)[1].split("/", 1)[0] != origin
+    ]
+    assert outside == []
+    assert any(url.startswith("ws://") for url in world.requests)
