@@ -88,6 +88,7 @@ async def test_the_run_list_says_model_runtime_endpoint_and_dropped_steps(tmp_pa
             "parentRunId": None,
             "status": "COMPLETED",
             "agent": "echo",
+            "owner": None,  # an anonymous run
             "model": "m1",
             "runtime": "rt",
             "endpoint": "/atmosphere/agent/echo",

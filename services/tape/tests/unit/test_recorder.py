@@ -30,7 +30,7 @@ from atmosphere.tape.recorder import Recorder
 from atmosphere.tape.replay import reconstruct_run
 from atmosphere.tape.runstate import Limits
 from atmosphere.tape.steps import Entry
-from atmosphere.tape.store import RunRow, TapeStore
+from atmosphere.tape.store import RunFilter, RunRow, TapeStore
 
 
 def event(seq: int, run_id: str = "r1", **fields: Any) -> RunEvent:
@@ -317,7 +317,7 @@ async def test_unrecordable_events_are_skipped_without_failing_the_batch(store: 
     await Recorder(store, clock=lambda: 5_000).record([far_future])
     assert await steps_of(store) == [(1, "text", {"text": "kept"}), (2, "unknown", {})]
     assert (await store.steps("r1", from_seq=2, limit=1))[0].ts == 5_000
-    assert [r.run_id for r in await store.runs(tape_id="", status="", limit=10)] == ["r1"]
+    assert [r.run_id for r in await store.runs(RunFilter(), limit=10)] == ["r1"]
 
 
 async def test_unknown_kinds_and_malformed_metadata_are_recorded_as_they_are(store: TapeStore) -> None:

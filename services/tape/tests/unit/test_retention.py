@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from atmosphere.contracts.run.v1.run_pb2 import Complete, InputMessage, RunEvent, RunInput, TextDelta
 from atmosphere.tape.recorder import Recorder
 from atmosphere.tape.retention import Bounds, Retention, Totals
-from atmosphere.tape.store import TapeStore
+from atmosphere.tape.store import RunFilter, TapeStore
 from atmosphere.tape.sweep import sweep
 
 
@@ -64,7 +64,7 @@ async def test_ten_thousand_short_runs_stay_within_the_run_and_byte_bounds(store
         assert peak.payload_bytes > bounds.max_bytes * 0.9  # the byte bound is the one that bit
     else:
         assert peak.runs > bounds.max_runs * 0.98
-    kept = [r.run_id for r in await store.runs(tape_id="", status="", limit=1000)]
+    kept = [r.run_id for r in await store.runs(RunFilter(), limit=1000)]
     assert "still-open" in kept
     assert "run-10000" in kept
     newest_first = [r for r in kept if r != "still-open"]
@@ -126,5 +126,5 @@ async def test_the_sweep_expires_ended_runs_past_max_age(store: TapeStore) -> No
     await recorder.record([*short_run(1_000), *short_run(45_000), old_but_open])
     result = await sweep(store, retention, idle_timeout_ms=10**9, now_ms=50_000)
     assert result.expired == 1
-    assert {r.run_id for r in await store.runs(tape_id="", status="", limit=10)} == {"run-45000", "open-old"}
+    assert {r.run_id for r in await store.runs(RunFilter(), limit=10)} == {"run-45000", "open-old"}
     assert retention.totals == await held(store)

@@ -20,17 +20,7 @@ from google.protobuf.message import Message
 from atmosphere.bus import Bus, BusError, subjects
 from atmosphere.contracts.common.v1.service_pb2 import ServiceInfoRequest, ServiceInfoResponse
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
-from atmosphere.contracts.tape.v1.tape_pb2 import (
-    GetStepsRequest,
-    GetStepsResponse,
-    ListRunsRequest,
-    ListRunsResponse,
-    ReplayedRun,
-    ReplayRequest,
-    ReplayResponse,
-    TapeRun,
-    TapeStep,
-)
+from atmosphere.contracts.tape.v1.tape_pb2 import GetStepsRequest, ReplayRequest
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolDescriptor
 from atmosphere.ingress.errors import (
     AdminBadRequestError,
@@ -38,8 +28,23 @@ from atmosphere.ingress.errors import (
     AdminUnknownRunError,
 )
 from atmosphere.ingress.http import ADMIN_ERRORS, OPTIONAL_ID, admin_call, admin_timeout, state_of, valid_id
+from atmosphere.ingress.tape_reads import (
+    AgentFilter,
+    FromSeq,
+    Limit,
+    MaxSteps,
+    SinceFilter,
+    UntilFilter,
+    UserFilter,
+    list_request,
+    list_runs,
+    read_replay,
+    read_steps,
+    replay_tree,
+    run_row,
+    steps_page,
+)
 
-MAX_SEQ = 2**53
 ID_PATTERN = r"^[A-Za-z0-9_\-:@]{1,128}$"
 """What a run, tape or conversation id may look like; anything else is answered with 400."""
 
@@ -110,24 +115,6 @@ def _dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, always_print_fields_with_no_presence=True)
 
 
-def _run(run: TapeRun) -> dict[str, Any]:
-    return {
-        "runId": run.run_id,
-        "tapeId": run.tape_id,
-        "parentRunId": run.parent_run_id or None,
-        "status": run.status,
-        "agent": run.agent,
-        "model": run.model or None,
-        "runtime": run.runtime or None,
-        "endpoint": run.endpoint or None,
-        "startedAt": run.started_at,
-        "endedAt": run.ended_at or None,
-        "stepCount": run.step_count,
-        "droppedSteps": run.dropped_steps,
-        "truncated": run.truncated,
-    }
-
-
 @router.get("/api/admin/agents", summary="Agents and their runtime truth", responses=ADMIN_ERRORS)
 async def admin_agents(request: Request) -> Any:
     """The `ATMO_AGENTS` descriptors."""
@@ -153,92 +140,66 @@ async def admin_tools(request: Request) -> Any:
 @router.get("/api/admin/tape/runs", summary="Recorded runs, newest first", responses=ADMIN_ERRORS)
 async def admin_tape_runs(
     request: Request,
+    *,
     tapeId: Annotated[str, Query(max_length=128, json_schema_extra={"pattern": OPTIONAL_ID})] = "",  # noqa: N803
     status: Annotated[str, Query(max_length=32)] = "",
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Limit = 100,
+    agent: AgentFilter = "",
+    user: UserFilter = "",
+    since: SinceFilter = 0,
+    until: UntilFilter = 0,
 ) -> Any:
-    """Newest first, as many as fit in one bus message.
+    """Every user's runs, newest first, as many as fit in one bus message.
 
-    `[{runId, tapeId, parentRunId, status, agent, model, runtime, endpoint, startedAt, endedAt,
-    stepCount, droppedSteps, truncated}]`.
+    `[{runId, tapeId, parentRunId, status, agent, owner, model, runtime, endpoint, startedAt,
+    endedAt, stepCount, droppedSteps, truncated}]`; `owner` is the user id of the token that
+    started the run (null: anonymous, or recorded before the tape stored owners).
+
+    Filters, all optional and combined: `tapeId`, `status` (an unknown one: no filter), `agent`
+    (its name), `user` (an owner's user id, matched exactly), `since` and `until` (epoch ms of
+    the start: `since` inclusive, `until` exclusive). A malformed one is answered 400.
     """
-    if tapeId and not valid_id(tapeId):
-        raise AdminBadRequestError("Malformed tapeId")
+    tape_request = list_request(
+        bad_request=AdminBadRequestError,
+        limit=limit,
+        status=status,
+        tape_id=tapeId,
+        agent=agent,
+        owner=user,
+        since=since,
+        until=until,
+    )
 
     async def ask(bus: Bus) -> list[dict[str, Any]]:
-        reply = await bus.request(
-            subjects.tape("runs"),
-            ListRunsRequest(tape_id=tapeId, status=status, limit=limit),
-            ListRunsResponse,
-            timeout=admin_timeout(request),
-        )
-        return [_run(r) for r in reply.runs]
+        return [run_row(r) for r in await list_runs(bus, tape_request, timeout=admin_timeout(request))]
 
     return await admin_call(request, "tape", ask)
-
-
-def _step(step: TapeStep) -> dict[str, Any]:
-    shown: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "payload": step.payload_json, "ts": step.ts}
-    if step.payload_truncated:
-        shown["payloadTruncated"] = True
-    return shown
 
 
 @router.get("/api/admin/tape/runs/{run_id}/steps", summary="The recorded steps of a run", responses=ADMIN_ERRORS)
 async def admin_tape_steps(
     request: Request,
     run_id: Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})],
-    fromSeq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,  # noqa: N803
-    max: Annotated[int, Query(ge=1, le=5000)] = 500,
+    fromSeq: FromSeq = 0,  # noqa: N803
+    max: MaxSteps = 500,
 ) -> Any:
-    """`{runId, steps: [{seq, kind, payload, ts}], count, nextFromSeq?}`.
+    """`{runId, steps: [{seq, kind, payload, ts}], count, run, nextFromSeq?}`.
 
     A reply holds what fits in one bus message: `nextFromSeq`, when present, is the `fromSeq` of
-    the next page. A step too large for any page has `payloadTruncated: true`.
+    the next page. A step too large for any page has `payloadTruncated: true`. `run` is the run
+    as the list shows it.
     """
     if not valid_id(run_id):
         raise AdminBadRequestError("Malformed run id")
 
     async def ask(bus: Bus) -> Any:
-        reply = await bus.request(
-            subjects.tape("steps"),
-            GetStepsRequest(run_id=run_id, from_seq=fromSeq, max=max),
-            GetStepsResponse,
-            timeout=admin_timeout(request),
-        )
+        tape_request = GetStepsRequest(run_id=run_id, from_seq=fromSeq, max=max)
+        reply = await read_steps(bus, tape_request, timeout=admin_timeout(request))
         if not reply.HasField("run"):
             raise AdminUnknownRunError(f"The tape has no run {run_id}")
-        steps = [_step(s) for s in reply.steps]
-        page: dict[str, Any] = {"runId": run_id, "steps": steps, "count": reply.count, "run": _run(reply.run)}
-        if reply.next_from_seq:
-            page["nextFromSeq"] = reply.next_from_seq
-        return page
+        return steps_page(reply)
 
     return await admin_call(request, "tape", ask)
-
-
-def _replayed(run: ReplayedRun) -> dict[str, Any]:
-    shown: dict[str, Any] = {
-        "runId": run.run_id,
-        "parentRunId": run.parent_run_id or None,
-        "status": run.status,
-        "model": run.model or None,
-        "runtime": run.runtime or None,
-        "endpoint": run.endpoint or None,
-        "startedAt": run.started_at,
-        "endedAt": run.ended_at or None,
-        "input": [{"role": m.role, "content": m.content} for m in run.input],
-        "output": run.output,
-        "tools": [{"name": t.name, "arguments": t.arguments} for t in run.tools],
-    }
-    # What the tape left out so that the answer fits in one bus message, only when something was.
-    if run.input_omitted:
-        shown["inputOmitted"] = run.input_omitted
-    if run.tools_omitted:
-        shown["toolsOmitted"] = run.tools_omitted
-    if run.clipped:
-        shown["clipped"] = True
-    return shown
 
 
 @router.get(
@@ -261,20 +222,10 @@ async def admin_tape_replay(
         raise AdminBadRequestError("Malformed run id")
 
     async def ask(bus: Bus) -> Any:
-        reply = await bus.request(
-            subjects.tape("replay"), ReplayRequest(run_id=run_id), ReplayResponse, timeout=admin_timeout(request)
-        )
+        reply = await read_replay(bus, ReplayRequest(run_id=run_id), timeout=admin_timeout(request))
         if not reply.present:
             return {"runId": run_id, "present": False}
-        tree: dict[str, Any] = {
-            "present": True,
-            "runCount": reply.run_count,
-            "root": _replayed(reply.root),
-            "children": [_replayed(c) for c in reply.children],
-        }
-        if reply.children_omitted:
-            tree["childrenOmitted"] = reply.children_omitted
-        return tree
+        return replay_tree(reply)
 
     return await admin_call(request, "tape", ask)
 

@@ -31,6 +31,7 @@ from atmosphere.ingress import (
     docs,
     governance_admin,
     metrics,
+    my_runs,
     openai_api,
     responses_api,
     run_control,
@@ -307,6 +308,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
     app.include_router(governance_admin.router)
     app.include_router(workspace_api.router)
     app.include_router(admin_api.router)
+    app.include_router(my_runs.router)
     app.include_router(metrics.router)
     # From the routers themselves: FastAPI wraps included routers in objects of its own.
     openai_routes = [*openai_api.router.routes, *responses_api.router.routes] if settings.ai_openai_enabled else []
@@ -320,6 +322,7 @@ def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
             *governance_admin.router.routes,
             *workspace_api.router.routes,
             *admin_api.router.routes,
+            *my_runs.router.routes,
             *metrics.router.routes,
             *docs.router.routes,
             *console.router.routes,

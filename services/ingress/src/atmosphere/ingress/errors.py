@@ -5,7 +5,7 @@
      │    ├── RequestTooLargeError  ingress.too_large         413
      │    └── MalformedJsonRequestError  ingress.malformed_json  400
      ├── UnauthorizedError / ForbiddenError                  401 / 403
-     ├── AgentNotFoundError, RunNotFoundError, PathNotFoundError   404
+     ├── AgentNotFoundError, RunNotFoundError, PathNotFoundError, SurfaceAbsentError   404
      ├── MethodNotAllowedError                                405
      ├── UnavailableError, BusyError, ServerRestartingError   503
  ├── TooManyStreamsError        ingress.too_many_streams  429
@@ -126,6 +126,13 @@ class PathNotFoundError(IngressError, NotFoundError):
     """Nothing is served at this path."""
 
     code = "ingress.not_found"
+    status = 404
+
+
+class SurfaceAbsentError(IngressError, NotFoundError):
+    """The service that owns a user's read (the tape for `/api/runs`) is not running: the surface is absent."""
+
+    code = "ingress.absent"
     status = 404
 
 

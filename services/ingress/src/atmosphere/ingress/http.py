@@ -3,13 +3,15 @@
 Routes raise typed errors (`errors.py`); the app answers them in one place per body shape
 (`ingress_error_response`, `openai_error_response`), so no route builds an error body itself.
 The admin routes (`admin_api.py`, `governance_admin.py`, `workspace_api.py`) ask the owning
-service over the bus through `admin_call`, which names the failure precisely.
+service over the bus through `admin_call`, which names the failure precisely; a user's own reads
+(`my_runs.py`) through `caller_call`, which names it alike in ingress's own codes.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request, WebSocket
@@ -25,7 +27,6 @@ from atmosphere.ingress.errors import (
     ADMIN_AUTH_REFUSALS,
     AUTH_REFUSALS,
     AdminBadRequestError,
-    AdminError,
     AdminForbiddenError,
     AdminSurfaceAbsentError,
     AdminUnauthorizedError,
@@ -33,6 +34,8 @@ from atmosphere.ingress.errors import (
     IngressError,
     MalformedRequestError,
     OpenAiError,
+    SurfaceAbsentError,
+    UnavailableError,
 )
 from atmosphere.ingress.inbound import message_limit
 from atmosphere.ingress.state import IngressState
@@ -143,6 +146,24 @@ def valid_id(value: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class FailureAnswers:
+    """How a surface answers when the service that owns its data could not serve a read."""
+
+    absent: type[IngressError]
+    """Nobody serves the subject, or the service has nothing there (404)."""
+    unavailable: type[IngressError]
+    """It did not answer in time, or failed (503)."""
+    bad_request: type[IngressError]
+    """It refused the request as malformed (400)."""
+
+
+ADMIN_FAILURES = FailureAnswers(AdminSurfaceAbsentError, AdminUnavailableError, AdminBadRequestError)
+"""`/api/admin/*`: `admin.absent`, `admin.unavailable`, `admin.bad_request`."""
+CALLER_FAILURES = FailureAnswers(SurfaceAbsentError, UnavailableError, MalformedRequestError)
+"""A user's own reads: `ingress.absent`, `ingress.unavailable`, `ingress.bad_request`."""
+
+
 async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitable[R]]) -> R:
     """Gate, then ask the owning service; a bus failure raises the `AdminError` that says which."""
     state = state_of(request)
@@ -153,19 +174,33 @@ async def admin_call(request: Request, owner: str, ask: Callable[[Bus], Awaitabl
         raise _bus_failure(owner, exc) from None
 
 
-def _bus_failure(owner: str, exc: BusError) -> AdminError:
-    """The answer when the owning service could not serve an admin read."""
+async def caller_call(request: Request, owner: str, ask: Callable[[Bus, Caller], Awaitable[R]]) -> R:
+    """Identify the caller (`UnauthorizedError` without valid credentials), then ask the owning service for it.
+
+    The same answers as `admin_call` when the owning service fails (absent 404, unavailable 503,
+    refused 400), in ingress's own codes (`CALLER_FAILURES`).
+    """
+    state = state_of(request)
+    caller = identified_caller(state, request)
+    try:
+        return await ask(state.bus, caller)
+    except BusError as exc:
+        raise _bus_failure(owner, exc, answers=CALLER_FAILURES) from None
+
+
+def _bus_failure(owner: str, exc: BusError, *, answers: FailureAnswers = ADMIN_FAILURES) -> IngressError:
+    """The answer when the owning service could not serve a read."""
     if isinstance(exc, NoRespondersError):
-        return AdminSurfaceAbsentError(f"The {owner} service is not running, so this surface is absent")
+        return answers.absent(f"The {owner} service is not running, so this surface is absent")
     if isinstance(exc, RequestTimeoutError):
-        return AdminUnavailableError(f"The {owner} service did not answer in time")
+        return answers.unavailable(f"The {owner} service did not answer in time")
     if isinstance(exc, RemoteError):
         if isinstance(exc.error, NotFoundError):
-            return AdminSurfaceAbsentError(exc.message)
+            return answers.absent(exc.message)
         if isinstance(exc.error, BadRequestError):
-            return AdminBadRequestError(exc.message)
-        return AdminUnavailableError(f"The {owner} service failed: {exc.message}")
-    return AdminUnavailableError(f"The {owner} service cannot be reached")
+            return answers.bad_request(exc.message)
+        return answers.unavailable(f"The {owner} service failed: {exc.message}")
+    return answers.unavailable(f"The {owner} service cannot be reached")
 
 
 async def bounded_body(request: Request, *, limit: int) -> bytes:

@@ -4,6 +4,9 @@ Every answer fits in one bus message (`max_payload`): a run's steps come in page
 fit; `next_from_seq` says where the next page starts), a step whose payload alone would not fit
 is sent with a stand-in payload naming its size (`payload_truncated`), the run list is the
 newest runs that fit (`truncated`), and a replay shrinks what would not fit (`replay_reply`).
+
+A query naming an `owner` reads only that owner's runs: a steps or replay request for any other
+run is answered exactly as one for a run the tape never saw, so it cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from atmosphere.tape.recorder import MAX_SEQ, Recorder
 from atmosphere.tape.replay import reconstruct_tree
 from atmosphere.tape.replay_reply import replay_response
 from atmosphere.tape.steps import step_kind, step_payload, step_record
-from atmosphere.tape.store import RunRow, Step, TapeStore
+from atmosphere.tape.store import RunFilter, RunRow, Step, TapeStore
 
 DEFAULT_MAX_STEPS = 500
 MAX_STEPS = 5000
@@ -39,7 +42,7 @@ DEFAULT_MAX_RUNS = 100
 MAX_RUNS = 1000
 STATUSES = frozenset({"OPEN", "COMPLETED", "INCOMPLETE", "ERROR", "CANCELLED", "ABANDONED"})
 MAX_ID_CHARS = 1024
-"""The longest run or tape id accepted in a query."""
+"""The longest run, tape or agent id, or owner, accepted in a query."""
 _ITEM_OVERHEAD = 16
 """Protobuf framing of one step or run in a reply."""
 
@@ -48,6 +51,29 @@ def _check_id(name: str, value: str) -> None:
     if len(value) > MAX_ID_CHARS:
         msg = f"{name} is {len(value)} characters; the limit is {MAX_ID_CHARS}"
         raise TapeBadRequestError(msg)
+
+
+def _check_time(name: str, value: int) -> None:
+    if value < 0:
+        msg = f"{name} is {value}; a time is epoch milliseconds (0: unbounded)"
+        raise TapeBadRequestError(msg)
+
+
+def run_filter(request: ListRunsRequest) -> RunFilter:
+    """The filter a list request asks for (an unknown status: none); `TapeBadRequestError` when malformed."""
+    for name, value in (("tape_id", request.tape_id), ("owner", request.owner), ("agent", request.agent)):
+        _check_id(name, value)
+    _check_time("started_after", request.started_after)
+    _check_time("started_before", request.started_before)
+    status = request.status.upper()
+    return RunFilter(
+        tape_id=request.tape_id,
+        status=status if status in STATUSES else "",
+        owner=request.owner,
+        agent=request.agent,
+        started_after=request.started_after,
+        started_before=request.started_before,
+    )
 
 
 def _run_message(row: RunRow) -> TapeRun:
@@ -66,6 +92,7 @@ def _run_message(row: RunRow) -> TapeRun:
         endpoint=row.endpoint,
         dropped_steps=row.dropped_steps,
         truncated=row.truncated,
+        owner=row.owner,
     )
 
 
@@ -105,8 +132,12 @@ class TapeHandlers:
         metrics.EVENTS_RECORDED.inc(len(items))
 
     async def get_steps(self, request: GetStepsRequest, _ctx: MessageContext) -> GetStepsResponse:
-        """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped), as many as fit in one reply."""
+        """`atmo.tape.steps`: a run's steps from `from_seq`, at most `max` (capped), as many as fit in one reply.
+
+        With `owner`, another owner's run (or an ownerless one) is answered as an unknown run.
+        """
         _check_id("run_id", request.run_id)
+        _check_id("owner", request.owner)
         if request.from_seq > MAX_SEQ:
             msg = f"from_seq {request.from_seq} is out of range (at most {MAX_SEQ})"
             raise TapeBadRequestError(msg)
@@ -114,11 +145,14 @@ class TapeHandlers:
         if limit < 0:
             limit = DEFAULT_MAX_STEPS
         await self._wait_caught_up()
-        steps = await self._store.steps(request.run_id, from_seq=request.from_seq, limit=limit)
         response = GetStepsResponse(run_id=request.run_id)
-        run = await self._store.run(request.run_id)
+        # The run first: another owner's steps are never read.
+        run = await self._store.run(request.run_id, owner=request.owner)
         if run is not None:
             response.run.CopyFrom(_run_message(run))
+        elif request.owner:
+            return response
+        steps = await self._store.steps(request.run_id, from_seq=request.from_seq, limit=limit)
         room = self._reply_bytes - response.ByteSize()
         for step in steps:
             message = self._step_message(step)
@@ -141,11 +175,10 @@ class TapeHandlers:
 
     async def list_runs(self, request: ListRunsRequest, _ctx: MessageContext) -> ListRunsResponse:
         """`atmo.tape.runs`: newest first, as many as fit in one reply; an unknown status filter means no filter."""
-        _check_id("tape_id", request.tape_id)
+        where = run_filter(request)
         limit = request.limit if 0 < request.limit <= MAX_RUNS else DEFAULT_MAX_RUNS
-        status = request.status.upper() if request.status.upper() in STATUSES else ""
         await self._wait_caught_up()
-        rows = await self._store.runs(tape_id=request.tape_id, status=status, limit=limit)
+        rows = await self._store.runs(where, limit=limit)
         response = ListRunsResponse()
         room = self._reply_bytes
         for row in rows:
@@ -158,10 +191,14 @@ class TapeHandlers:
         return response
 
     async def replay(self, request: ReplayRequest, _ctx: MessageContext) -> ReplayResponse:
-        """`atmo.tape.replay`: the run and the runs it started, rebuilt from their steps (no model call)."""
+        """`atmo.tape.replay`: the run and the runs it started, rebuilt from their steps (no model call).
+
+        With `owner`, another owner's run (or an ownerless one) is answered as an unknown run.
+        """
         _check_id("run_id", request.run_id)
+        _check_id("owner", request.owner)
         await self._wait_caught_up()
-        tree = await reconstruct_tree(self._store, request.run_id)
+        tree = await reconstruct_tree(self._store, request.run_id, owner=request.owner)
         if tree is None:
             return ReplayResponse(run_id=request.run_id, present=False)
         return replay_response(tree, self._reply_bytes)

@@ -55,7 +55,7 @@ _IN_CHUNK = 500
 _LOAD = (
     "SELECT r.run_id, r.status, r.started_at, r.ended_at, r.step_count, r.dropped_steps, r.truncated,"
     " r.last_event_seq, r.round_seq, r.terminal_seq, r.payload_bytes, r.touched_at, COALESCE(r.model, ''),"
-    " s.seq, s.kind, s.payload, s.ts"
+    " r.owner, s.seq, s.kind, s.payload, s.ts"
     " FROM tape_run r LEFT JOIN tape_step s ON s.run_id = r.run_id AND s.seq = r.open_seq"
     " WHERE r.run_id IN ({marks})"
 )
@@ -63,14 +63,14 @@ _LOAD = (
 _INSERT_RUN = (
     "INSERT INTO tape_run (run_id, tape_id, session_id, agent, parent_run_id, runtime, endpoint, status,"
     " started_at, ended_at, step_count, dropped_steps, truncated, last_event_seq, open_seq, round_seq,"
-    " terminal_seq, payload_bytes, touched_at, model)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " terminal_seq, payload_bytes, touched_at, model, owner)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 _UPDATE_RUN = (
     "UPDATE tape_run SET status = ?, started_at = ?, ended_at = ?, step_count = ?, dropped_steps = ?,"
     " truncated = ?, last_event_seq = ?, open_seq = ?, round_seq = ?, terminal_seq = ?, payload_bytes = ?,"
-    " touched_at = ?, model = ? WHERE run_id = ?"
+    " touched_at = ?, model = ?, owner = ? WHERE run_id = ?"
 )
 
 
@@ -113,9 +113,10 @@ def _loaded(row: Sequence[Any]) -> RunState:
         payload_bytes=int(row[10]),
         touched_at=int(row[11]),
         model=str(row[12]),
+        owner=str(row[13]),
         is_new=False,
     )
-    state.open = _open_segment(*row[13:17])
+    state.open = _open_segment(*row[14:18])
     return state
 
 
@@ -198,6 +199,7 @@ class Recorder:
             for run_id, run_events in by_run.items():
                 state = states.setdefault(run_id, _new_run(run_events[0], facts.get(run_events[0].agent, UNKNOWN)))
                 for event in run_events:
+                    state.own(event.owner)
                     self._apply(state, event, now)
             writes = self._writes(states.values())
             await self._write(db, writes)
@@ -310,7 +312,7 @@ class Recorder:
     def _run_row(writes: _Writes, state: RunState) -> None:
         open_seq = state.open.seq if state.open is not None else 0
         counters = (state.step_count, state.dropped_steps, int(state.truncated), state.last_event_seq, open_seq)
-        later = (state.round_seq, state.terminal_seq, state.payload_bytes, state.touched_at, state.model)
+        later = (state.round_seq, state.terminal_seq, state.payload_bytes, state.touched_at, state.model, state.owner)
         if state.is_new:
             writes.added_runs += 1
             ids = (state.run_id, state.tape_id, state.session_id, state.agent, state.parent_run_id)

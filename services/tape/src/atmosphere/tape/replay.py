@@ -106,19 +106,24 @@ def reconstruct(run: RunRow, steps: Iterable[Step]) -> Replay:
     return Replay(run, messages or [], "".join(output), tools)
 
 
-async def reconstruct_run(store: TapeStore, run_id: str) -> Replay | None:
-    """The run `run_id` rebuilt, or None when the tape has no such run."""
-    run = await store.run(run_id)
+async def reconstruct_run(store: TapeStore, run_id: str, *, owner: str = "") -> Replay | None:
+    """The run `run_id` rebuilt, or None when the tape has no such run (with `owner`: none of theirs)."""
+    run = await store.run(run_id, owner=owner)
     if run is None:
         return None
     return reconstruct(run, await store.replayed_steps(run_id))
 
 
-async def reconstruct_tree(store: TapeStore, root_id: str, *, max_children: int = MAX_CHILDREN) -> ReplayTree | None:
-    """The run `root_id` and its children rebuilt, or None when the tape has no such run."""
-    root = await reconstruct_run(store, root_id)
+async def reconstruct_tree(
+    store: TapeStore, root_id: str, *, max_children: int = MAX_CHILDREN, owner: str = ""
+) -> ReplayTree | None:
+    """The run `root_id` and its children rebuilt, or None when the tape has no such run.
+
+    With `owner`: None unless the root is that owner's, and only that owner's children.
+    """
+    root = await reconstruct_run(store, root_id, owner=owner)
     if root is None:
         return None
-    rows, count = await store.children(root_id, limit=max_children)
+    rows, count = await store.children(root_id, limit=max_children, owner=owner)
     children = [reconstruct(row, await store.replayed_steps(row.run_id)) for row in rows if row.run_id != root_id]
     return ReplayTree(root, children, count - (len(rows) - len(children)))

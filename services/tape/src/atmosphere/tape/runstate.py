@@ -80,6 +80,8 @@ class RunState:
     model: str = ""
     runtime: str = ""
     endpoint: str = ""
+    owner: str = ""
+    """The user id of the principal that started the run: the first one an event names, then fixed."""
     status: str = OPEN
     ended_at: int | None = None
     step_count: int = 0
@@ -104,6 +106,16 @@ class RunState:
     changed: bool = False
 
     # -- one event ---------------------------------------------------------------------------
+
+    def own(self, owner: str) -> None:
+        """Take `owner` (an event's `RunEvent.owner`) unless the run already has one.
+
+        Every event of a run names the same owner (its writer stamps them all), so the first
+        one seen settles it; a run stored before owners were (`''`) takes the next one's.
+        """
+        if owner and not self.owner:
+            self.owner = owner
+            self.changed = True
 
     def apply(self, seq: int, ts: int, entry: Entry, *, rendered: str = "{}", now: int, limits: Limits) -> None:
         """Record the event `seq` (time `ts`); `rendered` is a `Record`'s payload as stored."""

@@ -7,7 +7,9 @@ coalesced, the payload bytes it holds (retention), when the tape last heard of i
 sweep); and `tape_gap`, the seqs a run's stream skipped that may still arrive late.
 
 A database made by an older tape lacks some columns: `migrate` adds each one missing
-(`ALTER TABLE ... ADD COLUMN`) and fills it in from the steps already stored, once.
+(`ALTER TABLE ... ADD COLUMN`) and fills it in from the steps already stored, once. `owner`
+cannot be: steps do not store it, so a run recorded before it existed stays ownerless (`''`)
+until an event of it names its owner, and with auth on an ownerless run is nobody's.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ RUN_COLUMNS: dict[str, str] = {
     "terminal_seq": "INTEGER NOT NULL DEFAULT 0",
     "payload_bytes": "INTEGER NOT NULL DEFAULT 0",
     "touched_at": "INTEGER NOT NULL DEFAULT 0",
+    "owner": "TEXT NOT NULL DEFAULT ''",
 }
 """Columns of `tape_run` added after the first schema, with their declarations."""
 
@@ -61,7 +64,9 @@ _INDEXES = """
 CREATE INDEX IF NOT EXISTS idx_tape_run_status_started ON tape_run (status, started_at);
 CREATE INDEX IF NOT EXISTS idx_tape_run_ended_started ON tape_run (started_at) WHERE status != 'OPEN';
 CREATE INDEX IF NOT EXISTS idx_tape_run_parent ON tape_run (parent_run_id, started_at);
+CREATE INDEX IF NOT EXISTS idx_tape_run_owner_started ON tape_run (owner, started_at);
 """
+# `idx_tape_run_owner_started` serves a user's own runs, newest first (`TapeStore.runs` with an owner).
 
 # Runs recorded before these columns existed: every stored seq counts as seen, the first
 # terminal step is the terminal, the payload bytes are what the steps hold.

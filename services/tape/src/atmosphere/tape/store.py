@@ -48,26 +48,52 @@ class RunRow:
     endpoint: str = ""
     dropped_steps: int = 0
     truncated: bool = False
+    owner: str = ""
+    """The user id of the principal that started the run ("" when anonymous or not known)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """Which runs a list holds: every filter given must hold (empty or 0: not filtered)."""
+
+    tape_id: str = ""
+    status: str = ""
+    owner: str = ""
+    agent: str = ""
+    started_after: int = 0
+    """Epoch milliseconds, inclusive."""
+    started_before: int = 0
+    """Epoch milliseconds, exclusive."""
 
 
 RUN_COLUMNS = (
     "run_id, COALESCE(tape_id, ''), COALESCE(session_id, ''), COALESCE(agent, ''), status, started_at,"
     " ended_at, step_count, COALESCE(parent_run_id, ''), COALESCE(model, ''), COALESCE(runtime, ''),"
-    " COALESCE(endpoint, ''), dropped_steps, truncated"
+    " COALESCE(endpoint, ''), dropped_steps, truncated, owner"
 )
 """The `tape_run` columns a `RunRow` is made of, in its field order."""
+_TRUNCATED = 13
+"""`truncated`'s place in `RUN_COLUMNS` (stored as 0 or 1)."""
 
 
 # Each query is made once from constants (no input is ever formatted into SQL).
 _RUN_BY_ID = f"SELECT {RUN_COLUMNS} FROM tape_run WHERE run_id = ?"  # noqa: S608 - constants only
-_RUNS = (
-    f"SELECT {RUN_COLUMNS} FROM tape_run WHERE (? = '' OR tape_id = ?) AND (? = '' OR status = ?)"  # noqa: S608 - constants only
-    " ORDER BY started_at DESC LIMIT ?"
-)
+_RUNS = f"SELECT {RUN_COLUMNS} FROM tape_run"  # noqa: S608 - constants only
+# One condition per filter given, so that SQLite plans each list with the index it can use
+# (`(? = '' OR owner = ?)` would hide `idx_tape_run_owner_started` from the planner).
+_RUN_CONDITIONS = {
+    "tape_id": "tape_id = ?",
+    "status": "status = ?",
+    "owner": "owner = ?",
+    "agent": "agent = ?",
+    "started_after": "started_at >= ?",
+    "started_before": "started_at < ?",
+}
 _CHILDREN = (
-    f"SELECT {RUN_COLUMNS} FROM tape_run WHERE parent_run_id = ?"  # noqa: S608 - constants only
+    f"SELECT {RUN_COLUMNS} FROM tape_run WHERE parent_run_id = ? AND (? = '' OR owner = ?)"  # noqa: S608 - constants only
     " ORDER BY started_at, run_id LIMIT ?"
 )
+_CHILD_COUNT = "SELECT COUNT(*) FROM tape_run WHERE parent_run_id = ? AND (? = '' OR owner = ?)"
 REPLAYED_STEPS = (
     "SELECT run_id, seq, kind, payload, ts FROM tape_step WHERE run_id = ?"
     " AND (kind IN ('input', 'text', 'tool-start') OR (kind = 'metadata' AND json_extract(payload, '$.key') = ?))"
@@ -84,8 +110,24 @@ def replayed_steps_parameters(run_id: str) -> tuple[str, str]:
 def run_row(row: Iterable[object]) -> RunRow:
     """A `RunRow` from a row selected with `RUN_COLUMNS`."""
     values = list(row)
-    values[-1] = bool(values[-1])
+    values[_TRUNCATED] = bool(values[_TRUNCATED])
     return RunRow(*values)  # type: ignore[arg-type]
+
+
+def runs_query(where: RunFilter, limit: int) -> tuple[str, list[object]]:
+    """The statement listing the runs `where` selects, newest first, and its parameters.
+
+    Made of constants only (`_RUN_CONDITIONS`): the filters' values are parameters, never SQL.
+    """
+    conditions: list[str] = []
+    parameters: list[object] = []
+    for name, condition in _RUN_CONDITIONS.items():
+        value = getattr(where, name)
+        if value:
+            conditions.append(condition)
+            parameters.append(value)
+    sql = _RUNS + (" WHERE " + " AND ".join(conditions) if conditions else "") + " ORDER BY started_at DESC LIMIT ?"
+    return sql, [*parameters, limit]
 
 
 class TapeStore:
@@ -117,11 +159,14 @@ class TapeStore:
                 raise
             await self.db.commit()
 
-    async def run(self, run_id: str) -> RunRow | None:
-        """The run `run_id`, or None."""
+    async def run(self, run_id: str, *, owner: str = "") -> RunRow | None:
+        """The run `run_id`, or None; with `owner`, None too unless the run is that owner's."""
         async with self.db.execute(_RUN_BY_ID, (run_id,)) as cursor:
             row = await cursor.fetchone()
-        return None if row is None else run_row(row)
+        run = None if row is None else run_row(row)
+        if run is None or (owner and run.owner != owner):
+            return None
+        return run
 
     async def steps(self, run_id: str, *, from_seq: int, limit: int) -> list[Step]:
         """Up to `limit` steps of `run_id` with seq >= `from_seq`, in order."""
@@ -138,16 +183,20 @@ class TapeStore:
             rows = await cursor.fetchall()
         return [Step(*row) for row in rows]
 
-    async def runs(self, *, tape_id: str, status: str, limit: int) -> list[RunRow]:
-        """Newest runs first, optionally filtered by tape id and status."""
-        async with self.db.execute(_RUNS, (tape_id, tape_id, status, status, limit)) as cursor:
+    async def runs(self, where: RunFilter, *, limit: int) -> list[RunRow]:
+        """Up to `limit` of the runs `where` selects, newest first."""
+        sql, parameters = runs_query(where, limit)
+        async with self.db.execute(sql, parameters) as cursor:
             rows = await cursor.fetchall()
         return [run_row(row) for row in rows]
 
-    async def children(self, parent_run_id: str, *, limit: int) -> tuple[list[RunRow], int]:
-        """Up to `limit` runs started by `parent_run_id`, oldest first, and how many there are."""
-        async with self.db.execute(_CHILDREN, (parent_run_id, limit)) as cursor:
+    async def children(self, parent_run_id: str, *, limit: int, owner: str = "") -> tuple[list[RunRow], int]:
+        """Up to `limit` runs started by `parent_run_id`, oldest first, and how many there are.
+
+        With `owner`, only that owner's (the others are neither listed nor counted).
+        """
+        async with self.db.execute(_CHILDREN, (parent_run_id, owner, owner, limit)) as cursor:
             rows = [run_row(row) for row in await cursor.fetchall()]
-        async with self.db.execute("SELECT COUNT(*) FROM tape_run WHERE parent_run_id = ?", (parent_run_id,)) as cursor:
+        async with self.db.execute(_CHILD_COUNT, (parent_run_id, owner, owner)) as cursor:
             count = await cursor.fetchone()
         return rows, int(count[0]) if count else 0

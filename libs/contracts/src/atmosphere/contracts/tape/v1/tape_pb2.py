@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atmosphere/contracts/tape/v1/tape.proto\x12\x1c\x61tmosphere.contracts.tape.v1\"b\n\x08TapeStep\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\x12\n\n\x02ts\x18\x04 \x01(\x03\x12\x19\n\x11payload_truncated\x18\x05 \x01(\x08\"\x8a\x02\n\x07TapeRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07tape_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x15\n\rparent_run_id\x18\x05 \x01(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x03\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x03\x12\x12\n\nstep_count\x18\t \x01(\x03\x12\r\n\x05model\x18\n \x01(\t\x12\x0f\n\x07runtime\x18\x0b \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x0c \x01(\t\x12\x15\n\rdropped_steps\x18\r \x01(\x03\x12\x11\n\ttruncated\x18\x0e \x01(\x08\"@\n\x0fGetStepsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x0b\n\x03max\x18\x03 \x01(\x05\"\xb3\x01\n\x10GetStepsResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x35\n\x05steps\x18\x02 \x03(\x0b\x32&.atmosphere.contracts.tape.v1.TapeStep\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x32\n\x03run\x18\x04 \x01(\x0b\x32%.atmosphere.contracts.tape.v1.TapeRun\x12\x15\n\rnext_from_seq\x18\x05 \x01(\x04\"A\n\x0fListRunsRequest\x12\x0f\n\x07tape_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"Z\n\x10ListRunsResponse\x12\x33\n\x04runs\x18\x01 \x03(\x0b\x32%.atmosphere.contracts.tape.v1.TapeRun\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\x1f\n\rReplayRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"0\n\x0fReplayedMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"/\n\x0cReplayedTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"\xe4\x02\n\x0bReplayedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x15\n\rparent_run_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x03\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x03\x12<\n\x05input\x18\t \x03(\x0b\x32-.atmosphere.contracts.tape.v1.ReplayedMessage\x12\x0e\n\x06output\x18\n \x01(\t\x12\x39\n\x05tools\x18\x0b \x03(\x0b\x32*.atmosphere.contracts.tape.v1.ReplayedTool\x12\x15\n\rinput_omitted\x18\x0c \x01(\x05\x12\x15\n\rtools_omitted\x18\r \x01(\x05\x12\x0f\n\x07\x63lipped\x18\x0e \x01(\x08\"\xd4\x01\n\x0eReplayResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\x08\x12\x37\n\x04root\x18\x03 \x01(\x0b\x32).atmosphere.contracts.tape.v1.ReplayedRun\x12;\n\x08\x63hildren\x18\x04 \x03(\x0b\x32).atmosphere.contracts.tape.v1.ReplayedRun\x12\x11\n\trun_count\x18\x05 \x01(\x05\x12\x18\n\x10\x63hildren_omitted\x18\x06 \x01(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atmosphere/contracts/tape/v1/tape.proto\x12\x1c\x61tmosphere.contracts.tape.v1\"b\n\x08TapeStep\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\x12\n\n\x02ts\x18\x04 \x01(\x03\x12\x19\n\x11payload_truncated\x18\x05 \x01(\x08\"\x99\x02\n\x07TapeRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07tape_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x15\n\rparent_run_id\x18\x05 \x01(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x03\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x03\x12\x12\n\nstep_count\x18\t \x01(\x03\x12\r\n\x05model\x18\n \x01(\t\x12\x0f\n\x07runtime\x18\x0b \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x0c \x01(\t\x12\x15\n\rdropped_steps\x18\r \x01(\x03\x12\x11\n\ttruncated\x18\x0e \x01(\x08\x12\r\n\x05owner\x18\x0f \x01(\t\"O\n\x0fGetStepsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x0b\n\x03max\x18\x03 \x01(\x05\x12\r\n\x05owner\x18\x04 \x01(\t\"\xb3\x01\n\x10GetStepsResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x35\n\x05steps\x18\x02 \x03(\x0b\x32&.atmosphere.contracts.tape.v1.TapeStep\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x32\n\x03run\x18\x04 \x01(\x0b\x32%.atmosphere.contracts.tape.v1.TapeRun\x12\x15\n\rnext_from_seq\x18\x05 \x01(\x04\"\x8e\x01\n\x0fListRunsRequest\x12\x0f\n\x07tape_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\r\n\x05owner\x18\x04 \x01(\t\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x15\n\rstarted_after\x18\x06 \x01(\x03\x12\x16\n\x0estarted_before\x18\x07 \x01(\x03\"Z\n\x10ListRunsResponse\x12\x33\n\x04runs\x18\x01 \x03(\x0b\x32%.atmosphere.contracts.tape.v1.TapeRun\x12\x11\n\ttruncated\x18\x02 \x01(\x08\".\n\rReplayRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"0\n\x0fReplayedMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"/\n\x0cReplayedTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"\xe4\x02\n\x0bReplayedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x15\n\rparent_run_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x03\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x03\x12<\n\x05input\x18\t \x03(\x0b\x32-.atmosphere.contracts.tape.v1.ReplayedMessage\x12\x0e\n\x06output\x18\n \x01(\t\x12\x39\n\x05tools\x18\x0b \x03(\x0b\x32*.atmosphere.contracts.tape.v1.ReplayedTool\x12\x15\n\rinput_omitted\x18\x0c \x01(\x05\x12\x15\n\rtools_omitted\x18\r \x01(\x05\x12\x0f\n\x07\x63lipped\x18\x0e \x01(\x08\"\xd4\x01\n\x0eReplayResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\x08\x12\x37\n\x04root\x18\x03 \x01(\x0b\x32).atmosphere.contracts.tape.v1.ReplayedRun\x12;\n\x08\x63hildren\x18\x04 \x03(\x0b\x32).atmosphere.contracts.tape.v1.ReplayedRun\x12\x11\n\trun_count\x18\x05 \x01(\x05\x12\x18\n\x10\x63hildren_omitted\x18\x06 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TAPESTEP']._serialized_start=73
   _globals['_TAPESTEP']._serialized_end=171
   _globals['_TAPERUN']._serialized_start=174
-  _globals['_TAPERUN']._serialized_end=440
-  _globals['_GETSTEPSREQUEST']._serialized_start=442
-  _globals['_GETSTEPSREQUEST']._serialized_end=506
-  _globals['_GETSTEPSRESPONSE']._serialized_start=509
-  _globals['_GETSTEPSRESPONSE']._serialized_end=688
-  _globals['_LISTRUNSREQUEST']._serialized_start=690
-  _globals['_LISTRUNSREQUEST']._serialized_end=755
-  _globals['_LISTRUNSRESPONSE']._serialized_start=757
-  _globals['_LISTRUNSRESPONSE']._serialized_end=847
-  _globals['_REPLAYREQUEST']._serialized_start=849
-  _globals['_REPLAYREQUEST']._serialized_end=880
-  _globals['_REPLAYEDMESSAGE']._serialized_start=882
-  _globals['_REPLAYEDMESSAGE']._serialized_end=930
-  _globals['_REPLAYEDTOOL']._serialized_start=932
-  _globals['_REPLAYEDTOOL']._serialized_end=979
-  _globals['_REPLAYEDRUN']._serialized_start=982
-  _globals['_REPLAYEDRUN']._serialized_end=1338
-  _globals['_REPLAYRESPONSE']._serialized_start=1341
-  _globals['_REPLAYRESPONSE']._serialized_end=1553
+  _globals['_TAPERUN']._serialized_end=455
+  _globals['_GETSTEPSREQUEST']._serialized_start=457
+  _globals['_GETSTEPSREQUEST']._serialized_end=536
+  _globals['_GETSTEPSRESPONSE']._serialized_start=539
+  _globals['_GETSTEPSRESPONSE']._serialized_end=718
+  _globals['_LISTRUNSREQUEST']._serialized_start=721
+  _globals['_LISTRUNSREQUEST']._serialized_end=863
+  _globals['_LISTRUNSRESPONSE']._serialized_start=865
+  _globals['_LISTRUNSRESPONSE']._serialized_end=955
+  _globals['_REPLAYREQUEST']._serialized_start=957
+  _globals['_REPLAYREQUEST']._serialized_end=1003
+  _globals['_REPLAYEDMESSAGE']._serialized_start=1005
+  _globals['_REPLAYEDMESSAGE']._serialized_end=1053
+  _globals['_REPLAYEDTOOL']._serialized_start=1055
+  _globals['_REPLAYEDTOOL']._serialized_end=1102
+  _globals['_REPLAYEDRUN']._serialized_start=1105
+  _globals['_REPLAYEDRUN']._serialized_end=1461
+  _globals['_REPLAYRESPONSE']._serialized_start=1464
+  _globals['_REPLAYRESPONSE']._serialized_end=1676
 # @@protoc_insertion_point(module_scope)

@@ -77,6 +77,7 @@ class TapeRun(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     DROPPED_STEPS_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     tape_id: _builtins.str
     session_id: _builtins.str
@@ -85,6 +86,7 @@ class TapeRun(_message.Message):
     status: _builtins.str
     """"OPEN", "COMPLETED", "INCOMPLETE" (completed with events missing), "ERROR", "CANCELLED" or "ABANDONED"."""
     started_at: _builtins.int
+    """Epoch milliseconds: the earliest event's time, and the terminal's (0 while open)."""
     ended_at: _builtins.int
     step_count: _builtins.int
     model: _builtins.str
@@ -98,6 +100,11 @@ class TapeRun(_message.Message):
     """Events the tape saw but did not store: after the terminal, or past `max_steps_per_run`."""
     truncated: _builtins.bool
     """The run reached `max_steps_per_run`: later steps were not recorded."""
+    owner: _builtins.str
+    """The user id of the principal that started the run (`RunEvent.owner` of the first event
+    the tape saw that names one); empty for an anonymous run, or one recorded before the tape
+    stored owners.
+    """
     def __init__(
         self,
         *,
@@ -115,10 +122,11 @@ class TapeRun(_message.Message):
         endpoint: _builtins.str = ...,
         dropped_steps: _builtins.int = ...,
         truncated: _builtins.bool = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "dropped_steps", b"dropped_steps", "ended_at", b"ended_at", "endpoint", b"endpoint", "model", b"model", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "runtime", b"runtime", "session_id", b"session_id", "started_at", b"started_at", "status", b"status", "step_count", b"step_count", "tape_id", b"tape_id", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "dropped_steps", b"dropped_steps", "ended_at", b"ended_at", "endpoint", b"endpoint", "model", b"model", "owner", b"owner", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "runtime", b"runtime", "session_id", b"session_id", "started_at", b"started_at", "status", b"status", "step_count", b"step_count", "tape_id", b"tape_id", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -133,21 +141,28 @@ class GetStepsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     MAX_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     from_seq: _builtins.int
     """Steps with seq greater than or equal to this (0 = from the start)."""
     max: _builtins.int
     """At most this many steps (0 = the default, 500; capped at 5000)."""
+    owner: _builtins.str
+    """When not empty, only a run whose `TapeRun.owner` equals it is answered: any other run
+    (another user's, or an ownerless one) is answered exactly as a run the tape never saw (no
+    steps, no `run`), so a user's read cannot reach another's run nor tell that it exists.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         from_seq: _builtins.int = ...,
         max: _builtins.int = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "max", b"max", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "max", b"max", "owner", b"owner", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -193,26 +208,50 @@ Global___GetStepsResponse: _TypeAlias = GetStepsResponse  # noqa: Y015
 
 @_typing.final
 class ListRunsRequest(_message.Message):
-    """Asked on `atmo.tape.runs`."""
+    """Asked on `atmo.tape.runs`.
+    Every filter is optional (empty or 0: not filtered); those given must all hold.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TAPE_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    STARTED_AFTER_FIELD_NUMBER: _builtins.int
+    STARTED_BEFORE_FIELD_NUMBER: _builtins.int
     tape_id: _builtins.str
     status: _builtins.str
+    """One of `TapeRun.status`'s values (any case); an unknown one means no filter."""
     limit: _builtins.int
+    """At most this many runs (0, negative or over 1000: the default, 100)."""
+    owner: _builtins.str
+    """Only the runs of this owner (`TapeRun.owner`, matched exactly)."""
+    agent: _builtins.str
+    """Only the runs of this agent (`TapeRun.agent`, matched exactly)."""
+    started_after: _builtins.int
+    """Only the runs started at or after this time, in epoch milliseconds like `TapeRun.started_at`
+    (0 = unbounded; negative is refused).
+    """
+    started_before: _builtins.int
+    """Only the runs started before this time (exclusive), in epoch milliseconds (0 = unbounded;
+    negative is refused).
+    """
     def __init__(
         self,
         *,
         tape_id: _builtins.str = ...,
         status: _builtins.str = ...,
         limit: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        started_after: _builtins.int = ...,
+        started_before: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "status", b"status", "tape_id", b"tape_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "limit", b"limit", "owner", b"owner", "started_after", b"started_after", "started_before", b"started_before", "status", b"status", "tape_id", b"tape_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -251,15 +290,22 @@ class ReplayRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    owner: _builtins.str
+    """When not empty, the run is replayed only when its `TapeRun.owner` equals it, else the answer
+    is exactly that for a run the tape does not have (`present` false); its children are then
+    only those of the same owner.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["owner", b"owner", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
