@@ -27,8 +27,9 @@ from playwright.async_api import Browser, Page, WebSocketRoute, async_playwright
 
 from atmosphere.bus import connect
 from atmosphere.config import AuthOptions, TokenGrant
+from atmosphere.dispatch.conversation import EXTRACTION_SYSTEM_PROMPT
 from atmosphere.ingress.settings import IngressOptions
-from atmosphere.testing import ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
+from atmosphere.testing import ModelRequest, ScriptedModel, Stack, ToolCallScript, Turn, run_stack, wait_until
 from atmosphere.testing.pytest_plugin import delete_namespace_streams
 
 from .conftest import ROOT, service_map
@@ -46,6 +47,22 @@ policies:
     type: deny-list
     config:
       regex: ["^call_tool:word_count"]
+  - name: shadow-no-notes
+    type: deny-list
+    dry-run: true
+    config:
+      regex: ["^call_tool:delete_note"]
+"""
+RELOADED = """\
+version: "1.0"
+name: console-policy
+rules:
+  - name: block-delete-everything
+    condition: { field: tool_name, operator: eq, value: delete_everything }
+    action: deny
+    priority: 100
+    message: "Deleting everything is not allowed"
+defaults: { action: allow }
 """
 ARTIFACTS = Path(os.environ.get("ATMOSPHERE_ARTIFACTS", ROOT / ".atmosphere" / "artifacts")) / "console"
 CLOSED_NETWORK = "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
@@ -59,11 +76,35 @@ def chromium() -> str:
     return found
 
 
+class Model:
+    """The scripted turns, in order; a conversation's fact extraction (at its close) is answered apart.
+
+    The console closes a conversation's socket when another agent or conversation is picked, and
+    the harness then extracts the user's facts with a model call, which must not eat the script.
+    """
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.calls = 0
+        """The scripted turns answered (fact extractions not counted)."""
+
+    def script(self, *turns: Turn) -> None:
+        self.turns.extend(turns)
+
+    def __call__(self, request: ModelRequest) -> Turn:
+        if request.messages and request.messages[0].get("content") == EXTRACTION_SYSTEM_PROMPT:
+            return Turn.text("[]")
+        if not self.turns:
+            return Turn.error(f"no scripted turn left for request {self.calls + 1}")
+        self.calls += 1
+        return self.turns.pop(0)
+
+
 @dataclass
 class World:
     stack: Stack
     url: str
-    provider: ScriptedModel
+    provider: Model
     browser: Browser
     requests: list[str] = field(default_factory=list)
 
@@ -74,7 +115,8 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     policies = data / "policies.yaml"
     policies.write_text(POLICY)
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    provider = ScriptedModel()
+    model = Model()
+    provider = ScriptedModel(function=model)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     async with provider.serving(), connect(nats_url, name="console", namespace=namespace) as bus:
         services = service_map(
@@ -94,7 +136,7 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
                     args=[f"--host-resolver-rules={CLOSED_NETWORK}", "--disable-dev-shm-usage"],
                 )
                 try:
-                    yield World(stack, await stack.ingress_url(), provider, browser)
+                    yield World(stack, await stack.ingress_url(), model, browser)
                 finally:
                     await browser.close()
         finally:
@@ -138,6 +180,16 @@ def last_turn(page: Page) -> Any:
     return page.locator("#chat-log .turn").last
 
 
+def state_of(turn: Any) -> Any:
+    """The badge of the turn's own run (not a sub-agent's nested in it)."""
+    return turn.locator(".msg.agent > .run-meta > .badge")
+
+
+def answer_of(turn: Any) -> Any:
+    """The turn's own answer text (a sub-agent's is nested in its task card)."""
+    return turn.locator(".msg.agent > .answer")
+
+
 async def shot(page: Page, name: str) -> None:
     await page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
 
@@ -154,14 +206,15 @@ class TestTheConsole:
         )
         await chat(page, "notes", "Delete the note groceries")
         turn = last_turn(page)
-        approval = turn.get_by_role("group", name="Approval for delete_note")
-        await expect(approval).to_contain_text('"title": "groceries"')
-        await approval.get_by_role("button", name="Approve").click()
         card = turn.locator('details[data-tool="delete_note"]')
+        await expect(card).to_contain_text('"title": "groceries"')
+        approval = card.get_by_role("group", name="Approval for delete_note")
+        await approval.get_by_role("button", name="Approve").click()
+        await expect(approval).to_contain_text("Approved.")
         await expect(card).to_contain_text("deleted note 'groceries'")
         await expect(card.locator(".badge")).to_have_text(re.compile(r"^ok · \d+ ms$"))
-        await expect(turn.locator(".answer")).to_have_text("Deleted the note groceries.")
-        await expect(turn.locator(".run-meta .badge")).to_have_text("done")
+        await expect(answer_of(turn)).to_have_text("Deleted the note groceries.")
+        await expect(state_of(turn)).to_have_text("done")
         await expect(turn).to_contain_text("tokens in")
         notes_run = (await turn.locator(".run-meta .mono").get_attribute("title")) or ""
         assert notes_run
@@ -182,29 +235,30 @@ class TestTheConsole:
         )
         await page.get_by_role("button", name="New conversation").click()
         await chat(page, "coder", "Plan a short task and save the result to a file")
-        await expect(last_turn(page).locator(".run-meta .badge")).to_have_text("done")
+        await expect(state_of(last_turn(page))).to_have_text("done")
         await expect(page.locator("#chat-plan li")).to_have_count(2)
         await expect(page.locator("#chat-plan li.completed")).to_have_count(2)
         await tab(page, "Workspace")
         await expect(page.locator("#ws-agent")).to_have_value("coder")
         stored = page.locator("#ws-plan li")
         await expect(stored).to_have_text(["✓ Write the haiku (completed)", "✓ Save it (completed)"])
-        await expect(page.locator("#ws-live-plan")).to_contain_text("Goal: A haiku on disk")
-        await page.get_by_role("button", name="📁 poems/").click()
-        await page.get_by_role("button", name="📄 haiku.md").click()
+        await expect(page.locator("#ws-live-plan li.completed")).to_have_count(2)  # the last plan-update
+        await page.get_by_role("button", name="Folder poems").click()
+        await page.get_by_role("button", name="File haiku.md").click()
         await expect(page.locator("#ws-file")).to_have_text("old pond\nfrog jumps")
         await shot(page, "workspace")
 
-        # A denied tool call: the card says so, and the Governance tab's log shows the decision.
+        # A denied tool call: the Governance tab's log shows the decision.
         world.provider.script(
             Turn.tool_calls(ToolCallScript("word_count", {"text": "one two"}, call_id="call_wc")),
             Turn.text("Counting words is not allowed here."),
         )
         await tab(page, "Chat")
         await chat(page, "coder", "Count the words of 'one two'")
-        denied = last_turn(page).locator('details[data-tool="word_count"]')
-        await expect(denied.locator(".badge")).to_have_text(re.compile(r"^error"))
-        await expect(last_turn(page).locator(".run-meta .badge")).to_have_text("done")
+        await expect(state_of(last_turn(page))).to_have_text("done")
+        await expect(answer_of(last_turn(page))).to_have_text("Counting words is not allowed here.")
+        # Stopped before it started: no tool card (the seed's wire sends no tool-start for it).
+        assert await last_turn(page).locator('details[data-tool="word_count"]').count() == 0
         await tab(page, "Governance")
         await expect(page.locator("#gov-policies tbody")).to_contain_text("no-word-counts")
         await page.locator("#gov-dec-decision").select_option("deny")
@@ -214,7 +268,7 @@ class TestTheConsole:
 
         # The kill switch: armed with a reason (a run is then refused), disarmed again.
         await page.locator("#gov-kill-reason").fill("console drill")
-        await page.get_by_role("button", name="Arm").click()
+        await page.get_by_role("button", name="Arm", exact=True).click()
         await expect(page.locator("#gov-kill-state")).to_contain_text("ARMED by console: console drill")
         await shot(page, "governance")
         async with httpx.AsyncClient(base_url=world.url) as http:
@@ -222,6 +276,23 @@ class TestTheConsole:
             assert health["killSwitch"]["armed"] is True
         await page.get_by_role("button", name="Disarm").click()
         await expect(page.locator("#gov-kill-state")).to_contain_text("Disarmed")
+        # The dry-run policy saw the approved delete_note and would have denied it.
+        await expect(page.locator("#gov-policies tr", has_text="shadow-no-notes")).to_contain_text(
+            re.compile(r"Denies: [1-9]")
+        )
+        # A policy document reloaded in place of another, then asked through /check.
+        await page.get_by_text("Reload a policy document").click()
+        await page.locator("#gov-reload-name").fill("no-word-counts")
+        await page.locator("#gov-reload-yaml").fill(RELOADED)
+        await page.get_by_role("button", name="Reload").click()
+        await expect(page.locator("#gov-reload-result")).to_contain_text('"reloaded": "no-word-counts"')
+        await expect(page.locator("#gov-policies tbody")).to_contain_text("console-policy")
+        await page.locator("#gov-check-agent").fill("notes")
+        await page.locator("#gov-check-action").fill("call_tool")
+        await page.locator("#gov-check-context").fill('{"tool_name": "delete_everything"}')
+        await page.get_by_role("button", name="Check").click()
+        await expect(page.locator("#gov-check-result")).to_contain_text('"allowed": false')
+        await expect(page.locator("#gov-check-result")).to_contain_text("Deleting everything is not allowed")
 
         # The Tape: the approval run is listed, its steps and coordination open, it replays without a model.
         await tab(page, "Tape")
@@ -230,7 +301,7 @@ class TestTheConsole:
         row = page.locator(f'#tape-runs tr[data-run="{notes_run}"]')
         await expect(row).to_contain_text("COMPLETED")
         await expect(row).to_contain_text("ada")
-        calls_before = len(world.provider.requests)
+        calls_before = world.provider.calls
         await row.get_by_role("button").click()
         await expect(page.locator("#tape-steps li").first).to_be_visible()
         await expect(page.locator("#tape-steps")).to_contain_text("approval")
@@ -241,7 +312,7 @@ class TestTheConsole:
             await page.get_by_role("button", name="Export").click()
         download = await download_info.value
         assert download.suggested_filename == f"run-{notes_run}.json"
-        assert len(world.provider.requests) == calls_before  # replaying called no model
+        assert world.provider.calls == calls_before  # replaying called no model
         await shot(page, "tape")
 
         await tab(page, "Runtime")
@@ -263,7 +334,7 @@ class TestTheConsole:
         world.provider.script(Turn.text("Hello Bob."))
         await tab(page, "Chat")
         await chat(page, "notes", "Hello")
-        await expect(last_turn(page).locator(".answer")).to_have_text("Hello Bob.")
+        await expect(answer_of(last_turn(page))).to_have_text("Hello Bob.")
         bob_run = (await last_turn(page).locator(".run-meta .mono").get_attribute("title")) or ""
 
         async def listed() -> bool:
@@ -282,6 +353,47 @@ class TestTheConsole:
         await shot(page, "second-user-tape")
         await page.context.close()
         assert_only_the_stack(world)
+
+    async def test_a_sub_agent_nests_under_its_task_and_in_the_coordination_tree(self, world: World) -> None:
+        page = await signed_in(world, ADA, admin=ADMIN)
+        world.provider.script(
+            Turn.tool_calls(ToolCallScript("task", {"description": "Brainstorm three team-building activities"})),
+            Turn.tool_calls(
+                ToolCallScript("write_todos", {"todos": [{"content": "List ideas", "status": "in_progress"}]})
+            ),
+            Turn.text("Report: escape room, cooking class, hackathon."),
+            Turn.text("Here are three ideas from my helper."),
+        )
+        await chat(page, "concierge", "Use the task tool to brainstorm team-building activities")
+        turn = last_turn(page)
+        await expect(state_of(turn)).to_have_text("done")
+        await expect(answer_of(turn)).to_have_text("Here are three ideas from my helper.")
+        task = turn.locator('.msg.agent > details[data-tool="task"]')
+        sub = task.locator(".sub")
+        await expect(sub.locator(".run-meta")).to_contain_text("sub-agent _subagent")
+        await expect(sub.locator('details[data-tool="write_todos"]')).to_contain_text("List ideas")
+        await expect(sub.locator(".answer")).to_have_text("Report: escape room, cooking class, hackathon.")
+        await expect(sub.locator(".plan li")).to_have_count(1)  # its own plan, not the conversation's
+        await expect(page.locator("#chat-plan")).to_contain_text("No plan yet")
+        await expect(task.locator(":scope > pre").last).to_contain_text("Report: escape room")
+        parent = (await turn.locator(".msg.agent > .run-meta > .mono").get_attribute("title")) or ""
+        # The Tape: the coordinator's run, its sub-run one click away in the tree.
+        await tab(page, "Tape")
+        await page.locator("#tape-agent").select_option("concierge")
+
+        async def listed() -> bool:
+            await page.get_by_role("button", name="Search").click()
+            return await page.locator(f'#tape-runs tr[data-run="{parent}"]').count() == 1
+
+        await wait_until(listed, timeout=15, interval=0.3, what="the coordinator's run on the tape")
+        await page.locator(f'#tape-runs tr[data-run="{parent}"]').get_by_role("button").click()
+        children = page.locator("#tape-tree li li button")
+        await expect(children).to_have_count(1)
+        await children.click()
+        await expect(page.locator("#tape-run-title")).to_contain_text("_subagent")
+        await expect(page.locator("#tape-tree")).to_contain_text(f"parent {parent[:8]}")
+        await shot(page, "tape-coordination")
+        await page.context.close()
 
     async def test_a_dropped_connection_resumes_the_answer(self, world: World) -> None:
         page = await signed_in(world, ADA)
@@ -320,8 +432,8 @@ class TestTheConsole:
         await page.route_web_socket(re.compile(r".*/atmosphere/agent/.*"), network)
         await chat(page, "notes", "Count to eight")
         turn = last_turn(page)
-        await expect(turn.locator(".run-meta .badge")).to_have_text("done")
-        await expect(turn.locator(".answer")).to_have_text(answer)  # every word once, in order
+        await expect(state_of(turn)).to_have_text("done")
+        await expect(answer_of(turn)).to_have_text(answer)  # every word once, in order
         await expect(turn.locator(".run-meta")).to_contain_text("resumed from seq")
         assert len(opened) == 2
         assert "runId=" in opened[1]
@@ -334,7 +446,7 @@ class TestTheConsole:
         hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
         world.provider.script(Turn.text(hostile))
         await chat(page, "notes", hostile)
-        await expect(last_turn(page).locator(".answer")).to_have_text(hostile)
+        await expect(answer_of(last_turn(page))).to_have_text(hostile)
         assert await page.evaluate("window.pwned === undefined")
         assert await page.locator("#chat-log img").count() == 0
         await page.context.close()

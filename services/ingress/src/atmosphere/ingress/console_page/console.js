@@ -402,6 +402,7 @@ class RunView {
       this.body.append(this.segment);
     }
     this.segment.textContent += chunk;
+    if (!this.sub) scrollChat();
   }
 
   /** `ai.run.answer_rewound`: drop the answer's last `count` characters (code points), then go on. */
@@ -479,6 +480,11 @@ class RunView {
       case "approval-required":
         return this.approval(data);
       case "plan-update":
+        if (this.sub) {
+          // A sub-agent's own plan, shown where it works (the side panel is the conversation's).
+          if (!this.plan) this.plan = this.add(el("div", { class: "plan" }));
+          return renderPlan(this.plan, data, "");
+        }
         this.note(`Plan updated (${(data?.steps || []).length} steps).`);
         return showLivePlan(data);
       case "usage":
@@ -517,7 +523,7 @@ class RunView {
   toolStart(data) {
     const card = { name: data?.toolName || "tool", started: performance.now(), done: false };
     card.status = el("span", { class: "badge wait", text: "running" });
-    card.body = el("details", { class: "card wait", open: true }, el("summary", {}, `🔧 ${card.name} `, card.status), el("div", { class: "note", text: "arguments" }), el("pre", { text: pretty(data?.arguments ?? {}) }));
+    card.body = el("details", { class: "card wait", open: true }, el("summary", {}, el("span", { class: "hint", text: "tool " }), `${card.name} `, card.status), el("div", { class: "note", text: "arguments" }), el("pre", { text: pretty(data?.arguments ?? {}) }));
     card.body.dataset.tool = card.name;
     this.tools.push(card);
     this.add(card.body);
@@ -556,13 +562,16 @@ class RunView {
     const deny = el("button", { type: "button", class: "danger", text: "Deny" });
     approve.addEventListener("click", () => decide("approve", [approve, deny]));
     deny.addEventListener("click", () => decide("deny", [approve, deny]));
-    this.add(
+    const pending = [...this.tools].reverse().find((card) => !card.done && card.name === data?.toolName);
+    const box = pending ? pending.body : this.body;
+    if (!pending) this.segment = null;
+    box.append(
       el(
         "div",
-        { class: "card wait", role: "group", "aria-label": `Approval for ${data?.toolName}` },
+        { class: "card wait approval", role: "group", "aria-label": `Approval for ${data?.toolName}` },
         el("strong", { text: `Approval needed: ${data?.toolName}` }),
         el("p", { text: data?.message || "" }),
-        el("pre", { text: pretty(data?.arguments ?? {}) }),
+        pending ? null : el("pre", { text: pretty(data?.arguments ?? {}) }),
         data?.expiresIn ? el("p", { class: "note", text: `Expires in ${data.expiresIn} s` }) : null,
         el("div", { class: "row" }, approve, deny),
         answer,
@@ -717,7 +726,7 @@ async function listFiles(path) {
   $("#ws-files").replaceChildren(
     ...(entries.length ? entries : [null]).map((entry) =>
       entry
-        ? el("li", {}, el("button", { type: "button", text: `${entry.directory ? "📁" : "📄"} ${entry.path.split("/").pop()}${entry.directory ? "/" : ""}`, onclick: () => (entry.directory ? listFiles(entry.path) : showFile(entry.path)).catch(failed) }), entry.directory ? "" : el("span", { class: "hint", text: ` ${entry.size} bytes` }))
+        ? el("li", {}, el("button", { type: "button", text: `${entry.path.split("/").pop()}${entry.directory ? "/" : ""}`, "aria-label": `${entry.directory ? "Folder" : "File"} ${entry.path.split("/").pop()}`, onclick: () => (entry.directory ? listFiles(entry.path) : showFile(entry.path)).catch(failed) }), entry.directory ? "" : el("span", { class: "hint", text: ` ${entry.size} bytes` }))
         : el("li", { class: "hint", text: "Empty folder." }),
     ),
   );
@@ -792,7 +801,8 @@ async function moreSteps() {
       } catch {
         /* shown as stored */
       }
-      return el("li", { value: step.seq }, el("strong", { text: step.kind }), el("span", { class: "hint", text: ` +${Math.max(0, step.ts - start)} ms` }), step.payloadTruncated ? el("span", { class: "badge bad", text: "truncated" }) : "", el("details", {}, el("summary", { text: "payload" }), el("pre", { text: payload })));
+      const preview = step.payload.length > 110 ? `${step.payload.slice(0, 110)}…` : step.payload;
+      return el("li", { value: step.seq }, el("strong", { text: step.kind }), el("span", { class: "hint", text: ` +${Math.max(0, step.ts - start)} ms ` }), step.payloadTruncated ? el("span", { class: "badge bad", text: "truncated" }) : "", el("details", {}, el("summary", { class: "mono", text: preview }), el("pre", { text: payload })));
     }),
   );
   tape.nextFromSeq = page.nextFromSeq || 0;
@@ -829,7 +839,7 @@ async function replay() {
         { class: "card" },
         el("p", { class: "run-meta", text: `${short(run.runId)} · ${run.status}${run.model ? ` · ${run.model}` : ""}${run.runtime ? ` · ${run.runtime}` : ""}` }),
         ...run.input.map((message) => el("div", { class: `msg ${message.role === "user" ? "user" : "agent"}`, text: `${message.role}: ${message.content}` })),
-        ...run.tools.map((tool) => el("details", { class: "card" }, el("summary", { text: `🔧 ${tool.name}` }), el("pre", { text: pretty(tool.arguments) }))),
+        ...run.tools.map((tool) => el("details", { class: "card" }, el("summary", {}, el("span", { class: "hint", text: "tool " }), tool.name), el("pre", { text: pretty(tool.arguments) }))),
         el("div", { class: "msg agent replayed-output", text: run.output || "(no text)" }),
       );
     body.replaceChildren(block(tree.root), ...tree.children.map((child) => el("div", { class: "sub" }, block(child))));
@@ -975,15 +985,34 @@ async function reload(event) {
 
 // ---- runtime truth --------------------------------------------------------------------------
 
-function facts(object) {
-  return el("dl", { class: "facts" }, ...Object.entries(object).flatMap(([key, value]) => [el("dt", { text: key }), el("dd", { text: typeof value === "object" && value !== null ? JSON.stringify(value) : String(value) })]));
+const TITLES = { runtime: "Default runtime", harness: "Harness primitives", sandbox: "Sandbox", governance: "Governance", memorySafety: "Memory safety", ragSafety: "Retrieval safety" };
+
+/** One line for a value of the info: lists joined, small objects inline, large ones counted. */
+function summary(key, value) {
+  if (value === null || value === undefined) return "none";
+  if (Array.isArray(value)) {
+    if (value.every((item) => typeof item !== "object" || item === null)) return value.join(", ") || "none";
+    return value.map((item) => item.name || item.id || JSON.stringify(item)).join(", ");
+  }
+  if (typeof value === "object") {
+    if (key === "pricing") return `${Object.keys(value.models || {}).length} models priced (${value.unit || ""})`;
+    const entries = Object.entries(value);
+    if (entries.length <= 6 && entries.every(([, item]) => typeof item !== "object" || item === null)) return entries.map(([k, item]) => `${k}: ${item}`).join(", ") || "none";
+    return `${entries.length} entries (in the whole document below)`;
+  }
+  return String(value);
 }
 
+function facts(object) {
+  return el("dl", { class: "facts" }, ...Object.entries(object).flatMap(([key, value]) => [el("dt", { text: key }), el("dd", { text: summary(key, value) })]));
+}
+
+/** Every block the services report, as they report it: a block is there only when its service says so. */
 function renderInfo() {
   const info = session.info;
   const parts = [el("h2", { text: "Services answering" }), el("p", { text: (info.services || []).join(", ") || "none" })];
   if (info.pools) {
-    parts.push(el("h2", { text: "Runtimes" }));
+    parts.push(el("h2", { text: "Runtime pools" }));
     parts.push(
       el(
         "div",
@@ -997,10 +1026,13 @@ function renderInfo() {
       ),
     );
   }
-  for (const [key, title] of [["harness", "Harness primitives"], ["sandbox", "Sandbox"], ["governance", "Governance"], ["doors", "Doors"], ["replicas", "Replicas"], ["memorySafety", "Memory safety"], ["ragSafety", "Retrieval safety"]]) {
-    const value = info[key];
-    if (value && typeof value === "object") parts.push(el("h2", { text: title }), facts(value));
+  const plain = {};
+  for (const [key, value] of Object.entries(info)) {
+    if (key === "services" || key === "pools") continue;
+    if (value && typeof value === "object" && !Array.isArray(value)) parts.push(el("h2", { text: TITLES[key] || key }), facts(value));
+    else plain[key] = value;
   }
+  if (Object.keys(plain).length) parts.push(el("h2", { text: "This stack" }), facts(plain));
   $("#info-body").replaceChildren(...parts);
   $("#info-raw").textContent = pretty(info);
 }
