@@ -441,6 +441,23 @@ class TestTheConsole:
         await asyncio.gather(*tasks)
         await page.context.close()
 
+    async def test_artifacts_show_inline_and_download(self, world: World) -> None:
+        page = await signed_in(world, ADA)
+        await chat(page, "artist", "Draw it")
+        turn = last_turn(page)
+        await expect(state_of(turn)).to_have_text("done")
+        image = turn.get_by_role("img", name="Image from the run")
+        await expect(image).to_be_visible()
+        assert await image.evaluate("img => img.complete && img.naturalWidth") == 40  # decoded, not a broken icon
+        async with page.expect_download() as download_info:
+            await turn.get_by_role("link", name="Download data.csv (8 bytes)").click()
+        download = await download_info.value
+        assert download.suggested_filename == "data.csv"
+        assert Path(await download.path()).read_bytes() == b"x,y\n1,2\n"
+        await expect(answer_of(turn)).to_have_text("Here is the plot and its data.")
+        await shot(page, "chat-artifacts")
+        await page.context.close()
+
     async def test_model_text_is_never_markup(self, world: World) -> None:
         page = await signed_in(world, ADA)
         hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'

@@ -170,9 +170,10 @@ async function refreshInfo() {
 /** A tab appears only when what it needs is really running (runtime truth), and for whom it is. */
 function visibleTabs() {
   const services = new Set(session.info.services || []);
-  const runnable = session.agents.some((agent) => !String(agent.runtimeState || "ACTIVE").startsWith("INACTIVE"));
   return {
-    chat: services.has("dispatch") && runnable,
+    // An agent whose pool has no model runtime may still answer (a @prompt agent such as echo needs
+    // none): it is listed with its state, and a run it cannot make ends with the server's own error.
+    chat: services.has("dispatch") && session.agents.length > 0,
     workspace: session.admin && services.has("memory") && Boolean(session.info.hasWorkspace),
     tape: services.has("tape") && (session.admin || !session.me.adminOnly),
     governance: session.admin && services.has("governance"),
@@ -224,7 +225,11 @@ function onTabKey(event) {
 }
 
 function fillAgents() {
-  const choices = session.agents.map((agent) => el("option", { value: agent.name, disabled: String(agent.runtimeState || "").startsWith("INACTIVE"), text: `${agent.name}${agent.runtime ? ` (${agent.runtime})` : ""}` }));
+  const choices = session.agents.map((agent) => {
+    const state = String(agent.runtimeState || "");
+    const runtime = [agent.runtime, state.startsWith("INACTIVE") ? "inactive" : ""].filter(Boolean).join(", ");
+    return el("option", { value: agent.name, text: `${agent.name}${runtime ? ` (${runtime})` : ""}` });
+  });
   $("#chat-agent").replaceChildren(...choices);
   const tapeAgent = $("#tape-agent");
   tapeAgent.replaceChildren(el("option", { value: "", text: "any" }), ...session.agents.map((agent) => el("option", { value: agent.name, text: agent.name })));
@@ -242,7 +247,8 @@ function newConversationId() {
 
 function describeAgent() {
   const agent = session.agents.find((a) => a.name === $("#chat-agent").value);
-  $("#chat-agent-about").textContent = agent ? [agent.description, agent.tools?.length ? `tools: ${agent.tools.join(", ")}` : ""].filter(Boolean).join(" — ") : "";
+  const state = String(agent?.runtimeState || "");
+  $("#chat-agent-about").textContent = agent ? [agent.description, agent.tools?.length ? `tools: ${agent.tools.join(", ")}` : "", state.startsWith("INACTIVE") ? `runtime ${state}` : ""].filter(Boolean).join(" — ") : "";
 }
 
 function socketUrl(agent, resume) {
