@@ -19,7 +19,15 @@ from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.ingress.access_log import note_run
 from atmosphere.ingress.errors import AgentNotFoundError, MalformedRequestError, RequestTooLargeError, UnavailableError
 from atmosphere.ingress.http import agent_principal, bounded_body, identified_caller, message_limit_of, state_of
-from atmosphere.ingress.inbound import ApprovalReply, Prompt, new_run_request, parse_inbound, require_fits
+from atmosphere.ingress.inbound import (
+    MAX_HINT_NAME,
+    MAX_HINTS,
+    ApprovalReply,
+    Prompt,
+    new_run_request,
+    parse_inbound,
+    require_fits,
+)
 from atmosphere.ingress.state import IngressState
 from atmosphere.service import scoped_conversation
 
@@ -37,7 +45,15 @@ PROMPT_BODY = {
                 "schema": {
                     "type": "object",
                     "required": ["prompt"],
-                    "properties": {"prompt": {"type": "string", "pattern": r"\S"}, "hints": {"type": "object"}},
+                    "properties": {
+                        "prompt": {"type": "string", "pattern": r"\S"},
+                        # As `inbound._hint_metadata` takes them: null is no hints.
+                        "hints": {
+                            "type": ["object", "null"],
+                            "maxProperties": MAX_HINTS,
+                            "propertyNames": {"minLength": 1, "maxLength": MAX_HINT_NAME},
+                        },
+                    },
                 },
             },
         },

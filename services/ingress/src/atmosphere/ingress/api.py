@@ -1,4 +1,4 @@
-"""Ingress's HTTP surface, wired: agent endpoints, the OpenAI API, info and admin, probes.
+"""Ingress's HTTP surface, wired: agent endpoints, the OpenAI API, info and admin, a user's own view, probes.
 
 No `BaseHTTPMiddleware` anywhere (it buffers and costs per request): CORS is Starlette's pure
 ASGI middleware, so is the access log (`access_log.py`), and streaming routes write straight
