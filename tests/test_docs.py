@@ -58,6 +58,7 @@ NOT_SETTINGS = {
     "ATMOSPHERE_IMAGE": "the image of every Atmosphere container in docker-compose.yml (an app's own)",
     "LLM_CLASSIFIER": "a value of ATMOSPHERE_AI_INJECTION_SCREEN_TIER",
     "LLM_ROUND": "a kind of durable runs' journal records (EFFECT_KIND_LLM_ROUND)",
+    "ATMOSPHERE_ARTIFACTS": "where the console's browser tests save their screenshots (tests/e2e/test_console.py)",
 }
 
 
@@ -178,6 +179,7 @@ def test_what_is_not_a_setting_is_what_the_docs_say() -> None:
     assert "LLM_CLASSIFIER" in typing.get_args(tier)
     assert "EFFECT_KIND_LLM_ROUND" in text_of(ROOT / "proto/atmosphere/contracts/journal/v1/journal.proto")
     assert "image: ${ATMOSPHERE_IMAGE:-" in text_of(ROOT / "docker-compose.yml")
+    assert 'os.environ.get("ATMOSPHERE_ARTIFACTS"' in text_of(ROOT / "tests/e2e/test_console.py")
 
 
 def test_the_settings_page_states_every_bound_the_code_enforces() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, WebSocketRoute, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Page, WebSocketRoute, async_playwright, expect
 
 from atmosphere.bus import connect
 from atmosphere.config import AuthOptions, TokenGrant
@@ -107,6 +107,8 @@ class World:
     provider: Model
     browser: Browser
     requests: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    """The pages' script errors and console errors (a CSP violation is one): none is allowed."""
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -146,8 +148,10 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 @pytest.fixture(autouse=True)
 def fresh_script(world: World) -> Iterator[None]:
     world.provider.turns.clear()
+    world.errors.clear()
     yield
     assert not world.provider.turns, "the test left scripted replies unused"
+    assert world.errors == [], "the page had script or console errors"
 
 
 async def signed_in(world: World, token: str, *, admin: str = "", width: int = 1280) -> Page:
@@ -156,6 +160,8 @@ async def signed_in(world: World, token: str, *, admin: str = "", width: int = 1
     page = await context.new_page()
     page.on("request", lambda request: world.requests.append(request.url))
     page.on("websocket", lambda socket: world.requests.append(socket.url))
+    page.on("pageerror", lambda error: world.errors.append(f"{error}"))
+    page.on("console", lambda message: world.errors.append(message.text) if is_error(message) else None)
     await page.goto(f"{world.url}/atmosphere/console/")
     await page.locator("#login-token").fill(token)
     if admin:
@@ -163,6 +169,11 @@ async def signed_in(world: World, token: str, *, admin: str = "", width: int = 1
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_role("tab", name="Chat")).to_have_attribute("aria-selected", "true")
     return page
+
+
+def is_error(message: ConsoleMessage) -> bool:
+    """A console error, but not Chromium's line for an HTTP error answer (a 404 the page expects and shows)."""
+    return message.type == "error" and not message.text.startswith("Failed to load resource: the server responded")
 
 
 async def tab(page: Page, name: str) -> None:

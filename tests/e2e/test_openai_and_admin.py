@@ -160,6 +160,10 @@ async def test_console_info_merges_what_is_running(stack: Stack) -> None:
         info = (await http.get("/api/console/info")).json()
     assert set(info["services"]) == {"ingress", "dispatch", "sandbox", "governance", "memory", "tape"}
     assert info["runtime"]["name"] == "built-in"
+    # The table runs are charged with, for a client's estimates (the console's): the shipped one.
+    pricing = info["governance"].pop("pricing")
+    assert pricing["unit"] == "USD per million tokens"
+    assert pricing["models"]["gpt-4o-mini"] == {"input": 0.15, "cachedInput": 0.075, "output": 0.6}
     assert info["governance"] == {
         "policies": [{"name": "admit-all"}],
         "decisionLog": "sqlite",
