@@ -336,9 +336,14 @@ function onFrame(frame) {
   if (run.done) finishRun();
 }
 
+/** While a run streams, its agent and conversation stay put: closing their socket cleanly would cancel it. */
+function streaming(on) {
+  for (const id of ["#chat-send", "#chat-agent", "#chat-conversation", "#chat-new"]) $(id).disabled = on;
+  $("#chat-cancel").hidden = !on;
+}
+
 function finishRun() {
-  $("#chat-send").disabled = false;
-  $("#chat-cancel").hidden = true;
+  streaming(false);
   chat.run = null;
 }
 
@@ -357,8 +362,7 @@ function send(event) {
   const view = new RunView($("#chat-agent").value, turn);
   $("#chat-log").append(turn);
   chat.run = view;
-  $("#chat-send").disabled = true;
-  $("#chat-cancel").hidden = false;
+  streaming(true);
   const socket = connect();
   if (socket.readyState === WebSocket.OPEN) socket.send(prompt);
   else chat.pending.push(prompt);
