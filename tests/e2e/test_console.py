@@ -149,9 +149,11 @@ async def world(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 def fresh_script(world: World) -> Iterator[None]:
     world.provider.turns.clear()
     world.errors.clear()
+    world.requests.clear()
     yield
     assert not world.provider.turns, "the test left scripted replies unused"
     assert world.errors == [], "the page had script or console errors"
+    assert outside_the_stack(world) == []
 
 
 async def signed_in(world: World, token: str, *, admin: str = "", width: int = 1280) -> Page:
@@ -529,13 +531,17 @@ async def runs_of(world: World, token: str) -> list[str]:
         return [run["runId"] for run in (await http.get("/api/runs")).json()]
 
 
-def assert_only_the_stack(world: World) -> None:
-    """Every request the page made went to the stack's own origin (no CDN, no font, no beacon)."""
+def outside_the_stack(world: World) -> list[str]:
+    """The requests the pages made anywhere but the stack's own origin (a CDN, a font, a beacon)."""
     origin = world.url.split("://", 1)[1]
-    outside = [
+    return [
         url
         for url in world.requests
         if not url.startswith("blob:") and url.split("://", 1)[1].split("/", 1)[0] != origin
     ]
-    assert outside == []
+
+
+def assert_only_the_stack(world: World) -> None:
+    """Every request the page made went to the stack's own origin, the agent's WebSocket included."""
+    assert outside_the_stack(world) == []
     assert any(url.startswith("ws://") for url in world.requests)
