@@ -141,6 +141,7 @@ bench: install ## Benchmarks with ratios against baselines measured in the same 
 	$(PINNED)/bin/python bench/runtime_adapters.py
 	$(RUN) python bench/governance_overhead.py
 	$(RUN) python bench/ingress_overhead.py
+	$(RUN) python bench/run_cost.py
 	$(RUN) python bench/ingress_flood.py
 
 soak: install ## A 3-node NATS cluster, two replicas of every service, nodes and replicas SIGKILLed mid-run (minutes)
