@@ -72,20 +72,33 @@ def replica_name(data_dir: Path, service: str) -> str:
     return path.read_text(encoding="ascii").strip()
 
 
+SAVE_INTERVAL = 1.0
+"""Seconds between two writes of a replica's position while it applies a steady stream: a replica
+killed outright applies at most about this much again on restart (applies are at least once)."""
+
+
 class ReplicaPosition:
     """How far this replica applied its stream (a stream sequence), kept in `<data dir>/<service>.applied`.
 
-    Saved after every applied batch, so a replica killed between an apply and the save applies
-    that batch again on restart: applies are at least once, and must tolerate a repeat.
+    Saved after an applied batch at once when none was for `save_interval` seconds, else by a timer
+    at the end of the interval, and on `flush` (a stopping replica): one small file write a second
+    under load rather than one per batch (a run's writes are several batches on each replicated
+    store). A replica killed before a save applies those batches again on restart: applies are at
+    least once, and must tolerate a repeat.
     """
 
-    def __init__(self, data_dir: Path | None, service: str) -> None:
+    def __init__(self, data_dir: Path | None, service: str, *, save_interval: float = SAVE_INTERVAL) -> None:
         """The position of `service`'s replica whose data is in `data_dir` (None: kept in memory only).
 
         In memory, a restart applies the stream again from its start: for a test's replica.
         """
         self._path = None if data_dir is None else data_dir / f"{service}.applied"
+        self._interval = save_interval
         self._saved = 0
+        """Applied through here."""
+        self._written = 0
+        """What the file says."""
+        self._timer: asyncio.TimerHandle | None = None
 
     def load(self) -> int:
         """The sequence applied through (0: nothing yet, a new replica)."""
@@ -96,24 +109,47 @@ class ReplicaPosition:
         except FileNotFoundError:
             return 0
         try:
-            self._saved = int(text)
+            self._saved = self._written = int(text)
         except ValueError:
             log.warning("%s does not hold a sequence; applying the stream from its start", self._path)
             return 0
         return self._saved
 
     def save(self, seq: int) -> None:
-        """Record that everything up to `seq` is applied (atomically: a crash leaves the old or the new)."""
+        """Record that everything up to `seq` is applied (written now, or within `save_interval`)."""
         if seq == self._saved:
             return
-        if self._path is None:
-            self._saved = seq
-            return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._saved = seq
+        if self._path is None or self._timer is not None:
+            return  # in memory only, or the timer writes it
+        self._write()
+        with contextlib.suppress(RuntimeError):  # no loop (a tool, a test): every save is written at once
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self._due)
+
+    def flush(self) -> None:
+        """Write what is applied now if the file says less (a replica that stops)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._path is not None and self._saved != self._written:
+            self._write()
+
+    def _due(self) -> None:
+        self._timer = None
+        if self._saved != self._written:
+            self._write()
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self._due)
+
+    def _write(self) -> None:
+        """Atomically: a crash leaves the old position or the new."""
+        assert self._path is not None
+        seq = self._saved
+        if not self._written:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
         temp = self._path.with_suffix(f".{os.getpid()}.tmp")
         temp.write_text(f"{seq}\n", encoding="ascii")
         os.replace(temp, self._path)
-        self._saved = seq
+        self._written = seq
 
 
 class StreamReplica(Generic[M]):
@@ -176,6 +212,8 @@ class StreamReplica(Generic[M]):
                 bell = await stack.enter_async_context(self._bus.subscribe(self._filter, Empty))
                 ringing = asyncio.create_task(self._ring(bell), name=f"{self.stream}-doorbell")
                 stack.callback(ringing.cancel)
+            # Last out: the position of everything applied is written once the reading stopped.
+            stack.callback(self._position.flush)
             reading = asyncio.create_task(self._read_loop(), name=f"{self.stream}-replica")
             # Stopped and waited for: an apply in progress ends before the store closes.
             stack.push_async_callback(stop_tasks, reading)  # cancelled until it ends (see tasks.py)
