@@ -164,6 +164,25 @@ async def test_a_replica_restarted_on_its_volume_resumes_where_it_stopped(bus: B
     assert again.applied == ["after"], "the same replica must not apply its stream twice"
 
 
+async def test_a_replica_killed_before_its_position_was_written_applies_those_writes_again(
+    bus: Bus, volume: Path
+) -> None:
+    # The position is written at once after a quiet spell, then at most once a second: a replica
+    # killed outright (no flush at its stop) finds an older position and applies again from there.
+    position = volume / "a" / "replicated.applied"
+    async with replicas(bus, volume, "a") as [(first, a_log)]:
+        await a_log.write(SUBJECT, write("w0"))
+        at_the_kill = position.read_text()  # w0's: written at once
+        await a_log.write(SUBJECT, write("w1"))
+        await a_log.write(SUBJECT, write("w2"))
+        await a_log.caught_up()
+    position.write_text(at_the_kill)  # as the file stood when the process was killed
+    async with replicas(bus, volume, "a") as [(again, again_log)]:
+        await again_log.caught_up()
+    assert first.applied == ["w0", "w1", "w2"]
+    assert again.applied == ["w1", "w2"]  # at least once: every store's apply tolerates a repeat
+
+
 async def test_the_replica_name_is_made_once_and_kept_with_the_data(tmp_path: Path) -> None:
     name = replica_name(tmp_path / "data", "memory")
     assert name.startswith("memory-")

@@ -10,9 +10,12 @@ on the stack's origin, and none may fail. Exits 0 when all of it held (an assert
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import signal
+import socket
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +26,15 @@ from .dev_process import port_args, port_of, started, wait_for_banner
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "hello from a closed network"
+SIOCSIFFLAGS = 0x8914
+IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
+
+
+def loopback_up() -> None:
+    """Bring `lo` up in this (new) network namespace, where it starts down: no `ip` command needed."""
+    flags = struct.pack("16sH14s", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING, bytes(14))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
+        fcntl.ioctl(control, SIOCSIFFLAGS, flags)
 
 
 async def main(chromium: str, shots: Path) -> None:
@@ -68,4 +80,5 @@ async def main(chromium: str, shots: Path) -> None:
 
 
 if __name__ == "__main__":
+    loopback_up()
     asyncio.run(main(sys.argv[1], Path(sys.argv[2])))

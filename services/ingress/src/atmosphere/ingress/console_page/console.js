@@ -683,8 +683,7 @@ async function loadWorkspace(event) {
       renderPlan($("#ws-plan"), null, "Choose a conversation (the chat's fills in once it has a plan).");
       return;
     }
-    if (!event) workspace.path = workspace.path || "";
-    else workspace.path = "";
+    if (event) workspace.path = ""; // a new agent or conversation starts at its root
     await Promise.all([loadStoredPlan(), listFiles(workspace.path)]);
   } catch (problem) {
     failed(problem);
