@@ -3,7 +3,8 @@
 The system under test and the clients are `ingress_overhead.py`'s (real processes: nats-server,
 ingress, dispatch, tape, governance, memory; the OpenAI endpoint and the WebSocket; LiteLLM in
 front of the same upstream). The stack is started twice, behind an upstream that streams
-answers of 10 tokens and then of 200 tokens (10 ms apart). At one concurrency (16 by default)
+answers of 10 tokens and then of 200 tokens (10 ms apart), then of 200 tokens 1 ms apart (a fast model, whose
+deltas dispatch joins: `ATMOSPHERE_DISPATCH__TEXT_DELTA_WINDOW_MS`). At one concurrency (16 by default)
 each arm streams blocks of completions in interleaved rounds, the first discarded. With C(n) the
 CPU one stream of n tokens costs a process (user + system, from /proc), a token's marginal cost
 is (C(200) - C(10)) / 190 and a run's fixed cost C(10) - 10 x marginal: per process and in all,
@@ -50,6 +51,10 @@ from atmosphere.service import loop_factory
 from atmosphere.testing import NatsServer, free_port
 
 SHORT, LONG = 10, 200
+TOKEN_GAP = 0.01
+"""Seconds between an answer's tokens: a model of about 100 tokens a second."""
+FAST_GAP = 0.001
+"""The fast model's: 1,000 tokens a second, faster than a 5 ms window (dispatch joins its deltas)."""
 CONVERSATION_TURNS = 200
 EARLY, LATE = range(2, 12), range(CONVERSATION_TURNS - 10, CONVERSATION_TURNS)
 """The turns (0-based) whose CPU is compared: 3-12 and 191-200."""
@@ -97,9 +102,12 @@ class Cost:
         return spent / self.streams * 1e6 if self.streams else float("nan")
 
 
-async def arms_at(length: int, rounds: int, streams: int, concurrency: int, litellm: Path | None) -> dict[str, Cost]:
-    """The stack and LiteLLM behind an upstream of `length`-token answers: each arm's cost."""
+async def arms_at(
+    length: int, rounds: int, streams: int, concurrency: int, litellm: Path | None, gap: float = TOKEN_GAP
+) -> dict[str, Cost]:
+    """The stack and LiteLLM behind an upstream of `length`-token answers `gap` seconds apart: each arm's cost."""
     io.TOKENS = length  # read by the upstream's command line and by every client's check
+    io.TOKEN_GAP = gap
     costs: dict[str, Cost] = {}
     rng = random.Random(length)
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +150,7 @@ async def arms_at(length: int, rounds: int, streams: int, concurrency: int, lite
                     for pid in sut.values():
                         io.pin(pid, io.SUT_CPUS)
                     costs = await measure(arms, rounds, streams, concurrency, broker, rng)
-                    if length == SHORT:
+                    if length == SHORT and gap == TOKEN_GAP:
                         costs["conversation"] = await conversation(socket_url, sut)
                     pool.close()
         finally:
@@ -257,6 +265,22 @@ def report(short: dict[str, Cost], long: dict[str, Cost], concurrency: int) -> N
                 print(f"  {name}: CPU per run <= 1/4 of LiteLLM's per request: {verdict(share <= 0.25)} ({share:.2f}×)")
 
 
+def report_fast(short: dict[str, Cost], fast: dict[str, Cost]) -> None:
+    """A fast model's marginal cost per token: its 200-token answers against the 10-token ones."""
+    print(f"\na fast model ({LONG} tokens {FAST_GAP * 1000:g} ms apart): marginal CPU per token (µs)")
+    for name in [*OURS, io.LITELLM]:
+        if name not in short or name not in fast or not short[name].streams or not fast[name].streams:
+            continue
+        _, marginal = split(short[name], fast[name])
+        parts = ", ".join(f"{p} {marginal[p]:.0f}" for p in short[name].cpu)
+        line = f"  {name:28}{marginal['']:>11.1f}   {parts}"
+        if name in OURS:
+            s, t = short[name], fast[name]
+            per_token_msgs = (t.published / t.streams - s.published / s.streams) / (LONG - SHORT)
+            line += f"; {per_token_msgs:.2f} bus messages per token"
+        print(line)
+
+
 def report_conversation(cost: Cost) -> None:
     early = cost.cpu["early"] / len(EARLY) * 1e6
     late = cost.cpu["late"] / len(LATE) * 1e6
@@ -282,10 +306,12 @@ def pinned(no_pin: bool) -> Iterator[None]:
 async def main(rounds: int, streams: int, concurrency: int, litellm: Path | None) -> int:
     short = await arms_at(SHORT, rounds, streams, concurrency, litellm)
     long = await arms_at(LONG, rounds, streams, concurrency, litellm)
+    fast = await arms_at(LONG, rounds, streams, concurrency, litellm, gap=FAST_GAP)
     talk = short.pop("conversation")
     report(short, long, concurrency)
+    report_fast(short, fast)
     report_conversation(talk)
-    failed = sum(cost.errors.total() for costs in (short, long) for name, cost in costs.items() if name in OURS)
+    failed = sum(cost.errors.total() for costs in (short, long, fast) for name, cost in costs.items() if name in OURS)
     return 1 if failed else 0
 
 

@@ -335,7 +335,8 @@ async def test_a_run_replayed_from_its_journal_with_the_provider_stopped_produce
         Turn.text("Your room in Paris is booked."),
     )
     run = request("travel", "Book Paris")
-    executor = harness.executor(APP, durable=True, owner="w1", retain_on_success=True)
+    # Recorded coalesced (every delta of a round after its first joined); replayed uncut.
+    executor = harness.executor(APP, durable=True, owner="w1", retain_on_success=True, text_delta_window=30)
     await executor.on_work(work_item(run, 1))
     recorded = harness.events()
     assert kinds(recorded)[-1] == "complete"
@@ -347,6 +348,7 @@ async def test_a_run_replayed_from_its_journal_with_the_provider_stopped_produce
     assert len(harness.provider.requests) == calls
     assert len(harness.tool_calls) == 1
     assert same_events(recorded, replayed)
+    assert kinds(recorded).count("text_delta") < kinds(replayed).count("text_delta")
     assert text_of(replayed) == "Booking it. Your room in Paris is booked."
     assert harness.events() == recorded  # nothing was written to the run's stream
 

@@ -135,7 +135,7 @@ APP = App(agents=[Echo, Broken, Stranded, Polite, Model, Frugal, Hasty, Strict, 
 
 
 async def test_events_are_numbered_from_two_and_stamped(harness: Harness) -> None:
-    await harness.executor(APP).execute(request("echo"))
+    await harness.executor(APP, text_delta_window=0).execute(request("echo"))  # each delta its own event
     events = harness.events()
     assert [e.seq for e in events] == [2, 3, 4, 5]
     assert kinds(events) == ["text_delta"] * 3 + ["complete"]
@@ -197,7 +197,7 @@ async def test_a_model_run_with_tools(harness: Harness) -> None:
         Turn.tool_calls(ToolCallScript("weather", {"city": "Paris"}, call_id="c1"), usage=(20, 5)),
         Turn.text("Sunny in Paris.", usage=(30, 4)),
     )
-    await harness.executor(APP).execute(request("model", "Weather in Paris?"))
+    await harness.executor(APP, text_delta_window=0).execute(request("model", "Weather in Paris?"))
     events = harness.events()
     assert [k for k in kinds(events) if k != "tool_call_delta"] == [
         "input",

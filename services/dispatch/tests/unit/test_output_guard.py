@@ -181,13 +181,20 @@ async def _with(harness: Harness, governance: PiiGovernance) -> None:
     await harness.stack.enter_async_context(harness.bus.serve(governance.router()))
 
 
-async def test_a_run_is_stopped_before_any_frame_carries_the_email(bare: Harness) -> None:
+# 0: each released piece its own event; 30 s: every piece after the first joined (`CoalescedEvents`).
+COALESCING = pytest.mark.parametrize("window", [0, 30.0], ids=["uncut", "coalesced"])
+
+
+@COALESCING
+async def test_a_run_is_stopped_before_any_frame_carries_the_email(bare: Harness, window: float) -> None:
     harness = bare
     governance = PiiGovernance()
     await _with(harness, governance)
-    await harness.executor(APP).execute(request("leaky"))
+    await harness.executor(APP, text_delta_window=window).execute(request("leaky"))
     events = harness.events()
     text = "".join(e.text_delta.text for e in events if e.WhichOneof("kind") == "text_delta")
+    if window:  # the first release at once, the others joined and sent before the error
+        assert kinds(events) == ["text_delta", "text_delta", "error"]
     assert "@" not in text
     assert "jane" not in text
     assert text.startswith("Here is what I found")
@@ -202,11 +209,12 @@ async def test_a_run_is_stopped_before_any_frame_carries_the_email(bare: Harness
     assert not governance.ended[0].succeeded
 
 
-async def test_a_clean_answer_streams_whole_with_a_final_check(bare: Harness) -> None:
+@COALESCING
+async def test_a_clean_answer_streams_whole_with_a_final_check(bare: Harness, window: float) -> None:
     harness = bare
     governance = PiiGovernance()
     await _with(harness, governance)
-    await harness.executor(APP).execute(request("clean"))
+    await harness.executor(APP, text_delta_window=window).execute(request("clean"))
     events = harness.events()
     assert "".join(e.text_delta.text for e in events if e.WhichOneof("kind") == "text_delta") == "fine " * 120
     assert kinds(events)[-1] == "complete"

@@ -269,6 +269,8 @@ class Dispatch:
                     max_bytes=self.settings.delegation.remote_max_bytes,
                 ),
                 listeners=self.app.listeners,
+                text_delta_window=options.text_delta_window_ms / 1000,
+                text_delta_max_chars=options.text_delta_max_chars,
             ),
             harnesses=self.harnesses,
         )

@@ -144,10 +144,24 @@ class CapturedEvents:
 
 
 def same_events(first: Iterable[RunEvent], second: Iterable[RunEvent]) -> bool:
-    """Whether two runs' streams carry the same events in the same order (stamps and markers aside)."""
+    """Whether two runs' streams carry the same events in the same order (stamps and markers aside).
 
-    def content(events: Iterable[RunEvent]) -> list[bytes]:
-        ordered = sorted(events, key=lambda e: e.seq)
-        return [_identity(e) for e in ordered if e.seq >= WORKER_FIRST_SEQ and not _marker(e)]
+    The run's own text between two other events is compared as one string: how it was cut into
+    deltas depends on timing (`CoalescedEvents`), never its characters.
+    """
+
+    def content(events: Iterable[RunEvent]) -> list[bytes | str]:
+        items: list[bytes | str] = []
+        for event in sorted(events, key=lambda e: e.seq):
+            if event.seq < WORKER_FIRST_SEQ or _marker(event):
+                continue
+            text = _own_text(event)
+            if text is None:
+                items.append(_identity(event))
+            elif items and isinstance(items[-1], str):
+                items[-1] += text
+            else:
+                items.append(text)
+        return items
 
     return content(first) == content(second)

@@ -52,8 +52,9 @@ from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, Ru
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
 from atmosphere.dispatch.client_exchange import NO_EXCHANGE, ClientExchange, client_exchange_of
 from atmosphere.dispatch.control import RunControl
+from atmosphere.dispatch.delta_coalescer import CoalescedEvents
 from atmosphere.dispatch.direct_call import call_directly, is_direct_call, rewrite_refusal
-from atmosphere.dispatch.durability import Durability, Live
+from atmosphere.dispatch.durability import Durability, EventSink, Live
 from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.event_output import EventOutput
 from atmosphere.dispatch.model_request import ModelRequests
@@ -61,7 +62,7 @@ from atmosphere.dispatch.model_side import history_of
 from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_input import input_event
-from atmosphere.dispatch.run_scope import RunScope, RunServices
+from atmosphere.dispatch.run_scope import ExecutorOptions, RunScope, RunServices
 from atmosphere.dispatch.run_telemetry import RunTelemetry
 from atmosphere.dispatch.run_tools import tool_gateway
 from atmosphere.dispatch.sandbox_tools import tool_loop_for
@@ -83,6 +84,13 @@ CLIENT_TOOLS_UNSUPPORTED = (
 def _resumed(first_seq: int) -> RunEvent:
     """The marker a re-driven run's stream goes on with."""
     return RunEvent(metadata=Metadata(key=RESUMED_METADATA_KEY, value_json=json.dumps({"fromSeq": first_seq})))
+
+
+def _coalesced(durability: Durability, sink: EventSink, options: ExecutorOptions) -> EventSink:
+    """`sink` joining the run's text deltas within the configured window (a replay's capture never)."""
+    if not durability.reaches_services or options.text_delta_window <= 0:
+        return sink
+    return CoalescedEvents(sink, window=options.text_delta_window, max_chars=options.text_delta_max_chars)
 
 
 class Run:
@@ -110,7 +118,7 @@ class Run:
         self.telemetry = RunTelemetry.of(scope)  # its metrics and spans; `execute` runs in its span
         self.output = EventOutput(
             request.run_id,
-            durability.sink(scope.services.bus, request, first_seq),
+            _coalesced(durability, durability.sink(scope.services.bus, request, first_seq), scope.services.options),
             before_terminal=self._before_terminal if durability.reaches_services else None,
             stop=self._stop_model_call,
             meter=BudgetMeter(budget) if budget and budget.enforced else None,

@@ -16,6 +16,7 @@ from atmosphere.bus import Bus
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import WorkspaceScope
 from atmosphere.dispatch.delegation import SUBAGENT, subagent_scope
+from atmosphere.dispatch.delta_coalescer import DEFAULT_MAX_CHARS, DEFAULT_WINDOW
 from atmosphere.dispatch.governance_client import GovernanceClient
 from atmosphere.dispatch.harness import AgentHarness
 from atmosphere.dispatch.journal import DEFAULT_MAX_EFFECTS
@@ -64,6 +65,10 @@ class ExecutorOptions:
     """The bounds of every remote delegation (`ATMOSPHERE_DELEGATION__*`)."""
     listeners: tuple[AgentLifecycleListener, ...] = ()
     """The app's observers of model calls (`App(listeners=...)`, `atmosphere.sdk.lifecycle`)."""
+    text_delta_window: float = DEFAULT_WINDOW
+    """Seconds within which a run's later text deltas are joined into one event (0: never joined)."""
+    text_delta_max_chars: int = DEFAULT_MAX_CHARS
+    """Characters of text held at most before they go out, whatever the window."""
 
 
 @dataclass(frozen=True)

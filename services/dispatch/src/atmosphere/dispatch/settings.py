@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from atmosphere.config import AuthOptions, WorkerSettings
+from atmosphere.dispatch.delta_coalescer import DEFAULT_MAX_CHARS, DEFAULT_WINDOW
 from atmosphere.dispatch.harness import DEFAULT_OFFLOAD_THRESHOLD, SurfaceMode
 from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.sdk import PromptCache
@@ -71,6 +72,13 @@ class DispatchOptions(BaseModel):
     """The runtime pool this instance serves: empty, the default pool (the agents pinned to no
     runtime), or a runtime's name (`langchain`): then only the agents pinned to that runtime
     (`@agent(runtime="langchain")`, `hosted_agent`), run by it, from that pool's own queue."""
+    text_delta_window_ms: float = Field(default=DEFAULT_WINDOW * 1000, ge=0, le=1000)
+    """Milliseconds within which a run's later text deltas are joined into one event, when the
+    model streams faster than that: the first delta of a run (and every delta of a slower model)
+    goes out at once, later ones at most once per window — one bus message, stored event, tape row
+    and client frame instead of many. The text is the same either way. 0: every delta is its own event."""
+    text_delta_max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1, le=65536)
+    """Characters of joined text held at most: at this many they go out before the window ends."""
     runtime: str = Field(default="", pattern=RUNTIME_NAME.pattern + "|")
     """The runtime the default pool runs its agents on; empty or `auto`: the highest-priority
     available one (an installed adapter before the built-in runtime; between equals, the first by
