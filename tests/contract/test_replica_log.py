@@ -57,7 +57,7 @@ class Replica:
         self.applied.append(event.text_delta.text)
         return f"{self.name} applied #{seq}"
 
-    def log(self, bus: Bus, barrier_timeout: float = 3.0) -> ReplicaLog[RunEvent, str]:
+    def log(self, bus: Bus, barrier_timeout: float = 3.0, poll_interval: float = 1.0) -> ReplicaLog[RunEvent, str]:
         return ReplicaLog(
             bus,
             stream=STREAM.name,
@@ -67,6 +67,7 @@ class Replica:
             apply=self.apply,
             outcomes=(ServiceError,),
             barrier_timeout=barrier_timeout,
+            poll_interval=poll_interval,
         )
 
 
@@ -82,11 +83,14 @@ def volume(tmp_path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def replicas(
-    bus: Bus, volume: Path, *names: str, barrier_timeout: float = 3.0
+    bus: Bus, volume: Path, *names: str, barrier_timeout: float = 3.0, poll_interval: float = 1.0
 ) -> AsyncIterator[list[tuple[Replica, ReplicaLog[RunEvent, str]]]]:
     """Replicas `names` applying the stream; a read waits `barrier_timeout` for them to catch up."""
     await bus.provision(LAYOUT)
-    pairs = [(replica, replica.log(bus, barrier_timeout)) for replica in (Replica(name, volume) for name in names)]
+    pairs = [
+        (replica, replica.log(bus, barrier_timeout, poll_interval))
+        for replica in (Replica(name, volume) for name in names)
+    ]
     async with contextlib.AsyncExitStack() as stack:
         for _, log in pairs:
             await stack.enter_async_context(log.applying())
@@ -243,3 +247,43 @@ async def test_a_write_under_a_steady_stream_of_writes_still_passes_the_barrier(
 
 async def _has(replica: Replica, count: int) -> bool:
     return len(replica.applied) >= count
+
+
+NEVER = 3600.0
+"""A poll interval no test sits out: what is applied was applied on a ring or a write's own word."""
+
+
+async def test_a_write_is_applied_through_its_acknowledgement_without_asking_where_the_stream_ends(
+    bus: Bus, volume: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with replicas(bus, volume, "a", poll_interval=NEVER) as [(a, a_log)]:
+        await a_log.write(SUBJECT, write("first"))  # the replica's first look (at its start) is behind
+        looks = 0
+        stream_last_seq = bus.stream_last_seq
+
+        async def counted(stream: str) -> int:
+            nonlocal looks
+            looks += 1
+            return await stream_last_seq(stream)
+
+        monkeypatch.setattr(bus, "stream_last_seq", counted)
+        answers = [await a_log.write(SUBJECT, write(f"w{n}")) for n in range(5)]
+        await asyncio.sleep(0.2)  # the doorbell's rings for them came and went
+    assert answers == [f"a applied #{n}" for n in range(2, 7)]
+    assert a.applied == ["first", *(f"w{n}" for n in range(5))]
+    assert looks == 0  # each write's acknowledgement said where to read through; its ring was its own
+
+
+async def test_writes_on_two_replicas_at_once_reach_both_with_no_poll_and_no_barrier(bus: Bus, volume: Path) -> None:
+    # A ring of the other replica's write may be taken for one's own (they are counted, not
+    # matched): the own ring it stood for then looks. Nothing may wait for a poll.
+    async with replicas(bus, volume, "a", "b", poll_interval=NEVER) as [(a, a_log), (b, b_log)]:
+        await asyncio.gather(
+            *(log.write(SUBJECT, write(f"{name}{n}")) for n in range(20) for name, log in (("a", a_log), ("b", b_log)))
+        )
+
+        async def both_applied_all() -> bool:
+            return len(a.applied) == len(b.applied) == 40
+
+        await wait_until(both_applied_all, timeout=10, what="both replicas to apply all 40 writes")
+    assert a.applied == b.applied

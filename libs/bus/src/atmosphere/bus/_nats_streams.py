@@ -36,6 +36,8 @@ class StreamReads:
         self._bus = bus
         self._js = js
         self._direct = direct
+        self._standalone: dict[str, int] = {}
+        """Streams found on a server without a cluster, by the connection session that found them."""
 
     async def stream_last_seq(self, stream: str) -> int:
         """The newest message's sequence in `stream`."""
@@ -47,13 +49,28 @@ class StreamReads:
         return info.state.last_seq or 0
 
     async def stream_leader(self, stream: str) -> str:
-        """The server leading `stream` and since when (its term), "" without a cluster."""
+        """The server leading `stream` and since when (its term), "" without a cluster.
+
+        A stream on a server without a cluster is asked about once per connection session: no
+        other server can take it over within the session, and a server restarted into a cluster
+        is a new session (`epoch`). Every run's writer asks at each confirmation, and a stream
+        info is the broker's dearest read (a kilobyte of JSON each way, and an API advisory).
+        """
+        epoch = self._bus.epoch
+        if self._standalone.get(stream) == epoch:
+            return ""
         try:
             info = await self._js.stream_info(self._bus.stream_name(stream))
         except nats.errors.Error as exc:
             msg = f"reading stream {stream!r} failed: {exc}"
             raise BusError(msg) from exc
-        if info.cluster is None or not info.cluster.leader:
+        if info.cluster is None or info.cluster.name is None:
+            # No cluster: one server holds the stream (it names itself its leader, for ever).
+            if self._bus.epoch == epoch:  # answered within the session it was asked in
+                self._standalone[stream] = epoch
+            return ""
+        self._standalone.pop(stream, None)
+        if not info.cluster.leader:
             return ""
         # With the time it took the lead: a leader that lost it and won it back is another term.
         since = info.cluster.leader_since.isoformat() if info.cluster.leader_since else ""

@@ -203,6 +203,15 @@ class StreamReplica(Generic[M]):
         self._progress = asyncio.Condition()
         self._wake = asyncio.Event()
         self._eager = 0
+        self._known_end = self.applied_seq
+        """A sequence the stream's leader said it stored (a write's acknowledgement, a look): read
+        through it without asking the stream where it ends."""
+        self._own_rings = 0
+        self._look = True
+        """Whether the next read asks where the stream ends (at start, on a ring of another
+        writer, a wake, a poll); else it reads through `_known_end`."""
+        """Doorbell rings still to come for this process's own writes, which `reach` reads
+        through without a look (a look is a stream info: the broker's dearest read)."""
 
     @contextlib.asynccontextmanager
     async def applying(self) -> AsyncIterator[None]:
@@ -221,21 +230,42 @@ class StreamReplica(Generic[M]):
 
     async def _ring(self, bell: Subscription[Empty]) -> None:
         async for _ in bell:
+            if self._own_rings > 0:
+                # Taken for an own write's ring (its `reach` reads through its sequence). Were it
+                # another writer's, the own ring it stands for comes a moment later and looks.
+                self._own_rings -= 1
+                continue
             self.wake(eager=True)
+
+    def expect_own_ring(self) -> None:
+        """This process is about to write to the filter: its doorbell ring needs no look."""
+        self._own_rings += 1
+
+    def no_own_ring(self) -> None:
+        """The write announced by `expect_own_ring` may not have been stored: its ring is not counted on."""
+        self._own_rings = max(0, self._own_rings - 1)
 
     def wake(self, *, eager: bool = False) -> None:
         """Look at the stream now (`eager`: and a few times more while it shows nothing new)."""
         if eager:
             self._eager = EAGER_LOOKS
+        self._look = True
         self._wake.set()
 
     async def _read_loop(self) -> None:
         failures = 0
         while True:
             try:
-                newest = await self._stream_end()
-                if newest < self.applied_seq:
-                    await self._restart(newest)
+                if self._look:
+                    self._look = False
+                    newest = await self._stream_end()
+                    if newest < self.applied_seq:
+                        await self._restart(newest)
+                    else:
+                        newest = max(newest, self._known_end)  # an acknowledgement that came meanwhile
+                else:
+                    newest = self._known_end  # the leader's word already: no look needed
+                    self._newest = max(self._newest, newest)
                 if newest > self.applied_seq:
                     # What woke it is here: no more eager looks. Each look is a request to the
                     # stream's leader, so none follows a read at once either: what came during
@@ -246,6 +276,7 @@ class StreamReplica(Generic[M]):
                         await asyncio.sleep(self._linger)
                 failures = 0
             except BusError as exc:
+                self._look = True
                 replica_metrics.READ_FAILURES.labels(self.stream, "unreachable").inc()
                 failures += 1
                 # Once per outage, not every second of it: the broker restarting is no news.
@@ -255,6 +286,7 @@ class StreamReplica(Generic[M]):
                 await asyncio.sleep(RETRY_DELAY)
                 continue
             except Exception:
+                self._look = True
                 replica_metrics.READ_FAILURES.labels(self.stream, "apply").inc()
                 log.exception("%s: applying failed; reading it again in %gs", self.stream, RETRY_DELAY)
                 await asyncio.sleep(RETRY_DELAY)
@@ -278,17 +310,22 @@ class StreamReplica(Generic[M]):
             self.applied_seq,
         )
         self._position.save(0)
+        self._known_end = newest  # an end heard of the old stream means nothing in this one
         async with self._progress:
             self.applied_seq = 0
 
     async def _idle(self) -> None:
+        """Wait for the next read: an eager look's moment, a wake, or the poll's (which looks)."""
         if self._eager > 0:
             self._eager -= 1
             await asyncio.sleep(0.005 * 2 ** (EAGER_LOOKS - 1 - self._eager))
+            self._look = True
             return
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(self._poll):
                 await self._wake.wait()
+        except TimeoutError:
+            self._look = True
         self._wake.clear()
 
     async def _read_through(self, newest: int) -> None:
@@ -315,10 +352,15 @@ class StreamReplica(Generic[M]):
         self._lag.set(max(self._newest - self.applied_seq, 0))
 
     async def reach(self, seq: int, *, timeout: float) -> bool:
-        """Wait until this replica applied through `seq`; False when it did not within `timeout`."""
+        """Wait until this replica applied through `seq`; False when it did not within `timeout`.
+
+        `seq` is stored (the stream's leader said so: an acknowledgement, a look), so the
+        replica reads through it without asking where the stream ends.
+        """
         if self.applied_seq >= seq:
             return True
-        self.wake(eager=True)
+        self._known_end = max(self._known_end, seq)
+        self._wake.set()  # stored already: read through it, no look needed
         try:
             async with asyncio.timeout(timeout), self._progress:
                 await self._progress.wait_for(lambda: self.applied_seq >= seq)
@@ -368,11 +410,13 @@ class ReplicaLog(Generic[M, R]):
         apply: Callable[[int, M], Awaitable[R]],
         outcomes: tuple[type[Exception], ...] = (),
         barrier_timeout: float = 10.0,
+        poll_interval: float = POLL_INTERVAL,
     ) -> None:
         """Apply `stream`'s messages on `filter_subject` from `position`, each the moment it is stored.
 
         The log's writers are the service's own replicas, so this one subscribes to
-        `filter_subject` to hear of every write at once (`StreamReplica`'s doorbell).
+        `filter_subject` to hear of every write at once (`StreamReplica`'s doorbell), and
+        looks at the stream every `poll_interval` seconds besides.
         """
         self._bus = bus
         self._apply = apply
@@ -386,6 +430,7 @@ class ReplicaLog(Generic[M, R]):
             apply_batch=self._apply_batch,
             position=position,
             doorbell=True,
+            poll_interval=poll_interval,
             barrier_timeout=barrier_timeout,
         )
 
@@ -422,15 +467,21 @@ class ReplicaLog(Generic[M, R]):
         stream did not take the write, or this replica did not apply it within `timeout` (it is
         stored: every replica applies it); `PayloadTooLargeError` when it cannot be sent at all.
         """
+        self._reader.expect_own_ring()
         try:
             ack = await self._bus.js_publish(subject, message, headers=Headers(msg_id=msg_id) if msg_id else None)
         except PayloadTooLargeError:
+            self._reader.no_own_ring()
             raise
         except BusError as exc:
+            self._reader.no_own_ring()
             # The broker is away or the stream is electing a leader: nothing was taken, or a
             # retry with the same `msg_id` is stored once. Either way the caller may try again.
             msg = f"{self.stream} did not take the write ({exc}); try again"
             raise ReplicaBehindError(msg) from exc
+        except BaseException:  # cancelled: perhaps sent, perhaps not
+            self._reader.no_own_ring()
+            raise
         if not await self._reader.reach(ack.seq, timeout=timeout):
             msg = f"write {ack.seq} of {self.stream} is stored but this replica has not applied it yet"
             raise ReplicaBehindError(msg)

@@ -42,7 +42,10 @@ class CoalescedEvents:
     """An `EventSink` that joins a run's own text deltas within a window (see the module)."""
 
     def __init__(self, sink: EventSink, *, window: float = DEFAULT_WINDOW, max_chars: int = DEFAULT_MAX_CHARS) -> None:
-        """Write to `sink`, joining text deltas that come less than `window` seconds after the last one sent."""
+        """Write to `sink`, joining text deltas that come less than `window` seconds after the last one sent.
+
+        Made inside the run's event loop (its timers are that loop's).
+        """
         self._sink = sink
         self._window = window
         self._max_chars = max_chars
@@ -53,6 +56,7 @@ class CoalescedEvents:
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         """The timer's flush, under way: every later write waits for it (order)."""
+        self._loop = asyncio.get_running_loop()
 
     @property
     def held(self) -> str:
@@ -64,7 +68,19 @@ class CoalescedEvents:
         if self._flushing is not None:
             await self._after_timer_flush()
         if event.WhichOneof("kind") == "text_delta" and not event.origin_run_id and not durable:
-            return await self._text(event)
+            # Inline, not a helper: this is every token's path.
+            now = self._loop.time()
+            if not self._held and now - self._sent_at >= self._window:
+                self._sent_at = now
+                return await self._sink.emit(event)
+            text = event.text_delta.text
+            self._held.append(text)
+            self._held_chars += len(text)
+            if self._held_chars >= self._max_chars:
+                await self._flush()
+            elif self._timer is None:
+                self._timer = self._loop.call_at(self._sent_at + self._window, self._on_timer)
+            return event
         await self._flush()
         return await self._sink.emit(event, durable=durable)
 
@@ -81,20 +97,6 @@ class CoalescedEvents:
         finally:
             await self._sink.close()
 
-    async def _text(self, event: RunEvent) -> RunEvent:
-        now = asyncio.get_running_loop().time()
-        if not self._held and now - self._sent_at >= self._window:
-            self._sent_at = now
-            return await self._sink.emit(event)
-        text = event.text_delta.text
-        self._held.append(text)
-        self._held_chars += len(text)
-        if self._held_chars >= self._max_chars:
-            await self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_at(self._sent_at + self._window, self._on_timer)
-        return event
-
     async def _flush(self) -> None:
         """Write the held text as one delta (nothing when nothing is held)."""
         if self._timer is not None:
@@ -105,7 +107,7 @@ class CoalescedEvents:
         joined = RunEvent(text_delta=TextDelta(text="".join(self._held)))
         self._held.clear()
         self._held_chars = 0
-        self._sent_at = asyncio.get_running_loop().time()
+        self._sent_at = self._loop.time()
         await self._sink.emit(joined)
 
     def _on_timer(self) -> None:
