@@ -144,9 +144,10 @@ class HistoryPages(StoreConnection):
         return HistoryPage(messages, "")
 
     async def _messages(self, agent: str, conversation_id: str) -> list[Message]:
-        async with self._db.execute(
+        # One call on the database's thread (execute, fetch and close would be three): a history
+        # is read on every run's way to its first token.
+        rows = await self._db.execute_fetchall(
             "SELECT role, content FROM conversation_message WHERE agent = ? AND conversation_id = ? ORDER BY seq",
             (agent, conversation_id),
-        ) as cursor:
-            rows = await cursor.fetchall()
+        )
         return [Message(role, content) for role, content in rows]

@@ -94,12 +94,13 @@ class ConversationHistory(HistoryPages):
         async with self._transaction() as db:
             if log_seq and not await self._claim_append(db, log_seq):
                 return await self._count(db, agent, conversation_id)
-            async with db.execute(
+            # `execute_fetchall`: one call on the database's thread where execute, fetch and close are three.
+            found = await db.execute_fetchall(
                 "SELECT seq, role, length(content) FROM conversation_message"
                 " WHERE agent = ? AND conversation_id = ? ORDER BY seq",
                 (agent, conversation_id),
-            ) as cursor:
-                rows: list[tuple[int, str, int]] = [(r[0], r[1], r[2]) for r in await cursor.fetchall()]
+            )
+            rows: list[tuple[int, str, int]] = [(r[0], r[1], r[2]) for r in found]
             next_seq = rows[-1][0] + 1 if rows else 1
             for offset, message in enumerate(turn):
                 content = bound_content(message.content)
@@ -204,8 +205,7 @@ class ConversationHistory(HistoryPages):
     @staticmethod
     async def _claim_append(db: aiosqlite.Connection, log_seq: int) -> bool:
         """Record `log_seq` as the last appended turn; False when it (or a later one) already was."""
-        async with db.execute("SELECT seq FROM applied_append WHERE id = 1") as cursor:
-            row = await cursor.fetchone()
+        row = next(iter(await db.execute_fetchall("SELECT seq FROM applied_append WHERE id = 1")), None)
         if row is not None and int(row[0]) >= log_seq:
             return False
         await db.execute(
