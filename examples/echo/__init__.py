@@ -4,7 +4,13 @@ Run it with `ATMOSPHERE_APP=examples.echo:app` (the default of `make run` until 
 configured) and talk to `ws://127.0.0.1:8080/atmosphere/agent/echo`.
 """
 
+import asyncio
+
 from atmosphere.sdk import App, StreamingSession, agent, prompt
+
+WORD_GAP = 0.02
+"""Seconds between two words, as a model types: words sent faster than dispatch's delta window
+(`ATMOSPHERE_DISPATCH__TEXT_DELTA_WINDOW_MS`, 5 ms) would reach the client joined in one frame."""
 
 
 # No model loop for a harness to complete: a bare agent (`harness=[]`).
@@ -16,6 +22,8 @@ class Echo:
     async def on_prompt(self, message: str, session: StreamingSession) -> None:
         words = message.split(" ")
         for i, word in enumerate(words):
+            if i:
+                await asyncio.sleep(WORD_GAP)
             await session.send(word if i == len(words) - 1 else word + " ")
         await session.complete()
 

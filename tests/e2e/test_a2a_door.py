@@ -98,7 +98,9 @@ async def test_a_streamed_message_sends_the_answer_in_chunks(world: World) -> No
     updates = [e.artifact_update for e in events if e.HasField("artifact_update")]
     chunks = [get_artifact_text(u.artifact) for u in updates if u.append or u is updates[0]]
     assert "".join(chunks) == "hello brave new world"
-    assert len(chunks) >= 4
+    # Streamed, not sent whole: the first word at once, the rest as governance's output check
+    # releases it (dispatch joins pieces released together: `TEXT_DELTA_WINDOW_MS`).
+    assert len(chunks) >= 2
     whole = updates[-1]
     assert (whole.append, whole.last_chunk) == (False, True)
     assert get_artifact_text(whole.artifact) == "hello brave new world"

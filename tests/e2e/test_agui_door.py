@@ -78,10 +78,15 @@ async def test_a_run_streams_as_ag_ui_events(world: World) -> None:
     response, events = await run(world, "echo", body)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert types_of(events) == [
+    types = types_of(events)
+    contents = types.count("TEXT_MESSAGE_CONTENT")
+    # Streamed in pieces (how many: as governance's output check releases them, pieces released
+    # together joined by dispatch), between one start and one end.
+    assert contents >= 2
+    assert types == [
         "RUN_STARTED",
         "TEXT_MESSAGE_START",
-        *["TEXT_MESSAGE_CONTENT"] * 4,
+        *["TEXT_MESSAGE_CONTENT"] * contents,
         "TEXT_MESSAGE_END",
         "RUN_FINISHED",
     ]

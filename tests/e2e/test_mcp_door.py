@@ -139,7 +139,7 @@ async def test_an_agent_call_streams_its_text_as_progress(world: World, mode: st
     assert not result.is_error
     assert text_of(result) == "hello brave new world"
     assert "".join(progress.messages) == "hello brave new world"
-    assert len(progress.messages) == 4
+    assert len(progress.messages) >= 2  # streamed in pieces (pieces released together are joined)
     run_id = meta_of(result)["atmosphere/runId"]
     last = await last_event(world.bus, run_id)
     assert last is not None
