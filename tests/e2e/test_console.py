@@ -411,8 +411,10 @@ class TestTheConsole:
     async def test_a_dropped_connection_resumes_the_answer(self, world: World) -> None:
         page = await signed_in(world, ADA)
         opened: list[str] = []
-        answer = "one two three four five six seven eight"
-        world.provider.script(Turn.text(answer, chunk_delay=0.15))
+        # Long enough for the answer check (a deny-list judges answers) to release it in several
+        # pieces, each a frame: it releases what each check covered (every 200 characters) at once.
+        answer = " ".join(f"word{i}" for i in range(160))
+        world.provider.script(Turn.text(answer, chunk_delay=0.02))
         tasks: list[asyncio.Task[None]] = []
 
         async def network(socket: WebSocketRoute) -> None:
