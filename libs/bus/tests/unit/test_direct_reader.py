@@ -6,6 +6,7 @@ in `tests/contract/test_bus_replay.py`); these are the answers a cluster gives o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from atmosphere.bus import BusError
-from atmosphere.bus._direct import PAGE_MESSAGES, DirectReader, StoredMessage
+from atmosphere.bus._direct import MAX_PAGES_IN_FLIGHT, PAGE_MESSAGES, DirectReader, StoredMessage
 
 Answer = Callable[[dict[str, Any]], list[tuple[bytes, dict[str, str]]]]
 
@@ -132,3 +133,37 @@ async def test_answers_to_a_page_given_up_on_are_dropped() -> None:
     got: list[StoredMessage] = [m async for m in reading]
     assert [m.seq for m in got] == [1]
     assert reader._pages == {}
+
+
+class SlowServer(ScriptedServer):
+    """Answers every page `delay` seconds after it was asked (each page in its own time)."""
+
+    def __init__(self, answer: Answer, delay: float) -> None:
+        super().__init__(answer)
+        self.delay = delay
+        self.answering: set[asyncio.Task[None]] = set()
+
+    async def publish(self, subject: str, payload: bytes, *, reply: str) -> None:
+        async def later() -> None:
+            await asyncio.sleep(self.delay)
+            await ScriptedServer.publish(self, subject, payload, reply=reply)
+
+        task = asyncio.create_task(later())
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+
+
+async def test_a_read_queued_behind_a_burst_of_pages_is_not_given_up_on() -> None:
+    # Two rounds of pages ahead of the last read (0.4 s in the connection's own queue) and a
+    # patience of 0.5 s: the queue is no broker's silence, so the last read still gets its page.
+    server = SlowServer(stored(1, 2), delay=0.2)
+    reader = DirectReader(server, patience=0.5)  # type: ignore[arg-type]
+
+    async def one() -> list[int]:
+        async def more_to_read(_next: int) -> bool:
+            return False
+
+        return [m.seq async for m in reader.read("S", "s.r1", through=2, more_to_read=more_to_read)]
+
+    results = await asyncio.gather(*(one() for _ in range(2 * MAX_PAGES_IN_FLIGHT + 1)))
+    assert results == [[1, 2]] * (2 * MAX_PAGES_IN_FLIGHT + 1)

@@ -164,7 +164,11 @@ class DirectReader:
         attempt = 0
         while True:
             try:
+                queued = time.monotonic()
                 async with self._slots:
+                    # Waiting for a slot is this connection's own queue (a burst of replays), not
+                    # the broker's silence: it does not count against the patience.
+                    give_up += time.monotonic() - queued
                     return await self._page(stream, subject, from_seq, min(PAGE_TIMEOUT, give_up - time.monotonic()))
             except _NotAnsweredError as exc:
                 if time.monotonic() >= give_up:
