@@ -207,11 +207,11 @@ class StreamReplica(Generic[M]):
         """A sequence the stream's leader said it stored (a write's acknowledgement, a look): read
         through it without asking the stream where it ends."""
         self._own_rings = 0
+        """Doorbell rings still to come for this process's own writes, which `reach` reads
+        through without a look (a look is a stream info: the broker's dearest read)."""
         self._look = True
         """Whether the next read asks where the stream ends (at start, on a ring of another
         writer, a wake, a poll); else it reads through `_known_end`."""
-        """Doorbell rings still to come for this process's own writes, which `reach` reads
-        through without a look (a look is a stream info: the broker's dearest read)."""
 
     @contextlib.asynccontextmanager
     async def applying(self) -> AsyncIterator[None]:
