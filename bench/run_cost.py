@@ -223,6 +223,18 @@ def split(short: Cost, long: Cost) -> tuple[dict[str, float], dict[str, float]]:
     return fixed, marginal
 
 
+def bus_split(short: Cost, long: Cost, counted: str) -> tuple[float, float]:
+    """(per run, per token) of a broker counter (`published` or `stored`), split as `split` splits CPU."""
+    at_short = getattr(short, counted) / short.streams
+    per_token = (getattr(long, counted) / long.streams - at_short) / (LONG - SHORT)
+    return at_short - SHORT * per_token, per_token
+
+
+def measured(name: str, *arms: dict[str, Cost]) -> bool:
+    """Whether `name` streamed in every one of `arms`."""
+    return all(name in arm and arm[name].streams for arm in arms)
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -234,7 +246,7 @@ def report(short: dict[str, Cost], long: dict[str, Cost], concurrency: int) -> N
     )
     runs: dict[str, float] = {}
     for name in [*OURS, io.LITELLM]:
-        if name not in short or name not in long or not short[name].streams or not long[name].streams:
+        if not measured(name, short, long):
             continue
         fixed, marginal = split(short[name], long[name])
         runs[name] = fixed[""]
@@ -244,15 +256,13 @@ def report(short: dict[str, Cost], long: dict[str, Cost], concurrency: int) -> N
             f"{short[name].per_stream():>10.0f}{long[name].per_stream():>10.0f}   {parts}"
         )
     for name in OURS:
-        if name not in short or name not in long or not short[name].streams or not long[name].streams:
+        if not measured(name, short, long):
             continue
-        s, t = short[name], long[name]
-        per_token_msgs = (t.published / t.streams - s.published / s.streams) / (LONG - SHORT)
-        per_token_stores = (t.stored / t.streams - s.stored / s.streams) / (LONG - SHORT)
+        msgs_per_run, msgs_per_token = bus_split(short[name], long[name], "published")
+        stores_per_run, stores_per_token = bus_split(short[name], long[name], "stored")
         print(
-            f"  {name} on the bus: {s.published / s.streams - SHORT * per_token_msgs:.1f} messages and "
-            f"{s.stored / s.streams - SHORT * per_token_stores:.1f} JetStream stores per run, "
-            f"{per_token_msgs:.2f} and {per_token_stores:.2f} per token"
+            f"  {name} on the bus: {msgs_per_run:.1f} messages and {stores_per_run:.1f} JetStream stores per run, "
+            f"{msgs_per_token:.2f} and {stores_per_token:.2f} per token"
         )
     for name, cost in {**short, **long}.items():
         if cost.errors:
@@ -270,15 +280,13 @@ def report_fast(short: dict[str, Cost], fast: dict[str, Cost]) -> None:
     """A fast model's marginal cost per token: its 200-token answers against the 10-token ones."""
     print(f"\na fast model ({LONG} tokens {FAST_GAP * 1000:g} ms apart): marginal CPU per token (µs)")
     for name in [*OURS, io.LITELLM]:
-        if name not in short or name not in fast or not short[name].streams or not fast[name].streams:
+        if not measured(name, short, fast):
             continue
         _, marginal = split(short[name], fast[name])
         parts = ", ".join(f"{p} {marginal[p]:.0f}" for p in short[name].cpu)
         line = f"  {name:28}{marginal['']:>11.1f}   {parts}"
         if name in OURS:
-            s, t = short[name], fast[name]
-            per_token_msgs = (t.published / t.streams - s.published / s.streams) / (LONG - SHORT)
-            line += f"; {per_token_msgs:.2f} bus messages per token"
+            line += f"; {bus_split(short[name], fast[name], 'published')[1]:.2f} bus messages per token"
         print(line)
 
 

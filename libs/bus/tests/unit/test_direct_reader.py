@@ -154,10 +154,11 @@ class SlowServer(ScriptedServer):
 
 
 async def test_a_read_queued_behind_a_burst_of_pages_is_not_given_up_on() -> None:
-    # Two rounds of pages ahead of the last read (0.4 s in the connection's own queue) and a
-    # patience of 0.5 s: the queue is no broker's silence, so the last read still gets its page.
-    server = SlowServer(stored(1, 2), delay=0.2)
-    reader = DirectReader(server, patience=0.5)  # type: ignore[arg-type]
+    # Four rounds of pages ahead of the last reads (2 s in the connection's own queue) and a
+    # patience of 1.5 s: the queue is no broker's silence, so the last reads still get their page
+    # (with a second to spare for the page itself, however slow the machine).
+    server = SlowServer(stored(1, 2), delay=0.5)
+    reader = DirectReader(server, patience=1.5)  # type: ignore[arg-type]
 
     async def one() -> list[int]:
         async def more_to_read(_next: int) -> bool:
@@ -165,5 +166,6 @@ async def test_a_read_queued_behind_a_burst_of_pages_is_not_given_up_on() -> Non
 
         return [m.seq async for m in reader.read("S", "s.r1", through=2, more_to_read=more_to_read)]
 
-    results = await asyncio.gather(*(one() for _ in range(2 * MAX_PAGES_IN_FLIGHT + 1)))
-    assert results == [[1, 2]] * (2 * MAX_PAGES_IN_FLIGHT + 1)
+    reads = 4 * MAX_PAGES_IN_FLIGHT + 1
+    results = await asyncio.gather(*(one() for _ in range(reads)))
+    assert results == [[1, 2]] * reads
