@@ -1,10 +1,11 @@
 """The WebSocket door of an agent: prompts in, frames out, resumable by run id.
 
     WS   /atmosphere/agent/{name}            prompts in, frames out; resume with X-Atmosphere-Run-Id
+    WS   /{path}                             the same, for the agent at an `@ai_endpoint` path
 
-`@ai_endpoint` paths are served the same way at their own path (`serve_socket_at`, wired by
-`api.py`). What a connection does once open is `connection.py`'s; this module opens it, or
-closes the socket with a code that says why it was refused.
+Every WebSocket ingress serves is an agent's, so `SocketDoors` takes them all, in front of
+FastAPI's router. What a connection does once open is `connection.py`'s; this module opens it,
+or closes the socket with a code that says why it was refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from fastapi import APIRouter, WebSocket
+from fastapi import WebSocket
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from atmosphere.bus import BusError, subjects
 from atmosphere.bus.frames import Frame
@@ -32,6 +34,7 @@ from atmosphere.ingress.state import IngressState
 from atmosphere.ingress.stream_limits import address_of
 from atmosphere.service import client_key
 
+AGENT_SOCKET_PREFIX = "/atmosphere/agent/"
 RESUME_RUN_HEADER = "x-atmosphere-run-id"
 """The HTTP/WebSocket header naming a run to resume (not the bus's own run-id header)."""
 LAST_SEQ_HEADER = "x-atmosphere-last-seq"
@@ -39,7 +42,6 @@ CLOSE_AUTH = {401: 4401, 403: 4403}
 CLOSE_UNKNOWN = 4404
 CLOSE_UNAVAILABLE = 4503
 
-router = APIRouter()
 log = logging.getLogger("atmosphere.ingress")
 
 
@@ -52,31 +54,55 @@ class _SocketRefusedError(Exception):
         self.reason = reason
 
 
-@router.websocket("/atmosphere/agent/{name}")
-async def agent_socket(websocket: WebSocket, name: str) -> None:
-    """Prompts in (text or JSON, or approval replies), Atmosphere frames out."""
-    await serve_socket_at(websocket, find_agent(state_of(websocket), name=name))
+class SocketDoors:
+    """Pure ASGI middleware: every WebSocket, served here; anything else goes on to `app`.
 
-
-async def serve_socket_at(websocket: WebSocket, lookup: Awaitable[AgentDescriptor | None]) -> None:
-    """Serve the agent `lookup` finds; if the directory cannot be read, refuse with a close code.
-
-    Unhandled, the lookup's `BusError` would make the server reject the handshake with a bare
-    500; a client should learn that it may try again.
+    Not FastAPI routes: while a socket is open, its route kept FastAPI's router, exception
+    middleware and three exit stacks on the stack, about 10 KiB per socket (tracemalloc on 2,000
+    idle sockets), for nothing a socket uses. Installed innermost of the app's middleware, so
+    the access log, tracing and the server's error handling still see every socket.
     """
+
+    def __init__(self, app: ASGIApp) -> None:
+        """Serve WebSockets; hand everything else to `app`."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one WebSocket connection, or pass the request on."""
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        await serve_socket(WebSocket(scope, receive, send))
+
+
+def _agent_at(state: IngressState, path: str) -> Awaitable[AgentDescriptor | None]:
+    """The agent a socket at `path` is for: `/atmosphere/agent/{name}` by name, else by `@ai_endpoint` path.
+
+    As the routes were matched: a name is one path segment; any other path (`/atmosphere/agent/`,
+    `/atmosphere/agent/a/b`) is looked up as an `@ai_endpoint` path.
+    """
+    name = path.removeprefix(AGENT_SOCKET_PREFIX)
+    if name != path and name and "/" not in name:
+        return find_agent(state, name=name)
+    return find_agent(state, path=path)
+
+
+async def serve_socket(websocket: WebSocket) -> None:
+    """One WebSocket client of the agent at its path, served until it leaves.
+
+    If the directory cannot be read, the socket is accepted and closed with 4503: unhandled, the
+    lookup's `BusError` would make the server reject the handshake with a bare 500, and a client
+    should learn that it may try again. One coroutine, not one per step: each level of the
+    stack stays allocated for as long as the socket is open.
+    """
+    state = state_of(websocket)
     try:
-        descriptor = await lookup
+        descriptor = await _agent_at(state, websocket.scope["path"])
     except BusError as exc:
         log.warning("agent directory unavailable for %s: %s", websocket.url.path, exc)
         await websocket.accept()
         await websocket.close(CLOSE_UNAVAILABLE, "The agent directory is unavailable; try again")
         return
-    await serve_socket(websocket, descriptor)
-
-
-async def serve_socket(websocket: WebSocket, descriptor: AgentDescriptor | None) -> None:
-    """One WebSocket client of an agent (shared by agent names and `@ai_endpoint` paths)."""
-    state = state_of(websocket)
     await websocket.accept()
     try:
         connection, resume = _open_connection(state, websocket, descriptor)

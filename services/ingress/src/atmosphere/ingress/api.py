@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -180,6 +180,8 @@ def create_app(
         redoc_url=None,
         responses=BEFORE_ROUTING,
     )
+    # First, so innermost: the access log, tracing and the server's error handling see sockets too.
+    app.add_middleware(agent_socket.SocketDoors)
     _allow_cors(app, settings)
     # Added last, so outermost of the app's own middleware: CORS preflights get their line too.
     app.add_middleware(AccessLog, enabled=settings.ingress.access_log)
@@ -288,8 +290,8 @@ def _add_probes(app: FastAPI) -> None:
         return JSONResponse(body, status_code=200 if health.ready else 503)
 
 
-AGENT_DOORS = (agent_socket.router, agent_sse.router, agent_poll.router, run_control.router)
-"""The WebSocket, SSE and long-poll doors of the agents, and the control of their runs."""
+AGENT_DOORS = (agent_sse.router, agent_poll.router, run_control.router)
+"""The SSE and long-poll doors of the agents, and the control of their runs (WebSockets: `SocketDoors`)."""
 
 
 def _include_routers(app: FastAPI, settings: IngressSettings) -> list[Route]:
@@ -352,10 +354,6 @@ def _add_admin_fallback(app: FastAPI, fixed: Sequence[Route]) -> None:
 
 def _add_endpoint_paths(app: FastAPI, fixed: Sequence[Route], *, openai_prefix: str | None) -> None:
     """`@ai_endpoint` paths: whatever path an agent declared, registered last so they never shadow the rest."""
-
-    @app.websocket("/{path:path}")
-    async def endpoint_socket(websocket: WebSocket, path: str) -> None:
-        await agent_socket.serve_socket_at(websocket, state_of(websocket).directory.by_path("/" + path))
 
     @app.post(
         "/{path:path}",

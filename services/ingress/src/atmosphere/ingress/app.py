@@ -18,6 +18,7 @@ from atmosphere.ingress.limits import HttpLimits, bounded_protocol
 from atmosphere.ingress.pacing import Drain
 from atmosphere.ingress.protocol_doors import door_surfaces
 from atmosphere.ingress.settings import IngressSettings
+from atmosphere.ingress.socket_protocol import LeanSocketProtocol
 
 log = logging.getLogger("atmosphere.ingress")
 
@@ -60,6 +61,8 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
         # cap, JSON refusals.
         http=bounded_protocol(http_limits(settings)),
         timeout_keep_alive=max(1, round(options.keep_alive_timeout)),  # the protocol keeps the exact value
+        # uvicorn's sans-I/O WebSocket protocol, holding less per open socket (`socket_protocol.py`).
+        ws=LeanSocketProtocol,
         # Per-message deflate keeps a zlib context per socket: costly for idle connections.
         ws_per_message_deflate=False,
         # Pings keep proxies from cutting a quiet socket and find a vanished client; an idle

@@ -58,6 +58,7 @@ from atmosphere.ingress.inbound import (
     require_message_size,
     send_approval,
 )
+from atmosphere.ingress.mailbox import Mailbox
 from atmosphere.ingress.stream_limits import refusal
 from atmosphere.service import StreamLimitError, StreamSlot, StreamSlots
 
@@ -125,7 +126,8 @@ class Connection:
     """approval id → run id, for routing the client's answers."""
 
     def __post_init__(self) -> None:
-        self._outbound: asyncio.Queue[Frame | _Close] = asyncio.Queue(self.send_queue_frames + 1)
+        # Bounded by `_enqueue` (a client too slow for its frames is closed), not by the queue.
+        self._outbound: Mailbox[Frame | _Close] = Mailbox()
         self._closing = False
         self._last_active = time.monotonic()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -201,7 +203,7 @@ class Connection:
             if unfinished
             else "Server restarting; reconnect"
         )
-        _drop_queued(self._outbound)
+        self._outbound.clear()
         self._outbound.put_nowait(_Close(SERVICE_RESTART_CODE, close_reason(reason)))
 
     def reject(self, error: IngressError) -> None:
@@ -388,8 +390,3 @@ def _follow_failure(exc: Exception, run_id: str, session_id: str) -> Frame:
 def _resumable(error: UnavailableError, run_id: str, *, session_id: str = "") -> Frame:
     """An error frame naming the run the client should resume (`runId`), not send again."""
     return {**error_frame(error, session_id=session_id), "runId": run_id}
-
-
-def _drop_queued(queue: asyncio.Queue[Frame | _Close]) -> None:
-    while not queue.empty():
-        queue.get_nowait()
