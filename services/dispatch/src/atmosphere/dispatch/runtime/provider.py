@@ -17,6 +17,7 @@ body, text with lone surrogates or absurd numbers become a `ProviderCallError`, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
@@ -56,6 +57,10 @@ MAX_TOOL_CALLS = 128
 """Tool calls one round may ask for; a larger index is a malformed stream."""
 MAX_ROUND_CHARS = 8 << 20
 """Text plus tool-call arguments of one round held in memory; more is refused, not buffered."""
+AFTER_DONE_GRACE = 0.1
+"""Seconds the body's end may take after `[DONE]` (read so the connection is kept for the next call)."""
+MAX_AFTER_DONE = 16
+"""Events read after `[DONE]` at most before the connection is let go instead."""
 CUT_OFF_REASONS = frozenset({"length", "content_filter"})
 """Finish reasons of an answer the provider cut short (the token limit, its content filter)."""
 
@@ -347,14 +352,12 @@ async def _attempt(client: httpx.AsyncClient, call: _Call, state: _RoundState) -
         async with timer, client.stream("POST", call.url, json=call.body, headers=call.headers) as response:
             if response.status_code != 200:
                 raise await _status_failure(response)
-            async for data in sse_data(_answer_lines(response, timer, call.deadline, state)):
-                if data.strip() == "[DONE]":
-                    state.done = True
-                    break
-                await _consume(data, state)
+            await _read_answer(response, timer, call.deadline, state)
     except TimeoutError:
         if not timer.expired():
             raise  # not ours: e.g. a bus timeout in a hook
+        if state.done:
+            return _finish(state)  # the deadline fell while the body's end was read: the answer is whole
         if state.answering or first_byte_by >= call.deadline:
             msg = f"the model call exceeded its {call.limits.call_timeout:g} s deadline"
             raise ProviderCallError(ProviderTimeoutError, msg, retryable=True) from None
@@ -373,6 +376,33 @@ async def _attempt(client: httpx.AsyncClient, call: _Call, state: _RoundState) -
     except SseError as exc:
         raise ProviderCallError(ProviderMalformedError, str(exc)) from None
     return _finish(state)
+
+
+async def _read_answer(response: httpx.Response, timer: asyncio.Timeout, deadline: float, state: _RoundState) -> None:
+    """Consume the answer's events until `[DONE]` (then read the body's end) or the body ends."""
+    events = sse_data(_answer_lines(response, timer, deadline, state))
+    async for data in events:
+        if data.strip() == "[DONE]":
+            state.done = True
+            await _read_to_end(events)
+            return
+        await _consume(data, state)
+
+
+async def _read_to_end(events: AsyncIterator[str]) -> None:
+    """Read what follows `[DONE]` (in practice the body's last chunk), briefly and within bounds.
+
+    An HTTP/1.1 connection whose response was not read to its end cannot carry the next one:
+    left unread, every model call opened a connection of its own (a TLS handshake, against a
+    real provider). A provider that sends more, or ends late, only costs its connection.
+    """
+    with contextlib.suppress(TimeoutError, httpx.HTTPError, SseError):
+        async with asyncio.timeout(AFTER_DONE_GRACE):
+            read = 0
+            async for _ in events:
+                read += 1
+                if read >= MAX_AFTER_DONE:
+                    return
 
 
 def _no_answer(seconds: float) -> _RetryableError:
