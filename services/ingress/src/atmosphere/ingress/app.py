@@ -61,8 +61,7 @@ async def serve(settings: IngressSettings, *, stop: asyncio.Event, bus: Bus | No
         # cap, JSON refusals.
         http=bounded_protocol(http_limits(settings)),
         timeout_keep_alive=max(1, round(options.keep_alive_timeout)),  # the protocol keeps the exact value
-        # uvicorn's sans-I/O WebSocket protocol, holding less per open socket (`socket_protocol.py`).
-        ws=LeanSocketProtocol,
+        ws=LeanSocketProtocol,  # uvicorn's sans-I/O protocol, holding less per open socket
         # Per-message deflate keeps a zlib context per socket: costly for idle connections.
         ws_per_message_deflate=False,
         # Pings keep proxies from cutting a quiet socket and find a vanished client; an idle
