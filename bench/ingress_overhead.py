@@ -812,10 +812,10 @@ def targets(results: dict[int, dict[str, Row]], idle: tuple[float, float, int, i
         if lite is None:
             print(f"  {name}: beside LiteLLM: n/a (LiteLLM not run)")
             continue
-        share(name, "added TTFT p99 at 64 streams", ours.added[1], lite.added[1], 1 / 10)
-        share(name, "CPU per token at 64 streams", ours.cpu, lite.cpu, 1 / 4)
+        share(name, "added TTFT p99 at 64 streams", ours.added[1], lite.added[1], divisor=10)
+        share(name, "CPU per token at 64 streams", ours.cpu, lite.cpu, divisor=4)
         one, lite_one = results[1][name], results[1].get(LITELLM)
-        share(name, "CPU per token at 1 stream", one.cpu, lite_one.cpu if lite_one else None, 1, below=True)
+        share(name, "CPU per token at 1 stream", one.cpu, lite_one.cpu if lite_one else None, divisor=None)
     if idle is not None:
         per, marginal, still_open, count = idle
         ok = per <= 24 and still_open == count == IDLE_SOCKETS
@@ -827,13 +827,13 @@ def targets(results: dict[int, dict[str, Row]], idle: tuple[float, float, int, i
         )
 
 
-def share(name: str, what: str, ours: float | None, theirs: float | None, most: float, *, below: bool = False) -> None:
-    """One "ours <= `most` of LiteLLM's" target (`below`: strictly under it)."""
-    wanted = "below" if below else f"<= {'1/' + str(round(1 / most)) if most < 1 else most} of"
+def share(name: str, what: str, ours: float | None, theirs: float | None, *, divisor: int | None) -> None:
+    """One target beside LiteLLM: ours <= 1/`divisor` of theirs, or strictly below theirs (None)."""
+    wanted = "below" if divisor is None else f"<= 1/{divisor} of"
     if ours is None or theirs is None or theirs <= 0:
         print(f"  {name}: {what} {wanted} LiteLLM's: n/a")
         return
-    ok = ours < theirs * most if below else ours <= theirs * most
+    ok = ours < theirs if divisor is None else ours <= theirs / divisor
     print(f"  {name}: {what} {wanted} LiteLLM's: {verdict(ok)} ({ours:.2f} vs {theirs:.2f}, {ours / theirs:.2f}×)")
 
 

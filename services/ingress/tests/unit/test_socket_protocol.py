@@ -7,7 +7,6 @@ under `/atmosphere/agent/` or by `@ai_endpoint` path anywhere else.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 
@@ -15,16 +14,25 @@ import websockets
 from websockets.datastructures import Headers
 
 from atmosphere.bus import subjects
+from atmosphere.bus.testing import FakeBus
 from atmosphere.config import TokenGrant
 from atmosphere.contracts.dispatch.v1.dispatch_pb2 import AgentDescriptor
 from atmosphere.ingress.mailbox import Flag, Mailbox
 from atmosphere.ingress.socket_protocol import LeanSocketProtocol
+from atmosphere.testing import wait_until
 
 from .test_stream_limits import ADA, ADA_RUN, BOB, bearer, next_frame, running_ingress, submissions
 
 BOT = AgentDescriptor(name="bot", path="/my/bot")
 ADA_HERE = TokenGrant(token="ada-token-only-in-this-test", user_id="ada")
 """Ada, with a token no other test sends: headers still holding it are this test's."""
+
+
+async def submitted(bus: FakeBus, count: int) -> None:
+    async def enough() -> bool:
+        return len(submissions(bus)) >= count
+
+    await wait_until(enough, what=f"{count} submission(s)")
 
 
 def _server_protocols() -> list[LeanSocketProtocol]:
@@ -54,7 +62,7 @@ async def test_an_open_socket_keeps_no_handshake_and_lean_queues() -> None:
         assert kept == []
 
         await ws.send("still served")  # and the socket still takes prompts
-        await asyncio.sleep(0.2)
+        await submitted(ingress.bus, 1)
         assert [s.message for s in submissions(ingress.bus)] == ["still served"]
 
 
@@ -67,7 +75,7 @@ async def test_sockets_are_routed_by_agent_name_and_by_endpoint_path() -> None:
             await bot.send("to the endpoint")
         async with ingress.socket(BOB) as echo:
             await echo.send("to echo by name")
-        await asyncio.sleep(0.2)
+        await submitted(ingress.bus, 2)
         assert [(s.agent, s.message) for s in submissions(ingress.bus)] == [
             ("bot", "to the endpoint"),
             ("echo", "to echo by name"),

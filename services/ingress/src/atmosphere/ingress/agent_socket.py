@@ -72,7 +72,7 @@ class SocketDoors:
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
             return
-        await serve_socket(WebSocket(scope, receive, send))
+        await _serve_socket(WebSocket(scope, receive, send))
 
 
 def _agent_at(state: IngressState, path: str) -> Awaitable[AgentDescriptor | None]:
@@ -87,7 +87,7 @@ def _agent_at(state: IngressState, path: str) -> Awaitable[AgentDescriptor | Non
     return find_agent(state, path=path)
 
 
-async def serve_socket(websocket: WebSocket) -> None:
+async def _serve_socket(websocket: WebSocket) -> None:
     """One WebSocket client of the agent at its path, served until it leaves.
 
     If the directory cannot be read, the socket is accepted and closed with 4503: unhandled, the
