@@ -100,3 +100,20 @@ async def test_a_socket_without_credentials_learns_nothing_of_the_agents() -> No
             async with websockets.connect(f"{base}{path}", ping_interval=None) as ws:
                 await ws.wait_closed()
             assert ws.close_code == 4401, path
+
+
+async def test_the_largest_messages_pass_through_the_lean_protocol() -> None:
+    # The limit (1 KiB here) is taken; up to twice it is read and answered with an error frame on
+    # a socket that stays open; beyond that uvicorn's protocol closes with 1009.
+    limit = 1024
+    async with running_ingress(max_message_bytes=limit) as ingress, ingress.socket(BOB) as ws:
+        await ws.send("x" * limit)
+        await submitted(ingress.bus, 1)
+        await ws.send("é" * limit)  # 2 KiB of UTF-8: twice the limit
+        while (frame := await next_frame(ws))["type"] != "error":
+            pass  # the first prompt's run says it started
+        assert frame["code"] == "ingress.too_large"
+        await ws.send("x" * (2 * limit + 1))
+        await ws.wait_closed()
+    assert ws.close_code == 1009
+    assert [len(s.message) for s in submissions(ingress.bus)] == [limit]
