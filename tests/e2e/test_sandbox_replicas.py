@@ -139,6 +139,14 @@ async def test_killing_one_of_two_sandbox_replicas_mid_call_hangs_no_run(
                 for _ in range(RUNS // 2):  # half the calls are in the replicas' hands
                     await asyncio.wait_for(started.get(), 60)
                 victim = replicas[0]
+
+                async def victim_holds_a_call() -> bool:
+                    # A tool-start frame says dispatch sent the call, not that a replica runs it yet:
+                    # on a loaded machine the kill could land before the victim took any.
+                    lines = ledger.read_text().splitlines()
+                    return any(victim.pid in map(int, line.split()[1:]) for line in lines)
+
+                await wait_until(victim_holds_a_call, timeout=60, what="the victim replica to run a call")
                 await victim.kill()
                 await asyncio.wait_for(driving, 120)
             finally:
