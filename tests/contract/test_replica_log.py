@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from atmosphere.bus import Bus, JetStreamLayout, NatsBus, ServiceError, StreamSp
 from atmosphere.bus.errors import MemoryBadRequestError, ReplicaBehindError
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
+from atmosphere.service import replica as replica_module
 from atmosphere.service.replica import ReplicaLog, ReplicaPosition, replica_name
 from atmosphere.testing import wait_until
 
@@ -46,12 +48,17 @@ class Replica:
     volume: Path
     applied: list[str] = field(default_factory=list)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
+    failing: list[int] = field(default_factory=list)
+    """While not empty, each apply takes its first element off and fails (this replica's store is failing)."""
 
     def __post_init__(self) -> None:
         self.gate.set()
 
     async def apply(self, seq: int, event: RunEvent) -> str:
         await self.gate.wait()
+        if self.failing:
+            self.failing.pop(0)
+            raise OSError(f"disk full at #{seq}")
         if event.text_delta.text.startswith("refuse"):
             raise MemoryBadRequestError(f"refused {event.text_delta.text}")
         self.applied.append(event.text_delta.text)
@@ -287,3 +294,72 @@ async def test_writes_on_two_replicas_at_once_reach_both_with_no_poll_and_no_bar
 
         await wait_until(both_applied_all, timeout=10, what="both replicas to apply all 40 writes")
     assert a.applied == b.applied
+
+
+@contextlib.contextmanager
+def counting_reads(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """Each stream read `bus` starts from here on, as (after, through)."""
+    reads: list[tuple[int, int]] = []
+    read_stream = bus.read_stream
+
+    def counted(*args: Any, after: int, through: int, **kwargs: Any) -> Any:
+        reads.append((after, through))
+        return read_stream(*args, after=after, through=through, **kwargs)
+
+    monkeypatch.setattr(bus, "read_stream", counted)
+    yield reads
+
+
+async def test_another_writers_write_in_between_is_read_from_the_stream(
+    bus: Bus, volume: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with replicas(bus, volume, "a", "b", poll_interval=NEVER) as [(a, a_log), (b, b_log)]:
+        for n in range(3):
+            await a_log.write(SUBJECT, write(f"w{n}"))
+        await b_log.caught_up()
+        with counting_reads(bus, monkeypatch) as reads:
+            assert await b_log.write(SUBJECT, write("from b")) == "b applied #4"
+            # a's own write follows b's: a reads b's from the stream, then applies its own.
+            assert await a_log.write(SUBJECT, write("after b")) == "a applied #5"
+        assert (3, 4) in reads or any(after == 3 and through >= 4 for after, through in reads)
+        await b_log.caught_up()
+    assert a.applied == b.applied == ["w0", "w1", "w2", "from b", "after b"]
+
+
+async def test_a_writer_alone_reads_none_of_its_writes_back(
+    bus: Bus, volume: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with replicas(bus, volume, "a", poll_interval=NEVER) as [(a, a_log)]:
+        await a_log.write(SUBJECT, write("first"))  # its start's look and read are behind it
+        with counting_reads(bus, monkeypatch) as reads:
+            for n in range(5):
+                await a_log.write(SUBJECT, write(f"w{n}"))
+            stored = await a_log.store(SUBJECT, write("stored"))  # not waited for: applied soon after
+            await wait_until(lambda: _has(a, 7), timeout=5, what="the stored write to be applied")
+            await asyncio.sleep(0.2)  # the doorbell's rings for them came and went
+        assert reads == []
+    assert stored.seq == 7
+    assert a.applied == ["first", *(f"w{n}" for n in range(5)), "stored"]
+
+
+async def test_a_repeated_write_is_applied_once_and_answered_with_the_first_answer(bus: Bus, volume: Path) -> None:
+    async with replicas(bus, volume, "a", "b") as [(a, a_log), (b, b_log)]:
+        first = await a_log.write(SUBJECT, write("once"), msg_id="k1")
+        again = await a_log.write(SUBJECT, write("twice?"), msg_id="k1")  # a retry: the stream keeps the first
+        await b_log.caught_up()
+    assert first == again == "a applied #1"
+    assert a.applied == b.applied == ["once"]
+
+
+async def test_an_own_write_whose_apply_failed_is_read_from_the_stream_and_applied(
+    bus: Bus, volume: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replica_module, "RETRY_DELAY", 0.01)
+    async with replicas(bus, volume, "a", poll_interval=NEVER) as [(a, a_log)]:
+        await a_log.write(SUBJECT, write("first"))
+        a.failing.append(2)  # an error, not an answer: applied again
+        with counting_reads(bus, monkeypatch) as reads:
+            assert await a_log.write(SUBJECT, write("second")) == "a applied #2"
+        assert a.failing == []
+        assert reads, "after the failed apply the write is read from the stream"
+    assert a.applied == ["first", "second"]

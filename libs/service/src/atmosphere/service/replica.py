@@ -33,7 +33,7 @@ from typing import Generic, TypeVar
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 
-from atmosphere.bus import Bus, BusError, Headers, PayloadTooLargeError, Subscription, WorkItem
+from atmosphere.bus import Bus, BusError, Envelope, Headers, PayloadTooLargeError, PublishAck, Subscription, WorkItem
 from atmosphere.bus.errors import ReplicaBehindError
 from atmosphere.service import replica_metrics
 from atmosphere.service.tasks import stop_tasks
@@ -212,6 +212,9 @@ class StreamReplica(Generic[M]):
         self._look = True
         """Whether the next read asks where the stream ends (at start, on a ring of another
         writer, a wake, a poll); else it reads through `_known_end`."""
+        self._own: dict[int, Envelope[M]] = {}
+        """Messages this process wrote, by the sequence the stream's leader stored each at: a
+        run of them right after `applied_seq` is applied as written, not read back."""
 
     @contextlib.asynccontextmanager
     async def applying(self) -> AsyncIterator[None]:
@@ -244,6 +247,19 @@ class StreamReplica(Generic[M]):
     def no_own_ring(self) -> None:
         """The write announced by `expect_own_ring` may not have been stored: its ring is not counted on."""
         self._own_rings = max(0, self._own_rings - 1)
+
+    def stored_own(self, seq: int, envelope: Envelope[M] | None) -> None:
+        """This process's message is stored at `seq` (its acknowledgement said so): apply it soon.
+
+        Applied as written when every message before it is applied here: the stream holds at
+        `seq` exactly what was written, so reading it back (a direct get, its reply and the
+        batch's end: three messages on the bus) would only return the same bytes. None: what
+        the stream holds there is not known here (a repeat of an earlier write): it is read.
+        """
+        if envelope is not None and seq > self.applied_seq:
+            self._own[seq] = envelope
+        self._known_end = max(self._known_end, seq)
+        self._wake.set()  # stored already: no look needed
 
     def wake(self, *, eager: bool = False) -> None:
         """Look at the stream now (`eager`: and a few times more while it shows nothing new)."""
@@ -311,6 +327,7 @@ class StreamReplica(Generic[M]):
         )
         self._position.save(0)
         self._known_end = newest  # an end heard of the old stream means nothing in this one
+        self._own.clear()  # nor a sequence a write of the old one was stored at
         async with self._progress:
             self.applied_seq = 0
 
@@ -329,6 +346,9 @@ class StreamReplica(Generic[M]):
         self._wake.clear()
 
     async def _read_through(self, newest: int) -> None:
+        await self._apply_own(newest)
+        if self.applied_seq >= newest:
+            return
         batch: list[WorkItem[M]] = []
         read = self._bus.read_stream(self.stream, self._filter, self._type, after=self.applied_seq, through=newest)
         async with contextlib.aclosing(read) as messages:
@@ -340,6 +360,25 @@ class StreamReplica(Generic[M]):
                     batch = []
         # Everything of the filter up to `newest` is read: what follows the last one is left out.
         await self._settle(batch, newest)
+        for seq in [seq for seq in self._own if seq <= newest]:
+            del self._own[seq]  # read from the stream instead
+
+    async def _apply_own(self, newest: int) -> None:
+        """Apply this process's own messages that follow `applied_seq` without a gap, as written.
+
+        A gap is another writer's message (or one the filter leaves out): from there on the
+        stream is read.
+        """
+        seq = self.applied_seq + 1
+        batch: list[WorkItem[M]] = []
+        while seq <= newest and seq in self._own:
+            batch.append(WorkItem(envelope=self._own.pop(seq), stream_seq=seq, delivered=1))
+            if len(batch) >= self._max_batch:
+                await self._settle(batch, seq)
+                batch = []
+            seq += 1
+        if batch:
+            await self._settle(batch, seq - 1)
 
     async def _settle(self, batch: list[WorkItem[M]], through: int) -> None:
         if batch:
@@ -459,13 +498,34 @@ class ReplicaLog(Generic[M, R]):
             while len(self._results) > KEEP_RESULTS:
                 self._results.popitem(last=False)
 
-    async def write(self, subject: str, message: Message, *, msg_id: str = "", timeout: float = 10.0) -> R:
+    async def write(self, subject: str, message: M, *, msg_id: str = "", timeout: float = 10.0) -> R:
         """Store `message` on the stream, wait until this replica applied it, and return the apply's answer.
 
         `msg_id` de-duplicates a retried write (the stream keeps the first; its answer is returned).
         Raises what the apply raised among `outcomes`; `ReplicaBehindError` (retryable) when the
         stream did not take the write, or this replica did not apply it within `timeout` (it is
         stored: every replica applies it); `PayloadTooLargeError` when it cannot be sent at all.
+        """
+        ack = await self.store(subject, message, msg_id=msg_id)
+        if not await self._reader.reach(ack.seq, timeout=timeout):
+            msg = f"write {ack.seq} of {self.stream} is stored but this replica has not applied it yet"
+            raise ReplicaBehindError(msg)
+        if ack.seq not in self._results:
+            # Applied by an earlier process on this volume, or pushed out by a larger burst: the
+            # write took effect, only its detailed answer is gone.
+            msg = f"write {ack.seq} of {self.stream} was applied, but its answer is no longer kept"
+            raise ReplicaBehindError(msg)
+        result = self._results[ack.seq]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def store(self, subject: str, message: M, *, msg_id: str = "") -> PublishAck:
+        """Store `message` on the stream; this replica applies it soon after, nobody waits for that.
+
+        Raises as `write` does when the stream did not take it. Applied here as written (not read
+        back) unless another writer's message came between; a repeat of an earlier `msg_id` is
+        the earlier message, read from the stream.
         """
         self._reader.expect_own_ring()
         try:
@@ -482,18 +542,11 @@ class ReplicaLog(Generic[M, R]):
         except BaseException:  # cancelled: perhaps sent, perhaps not
             self._reader.no_own_ring()
             raise
-        if not await self._reader.reach(ack.seq, timeout=timeout):
-            msg = f"write {ack.seq} of {self.stream} is stored but this replica has not applied it yet"
-            raise ReplicaBehindError(msg)
-        if ack.seq not in self._results:
-            # Applied by an earlier process on this volume, or pushed out by a larger burst: the
-            # write took effect, only its detailed answer is gone.
-            msg = f"write {ack.seq} of {self.stream} was applied, but its answer is no longer kept"
-            raise ReplicaBehindError(msg)
-        result = self._results[ack.seq]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        if ack.duplicate:
+            self._reader.stored_own(ack.seq, None)
+        else:
+            self._reader.stored_own(ack.seq, Envelope(subject, message, Headers(msg_id=msg_id)))
+        return ack
 
     async def caught_up(self) -> None:
         """Wait until this replica applied every message the stream held when this was called."""

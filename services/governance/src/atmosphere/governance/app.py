@@ -148,7 +148,7 @@ async def replicated(
         plane=plane,
         screening=screening,
         max_payload=bus.max_payload,
-        journal=GovernanceJournal(state, bus=bus, log=entries),
+        journal=GovernanceJournal(state, log=entries),
     )
     async with entries.applying():
         await catch_up(entries)

@@ -46,7 +46,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from atmosphere.bus import Bus, Headers, subjects
+from atmosphere.bus import subjects
 from atmosphere.contracts.governance.v1.governance_pb2 import (
     DecisionCounts,
     DecisionRecord,
@@ -241,13 +241,9 @@ def _moment(at_ms: int) -> datetime:
 class GovernanceJournal:
     """Where the responders put what changes governance's state: the log, or (alone) this replica at once."""
 
-    def __init__(self, replica: GovernanceReplica, *, bus: Bus | None = None, log: GovernanceLog | None = None) -> None:
-        """Store entries on `log` through `bus` (both, or neither: then each entry applies here directly)."""
-        if (bus is None) != (log is None):
-            msg = "a journal on the log needs both the bus and the log"
-            raise ValueError(msg)
+    def __init__(self, replica: GovernanceReplica, *, log: GovernanceLog | None = None) -> None:
+        """Store entries on `log` (None: each entry applies to `replica` directly)."""
         self.replica = replica
-        self._bus = bus
         self._log = log
 
     async def decided(self, record: DecisionRecord, counts: DecisionCounts | None = None) -> None:
@@ -257,12 +253,12 @@ class GovernanceJournal:
         if counts is not None:
             entry.decision.counts.CopyFrom(counts)
             self.replica.counted_here(record.decision_id)
-        if self._bus is None:
+        if self._log is None:
             await self.replica.apply(0, entry)
             return
-        # Stored, not applied: the answer must not wait for the round trip through the consumer,
-        # and every read waits for this replica to apply what the stream holds (`caught_up`).
-        await self._bus.js_publish(log_subject(entry), entry, headers=Headers(msg_id=record.decision_id))
+        # Stored, not applied: the answer does not wait for this replica's apply, and every read
+        # waits for this replica to apply what the stream holds (`caught_up`).
+        await self._log.store(log_subject(entry), entry, msg_id=record.decision_id)
 
     async def settle(self, settled: RunSettled) -> None:
         """A run's end: stored and applied here before this returns."""
