@@ -89,8 +89,9 @@ async def test_a_turn_applied_again_after_a_crash_is_not_appended_twice(tmp_path
         first = await handlers.apply(7, MemoryWrite(append_turn=turn(1)))
         again = await handlers.apply(7, MemoryWrite(append_turn=turn(1)))
         later = await handlers.apply(9, MemoryWrite(append_turn=turn(2)))
+        older = await handlers.apply(8, MemoryWrite(append_turn=turn(3)))  # behind the last applied: a repeat
         history = await store.history_page("chat", "c1", "", max_bytes=1 << 20)
-    assert (first.stored_messages, again.stored_messages, later.stored_messages) == (2, 2, 4)
+    assert (first.stored_messages, again.stored_messages, later.stored_messages, older.stored_messages) == (2, 2, 4, 4)
     assert [m.content for m in history.messages] == ["q1", "a1", "q2", "a2"]
 
 

@@ -236,22 +236,20 @@ async def test_two_connections_to_one_file(tmp_path: Path) -> None:
     )
 
 
-def hang_on_second_insert(
+def hang_after_the_turns_insert(
     store: MemoryStore, monkeypatch: pytest.MonkeyPatch, blocker: Callable[[], Awaitable[Any]]
 ) -> None:
+    """The turn's messages are inserted (not committed), then `blocker` runs in place of the rest."""
     db = store._db
-    original = db.execute
-    inserts = 0
+    original = db.executemany
 
-    def execute(sql: str, parameters: Any = None) -> Any:
-        nonlocal inserts
+    async def executemany(sql: str, parameters: Any) -> Any:
+        cursor = await original(sql, parameters)
         if sql.startswith("INSERT INTO conversation_message"):
-            inserts += 1
-            if inserts == 2:
-                return blocker()
-        return original(sql, parameters)
+            await blocker()
+        return cursor
 
-    monkeypatch.setattr(db, "execute", execute)
+    monkeypatch.setattr(db, "executemany", executemany)
 
 
 async def test_cancelled_append_leaves_no_partial_turn(store: MemoryStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,9 +260,9 @@ async def test_cancelled_append_leaves_no_partial_turn(store: MemoryStore, monke
         reached.set()
         await asyncio.Event().wait()
 
-    hang_on_second_insert(store, monkeypatch, hang)
+    hang_after_the_turns_insert(store, monkeypatch, hang)
     task = asyncio.create_task(append(store, 2))
-    await reached.wait()  # the user message of turn 2 is inserted, the assistant's is not
+    await reached.wait()  # turn 2's messages are inserted, not committed
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -277,7 +275,7 @@ async def test_failed_append_rolls_back(store: MemoryStore, monkeypatch: pytest.
     async def fail() -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    hang_on_second_insert(store, monkeypatch, fail)
+    hang_after_the_turns_insert(store, monkeypatch, fail)
     with pytest.raises(sqlite3.OperationalError):
         await append(store, 1)
     monkeypatch.undo()

@@ -102,14 +102,16 @@ class ConversationHistory(HistoryPages):
             )
             rows: list[tuple[int, str, int]] = [(r[0], r[1], r[2]) for r in found]
             next_seq = rows[-1][0] + 1 if rows else 1
-            for offset, message in enumerate(turn):
-                content = bound_content(message.content)
-                await db.execute(
-                    "INSERT INTO conversation_message (agent, conversation_id, seq, role, content)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (agent, conversation_id, next_seq + offset, message.role, content),
-                )
-                rows.append((next_seq + offset, message.role, len(content)))
+            added = [
+                (agent, conversation_id, next_seq + offset, message.role, bound_content(message.content))
+                for offset, message in enumerate(turn)
+            ]
+            # One call on the database's thread for the turn's messages (each call is a hop there and back).
+            await db.executemany(
+                "INSERT INTO conversation_message (agent, conversation_id, seq, role, content) VALUES (?, ?, ?, ?, ?)",
+                added,
+            )
+            rows.extend((seq, role, len(content)) for _, _, seq, role, content in added)
             roles = [role for _, role, _ in rows]
             if parsed == TOKEN_WINDOW:
                 keep = token_window_keep(roles, [chars for _, _, chars in rows], max_messages, model_window(model))
@@ -118,10 +120,11 @@ class ConversationHistory(HistoryPages):
             else:
                 return await self._summarizing_backstop(db, agent, conversation_id, max_messages, recent_window)
             kept = set(keep)
-            await db.executemany(
-                "DELETE FROM conversation_message WHERE agent = ? AND conversation_id = ? AND seq = ?",
-                [(agent, conversation_id, seq) for index, (seq, _, _) in enumerate(rows) if index not in kept],
-            )
+            dropped = [(agent, conversation_id, seq) for index, (seq, _, _) in enumerate(rows) if index not in kept]
+            if dropped:  # a short conversation keeps all: no call on the database's thread
+                await db.executemany(
+                    "DELETE FROM conversation_message WHERE agent = ? AND conversation_id = ? AND seq = ?", dropped
+                )
             return len(keep)
 
     async def _summarizing_backstop(
@@ -205,14 +208,14 @@ class ConversationHistory(HistoryPages):
     @staticmethod
     async def _claim_append(db: aiosqlite.Connection, log_seq: int) -> bool:
         """Record `log_seq` as the last appended turn; False when it (or a later one) already was."""
-        row = next(iter(await db.execute_fetchall("SELECT seq FROM applied_append WHERE id = 1")), None)
-        if row is not None and int(row[0]) >= log_seq:
-            return False
-        await db.execute(
-            "INSERT INTO applied_append (id, seq) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq",
+        # One statement (one hop to the database's thread): the update is skipped, and no row
+        # changes, when the recorded turn is this one or a later one.
+        cursor = await db.execute(
+            "INSERT INTO applied_append (id, seq) VALUES (1, ?) ON CONFLICT (id)"
+            " DO UPDATE SET seq = excluded.seq WHERE excluded.seq > applied_append.seq",
             (log_seq,),
         )
-        return True
+        return cursor.rowcount == 1
 
     @staticmethod
     async def _count(db: aiosqlite.Connection, agent: str, conversation_id: str) -> int:
