@@ -105,6 +105,27 @@ async def test_a_subscription_gets_what_another_client_publishes_once_it_is_ente
         assert got.message.text_delta.text == str(n)
 
 
+async def test_an_unconfirmed_subscription_gets_what_follows_its_own_next_publish(bus: Bus, publisher: Bus) -> None:
+    # `confirmed=False` skips the round trips that prove the broker has the SUB: it is written
+    # ahead of this client's next publish, so whatever another client publishes in answer to
+    # that publish (a worker's events in answer to a submission) is delivered.
+    async with publisher.subscribe("ping.>", RunEvent) as pings:
+
+        async def answer() -> None:
+            async for envelope in pings:
+                await publisher.publish(f"answer.{envelope.message.text_delta.text}", text("pong"))
+
+        answering = asyncio.create_task(answer())
+        try:
+            for n in range(100):
+                async with bus.subscribe(f"answer.{n}", RunEvent, confirmed=False) as sub:
+                    await bus.publish(f"ping.{n}", text(str(n)))
+                    [got] = await take(sub, 1)
+                assert got.message.text_delta.text == "pong"
+        finally:
+            answering.cancel()
+
+
 async def drain(sub: Subscription[Any], quiet: float = 0.3) -> list[Any]:
     items: list[Any] = []
     iterator = sub.__aiter__()

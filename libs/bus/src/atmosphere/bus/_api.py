@@ -213,12 +213,15 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     def subscribe(
-        self, subject: str, message_type: type[M], *, queue: str | None = None
+        self, subject: str, message_type: type[M], *, queue: str | None = None, confirmed: bool = True
     ) -> AbstractAsyncContextManager[Subscription[M]]:
         """Receive the messages on `subject` (wildcards allowed) while the context is open.
 
         Once entered, the broker knows the subscription: whatever is published after, by any
-        client, is delivered.
+        client, is delivered. `confirmed=False` enters without asking the broker (a round trip
+        or two): for a subscriber that only needs what follows its own next publish on this bus
+        (a run's events, after it submits the run), since the broker takes one client's
+        messages in the order sent.
         """
 
     @abc.abstractmethod

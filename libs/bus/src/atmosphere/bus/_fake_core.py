@@ -142,9 +142,9 @@ class FakeCore(ConnectionLiveness):
 
     @contextlib.asynccontextmanager
     async def subscribe(
-        self, subject: str, message_type: type[M], *, queue: str | None = None
+        self, subject: str, message_type: type[M], *, queue: str | None = None, confirmed: bool = True
     ) -> AsyncIterator[Subscription[M]]:
-        """Receive the messages on `subject` while the context is open."""
+        """Receive the messages on `subject` while the context is open (known at once: `confirmed` changes nothing)."""
         subscription = QueueSubscription(message_type)
         sub = _Sub(subject, queue, lambda s, d, h, _r: subscription.offer(s, d, h))
         self._subs.append(sub)

@@ -122,9 +122,9 @@ class NatsCore(ConnectionLiveness):
 
     @contextlib.asynccontextmanager
     async def subscribe(
-        self, subject: str, message_type: type[M], *, queue: str | None = None
+        self, subject: str, message_type: type[M], *, queue: str | None = None, confirmed: bool = True
     ) -> AsyncIterator[Subscription[M]]:
-        """Receive the messages on `subject` while the context is open."""
+        """Receive the messages on `subject` while the context is open (`confirmed`: see `Bus.subscribe`)."""
         subscription = QueueSubscription(message_type)
 
         async def on_message(msg: Msg) -> None:
@@ -137,7 +137,9 @@ class NatsCore(ConnectionLiveness):
             pending_msgs_limit=SUBSCRIPTION_PENDING_LIMIT,
         )
         try:
-            await self._interest_sent()
+            if confirmed:
+                await self._interest_sent()
+            # Else the SUB is in nats-py's write buffer ahead of whatever this client publishes next.
             yield subscription
         finally:
             subscription.close()

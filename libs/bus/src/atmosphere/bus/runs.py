@@ -425,7 +425,9 @@ async def follow_run(
             `gap_patience` seconds.
     """
     follower = _Follower(bus, run_id, after_seq, gap_patience)
-    async with bus.subscribe(subjects.run_events(run_id), RunEvent) as live:
+    # Not confirmed: what matters follows this client's next publish (the submission, or the
+    # stream read of a resume), which the broker takes after the subscription.
+    async with bus.subscribe(subjects.run_events(run_id), RunEvent, confirmed=False) as live:
         if submit is not None:
             await submit_run(bus, submit)
         else:
