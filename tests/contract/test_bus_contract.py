@@ -201,6 +201,18 @@ async def test_request_errors_are_typed(bus: Bus) -> None:
             await bus.request("svc.steps", GetStepsRequest(run_id="slow"), GetStepsResponse, timeout=0.2)
 
 
+async def test_an_unconfirmed_server_answers_what_follows_its_own_next_publish(bus: Bus, publisher: Bus) -> None:
+    # As a run's control subject: served unconfirmed, then the worker publishes an event; a
+    # client that saw the event asks on the subject, and must never find nobody answering.
+    async with publisher.subscribe("started.>", RunEvent) as started:
+        for n in range(50):
+            async with bus.serve(steps_router([]), confirmed=False):
+                await bus.publish(f"started.{n}", text(str(n)))
+                await take(started, 1)
+                reply = await publisher.request("svc.steps", GetStepsRequest(run_id=str(n), max=n), GetStepsResponse)
+            assert (reply.run_id, reply.count) == (str(n), n)
+
+
 async def test_a_queue_group_of_servers_answers_each_request_once(bus: Bus) -> None:
     calls: list[MessageContext] = []
     async with bus.serve(steps_router(calls), queue="tape"), bus.serve(steps_router(calls), queue="tape"):

@@ -226,12 +226,14 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     def serve(
-        self, router: Router, *, queue: str | None = None, max_inflight: int = 256
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256, confirmed: bool = True
     ) -> AbstractAsyncContextManager[None]:
         """Serve every route of `router` while the context is open.
 
         With `queue`, each message goes to one member of the queue group. On exit the
-        subscriptions stop and in-flight handlers finish before the context returns.
+        subscriptions stop and in-flight handlers finish before the context returns. Once
+        entered the broker knows the routes, unless `confirmed=False` (as for `subscribe`):
+        then it knows them before whatever this client publishes next.
         """
 
     @abc.abstractmethod

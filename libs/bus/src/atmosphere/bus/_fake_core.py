@@ -155,8 +155,10 @@ class FakeCore(ConnectionLiveness):
             subscription.close()
 
     @contextlib.asynccontextmanager
-    async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
-        """Serve every route while the context is open; finish in-flight work on exit."""
+    async def serve(
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256, confirmed: bool = True
+    ) -> AsyncIterator[None]:
+        """Serve every route while the context is open; finish in-flight work on exit (`confirmed` changes nothing)."""
         slots = asyncio.Semaphore(max_inflight)
         subs: list[_Sub] = []
         async with asyncio.TaskGroup() as tasks:

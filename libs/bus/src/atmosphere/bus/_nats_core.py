@@ -164,8 +164,10 @@ class NatsCore(ConnectionLiveness):
                 await self._nc.flush(timeout=SUBSCRIBE_FLUSH_TIMEOUT)
 
     @contextlib.asynccontextmanager
-    async def serve(self, router: Router, *, queue: str | None = None, max_inflight: int = 256) -> AsyncIterator[None]:
-        """Serve every route of `router`; on exit stop receiving and finish in-flight work."""
+    async def serve(
+        self, router: Router, *, queue: str | None = None, max_inflight: int = 256, confirmed: bool = True
+    ) -> AsyncIterator[None]:
+        """Serve every route of `router`; on exit stop receiving, finish in-flight work (`confirmed`: `Bus.serve`)."""
         # A fixed pool of workers fed by a bounded queue: cheaper per message than a task per
         # request, and when every worker is busy the queue fills, the subscription callback
         # waits, NATS buffers and finally drops (slow consumer) instead of this process growing.
@@ -183,7 +185,8 @@ class NatsCore(ConnectionLiveness):
                             pending_msgs_limit=SUBSCRIPTION_PENDING_LIMIT,
                         )
                     )
-                await self._interest_sent()
+                if confirmed:
+                    await self._interest_sent()
                 yield
             finally:
                 for sub in subs:

@@ -103,7 +103,7 @@ class Live:
 
     def serving(self, bus: Bus, control: RunControl) -> AbstractAsyncContextManager[object]:
         """The run's control subject."""
-        return bus.serve(control.router(), max_inflight=4)
+        return serve_control(bus, control)
 
     async def close(self, *, succeeded: bool, retain: bool) -> None:
         """Nothing to close."""
@@ -131,7 +131,7 @@ class Journaled:
 
     def serving(self, bus: Bus, control: RunControl) -> AbstractAsyncContextManager[object]:
         """The run's control subject."""
-        return bus.serve(control.router(), max_inflight=4)
+        return serve_control(bus, control)
 
     def effects(self, scope: RunScope) -> RunEffects | None:
         """Every effect of a durable run; otherwise only its tool calls' starts."""
@@ -208,3 +208,14 @@ def _effects(journal: RunJournal, scope: RunScope, *, tools_only: bool) -> RunEf
         tool_names=scope.agent.tools,
         tools_only=tools_only,
     )
+
+
+def serve_control(bus: Bus, control: RunControl) -> AbstractAsyncContextManager[object]:
+    """Serve the run's control subject while the run runs.
+
+    One handler (a control message is answered at once, and is rare), and not confirmed: a
+    client controls a run it has seen run, and every event the run writes is published after
+    the subscription on the worker's connection, so the broker had it first (its confirmation
+    was two round trips a run).
+    """
+    return bus.serve(control.router(), max_inflight=1, confirmed=False)
