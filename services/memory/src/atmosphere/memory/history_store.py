@@ -94,24 +94,7 @@ class ConversationHistory(HistoryPages):
         async with self._transaction() as db:
             if log_seq and not await self._claim_append(db, log_seq):
                 return await self._count(db, agent, conversation_id)
-            # `execute_fetchall`: one call on the database's thread where execute, fetch and close are three.
-            found = await db.execute_fetchall(
-                "SELECT seq, role, length(content) FROM conversation_message"
-                " WHERE agent = ? AND conversation_id = ? ORDER BY seq",
-                (agent, conversation_id),
-            )
-            rows: list[tuple[int, str, int]] = [(r[0], r[1], r[2]) for r in found]
-            next_seq = rows[-1][0] + 1 if rows else 1
-            added = [
-                (agent, conversation_id, next_seq + offset, message.role, bound_content(message.content))
-                for offset, message in enumerate(turn)
-            ]
-            # One call on the database's thread for the turn's messages (each call is a hop there and back).
-            await db.executemany(
-                "INSERT INTO conversation_message (agent, conversation_id, seq, role, content) VALUES (?, ?, ?, ?, ?)",
-                added,
-            )
-            rows.extend((seq, role, len(content)) for _, _, seq, role, content in added)
+            rows = await self._add_turn(db, agent, conversation_id, turn)
             roles = [role for _, role, _ in rows]
             if parsed == TOKEN_WINDOW:
                 keep = token_window_keep(roles, [chars for _, _, chars in rows], max_messages, model_window(model))
@@ -126,6 +109,31 @@ class ConversationHistory(HistoryPages):
                     "DELETE FROM conversation_message WHERE agent = ? AND conversation_id = ? AND seq = ?", dropped
                 )
             return len(keep)
+
+    @staticmethod
+    async def _add_turn(
+        db: aiosqlite.Connection, agent: str, conversation_id: str, turn: list[Message]
+    ) -> list[tuple[int, str, int]]:
+        """Insert `turn` after the stored messages; every message now stored as (seq, role, length)."""
+        # `execute_fetchall`: one call on the database's thread where execute, fetch and close are three.
+        found = await db.execute_fetchall(
+            "SELECT seq, role, length(content) FROM conversation_message"
+            " WHERE agent = ? AND conversation_id = ? ORDER BY seq",
+            (agent, conversation_id),
+        )
+        rows: list[tuple[int, str, int]] = [(r[0], r[1], r[2]) for r in found]
+        next_seq = rows[-1][0] + 1 if rows else 1
+        added = [
+            (agent, conversation_id, next_seq + offset, message.role, bound_content(message.content))
+            for offset, message in enumerate(turn)
+        ]
+        # One call on the database's thread for the turn's messages (each call is a hop there and back).
+        await db.executemany(
+            "INSERT INTO conversation_message (agent, conversation_id, seq, role, content) VALUES (?, ?, ?, ?, ?)",
+            added,
+        )
+        rows.extend((seq, role, len(content)) for _, _, seq, role, content in added)
+        return rows
 
     async def _summarizing_backstop(
         self, db: aiosqlite.Connection, agent: str, conversation_id: str, max_messages: int, recent_window: int
