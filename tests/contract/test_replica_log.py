@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from atmosphere.bus import Bus, JetStreamLayout, NatsBus, ServiceError, StreamSpec
+from atmosphere.bus import Bus, Headers, JetStreamLayout, NatsBus, PayloadTooLargeError, ServiceError, StreamSpec
 from atmosphere.bus.errors import MemoryBadRequestError, ReplicaBehindError
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, TextDelta
 from atmosphere.service import replica as replica_module
 from atmosphere.service.replica import ReplicaLog, ReplicaPosition, replica_name
 from atmosphere.testing import wait_until
+from tests.contract.test_bus_limits import sized
 
 STREAM = StreamSpec(name="REPLICATED", subjects=("replicated.>",))
 OTHER = "replicated.other"
@@ -363,3 +364,19 @@ async def test_an_own_write_whose_apply_failed_is_read_from_the_stream_and_appli
         assert a.failing == []
         assert reads, "after the failed apply the write is read from the stream"
     assert a.applied == ["first", "second"]
+
+
+async def test_the_largest_write_is_applied_as_written_and_one_byte_more_leaves_the_rings_counted_right(
+    bus: Bus, volume: Path
+) -> None:
+    async with replicas(bus, volume, "a", "b", poll_interval=NEVER) as [(a, a_log), (b, b_log)]:
+        largest = sized(bus, over=0, headers=Headers(msg_id="big"))  # the broker's limit, exactly
+        assert await a_log.write(SUBJECT, largest, msg_id="big") == "a applied #1"
+        with pytest.raises(PayloadTooLargeError):
+            await a_log.write(SUBJECT, write(largest.text_delta.text + "x"), msg_id="big+1")
+        assert await a_log.write(SUBJECT, write("after")) == "a applied #2"
+        # The refused write's ring was never counted on: b's next write rings a as another's, and
+        # a reads it at once (no poll comes).
+        assert await b_log.write(SUBJECT, write("from b")) == "b applied #3"
+        await wait_until(lambda: _has(a, 3), timeout=5, what="a to hear of b's write")
+    assert a.applied == b.applied == [largest.text_delta.text, "after", "from b"]

@@ -527,9 +527,10 @@ class ReplicaLog(Generic[M, R]):
         back) unless another writer's message came between; a repeat of an earlier `msg_id` is
         the earlier message, read from the stream.
         """
+        headers = Headers(msg_id=msg_id)
         self._reader.expect_own_ring()
         try:
-            ack = await self._bus.js_publish(subject, message, headers=Headers(msg_id=msg_id) if msg_id else None)
+            ack = await self._bus.js_publish(subject, message, headers=headers if msg_id else None)
         except PayloadTooLargeError:
             self._reader.no_own_ring()
             raise
@@ -542,10 +543,7 @@ class ReplicaLog(Generic[M, R]):
         except BaseException:  # cancelled: perhaps sent, perhaps not
             self._reader.no_own_ring()
             raise
-        if ack.duplicate:
-            self._reader.stored_own(ack.seq, None)
-        else:
-            self._reader.stored_own(ack.seq, Envelope(subject, message, Headers(msg_id=msg_id)))
+        self._reader.stored_own(ack.seq, None if ack.duplicate else Envelope(subject, message, headers))
         return ack
 
     async def caught_up(self) -> None:
