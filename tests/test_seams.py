@@ -58,6 +58,7 @@ def _assignment(name: str) -> re.Pattern[str]:
 DEFINED_ONCE = {
     "TERMINAL_KINDS =": _assignment("TERMINAL_KINDS"),
     "HISTORY_METADATA_KEY =": _assignment("HISTORY_METADATA_KEY"),
+    "CONTEXT_METADATA_KEY =": _assignment("CONTEXT_METADATA_KEY"),
     "NESTING_METADATA_KEY =": _assignment("NESTING_METADATA_KEY"),
     # Atmosphere's `task` depth is a second level, not a second parser: it lives beside the nesting.
     "SUBAGENT_DEPTH_METADATA_KEY =": _assignment("SUBAGENT_DEPTH_METADATA_KEY"),
@@ -67,7 +68,7 @@ DEFINED_ONCE = {
     "RUN_ID_METADATA_KEY =": _assignment("RUN_ID_METADATA_KEY"),
 }
 # Literal wire names that may be spelled in exactly one src module (their constant's home).
-SPELLED_ONCE = ("ai.subagent.depth", "atmosphere.run.nesting", "ai.request.history")
+SPELLED_ONCE = ("ai.subagent.depth", "atmosphere.run.nesting", "ai.request.history", "ai.request.context")
 
 
 SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "src").is_dir())

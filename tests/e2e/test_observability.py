@@ -2,7 +2,7 @@
 
 `atmosphere dev` runs every service as its own process, exporting traces to a real OTLP
 receiver (the collector's protocol, `atmosphere.testing.OtlpReceiver`) and writing JSON logs.
-A run enters on HTTP (the OpenAI endpoint) with a W3C `traceparent`, and its agent calls a tool;
+A run enters on HTTP (the OpenAI Responses endpoint) with a W3C `traceparent`, and its agent calls a tool;
 then every service's `/metrics` is read with Prometheus's own text parser, the receiver's spans
 are checked for one trace covering every hop, and the logs for the run's ids and for secrets.
 """
@@ -135,9 +135,10 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
             url = f"http://127.0.0.1:{ports['http']}"
             traceparent = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                # The Responses API: its conversation is memory's (a chat completion's is its client's).
                 reply = await client.post(
-                    "/atmosphere/v1/chat/completions",
-                    json={"model": "records", "messages": [{"role": "user", "content": "Is record r-7 active?"}]},
+                    "/atmosphere/v1/responses",
+                    json={"model": "records", "input": "Is record r-7 active?"},
                     headers={"Authorization": f"Bearer {USER_TOKEN}", "traceparent": traceparent},
                 )
                 # A rejected token is refused, and must not reach any log either.
@@ -147,9 +148,9 @@ async def test_a_runs_metrics_trace_and_logs_as_an_operator_sees_them(tmp_path: 
                     headers={"Authorization": "Bearer wrong-" + USER_TOKEN},
                 )
             assert reply.status_code == 200, reply.text
-            assert reply.json()["choices"][0]["message"]["content"] == "Record r-7 is active."
+            assert reply.json()["output"][0]["content"][0]["text"] == "Record r-7 is active."
             assert rejected.status_code == 401, rejected.text
-            run_id = reply.headers["x-atmosphere-run-id"]
+            run_id = reply.json()["id"].removeprefix("resp_")
 
             # Metrics: each service's series parse, and the named ones moved with this run. The tape
             # records a little behind the stream: scraped again until it has recorded the run's steps.

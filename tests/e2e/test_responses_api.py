@@ -1,7 +1,8 @@
 """The OpenAI Responses API, driven by the official `openai` client against a real stack.
 
-Streamed and not, a conversation continued by `previous_response_id` (and refused for another
-user), what is not supported said at once, an approval refused at once, PII kept out, the limit.
+Streamed and not, a conversation continued by `previous_response_id` (its instructions each
+response's own; refused for another user), a chat completion's conversation kept by its client
+alone, what is not supported said at once, an approval refused at once, PII kept out, the limit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
+from nats.aio.msg import Msg
 
+from atmosphere.bus import subjects
 from atmosphere.bus.runs import last_event
 from atmosphere.testing import ToolCallScript, Turn
 
@@ -81,6 +84,57 @@ async def test_previous_response_id_continues_the_conversation(world: World) -> 
     told = world.provider.requests[-1]["messages"]
     assert {"role": "user", "content": "My name is Ada."} in told
     assert {"role": "assistant", "content": "Nice to meet you, Ada."} in told
+
+
+async def test_instructions_and_earlier_items_keep_the_conversation(world: World) -> None:
+    # An SDK sends `instructions` with every response (the OpenAI Agents SDK does): they are that
+    # response's, while the conversation stays memory's.
+    world.provider.script(Turn.text("Nice to meet you, Ada."), Turn.text("Ada."), Turn.text("Still Ada."))
+    first = await world.openai().responses.create(model="keeper", input="My name is Ada.", instructions="Be brief.")
+    second = await world.openai().responses.create(
+        model="keeper",
+        input=[{"role": "user", "content": "Answer in one word."}, {"role": "user", "content": "What is my name?"}],
+        instructions="Be terse.",
+        previous_response_id=first.id,
+    )
+    told = world.provider.requests[-1]["messages"]
+    assert {"role": "user", "content": "My name is Ada."} in told
+    assert {"role": "assistant", "content": "Nice to meet you, Ada."} in told
+    assert {"role": "user", "content": "Answer in one word."} in told
+    assert not any("Be brief." in str(m["content"]) for m in told)  # the first response's instructions stay its own
+    assert "Be terse." in str(told)
+    await world.openai().responses.create(model="keeper", input="And now?", previous_response_id=second.id)
+    told = world.provider.requests[-1]["messages"]
+    assert {"role": "user", "content": "What is my name?"} in told
+    assert {"role": "assistant", "content": "Ada."} in told
+    assert not any("Be terse." in str(m["content"]) for m in told)
+
+
+async def test_a_chat_completion_is_the_clients_conversation_and_never_reaches_memory(world: World) -> None:
+    asked: list[str] = []
+
+    async def note(msg: Msg) -> None:
+        asked.append(msg.subject)
+
+    observer = await world.bus.client.subscribe(world.bus.wire_subject(f"{subjects.ROOT}.mem.>"), cb=note)
+    try:
+        await world.bus.client.flush()
+        world.provider.script(Turn.text("Hello."), Turn.text("You are Ada."))
+        await world.openai().chat.completions.create(model="keeper", messages=[{"role": "user", "content": "Hi"}])
+        earlier = [
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "content": "Hello Ada."},
+            {"role": "user", "content": "Who am I?"},
+        ]
+        answer = await world.openai().chat.completions.create(model="keeper", messages=earlier)
+        await world.bus.client.flush()
+    finally:
+        await observer.unsubscribe()
+    assert answer.choices[0].message.content == "You are Ada."
+    told = world.provider.requests[-1]["messages"]
+    assert [m for m in told if m["role"] != "system"] == earlier
+    # Nothing loaded under a key made for one request, nothing left behind under it.
+    assert not [subject for subject in asked if ".mem.history" in subject or ".mem.tool" in subject], asked
 
 
 async def test_another_users_response_cannot_be_continued(world: World) -> None:

@@ -20,8 +20,8 @@ from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
 from atmosphere.contracts.tool.v1.tool_pb2 import ToolCall, ToolReply
 from atmosphere.dispatch.client_exchange import NO_EXCHANGE, client_exchange_of
+from atmosphere.dispatch.client_turns import client_turns_of
 from atmosphere.dispatch.control import RunControl
-from atmosphere.dispatch.model_side import history_of
 from atmosphere.dispatch.permissions import ToolPermission, ToolPermissions
 from atmosphere.dispatch.run_input import seed_json, seeded
 from atmosphere.dispatch.tools import ToolGateway
@@ -82,14 +82,14 @@ def test_a_malformed_exchange_is_left_out_not_fatal(raw: str) -> None:
 
 def test_an_ordinary_run_has_no_exchange_and_history_keeps_tool_turns() -> None:
     assert client_exchange_of(submission()) is NO_EXCHANGE
-    history = history_of(submission(**{HISTORY_METADATA_KEY: TURNS}))
+    history = client_turns_of(submission(**{HISTORY_METADATA_KEY: TURNS})).turns
     assert [m.role for m in history] == ["user", "assistant", "tool"]
     assert history[1].tool_calls == (MessageToolCall("c1", "lookup", '{"q":"a"}'),)
     assert history[2].tool_call_id == "c1"
 
 
 def test_a_durable_runs_seed_keeps_the_calls_of_its_history() -> None:
-    history = history_of(submission(**{HISTORY_METADATA_KEY: TURNS}))
+    history = client_turns_of(submission(**{HISTORY_METADATA_KEY: TURNS})).turns
     request = AiRequest(message="And globe?", system_prompt="Be exact.", history=history)
     seed = seed_json(request, conversation_id="c1", user_id="", path="/p", tools_digest="d")
     again = seeded(AiRequest(message=""), seed)
@@ -180,10 +180,11 @@ async def test_the_runs_permissions_hold_for_the_callers_functions(bench: Bench)
 def test_a_result_cut_from_its_call_is_left_out_of_a_long_history() -> None:
     turns = [{"role": "user", "content": f"q{i}"} for i in range(300)] + TURNS
     # The call is the history's second to last turn: kept; a result whose call was cut away is not.
-    assert [m.role for m in history_of(submission(**{HISTORY_METADATA_KEY: turns}))][-3:] == [
+    assert [m.role for m in client_turns_of(submission(**{HISTORY_METADATA_KEY: turns})).turns][-3:] == [
         "user",
         "assistant",
         "tool",
     ]
     orphan = [{"role": "tool", "content": "lost", "tool_call_id": "c0"}, *TURNS]
-    assert [m.role for m in history_of(submission(**{HISTORY_METADATA_KEY: orphan}))] == ["user", "assistant", "tool"]
+    kept = client_turns_of(submission(**{HISTORY_METADATA_KEY: orphan})).turns
+    assert [m.role for m in kept] == ["user", "assistant", "tool"]

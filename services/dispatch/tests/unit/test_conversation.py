@@ -12,7 +12,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from atmosphere.bus import MessageContext, Router, subjects
 from atmosphere.bus.errors import HistoryUnavailableError
-from atmosphere.bus.runs import HISTORY_METADATA_KEY
+from atmosphere.bus.runs import CONTEXT_METADATA_KEY, HISTORY_METADATA_KEY
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
 from atmosphere.contracts.memory.v1.memory_pb2 import (
@@ -30,6 +30,7 @@ from atmosphere.contracts.memory.v1.memory_pb2 import (
 )
 from atmosphere.contracts.memory.v1.memory_pb2 import ChatMessage as WireMessage
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
+from atmosphere.dispatch.client_turns import NO_CLIENT_TURNS, ClientTurns, client_turns_of
 from atmosphere.dispatch.conversation import (
     EXTRACTION_SYSTEM_PROMPT,
     ConversationMemory,
@@ -41,7 +42,6 @@ from atmosphere.dispatch.conversation import (
 )
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
 from atmosphere.dispatch.memory_client import MemoryClient
-from atmosphere.dispatch.model_side import history_of
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
 from atmosphere.sdk.compaction import SUMMARY_SYSTEM_PROMPT, history_digest
 from atmosphere.sdk.host import AiCapability
@@ -236,15 +236,15 @@ def test_user_id_of(principal: Principal | None, user: str) -> None:
     assert user_id_of(closed) == user
 
 
-# -- history: load, record, staging ----------------------------------------------------------------
+# -- history: load, record, the client's turns-------------------------------------------------------------
 
 
 async def test_history_is_loaded_and_the_turn_recorded(memory: Memory) -> None:
     memory.store.histories[("chat", "c1")] = [("user", "earlier"), ("assistant", "reply")]
     conv = ConversationMemory(memory.client, HarnessConfig(compaction="token-window"), ScriptedRuntime())
-    history = await conv.history(run(), MEMORY_ON, ())
+    history = await conv.history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     assert history == (ChatMessage("user", "earlier"), ChatMessage("assistant", "reply"))
-    await conv.record(run(), MEMORY_ON, user="hi", answer="hello", model="gpt-4o", staged=False)
+    await conv.record(run(), MEMORY_ON, user="hi", answer="hello", model="gpt-4o", client_kept=False)
     (append,) = memory.store.of("history.append")
     assert isinstance(append, AppendTurnRequest)
     assert (append.agent, append.conversation_id, append.run_id) == ("chat", "c1", "r1")
@@ -259,7 +259,7 @@ async def test_history_is_loaded_and_the_turn_recorded(memory: Memory) -> None:
 
 async def test_a_failed_run_records_only_the_user_message(memory: Memory) -> None:
     conv = ConversationMemory(memory.client, HarnessConfig(), None)
-    await conv.record(run(), MEMORY_ON, user="hi", answer=None, model=None, staged=False)
+    await conv.record(run(), MEMORY_ON, user="hi", answer=None, model=None, client_kept=False)
     (append,) = memory.store.of("history.append")
     assert isinstance(append, AppendTurnRequest)
     assert not append.HasField("assistant")
@@ -268,53 +268,81 @@ async def test_a_failed_run_records_only_the_user_message(memory: Memory) -> Non
 
 async def test_without_conversation_memory_nothing_reaches_memory(memory: Memory) -> None:
     conv = ConversationMemory(memory.client, HarnessConfig(), ScriptedRuntime())
-    staged = (ChatMessage("user", "from the client"),)
-    assert await conv.history(run(), AgentHarness(), staged) == staged
-    await conv.record(run(), AgentHarness(), user="hi", answer="ok", model=None, staged=False)
+    client = ClientTurns((ChatMessage("user", "from the client"),))
+    assert await conv.history(run(), AgentHarness(), client) == client.turns
+    await conv.record(run(), AgentHarness(), user="hi", answer="ok", model=None, client_kept=False)
     assert await conv.recall(run(), AgentHarness(), AiRequest(message="hi")) == AiRequest(message="hi")
     assert memory.store.requests == []
 
 
-async def test_openai_history_is_staged_under_the_request_key_and_cleared_after(memory: Memory) -> None:
-    turns = [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "what is 2+2?"},
-        {"role": "assistant", "content": "4"},
-        {"role": "tool", "content": "ignored"},
-        "garbage",
-    ]
-    request = run(conversation_id="req-42", **{HISTORY_METADATA_KEY: json.dumps(turns)})
-    staged = history_of(request)
-    assert [m.role for m in staged] == ["system", "user", "assistant"]
+CLIENT_TURNS = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "what is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "tool", "content": "ignored"},
+    "garbage",
+]
+
+
+@pytest.mark.parametrize("turns", [CLIENT_TURNS, []], ids=["prior-turns", "first-message"])
+async def test_a_conversation_the_client_keeps_never_reaches_memory(memory: Memory, turns: list[object]) -> None:
+    # The Chat Completions door: its turns are the whole history, under a key made for one request.
+    request = run(conversation_id="openai:req-42", **{HISTORY_METADATA_KEY: json.dumps(turns)})
+    client = client_turns_of(request)
+    assert client.keeps_conversation
+    assert [m.role for m in client.turns] == ["system", "user", "assistant"][: len(turns)]
+    memory.store.histories[("chat", "openai:req-42")] = [("user", "never read")]
     conv = ConversationMemory(memory.client, HarnessConfig(), ScriptedRuntime())
-    history = await conv.history(request, MEMORY_ON, staged)
-    assert history == staged
-    assert memory.store.ops() == ["history.replace", "history.load"]
-    (stage,) = memory.store.of("history.replace")
-    assert isinstance(stage, ReplaceHistoryRequest)
-    assert (stage.agent, stage.conversation_id) == ("chat", "req-42")
-    assert not stage.HasField("base")
-    assert [(m.role, m.content) for m in stage.messages] == [(m.role, m.content) for m in staged]
-
-    await conv.record(request, MEMORY_ON, user="and 3+3?", answer="6", model=None, staged=True)
-    assert memory.store.ops() == ["history.replace", "history.load", "history.replace"]
-    clear = memory.store.of("history.replace")[1]
-    assert isinstance(clear, ReplaceHistoryRequest)
-    assert list(clear.messages) == []
-    assert not clear.HasField("base")
-    assert memory.store.histories[("chat", "req-42")] == []  # nothing stays under the per-request key
+    assert await conv.history(request, MEMORY_ON, client) == client.turns
+    await conv.record(request, MEMORY_ON, user="and 3+3?", answer="6", model=None, client_kept=True)
+    assert memory.store.requests == []  # no load, no append: nothing is left behind under the key
 
 
-async def test_when_memory_does_not_answer_the_staged_turns_are_used() -> None:
+async def test_the_responses_context_follows_the_stored_conversation_which_records_the_turn(memory: Memory) -> None:
+    # The Responses API: memory keeps the conversation, instructions and earlier items are this run's.
+    memory.store.histories[("chat", "c1")] = [("user", "My name is Ada."), ("assistant", "Hi Ada.")]
+    request = run(**{CONTEXT_METADATA_KEY: json.dumps([{"role": "system", "content": "Answer in French."}])})
+    client = client_turns_of(request)
+    assert not client.keeps_conversation
+    conv = ConversationMemory(memory.client, HarnessConfig(), ScriptedRuntime())
+    assert await conv.history(request, MEMORY_ON, client) == (
+        ChatMessage("user", "My name is Ada."),
+        ChatMessage("assistant", "Hi Ada."),
+        ChatMessage("system", "Answer in French."),
+    )
+    await conv.record(request, MEMORY_ON, user="Who am I?", answer="Ada.", model=None, client_kept=False)
+    assert memory.store.ops() == ["history.load", "history.append"]
+    assert memory.store.histories[("chat", "c1")][-2:] == [("user", "Who am I?"), ("assistant", "Ada.")]
+
+
+async def test_a_summarizing_agent_summarizes_a_long_client_history_without_storing_it(memory: Memory) -> None:
+    runtime = ScriptedRuntime("Ada asked about u1 and u2.")
+    conv = ConversationMemory(memory.client, SUMMARIZING, runtime)
+    client = ClientTurns(tuple(ChatMessage(r, c) for r, c in SIX), keeps_conversation=True)
+    history = await conv.history(run(), MEMORY_ON, client)
+    assert history[0] == ChatMessage(
+        "system", "[Conversation summary of 4 earlier messages]\nAda asked about u1 and u2."
+    )
+    assert history[1:] == (ChatMessage("user", "u3"), ChatMessage("assistant", "a3"))
+    assert memory.store.requests == []
+
+
+async def test_when_memory_does_not_answer_a_client_kept_history_is_used_as_sent() -> None:
     conv = ConversationMemory(MemoryClient(FakeBus(), timeout=0.1), HarnessConfig(), None)
-    staged = (ChatMessage("user", "prior"),)
-    assert await conv.history(run(), MEMORY_ON, staged) == staged
+    client = ClientTurns((ChatMessage("user", "prior"),), keeps_conversation=True)
+    assert await conv.history(run(), MEMORY_ON, client) == client.turns
+
+
+async def test_a_responses_context_does_not_hide_a_history_that_cannot_be_loaded() -> None:
+    conv = ConversationMemory(MemoryClient(FakeBus(), timeout=0.1), HarnessConfig(), None)
+    with pytest.raises(HistoryUnavailableError):
+        await conv.history(run(), MEMORY_ON, ClientTurns((ChatMessage("system", "be brief"),)))
 
 
 async def test_a_history_that_cannot_be_loaded_fails_instead_of_being_forgotten() -> None:
     conv = ConversationMemory(MemoryClient(FakeBus(), timeout=0.1), HarnessConfig(), None)
     with pytest.raises(HistoryUnavailableError, match="no memory service is running") as failure:
-        await conv.history(run(), MEMORY_ON, ())
+        await conv.history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     assert failure.value.code == "memory.history_unavailable"
 
 
@@ -328,7 +356,7 @@ async def test_summarizing_asks_the_runtime_and_stores_a_guarded_replacement(mem
     memory.store.histories[("chat", "c1")] = list(SIX)
     runtime = ScriptedRuntime("  Ada asked about u1 and u2.  ")
     conv = ConversationMemory(memory.client, SUMMARIZING, runtime)
-    history = await conv.history(run(), MEMORY_ON, ())
+    history = await conv.history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     expected = (
         ChatMessage("system", "[Conversation summary of 4 earlier messages]\nAda asked about u1 and u2."),
         ChatMessage("user", "u3"),
@@ -363,7 +391,7 @@ async def test_summarizing_asks_the_runtime_and_stores_a_guarded_replacement(mem
 )
 async def test_summarizing_falls_back_to_the_local_summary(memory: Memory, runtime: ScriptedRuntime | None) -> None:
     memory.store.histories[("chat", "c1")] = list(SIX)
-    history = await ConversationMemory(memory.client, SUMMARIZING, runtime).history(run(), MEMORY_ON, ())
+    history = await ConversationMemory(memory.client, SUMMARIZING, runtime).history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     assert len(history) == 3
     summary = history[0]
     assert summary.role == "system"
@@ -378,7 +406,7 @@ async def test_a_summary_slower_than_the_model_call_timeout_falls_back_to_the_lo
     memory.store.histories[("chat", "c1")] = list(SIX)
     slow = ScriptedRuntime("too late", delay=1.0)
     conv = ConversationMemory(memory.client, SUMMARIZING, slow, model_call_timeout=0.05)
-    history = await conv.history(run(), MEMORY_ON, ())
+    history = await conv.history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     assert history[0].content.startswith("[Conversation summary of 4 earlier messages]\nuser: u1")
     assert "too late" not in history[0].content
 
@@ -386,7 +414,7 @@ async def test_a_summary_slower_than_the_model_call_timeout_falls_back_to_the_lo
 async def test_a_history_within_bounds_is_not_summarized(memory: Memory) -> None:
     memory.store.histories[("chat", "c1")] = SIX[:4]
     runtime = ScriptedRuntime("never")
-    history = await ConversationMemory(memory.client, SUMMARIZING, runtime).history(run(), MEMORY_ON, ())
+    history = await ConversationMemory(memory.client, SUMMARIZING, runtime).history(run(), MEMORY_ON, NO_CLIENT_TURNS)
     assert len(history) == 4
     assert runtime.calls == []
     assert memory.store.of("history.replace") == []

@@ -70,8 +70,15 @@ MAX_NESTING = 3
 member running `task`, which runs `task` again, is level 3)."""
 
 HISTORY_METADATA_KEY = "ai.request.history"
-"""Request metadata with prior turns the client sent (JSON list of `{role, content}`, an assistant
-turn's `tool_calls` and a `tool` turn's `tool_call_id` too): the OpenAI API's."""
+"""Request metadata of a conversation the client keeps (the Chat Completions door): its earlier
+turns, as a JSON list of `{role, content}` (an assistant turn's `tool_calls` and a `tool` turn's
+`tool_call_id` too), `[]` for a first message. Present, it is the whole history: conversation
+memory neither loads nor records the run's conversation."""
+
+CONTEXT_METADATA_KEY = "ai.request.context"
+"""Request metadata with turns this request puts before its prompt, on top of the conversation
+memory keeps (the Responses API's `instructions` and earlier input items): the same JSON shape as
+the history, used for this response only."""
 
 GATEWAY_METADATA_KEY = "ai.request.gateway"
 """Request metadata of an OpenAI door acting as a model gateway (JSON object): the caller's own
@@ -525,6 +532,7 @@ async def cancel_run(bus: Bus, run_id: str, reason: str, *, principal: Principal
 __all__ = [
     "ACK_PATIENCE",
     "ANSWER_REWOUND_METADATA_KEY",
+    "CONTEXT_METADATA_KEY",
     "EVENT_LOST_METADATA_KEY",
     "GAP_PATIENCE",
     "GATEWAY_METADATA_KEY",

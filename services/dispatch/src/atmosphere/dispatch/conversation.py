@@ -3,9 +3,9 @@
 - **History**: loaded from memory at the start of a `session.stream()` (in pages; one that
   cannot be loaded fails the run with `HistoryUnavailableError` instead of running as if the
   conversation were new); with `summarizing` compaction, an over-long history is summarized
-  here with the agent's own runtime (memory has no model) and stored back. Prior turns an
-  OpenAI client sent are staged into memory under the request's fresh conversation key and
-  cleared afterwards; turns memory cannot take are used as sent.
+  here with the agent's own runtime (memory has no model) and stored back. A conversation the
+  client keeps (the Chat Completions door: `client_turns`) never reaches memory: its turns are
+  the history (summarized the same way when too long, not stored), and no turn is recorded.
 - **Capture**: on `complete` the user message and the answer are appended; on an error only
   the user message (Atmosphere's rule); memory applies the compaction bound in the same write.
 - **Long-term memory**: recalled facts go at the END of the system prompt (the stable prefix
@@ -25,6 +25,7 @@ from atmosphere.bus.errors import HistoryUnavailableError
 from atmosphere.bus.runs import SinkHost
 from atmosphere.contracts.memory.v1.memory_pb2 import Compaction, ConversationClosed
 from atmosphere.contracts.run.v1.run_pb2 import RunEvent, RunSubmission
+from atmosphere.dispatch.client_turns import ClientTurns
 from atmosphere.dispatch.harness import AgentHarness, HarnessConfig
 from atmosphere.dispatch.memory_client import MemoryClient
 from atmosphere.sdk import AiRequest, App, ChatMessage, StreamingSession
@@ -136,41 +137,32 @@ class ConversationMemory:
             strategy=self._config.compaction, max_messages=harness.max_history_messages, model=model or ""
         )
 
-    async def history(
-        self, run: RunSubmission, harness: AgentHarness, staged: Sequence[ChatMessage]
-    ) -> tuple[ChatMessage, ...]:
-        """The history to send with this run's prompt.
+    async def history(self, run: RunSubmission, harness: AgentHarness, client: ClientTurns) -> tuple[ChatMessage, ...]:
+        """The history to send with this run's prompt: memory's and then the client's turns.
+
+        A conversation the client keeps is its turns alone (summarized here when too long, and
+        never stored); a model gateway's exchange too (memory keeps turns as text, which would
+        lose the calls that bind each result to its call, and a provider refuses a result bound
+        to none).
 
         Raises:
             HistoryUnavailableError: the stored history could not be loaded.
         """
-        if not harness.conversation_memory:
-            return tuple(staged)
-        if any(m.tool_calls or m.tool_call_id for m in staged):
-            # A model gateway's exchange: memory keeps turns as text, which would lose the calls
-            # that bind each result to its call (and a provider refuses a result bound to none).
-            return tuple(staged)
-        if staged:
-            # Prior turns from the client (the OpenAI API): staged under this request's key.
-            stored = await self._memory.replace_history(run.agent, run.conversation_id, staged)
-            if not stored:
-                log.warning(
-                    "run %s: memory did not take the client's %d turns; using them as sent", run.run_id, len(staged)
-                )
-                return tuple(staged)
-        try:
-            loaded = await self._memory.load_history(run.agent, run.conversation_id)
-        except HistoryUnavailableError:
-            if staged:
-                return tuple(staged)  # the client's own turns, uncompacted: nothing is lost
-            raise
+        if not harness.conversation_memory or client.exchange:
+            return client.turns
+        if client.keeps_conversation:
+            if self._config.compaction == "summarizing":
+                return tuple(await self._summarized(run, harness, list(client.turns), store=False))
+            return client.turns
+        loaded = await self._memory.load_history(run.agent, run.conversation_id)
         if self._config.compaction == "summarizing":
-            loaded = await self._summarized(run, harness, loaded)
-        return tuple(loaded)
+            loaded = await self._summarized(run, harness, loaded, store=True)
+        return (*loaded, *client.turns)
 
     async def _summarized(
-        self, run: RunSubmission, harness: AgentHarness, loaded: list[ChatMessage]
+        self, run: RunSubmission, harness: AgentHarness, loaded: list[ChatMessage], *, store: bool
     ) -> list[ChatMessage]:
+        """`loaded` with its older part summarized when too long; `store`: written back to memory."""
         plan = compacting.split_for_summary(
             loaded, harness.max_history_messages, recent_window=self._config.recent_window
         )
@@ -186,9 +178,10 @@ class ConversationMemory:
         if not summary or not summary.strip():
             summary = compacting.local_summary(plan.old)
         compacted = compacting.apply_summary(plan, summary.strip())
-        # Guarded: a turn another prompt appended meanwhile is not overwritten (then the next
-        # load summarizes again).
-        await self._memory.replace_history(run.agent, run.conversation_id, compacted, base=loaded)
+        if store:
+            # Guarded: a turn another prompt appended meanwhile is not overwritten (then the next
+            # load summarizes again).
+            await self._memory.replace_history(run.agent, run.conversation_id, compacted, base=loaded)
         return compacted
 
     async def record(
@@ -199,14 +192,10 @@ class ConversationMemory:
         user: str,
         answer: str | None,
         model: str | None,
-        staged: bool,
+        client_kept: bool,
     ) -> None:
-        """Append the turn (only the user message when the run failed)."""
-        if not harness.conversation_memory:
-            return
-        if staged:
-            # The OpenAI client keeps its own history: nothing stays under the per-request key.
-            await self._memory.replace_history(run.agent, run.conversation_id, ())
+        """Append the turn (only the user message when the run failed); `client_kept`: nothing to append."""
+        if not harness.conversation_memory or client_kept:
             return
         await self._memory.append_turn(
             agent=run.agent,

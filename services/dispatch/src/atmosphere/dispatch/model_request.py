@@ -14,6 +14,7 @@ import logging
 
 from atmosphere.bus.errors import InterceptorFailedError
 from atmosphere.contracts.journal.v1.journal_pb2 import EffectKind
+from atmosphere.dispatch.client_turns import ClientTurns
 from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.model_side import cache_hint
 from atmosphere.dispatch.run_input import seed_json, seeded
@@ -31,17 +32,17 @@ class ModelRequests:
         self._scope = scope
         self._rounds = rounds
 
-    async def next(self, message: str, staged: tuple[ChatMessage, ...]) -> AiRequest:
-        """The request for `message` (`staged`: the history the client sent along)."""
+    async def next(self, message: str, client: ClientTurns) -> AiRequest:
+        """The request for `message` (`client`: the turns the client sent along)."""
         effects = self._rounds
         if effects is None:
-            return await self._live(message, staged)
+            return await self._live(message, client)
         key, digest, seed = effects.input()
         if seed is not None:
             with contextlib.suppress(ValueError):  # an unreadable seed is built live again
                 return seeded(self._base(message, ()), seed.payload)
         await effects.journal.pending(EffectKind.EFFECT_KIND_RUN_INPUT, key, digest)
-        request = await self._live(message, staged)
+        request = await self._live(message, client)
         run = self._scope.request
         payload = seed_json(
             request,
@@ -53,12 +54,12 @@ class ModelRequests:
         await effects.journal.commit(key, payload)
         return request
 
-    async def _live(self, message: str, staged: tuple[ChatMessage, ...]) -> AiRequest:
+    async def _live(self, message: str, client: ClientTurns) -> AiRequest:
         """The request through the interceptors and recalled facts."""
         scope = self._scope
         run, harness = scope.request, scope.agent.harness
         memory = scope.services.model_side.conversation
-        history = staged if memory is None else await memory.history(run, harness, staged)
+        history = client.turns if memory is None else await memory.history(run, harness, client)
         request = self._base(message, history)
         for interceptor in scope.spec.interceptors:
             try:

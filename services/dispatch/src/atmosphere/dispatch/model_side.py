@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
-from atmosphere.bus.runs import HISTORY_METADATA_KEY
 from atmosphere.contracts.run.v1.run_pb2 import RunSubmission
-from atmosphere.dispatch.client_exchange import turns_of
 from atmosphere.dispatch.conversation import ConversationMemory
 from atmosphere.dispatch.harness import AgentHarness
-from atmosphere.sdk import CacheHint, ChatMessage, PromptCache
+from atmosphere.sdk import CacheHint, PromptCache
 from atmosphere.sdk.host import AgentSpec
 from atmosphere.sdk.runtime import AgentRuntime
 
 log = logging.getLogger("atmosphere.dispatch")
 
 NO_RUNTIME = "No model runtime is available: set LLM_BASE_URL (and LLM_MODEL) to an OpenAI-compatible provider"
-
-
-def history_of(run: RunSubmission) -> tuple[ChatMessage, ...]:
-    """Prior turns the client sent with the request (the OpenAI API), bounded and sanitized.
-
-    A client's system messages ride along as history; they never replace the agent's own
-    system prompt.
-    """
-    raw = run.metadata.get(HISTORY_METADATA_KEY)
-    if not raw:
-        return ()
-    try:
-        turns = json.loads(raw)
-    except (ValueError, RecursionError):
-        log.warning("run %s: ignoring malformed %s", run.run_id, HISTORY_METADATA_KEY)
-        return ()
-    return turns_of(turns)
 
 
 def cache_hint(spec: AgentSpec, harness: AgentHarness, run: RunSubmission) -> CacheHint | None:

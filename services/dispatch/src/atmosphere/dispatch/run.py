@@ -51,6 +51,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import Decision
 from atmosphere.contracts.run.v1.run_pb2 import Complete, Metadata, RunEvent, RunSubmission
 from atmosphere.dispatch.budget import BudgetMeter, budget_breach
 from atmosphere.dispatch.client_exchange import NO_EXCHANGE, ClientExchange, client_exchange_of
+from atmosphere.dispatch.client_turns import client_turns_of
 from atmosphere.dispatch.control import RunControl
 from atmosphere.dispatch.delta_coalescer import CoalescedEvents
 from atmosphere.dispatch.direct_call import call_directly, is_direct_call, rewrite_refusal
@@ -58,7 +59,6 @@ from atmosphere.dispatch.durability import Durability, EventSink, Live
 from atmosphere.dispatch.effects import RunEffects
 from atmosphere.dispatch.event_output import EventOutput
 from atmosphere.dispatch.model_request import ModelRequests
-from atmosphere.dispatch.model_side import history_of
 from atmosphere.dispatch.output_guard import OutputGuard
 from atmosphere.dispatch.resume import DeliveredEvents
 from atmosphere.dispatch.run_input import input_event
@@ -258,13 +258,13 @@ class Run:
         if runtime is None:
             await self.fail(RuntimeUnavailableError(scope.services.model_side.unavailable))
             return
-        staged = history_of(scope.request)
+        client = client_turns_of(scope.request)
         exchange = self.exchange
         if exchange is not NO_EXCHANGE and AiCapability.CLIENT_TOOLS not in runtime.capabilities():
             await self.fail(RuntimeUnavailableError(CLIENT_TOOLS_UNSUPPORTED.format(runtime=runtime.name)))
             return
         try:
-            request = await self.requests.next(message, staged)
+            request = await self.requests.next(message, client)
         except (HistoryUnavailableError, InterceptorFailedError) as exc:  # never answered as if new
             await self.fail(exc)
             return
@@ -272,7 +272,7 @@ class Run:
             request = replace(request, continuation=exchange.continuation, answer_format=exchange.answer_format)
         await self.emit(input_event(request, limit=data_budget(scope.services.bus.max_payload)))
         model = request.model or runtime.config.model
-        turn = self.turns.begin(message, model=model, staged=bool(staged))
+        turn = self.turns.begin(message, model=model, client_kept=client.keeps_conversation)
         handed_over = False
         self.telemetry.prompted()
         try:

@@ -22,7 +22,8 @@ class Turn:
 
     message: str
     model: str | None
-    staged: bool
+    client_kept: bool
+    """The client keeps the conversation: there is nothing to record."""
     answer_from: int
     """Where this exchange's answer starts in the run's answer text."""
     recorded: bool = False
@@ -38,9 +39,9 @@ class Turns:
         self._output = output
         self.current: Turn | None = None
 
-    def begin(self, message: str, *, model: str | None, staged: bool) -> Turn:
+    def begin(self, message: str, *, model: str | None, client_kept: bool) -> Turn:
         """An exchange starts: its turn is the one under way."""
-        self.current = Turn(message, model=model, staged=staged, answer_from=len(self._output.answer))
+        self.current = Turn(message, model=model, client_kept=client_kept, answer_from=len(self._output.answer))
         return self.current
 
     async def before_terminal(self, terminal: RunEvent) -> None:
@@ -65,5 +66,5 @@ class Turns:
             user=turn.message,
             answer="".join(self._output.answer[turn.answer_from :]) if completed else None,
             model=turn.model,
-            staged=turn.staged,
+            client_kept=turn.client_kept,
         )

@@ -305,7 +305,8 @@ def _run_request(chat: ChatRequest, agent: AgentDescriptor, principal: Principal
     """The run a completion is: the last user message, earlier turns as its history."""
     key = f"openai:{chat.user}:{uuid.uuid4().hex}" if chat.user else f"openai:{uuid.uuid4().hex}"
     # Unescaped: a history of non-ASCII text must not grow sixfold on its way to the broker.
-    metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)} if chat.prior else {}
+    # Always sent (`[]` for a first message): the client keeps the conversation, so memory takes no part.
+    metadata = {HISTORY_METADATA_KEY: json.dumps(chat.prior, ensure_ascii=False)}
     if chat.gateway.used:
         metadata[GATEWAY_METADATA_KEY] = json.dumps(chat.gateway.metadata(), ensure_ascii=False)
     return new_run(

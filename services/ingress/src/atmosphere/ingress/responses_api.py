@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, Response
 
 from atmosphere.bus import BusError
 from atmosphere.bus.runs import (
+    CONTEXT_METADATA_KEY,
     GATEWAY_METADATA_KEY,
-    HISTORY_METADATA_KEY,
     StreamGapError,
     follow_run,
     last_event,
@@ -99,7 +99,8 @@ async def _run_for(state: IngressState, request: Request) -> tuple[ResponsesRequ
         prompt, gateway = await _continued(state, asked, continued)
     else:
         check_outputs(asked, set())
-    metadata = {HISTORY_METADATA_KEY: json.dumps(asked.prior, ensure_ascii=False)} if asked.prior else {}
+    # The conversation is memory's (`previous_response_id`); these turns are this response's only.
+    metadata = {CONTEXT_METADATA_KEY: json.dumps(asked.prior, ensure_ascii=False)} if asked.prior else {}
     if gateway.used:
         metadata[GATEWAY_METADATA_KEY] = json.dumps(gateway.metadata(), ensure_ascii=False)
     run = new_run(
