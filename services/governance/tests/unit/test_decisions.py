@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import aiosqlite
+
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
 from atmosphere.contracts.common.v1.common_pb2 import Principal
@@ -12,7 +14,7 @@ from atmosphere.contracts.governance.v1.governance_pb2 import (
 )
 from atmosphere.governance.handlers import GovernanceHandlers, runtime_info
 from atmosphere.governance.plane import NO_POLICY as POLICY
-from atmosphere.governance.store import DecisionLog
+from atmosphere.governance.store import ArmedSwitch, DecisionLog, DecisionRow
 
 
 async def test_every_decision_is_logged_and_listed(tmp_path: Path) -> None:
@@ -47,3 +49,23 @@ async def test_every_decision_is_logged_and_listed(tmp_path: Path) -> None:
     async with DecisionLog.open(tmp_path / "gov.db") as log:
         assert len(await log.recent(run_id="", limit=10)) == 3
     assert runtime_info() == {"governance": {"policies": [{"name": "admit-all"}], "decisionLog": "sqlite"}}
+
+
+async def test_every_write_is_committed_when_it_returns(tmp_path: Path) -> None:
+    # What a process killed with -9 keeps: each write is committed before it returns (one
+    # statement each, autocommit; the switch's two in one transaction), none left pending.
+    path = tmp_path / "gov.db"
+    row = DecisionRow("d1", "r1", "admit", "assistant", True, "admit-all", "", "ada", decided_at=1_000)
+    async with DecisionLog.open(path) as log:
+        assert await log.append(row, log_seq=3, counts=b"\x08\x01")
+        assert not await log.append(row, log_seq=3)  # stored once
+        await log.record_end("r1", log_seq=4, at_ms=2_000)
+        assert await log.record_cost("r1", "acme", 0.25, at_ms=2_000)
+        await log.save_switch(ArmedSwitch("incident", "ops", 3_000))
+        await log.save_swap(swap_name="swap-1", text="policies: []")
+        async with aiosqlite.connect(path) as other:  # sees only what is committed
+            tables = ("decision_log", "run_ends", "cost_ledger", "kill_switch", "policy_swaps")
+            counts = [(await (await other.execute(f"SELECT COUNT(*) FROM {t}")).fetchone())[0] for t in tables]
+        assert counts == [1, 1, 1, 1, 1]
+        await log.save_switch(None)
+        assert await log.switch() is None

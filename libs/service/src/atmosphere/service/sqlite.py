@@ -17,13 +17,17 @@ import aiosqlite
 
 
 @contextlib.asynccontextmanager
-async def open_sqlite(path: Path) -> AsyncIterator[aiosqlite.Connection]:
+async def open_sqlite(path: Path, *, autocommit: bool = False) -> AsyncIterator[aiosqlite.Connection]:
     """The database at `path` (created, with its directory, if missing), in WAL mode; closed on exit.
 
-    The store creates or migrates its own schema on the connection.
+    The store creates or migrates its own schema on the connection. `autocommit`: each statement
+    commits as it runs, unless a transaction was opened with `BEGIN` (then `commit()` ends it) —
+    for a store whose writes are single statements, one call on the database's thread each
+    instead of two (the statement, then `commit()`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    async with aiosqlite.connect(path) as db:
+    # sqlite3's own default (""): a transaction opens implicitly before a write, until commit().
+    async with aiosqlite.connect(path, isolation_level=None if autocommit else "") as db:
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute("PRAGMA synchronous=NORMAL")
         yield db

@@ -156,14 +156,17 @@ class DecisionLog:
     async def open(cls, path: Path, retention: Retention | None = None) -> AsyncIterator[DecisionLog]:
         """Open (creating or upgrading if needed) the log at `path`."""
         # WAL + NORMAL (`open_sqlite`): a committed decision survives a crash of this process.
-        async with open_sqlite(path) as db:
+        # Autocommit: each write is one statement, committed as it runs — one call on the
+        # database's thread instead of two on the path of every admission and every run's end.
+        # A write of several statements opens its own transaction (`save_switch`); the upgrade's
+        # columns are each added once, whatever stopped it midway.
+        async with open_sqlite(path, autocommit=True) as db:
             await db.executescript(_SCHEMA)
             async with db.execute("PRAGMA table_info(decision_log)") as cursor:
                 present = {row[1] for row in await cursor.fetchall()}
             for name, declaration in _ADDED_COLUMNS:
                 if name not in present:
                     await db.execute(f"ALTER TABLE decision_log ADD COLUMN {name} {declaration}")
-            await db.commit()
             log = cls(db, retention)
             await log.prune()
             yield log
@@ -197,7 +200,6 @@ class DecisionLog:
                     counts,
                 ),
             )
-            await self._db.commit()
             stored = cursor.rowcount == 1
             self._since_prune += int(stored)
             due = self._since_prune >= PRUNE_EVERY
@@ -220,7 +222,6 @@ class DecisionLog:
             spent = int((time.time() - COST_WINDOW_DAYS * 86_400) * 1000)
             await self._db.execute("DELETE FROM cost_ledger WHERE accounted_at < ?", (spent,))
             await self._db.execute("DELETE FROM run_ends WHERE ended_at < ?", (cutoff,))
-            await self._db.commit()
             return max(aged.rowcount, 0) + max(extra.rowcount, 0)
 
     async def record_cost(self, run_id: str, tenant: str, usd: float, *, at_ms: int) -> bool:
@@ -229,7 +230,6 @@ class DecisionLog:
             cursor = await self._db.execute(
                 "INSERT OR IGNORE INTO cost_ledger VALUES (?, ?, ?, ?)", (run_id, tenant, usd, at_ms)
             )
-            await self._db.commit()
             return cursor.rowcount == 1
 
     async def record_end(self, run_id: str, *, log_seq: int, at_ms: int) -> None:
@@ -240,7 +240,6 @@ class DecisionLog:
                 " DO UPDATE SET log_seq = excluded.log_seq, ended_at = excluded.ended_at",
                 (run_id, log_seq, at_ms),
             )
-            await self._db.commit()
 
     async def run_ends(self) -> dict[str, int]:
         """Each ended run's log sequence (of its newest end)."""
@@ -260,6 +259,7 @@ class DecisionLog:
     async def save_switch(self, armed: ArmedSwitch | None) -> None:
         """Keep the kill switch's state (None: disarmed)."""
         async with self._lock:
+            await self._db.execute("BEGIN")  # the old state goes only with the new one in place
             await self._db.execute("DELETE FROM kill_switch")
             if armed is not None:
                 await self._db.execute(
@@ -280,7 +280,6 @@ class DecisionLog:
                 await self._db.execute("INSERT INTO policy_swaps VALUES (?, ?)", (swap_name, text))
             else:
                 await self._db.execute("DELETE FROM policy_swaps")
-            await self._db.commit()
 
     async def swaps(self) -> list[tuple[str, str]]:
         """The kept swaps (name, YAML), in the order they were made."""
