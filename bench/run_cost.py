@@ -57,8 +57,8 @@ FAST_GAP = 0.001
 """The fast model's: 1,000 tokens a second, faster than a 5 ms window (dispatch joins its deltas)."""
 CONVERSATION_TURNS = 200
 EARLY, LATE = range(2, 22), range(CONVERSATION_TURNS - 20, CONVERSATION_TURNS)
-"""The turns (0-based) whose CPU is compared: 3-22 and 181-200 (20 each: a turn is about 30 ms of CPU, and
-the background polls of the quiet moments between turns weigh on fewer)."""
+"""The turns (0-based) whose CPU is compared: 3-22 and 181-200 (20 each, back to back: a turn is a few
+ms of CPU, and the background work of the stack during a window weighs on fewer)."""
 OURS = (io.OPENAI, io.WEBSOCKET)
 
 
@@ -188,12 +188,20 @@ async def measure(
 
 
 async def conversation(url: str, sut: dict[str, int]) -> Cost:
-    """One socket, 200 turns in a row: the stack's CPU over the early turns (in `cpu['early']`) and the late."""
+    """One socket, 200 turns in a row: the stack's CPU over the early turns (in `cpu['early']`) and the late.
+
+    Each window's turns follow one another with no pause (a pause between turns would weigh the
+    stack's background work, its polls and sweeps, against the turns), and the window ends once
+    the tape and memory finished its last turn's writes.
+    """
     cost = Cost()
     roots = list(sut.values())
+    started = 0.0
     async with websockets.connect(url, compression=None, max_size=None, open_timeout=30) as ws:
         for turn in range(CONVERSATION_TURNS):
-            before = cpu_seconds(roots)
+            if turn in (EARLY.start, LATE.start):
+                await asyncio.sleep(io.SETTLE)  # the turns before the window are not in it
+                started = cpu_seconds(roots)
             await ws.send("go")
             while True:
                 frame = json.loads(await asyncio.wait_for(ws.recv(), io.STREAM_TIMEOUT))
@@ -201,12 +209,10 @@ async def conversation(url: str, sut: dict[str, int]) -> Cost:
                     raise io.StreamError(f"turn {turn + 1}: {frame.get('code')}: {str(frame.get('data'))[:140]}")
                 if frame.get("type") == "complete" and frame.get("seq", 0) > 0:
                     break
-            await asyncio.sleep(io.SETTLE)  # the tape and memory finish the turn's writes
-            spent = cpu_seconds(roots) - before
-            if turn in EARLY:
-                cost.cpu["early"] += spent
-            elif turn in LATE:
-                cost.cpu["late"] += spent
+            for window, turns in (("early", EARLY), ("late", LATE)):
+                if turn == turns.stop - 1:
+                    await asyncio.sleep(io.SETTLE)  # the tape and memory finish the window's writes
+                    cost.cpu[window] = cpu_seconds(roots) - started
     cost.streams = CONVERSATION_TURNS
     return cost
 

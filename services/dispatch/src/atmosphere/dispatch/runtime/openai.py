@@ -15,6 +15,7 @@ results are in.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -71,6 +72,7 @@ CACHE_KEY_HOST_SUFFIXES = (".openai.azure.com",)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@functools.lru_cache(maxsize=64)  # asked on every model call, of the few URLs configured: parsed once
 def accepts_cache_key(base_url: str, mode: str) -> bool:
     """Whether to send `prompt_cache_key` to `base_url`.
 
