@@ -1,6 +1,8 @@
+import sqlite3
 from pathlib import Path
 
 import aiosqlite
+import pytest
 
 from atmosphere.bus import subjects
 from atmosphere.bus.testing import FakeBus
@@ -69,3 +71,21 @@ async def test_every_write_is_committed_when_it_returns(tmp_path: Path) -> None:
         assert counts == [1, 1, 1, 1, 1]
         await log.save_switch(None)
         assert await log.switch() is None
+
+
+async def test_a_switch_that_fails_to_save_keeps_the_old_one_and_later_writes_commit(tmp_path: Path) -> None:
+    path = tmp_path / "gov.db"
+    async with DecisionLog.open(path) as log:
+        await log.save_switch(ArmedSwitch("incident", "ops", 3_000))
+        async with aiosqlite.connect(path) as other:  # SQLite itself refuses the next switch's row
+            await other.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON kill_switch BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+            )
+            await other.commit()
+        with pytest.raises(sqlite3.IntegrityError, match="disk says no"):
+            await log.save_switch(ArmedSwitch("another", "ops", 4_000))
+        assert await log.switch() == ArmedSwitch("incident", "ops", 3_000)  # not half replaced
+        await log.record_end("r1", log_seq=5, at_ms=5_000)
+        async with aiosqlite.connect(path) as other:
+            rows = await (await other.execute("SELECT run_id FROM run_ends")).fetchall()
+        assert rows == [("r1",)]  # committed: no transaction was left open

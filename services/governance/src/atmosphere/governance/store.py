@@ -260,11 +260,17 @@ class DecisionLog:
         """Keep the kill switch's state (None: disarmed)."""
         async with self._lock:
             await self._db.execute("BEGIN")  # the old state goes only with the new one in place
-            await self._db.execute("DELETE FROM kill_switch")
-            if armed is not None:
-                await self._db.execute(
-                    "INSERT INTO kill_switch VALUES (1, ?, ?, ?)", (armed.reason, armed.operator, armed.armed_at)
-                )
+            try:
+                await self._db.execute("DELETE FROM kill_switch")
+                if armed is not None:
+                    await self._db.execute(
+                        "INSERT INTO kill_switch VALUES (1, ?, ?, ?)", (armed.reason, armed.operator, armed.armed_at)
+                    )
+            except BaseException:
+                # Left open, the transaction would hold every later write uncommitted (autocommit
+                # commits nothing inside one): the old state stays, and the writes go on committing.
+                await self._db.rollback()
+                raise
             await self._db.commit()
 
     async def switch(self) -> ArmedSwitch | None:
