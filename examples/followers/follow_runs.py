@@ -22,6 +22,11 @@ consumer, so it works with the `observer` login of `atmosphere bus-credentials` 
 `--password`, by default `ATMOSPHERE_NATS__USER`/`__PASSWORD`, as `observer.env` sets them). A stack started with a bus
 namespace (`ATMOSPHERE_NATS__NAMESPACE=team`) prefixes every subject with `team.` and every stream
 with `TEAM_`: pass `--namespace team`.
+
+A plain subscription is at most once: the server does not resend what it could not deliver. So
+the stream stays the record: an event that arrives past a gap in its run's seqs, or a run that
+goes quiet for two seconds before its end, has the follower read the missing events back by
+direct get (from where the stream stood when it started following) and print them in order.
 """
 
 # A command-line program: its output is what it prints.
@@ -35,12 +40,14 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 from google.protobuf.json_format import MessageToDict
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 from nats.errors import NoServersError
 from nats.js.errors import NotFoundError
 
@@ -50,6 +57,10 @@ EVENTS_STREAM = "ATMO_EVENTS"
 TERMINAL_KINDS = frozenset({"complete", "error"})
 ANSWER_REWOUND = "ai.run.answer_rewound"
 """Drop the last `discard` characters of the answer so far: a resumed model answered differently."""
+QUIET_CHECK = 2.0
+"""Seconds without a live event after which unfinished runs are looked up in the stream."""
+GIVE_UP_AFTER = 300.0
+"""Seconds after which a run with nothing new (its writer gone for good) is no longer looked up."""
 RUN_ID = re.compile(r"[A-Za-z0-9_\-:@]{1,128}")  # one subject token: no dot, no wildcard
 
 
@@ -162,18 +173,60 @@ async def follow(
         # "following" true (nats-py sends SUB without waiting; a run started at once could
         # otherwise publish its first events before the server knew of this follower).
         await client.flush()
+        # Where the stream stood once the subscription was in place: what is stored past it
+        # was published since, so an event the subscription missed is read back from there.
+        since = 0 if run_id is not None else (await client.jetstream().stream_info(stream)).state.last_seq
         print(f"following {subject}", file=sys.stderr, flush=True)
-        printer = Printer(runs)
-        if run_id is not None:
-            async for event in stored(client, stream, subject):
-                if printer.show(event):
-                    return 0
-        async for message in live.messages:
-            if printer.show(RunEvent.FromString(message.data)):
-                return 0
-        return 0
+        return await Tail(client, stream, namespace, since, Printer(runs)).follow(live, replay=run_id is not None)
     finally:
         await client.close()
+
+
+class Tail:
+    """The live events, completed from the stream where the subscription missed some.
+
+    A plain subscription is at most once: the server does not resend what a subscriber did not
+    get (a slow consumer, a reconnect, a first event racing the subscription under load). The
+    stream has every event, so a run's event that comes past a gap, or a run gone quiet before
+    its end, sends the follower to the stream for the missing ones (stored after `since`).
+    """
+
+    def __init__(self, client: Client, stream: str, namespace: str, since: int, printer: Printer) -> None:
+        self.client = client
+        self.stream = stream
+        self.namespace = namespace
+        self.since = since
+        self.printer = printer
+
+    async def follow(self, live: Subscription, *, replay: bool) -> int:
+        """Print until enough runs ended (a replay first prints what is stored); the exit status."""
+        if replay:
+            async for event in stored(self.client, self.stream, live.subject):
+                if self.printer.show(event):
+                    return 0
+        while True:
+            try:
+                message = await live.next_msg(timeout=QUIET_CHECK)
+            except nats.errors.TimeoutError:
+                message = None
+            if message is None:
+                missed = [e for run in self.printer.quiet_runs() for e in await self.missed(run)]
+            else:
+                event = RunEvent.FromString(message.data)
+                gap = event.seq > self.printer.printed.get(event.run_id, 0) + 1
+                missed = [*(await self.missed(event.run_id, before=event.seq) if gap else []), event]
+            for event in missed:
+                if self.printer.show(event):
+                    return 0
+
+    async def missed(self, run_id: str, *, before: int | None = None) -> list[RunEvent]:
+        """`run_id`'s events stored since the follower started, not printed yet, below seq `before`."""
+        printed = self.printer.printed.get(run_id, 0)
+        found: dict[int, RunEvent] = {}
+        async for event in stored(self.client, self.stream, events_subject(self.namespace, run_id), self.since + 1):
+            if printed < event.seq and (before is None or event.seq < before):
+                found[event.seq] = event
+        return [found[seq] for seq in sorted(found)]
 
 
 class Printer:
@@ -185,6 +238,8 @@ class Printer:
         self.answers = Answers()
         self.printed: dict[str, int] = {}
         """The highest seq printed of each run."""
+        self.unfinished: dict[str, float] = {}
+        """Runs printed but not ended, each with when it last printed something."""
 
     def show(self, event: RunEvent) -> bool:
         """Print `event` unless it was printed already; whether enough runs have ended."""
@@ -192,14 +247,23 @@ class Printer:
             return False
         self.printed[event.run_id] = event.seq
         print(json.dumps(line_of(event, self.answers)), flush=True)
+        if event.WhichOneof("kind") in TERMINAL_KINDS:
+            self.unfinished.pop(event.run_id, None)
+        else:
+            self.unfinished[event.run_id] = time.monotonic()
         self.ended += ends_a_run(event)
         return bool(self.runs) and self.ended >= self.runs
 
+    def quiet_runs(self) -> list[str]:
+        """Unfinished runs worth a look in the stream: not those silent for `GIVE_UP_AFTER` seconds."""
+        now = time.monotonic()
+        return [run for run, last in self.unfinished.items() if now - last < GIVE_UP_AFTER]
 
-async def stored(client: Client, stream: str, subject: str) -> AsyncIterator[RunEvent]:
-    """The run's stored events, oldest first: each the next one of its subject after the last."""
+
+async def stored(client: Client, stream: str, subject: str, start: int = 1) -> AsyncIterator[RunEvent]:
+    """The run's events stored from stream position `start`, in stream order (by direct get)."""
     jetstream = client.jetstream()
-    seq = 1
+    seq = start
     while True:
         try:
             message = await jetstream.get_msg(stream, seq=seq, subject=subject, next=True, direct=True)

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import json
 import os
 import signal
 import sys
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import nats
+import pytest
 from nats.js.api import DeliverPolicy
 
 from atmosphere.bus import NatsBus, subjects
@@ -78,6 +81,82 @@ async def test_the_follower_replays_a_finished_run_and_tails_a_live_one(
         assert ready.decode().startswith(f"following {bus_namespace}.atmo.run.*.evt")
         frames = await ask(url, "echo", PROMPT)
         assert assert_decoded_echo_run(await lines_until_exit(live), frames) != run_id
+
+
+def follower_module() -> ModuleType:
+    """The example follower, imported as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("follow_runs_example", EXAMPLE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class LossySubscription:
+    """A live subscription that never got some of the run's events (a plain subscription is at most once).
+
+    It hands out the messages it was given, then reports quiet (`next_msg` timing out at once).
+    """
+
+    def __init__(self, subject: str, events: list[RunEvent]) -> None:
+        self.subject = subject
+        self._events = list(events)
+        self.quiet_spells = 0
+
+    async def next_msg(self, timeout: float) -> Any:
+        if self._events:
+            return SimpleNamespace(data=self._events.pop(0).SerializeToString())
+        self.quiet_spells += 1
+        assert self.quiet_spells < 5, "the follower kept waiting on a run the stream has whole"
+        raise nats.errors.TimeoutError
+
+
+async def stored_run(nats_url: str, bus_namespace: str, run_id: str) -> list[RunEvent]:
+    module = follower_module()
+    client = await nats.connect(nats_url)
+    try:
+        stream = module.events_stream(bus_namespace)
+        subject = module.events_subject(bus_namespace, run_id)
+        return [event async for event in module.stored(client, stream, subject)]
+    finally:
+        await client.close()
+
+
+async def follow_lossy(nats_url: str, bus_namespace: str, live: LossySubscription) -> int:
+    module = follower_module()
+    client = await nats.connect(nats_url)
+    try:
+        stream = module.events_stream(bus_namespace)
+        tail = module.Tail(client, stream, bus_namespace, 0, module.Printer(1))
+        return int(await tail.follow(live, replay=False))
+    finally:
+        await client.close()
+
+
+async def test_the_follower_reads_back_what_its_subscription_missed(
+    services: dict[str, Any],
+    nats_bus: NatsBus,
+    nats_url: str,
+    bus_namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run's first event lost on the way (it was, once, under a loaded suite), then its end.
+
+    The follower hears seq 2 past a gap and reads seq 1 back from the stream; it hears nothing
+    after seq 3 and, once quiet, reads the rest back: the run printed whole, in order, once.
+    """
+    async with run_stack(services, bus=nats_bus) as stack:
+        frames = await ask(await stack.ingress_url(), "echo", PROMPT)
+    run_id = str(frames[0]["value"])
+    events = await stored_run(nats_url, bus_namespace, run_id)
+    assert [e.seq for e in events] == list(range(1, len(frames) + 1))
+    live = LossySubscription(f"{bus_namespace}.atmo.run.*.evt", events[1:3])
+    capsys.readouterr()
+    assert await follow_lossy(nats_url, bus_namespace, live) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert_decoded_echo_run(printed, frames)
+    assert live.quiet_spells == 1
 
 
 RUNS = 200
