@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from atmosphere.dispatch.runtime.http11 import Http11Transport
 from atmosphere.dispatch.runtime.openai import BuiltInAgentRuntime
 from atmosphere.dispatch.runtime.provider import retry_after_seconds
 from atmosphere.dispatch.runtime.sse import sse_data
@@ -158,8 +159,9 @@ def test_retry_after_accepts_seconds_and_dates() -> None:
 
 def test_the_connection_pool_matches_the_configured_concurrency() -> None:
     runtime = BuiltInAgentRuntime(RuntimeConfig(base_url="http://x/v1", max_concurrency=48))
-    pool = runtime.client._transport._pool  # type: ignore[attr-defined]
-    assert pool._max_connections == 48
+    transport = runtime.client._transport  # type: ignore[attr-defined]
+    assert isinstance(transport, Http11Transport)
+    assert transport.max_connections == 48
     asyncio.run(runtime.aclose())
 
 

@@ -37,6 +37,7 @@ from atmosphere.contracts.run.v1.run_pb2 import (
     ToolStart,
 )
 from atmosphere.dispatch.runtime import structured
+from atmosphere.dispatch.runtime.http11 import Http11Transport
 from atmosphere.dispatch.runtime.provider import (
     CallLimits,
     ProviderCallError,
@@ -149,7 +150,9 @@ class BuiltInAgentRuntime(AgentRuntime):
             config = self.config
             size = max(1, config.max_concurrency)
             self._client = httpx.AsyncClient(
-                transport=self._transport,
+                # A model streams a piece per token: read on asyncio's own sockets (`http11`),
+                # not through httpcore's, which spent twice the CPU on each piece.
+                transport=self._transport or Http11Transport(max_connections=size),
                 limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
                 # The read timeout is the stall timeout; the first-byte and whole-call deadlines
                 # are enforced per call by `stream_round`.
