@@ -341,6 +341,46 @@ async def test_a_cancelled_request_frees_its_slot_and_drops_its_connection() -> 
     assert len(connections) == 2
 
 
+async def test_a_request_cancelled_while_its_body_streams_frees_its_slot() -> None:
+    """A run cancelled mid-answer: its connection goes (the rest of the body is not wanted), the slot comes free."""
+    streaming = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: one\n\n"))
+        await writer.drain()
+        await reader.read()  # more never comes; the client hangs up
+
+    async def read_forever(http: httpx.AsyncClient, url: str) -> None:
+        async with http.stream("GET", f"{url}/") as response:
+            async for _ in response.aiter_raw():
+                streaming.set()
+
+    async with serving(handler) as (url, accepted), client(max_connections=1) as http:
+        for _ in range(2):
+            streaming.clear()
+            reader = asyncio.create_task(read_forever(http, url))
+            await asyncio.wait_for(streaming.wait(), 5)
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+    assert len(accepted) == 2  # the one slot came free twice; neither connection went back to the pool
+
+
+async def test_many_requests_share_a_bounded_pool() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(0.01)
+            writer.write(CHUNKED_OK)
+            await writer.drain()
+
+    async with serving(handler) as (url, accepted), client(max_connections=4) as http:
+        texts = await asyncio.gather(*(http.get(f"{url}/{n}") for n in range(40)))
+    assert [t.text for t in texts] == ["hello world"] * 40
+    assert len(accepted) <= 4
+
+
 async def test_an_unsupported_scheme_is_refused() -> None:
     async with client() as http:
         with pytest.raises(httpx.UnsupportedProtocol):
@@ -413,6 +453,8 @@ ON_UVLOOP: list[Callable[[], Awaitable[None]]] = [
     test_nothing_listening_is_a_connect_error,
     test_requests_beyond_the_pool_wait_for_a_slot_and_time_out_at_the_pool_timeout,
     test_a_cancelled_request_frees_its_slot_and_drops_its_connection,
+    test_a_request_cancelled_while_its_body_streams_frees_its_slot,
+    test_many_requests_share_a_bounded_pool,
     test_an_unsupported_scheme_is_refused,
 ]
 
