@@ -298,11 +298,12 @@ async def test_nothing_listening_is_a_connect_error() -> None:
 
 
 async def test_requests_beyond_the_pool_wait_for_a_slot_and_time_out_at_the_pool_timeout() -> None:
-    release = asyncio.Event()
+    release, received = asyncio.Event(), asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_request(reader)
+            received.set()
             await release.wait()
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             await writer.drain()
@@ -311,7 +312,7 @@ async def test_requests_beyond_the_pool_wait_for_a_slot_and_time_out_at_the_pool
         transport = Http11Transport(max_connections=1)
         async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0, pool=0.1)) as http:
             first = asyncio.create_task(http.get(f"{url}/"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(received.wait(), 5)  # the one slot is taken
             with pytest.raises(httpx.PoolTimeout):
                 await http.get(f"{url}/")
             waiting = asyncio.create_task(http.get(f"{url}/", timeout=httpx.Timeout(5.0)))
@@ -322,18 +323,20 @@ async def test_requests_beyond_the_pool_wait_for_a_slot_and_time_out_at_the_pool
 
 async def test_a_cancelled_request_frees_its_slot_and_drops_its_connection() -> None:
     connections: list[int] = []
+    received = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(1)
         if len(connections) == 1:  # the first connection never answers
             await read_request(reader)
+            received.set()
             await reader.read()
             return
         await answering(CHUNKED_OK)(reader, writer)
 
     async with serving(handler) as (url, _), client(max_connections=1) as http:
         pending = asyncio.create_task(http.get(f"{url}/"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(received.wait(), 5)  # cancelled while it waits for the answer
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
