@@ -197,6 +197,8 @@ class Tail:
         self.namespace = namespace
         self.since = since
         self.printer = printer
+        self.looked: dict[str, int] = {}
+        """How far in the stream each run's events were looked up."""
 
     async def follow(self, live: Subscription, *, replay: bool) -> int:
         """Print until enough runs ended (a replay first prints what is stored); the exit status."""
@@ -214,17 +216,24 @@ class Tail:
             else:
                 event = RunEvent.FromString(message.data)
                 gap = event.seq > self.printer.printed.get(event.run_id, 0) + 1
-                missed = [*(await self.missed(event.run_id, before=event.seq) if gap else []), event]
+                missed = [*(await self.missed(event.run_id) if gap else []), event]
             for event in missed:
                 if self.printer.show(event):
                     return 0
 
-    async def missed(self, run_id: str, *, before: int | None = None) -> list[RunEvent]:
-        """`run_id`'s events stored since the follower started, not printed yet, below seq `before`."""
+    async def missed(self, run_id: str) -> list[RunEvent]:
+        """`run_id`'s events stored since the follower started and not printed yet, in seq order.
+
+        Each look starts where the last one for the run ended: a run quiet for long (a tool at
+        work, an approval awaited) costs one direct get per look, not a read of all its events.
+        """
         printed = self.printer.printed.get(run_id, 0)
         found: dict[int, RunEvent] = {}
-        async for event in stored(self.client, self.stream, events_subject(self.namespace, run_id), self.since + 1):
-            if printed < event.seq and (before is None or event.seq < before):
+        subject = events_subject(self.namespace, run_id)
+        start = self.looked.get(run_id, self.since) + 1
+        async for position, event in stored_at(self.client, self.stream, subject, start):
+            self.looked[run_id] = position
+            if event.seq > printed:
                 found[event.seq] = event
         return [found[seq] for seq in sorted(found)]
 
@@ -262,6 +271,12 @@ class Printer:
 
 async def stored(client: Client, stream: str, subject: str, start: int = 1) -> AsyncIterator[RunEvent]:
     """The run's events stored from stream position `start`, in stream order (by direct get)."""
+    async for _, event in stored_at(client, stream, subject, start):
+        yield event
+
+
+async def stored_at(client: Client, stream: str, subject: str, start: int) -> AsyncIterator[tuple[int, RunEvent]]:
+    """Each stored event of `subject` from stream position `start`, with its position."""
     jetstream = client.jetstream()
     seq = start
     while True:
@@ -269,8 +284,9 @@ async def stored(client: Client, stream: str, subject: str, start: int = 1) -> A
             message = await jetstream.get_msg(stream, seq=seq, subject=subject, next=True, direct=True)
         except NotFoundError:
             return  # nothing stored past `seq` (yet): the live subscription goes on from here
-        yield RunEvent.FromString(message.data or b"")
-        seq = (message.seq or seq) + 1
+        seq = message.seq or seq
+        yield seq, RunEvent.FromString(message.data or b"")
+        seq += 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
