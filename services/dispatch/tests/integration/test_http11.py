@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from atmosphere.dispatch.runtime.http11 import MAX_HEAD_BYTES, Http11Transport
+from atmosphere.dispatch.runtime.http11 import MAX_CHUNK_LINE, MAX_HEAD_BYTES, Http11Transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -249,6 +249,19 @@ async def test_a_broken_response_is_a_protocol_error(response: bytes, match: str
     assert len(accepted) == 2
 
 
+async def test_the_largest_head_and_chunk_line_the_limits_allow_are_read() -> None:
+    """A head of exactly `MAX_HEAD_BYTES` (status line and every header) and a chunk-size line at its bound."""
+    start = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-pad: "
+    head = start + b"a" * (MAX_HEAD_BYTES - len(start)) + b"\r\n\r\n"
+    size_line = b"5;" + b"e" * (MAX_CHUNK_LINE - 2)
+    response = head + size_line + b"\r\nhello\r\n0\r\n\r\n"
+    async with serving(answering(response)) as (url, accepted), client() as http:
+        replies = [await http.get(f"{url}/") for _ in range(2)]
+    assert [r.text for r in replies] == ["hello"] * 2
+    assert len(replies[0].headers["x-pad"]) == MAX_HEAD_BYTES - len(start)
+    assert len(accepted) == 1
+
+
 async def test_interim_responses_are_skipped() -> None:
     response = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
     async with serving(answering(response)) as (url, _), client() as http:
@@ -449,6 +462,7 @@ ON_UVLOOP: list[Callable[[], Awaitable[None]]] = [
     test_a_reused_connection_that_dies_on_the_request_is_replaced_once,
     test_a_new_connection_that_dies_before_answering_fails_plainly,
     functools.partial(every_case, test_a_broken_response_is_a_protocol_error, BROKEN),
+    test_the_largest_head_and_chunk_line_the_limits_allow_are_read,
     test_interim_responses_are_skipped,
     test_content_encoding_is_decoded_by_httpx,
     test_a_stalled_server_is_a_read_timeout_and_costs_its_connection,

@@ -220,25 +220,19 @@ class Http11Transport(httpx.AsyncBaseTransport):
     async def _exchange(self, url: httpx.URL, data: bytes, timeouts: _Timeouts) -> tuple[_Connection, _Head]:
         """Send the request and read the response's head; a reused connection found dead is replaced once."""
         connection = await self._connection(url, timeouts.connect)
-        try:
-            return connection, await _send(connection, data, timeouts)
-        except (_ClosedError, httpx.ReadError, httpx.WriteError) as exc:
-            connection.close()
-            if not connection.reused or connection.answered:
-                raise _broken(exc) from None
-        except BaseException:
-            connection.close()
-            raise
-        # A keep-alive race: the server closed the idle connection as the request went out.
-        connection = await self._connect(url, timeouts.connect)
-        try:
-            return connection, await _send(connection, data, timeouts)
-        except (_ClosedError, httpx.ReadError, httpx.WriteError) as exc:
-            connection.close()
-            raise _broken(exc) from None
-        except BaseException:
-            connection.close()
-            raise
+        while True:
+            try:
+                return connection, await _send(connection, data, timeouts)
+            except (_ClosedError, httpx.ReadError, httpx.WriteError) as exc:
+                connection.close()
+                if not connection.reused or connection.answered:
+                    raise _broken(exc) from None
+            except BaseException:
+                connection.close()
+                raise
+            # A keep-alive race: the server closed the idle connection as the request went out.
+            # The new connection is not reused, so it is tried once.
+            connection = await self._connect(url, timeouts.connect)
 
     async def _connection(self, url: httpx.URL, timeout: float | None) -> _Connection:
         idle = self._idle.get(_origin(url))
@@ -423,13 +417,19 @@ class _Body(httpx.AsyncByteStream):
             self._transport.give_back(connection, keep=keep)
 
 
-async def _sized(connection: _Connection, length: int, timeout: float | None) -> AsyncIterator[bytes]:
+async def _piece(connection: _Connection, wanted: int, timeout: float | None) -> bytes:
+    """At most `wanted` bytes of the body: what the buffer holds, or the next read's."""
     buffer = connection.buffer
+    if not buffer:
+        await connection.fill(timeout)
+    piece = bytes(buffer[:wanted])
+    del buffer[: len(piece)]
+    return piece
+
+
+async def _sized(connection: _Connection, length: int, timeout: float | None) -> AsyncIterator[bytes]:
     while length:
-        if not buffer:
-            await connection.fill(timeout)
-        piece = bytes(buffer[:length])
-        del buffer[: len(piece)]
+        piece = await _piece(connection, length, timeout)
         length -= len(piece)
         yield piece
 
@@ -449,17 +449,13 @@ async def _until_close(connection: _Connection, timeout: float | None) -> AsyncI
 
 async def _chunked(connection: _Connection, timeout: float | None) -> AsyncIterator[bytes]:
     """The chunks' data as it arrives (a chunk split across reads comes in pieces), trailers skipped."""
-    buffer = connection.buffer
     while True:
         size = await _chunk_size(connection, timeout)
         if size == 0:
             await _skip_trailers(connection, timeout)
             return
         while size:
-            if not buffer:
-                await connection.fill(timeout)
-            piece = bytes(buffer[:size])
-            del buffer[: len(piece)]
+            piece = await _piece(connection, size, timeout)
             size -= len(piece)
             yield piece
         await _line(connection, timeout, expect_empty=True)
